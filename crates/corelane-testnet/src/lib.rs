@@ -1,0 +1,483 @@
+//! Test hosts for corelane: uniquely named network namespaces joined by a veth pair.
+//!
+//! ```no_run
+//! use corelane_testnet::VethPair;
+//! let net = VethPair::builder()
+//!     .server_addr("10.77.0.1/24")
+//!     .client_addr("10.77.0.2/24")
+//!     .queues(2)
+//!     .build()?;
+//! // net.server_ns() holds net.server_if(), net.client_ns() holds net.client_if().
+//! let out = net.client_ns().run(|| std::net::TcpStream::connect("10.77.0.1:7").is_ok())?;
+//! # let _ = out;
+//! # Ok::<(), corelane_testnet::Error>(())
+//! ```
+//!
+//! Everything is set up with iproute2 and ethtool, the tools an operator would use, and torn down
+//! when the [`VethPair`] (or a lone [`Netns`]) is dropped, including while a test panics. Names
+//! carry the creating process id; namespaces left by a process that no longer exists (one killed
+//! with SIGKILL, say) are removed the next time a namespace is created.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// What can go wrong while building test hosts.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setup command failed; the message carries the command and what it printed.
+    #[error("`{cmd}` failed: {stderr}")]
+    Command {
+        /// The command line.
+        cmd: String,
+        /// What it wrote to stderr.
+        stderr: String,
+    },
+    /// A tool could not be started at all.
+    #[error("cannot run `{tool}` ({source}); install it with `apt-get install {package}`")]
+    MissingTool {
+        /// The program.
+        tool: String,
+        /// The Debian package that provides it.
+        package: String,
+        /// The spawn error.
+        source: std::io::Error,
+    },
+    /// Entering a namespace failed.
+    #[error(
+        "cannot enter network namespace {name}: {source} (network namespaces need root or CAP_SYS_ADMIN)"
+    )]
+    Enter {
+        /// The namespace.
+        name: String,
+        /// The setns or open error.
+        source: std::io::Error,
+    },
+    /// The closure run inside a namespace panicked.
+    #[error("the code run inside namespace {0} panicked")]
+    Panicked(String),
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+const PREFIX: &str = "clt";
+
+/// True when this process runs as root (the privileged tests need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Decides what a privileged test does without root: in CI (`CI` set) it fails with the reason;
+/// elsewhere it prints a loud message and returns `false` so the test can skip.
+///
+/// Returns `true` when the test may go on.
+pub fn require_root(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    let msg = format!(
+        "{test}: needs root (network namespaces, veth, XDP and AF_XDP sockets); run as root"
+    );
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}; CI must run the privileged tests");
+    }
+    eprintln!("\n*** SKIPPED {msg} ***\n");
+    false
+}
+
+fn run_tool(tool: &str, package: &str, args: &[&str]) -> Result<Output> {
+    let out = Command::new(tool)
+        .args(args)
+        .output()
+        .map_err(|source| Error::MissingTool {
+            tool: tool.to_string(),
+            package: package.to_string(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            cmd: format!("{tool} {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(out)
+}
+
+fn ip(args: &[&str]) -> Result<Output> {
+    run_tool("ip", "iproute2", args)
+}
+
+/// A network namespace, deleted (with every interface in it) on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates a namespace named `clt<pid>x<seq><tag>` with loopback up.
+    pub fn new(tag: &str) -> Result<Self> {
+        sweep_stale();
+        let name = format!(
+            "{PREFIX}{}x{}{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed),
+            tag
+        );
+        ip(&["netns", "add", &name])?;
+        let ns = Netns { name };
+        ip(&["-n", &ns.name, "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace's name, as `ip netns exec NAME` takes it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A command that runs `program` inside this namespace (through `ip netns exec`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Runs `ip -n NS ARGS...` and returns its standard output.
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        let mut full = vec!["-n", &self.name];
+        full.extend_from_slice(args);
+        let out = ip(&full)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs a program inside the namespace and returns its output, failing on a non-zero exit.
+    pub fn exec(&self, program: &str, args: &[&str]) -> Result<String> {
+        let mut full = vec!["netns", "exec", &self.name, program];
+        full.extend_from_slice(args);
+        let out = ip(&full)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Moves the calling thread into this namespace for good. Use [`Netns::run`] or
+    /// [`Netns::spawn`] to keep the caller where it is.
+    pub fn enter_current_thread(&self) -> Result<()> {
+        let path = format!("/run/netns/{}", self.name);
+        let file = File::open(&path).map_err(|source| Error::Enter {
+            name: self.name.clone(),
+            source,
+        })?;
+        // SAFETY: setns takes a valid open descriptor (kept alive by `file` for the call) and a
+        // namespace type; it only changes the calling thread's network namespace.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        if rc != 0 {
+            return Err(Error::Enter {
+                name: self.name.clone(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on a new thread inside this namespace and waits for its result.
+    pub fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.spawn(f)?.join()
+    }
+
+    /// Starts `f` on a new thread inside this namespace.
+    pub fn spawn<T, F>(&self, f: F) -> Result<NsThread<T>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let path = CString::new(format!("/run/netns/{}", self.name)).expect("no NUL in name");
+        let name = self.name.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name(format!("ns-{name}"))
+            .spawn(move || {
+                // SAFETY: `path` is a valid NUL-terminated string; open has no other preconditions.
+                let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+                let entered = if fd < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    // SAFETY: fd is an open namespace descriptor we own; setns only affects
+                    // this thread. The descriptor is closed right after.
+                    let rc = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };
+                    let err = std::io::Error::last_os_error();
+                    // SAFETY: fd is ours and open.
+                    unsafe { libc::close(fd) };
+                    if rc == 0 { Ok(()) } else { Err(err) }
+                };
+                let ok = entered.is_ok();
+                let _ = tx.send(entered);
+                if ok { Some(f()) } else { None }
+            })
+            .map_err(|source| Error::Enter {
+                name: name.clone(),
+                source,
+            })?;
+        match rx.recv() {
+            Ok(Ok(())) => Ok(NsThread { handle, name }),
+            Ok(Err(source)) => {
+                let _ = handle.join();
+                Err(Error::Enter { name, source })
+            }
+            Err(_) => Err(Error::Panicked(name)),
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A thread running inside a namespace; see [`Netns::spawn`].
+#[derive(Debug)]
+pub struct NsThread<T> {
+    handle: std::thread::JoinHandle<Option<T>>,
+    name: String,
+}
+
+impl<T> NsThread<T> {
+    /// Waits for the thread and returns what it returned.
+    pub fn join(self) -> Result<T> {
+        match self.handle.join() {
+            Ok(Some(v)) => Ok(v),
+            _ => Err(Error::Panicked(self.name)),
+        }
+    }
+
+    /// True once the thread has finished.
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+}
+
+/// Removes namespaces whose creating process is gone.
+fn sweep_stale() {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('x').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        }
+    }
+}
+
+/// How to build a [`VethPair`].
+#[derive(Debug, Clone)]
+pub struct VethBuilder {
+    queues: u32,
+    mtu: u32,
+    server_addrs: Vec<String>,
+    client_addrs: Vec<String>,
+    server_tx_csum_off: bool,
+}
+
+impl Default for VethBuilder {
+    fn default() -> Self {
+        VethBuilder {
+            queues: 1,
+            mtu: 1500,
+            server_addrs: Vec::new(),
+            client_addrs: Vec::new(),
+            server_tx_csum_off: false,
+        }
+    }
+}
+
+impl VethBuilder {
+    /// Number of RX and TX queues on each end (default 1).
+    pub fn queues(mut self, n: u32) -> Self {
+        self.queues = n.max(1);
+        self
+    }
+
+    /// MTU of both ends (default 1500).
+    pub fn mtu(mut self, mtu: u32) -> Self {
+        self.mtu = mtu;
+        self
+    }
+
+    /// A kernel address (CIDR) on the server end; may repeat. IPv6 addresses skip duplicate
+    /// address detection so they are usable at once.
+    pub fn server_addr(mut self, cidr: &str) -> Self {
+        self.server_addrs.push(cidr.to_string());
+        self
+    }
+
+    /// A kernel address (CIDR) on the client end; may repeat.
+    pub fn client_addr(mut self, cidr: &str) -> Self {
+        self.client_addrs.push(cidr.to_string());
+        self
+    }
+
+    /// Also turn TX checksum offload off on the server end (it is always off on the client end,
+    /// whose frames the XDP program and the user-space stack read).
+    pub fn server_tx_checksum_off(mut self, off: bool) -> Self {
+        self.server_tx_csum_off = off;
+        self
+    }
+
+    /// Creates both namespaces and the veth pair between them.
+    pub fn build(self) -> Result<VethPair> {
+        let server_ns = Netns::new("s")?;
+        let client_ns = Netns::new("c")?;
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        // Interface names must stay under 16 bytes.
+        let tag = format!("{}{}", std::process::id() % 100_000, seq % 1000);
+        let server_if = format!("cls{tag}");
+        let client_if = format!("clc{tag}");
+        let q = self.queues.to_string();
+        let mtu = self.mtu.to_string();
+        ip(&[
+            "link",
+            "add",
+            &server_if,
+            "netns",
+            server_ns.name(),
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "mtu",
+            &mtu,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &client_if,
+            "netns",
+            client_ns.name(),
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "mtu",
+            &mtu,
+        ])?;
+        for (ns, ifname, addrs) in [
+            (&server_ns, &server_if, &self.server_addrs),
+            (&client_ns, &client_if, &self.client_addrs),
+        ] {
+            for a in addrs {
+                if a.contains(':') {
+                    ns.ip(&["addr", "add", a, "dev", ifname, "nodad"])?;
+                } else {
+                    ns.ip(&["addr", "add", a, "dev", ifname])?;
+                }
+            }
+            ns.ip(&["link", "set", ifname, "up"])?;
+        }
+        set_tx_csum(&client_ns, &client_if, false)?;
+        if self.server_tx_csum_off {
+            set_tx_csum(&server_ns, &server_if, false)?;
+        }
+        Ok(VethPair {
+            server_if,
+            client_if,
+            queues: self.queues,
+            client_ns,
+            server_ns,
+        })
+    }
+}
+
+fn set_tx_csum(ns: &Netns, ifname: &str, on: bool) -> Result<()> {
+    let mut args = vec!["netns", "exec", ns.name(), "ethtool", "-K", ifname, "tx"];
+    args.push(if on { "on" } else { "off" });
+    let out = Command::new("ip")
+        .args(&args)
+        .output()
+        .map_err(|source| Error::MissingTool {
+            tool: "ip".into(),
+            package: "iproute2".into(),
+            source,
+        })?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if stderr.contains("No such file") || stderr.contains("not found") {
+            return Err(Error::MissingTool {
+                tool: "ethtool".into(),
+                package: "ethtool".into(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, stderr),
+            });
+        }
+        return Err(Error::Command {
+            cmd: format!("ip {}", args.join(" ")),
+            stderr,
+        });
+    }
+    Ok(())
+}
+
+/// Two namespaces joined by a veth pair: the server end is where corelane runs, the client end is
+/// a kernel host. Dropping it removes both namespaces and the pair.
+#[derive(Debug)]
+pub struct VethPair {
+    server_if: String,
+    client_if: String,
+    queues: u32,
+    // Field order: the client namespace is removed first, then the server's.
+    client_ns: Netns,
+    server_ns: Netns,
+}
+
+impl VethPair {
+    /// Starts a builder.
+    pub fn builder() -> VethBuilder {
+        VethBuilder::default()
+    }
+
+    /// The namespace that holds the server end.
+    pub fn server_ns(&self) -> &Netns {
+        &self.server_ns
+    }
+
+    /// The namespace that holds the client end.
+    pub fn client_ns(&self) -> &Netns {
+        &self.client_ns
+    }
+
+    /// The server end's interface name.
+    pub fn server_if(&self) -> &str {
+        &self.server_if
+    }
+
+    /// The client end's interface name.
+    pub fn client_if(&self) -> &str {
+        &self.client_if
+    }
+
+    /// Queues on each end.
+    pub fn queues(&self) -> u32 {
+        self.queues
+    }
+
+    /// `ip link show dev IF` on the server end, as text (shows an attached XDP program).
+    pub fn server_link(&self) -> Result<String> {
+        self.server_ns.ip(&["link", "show", "dev", &self.server_if])
+    }
+}

@@ -1,0 +1,315 @@
+//! The embedded XDP steering program: load, attach, and the maps that say what corelane owns.
+
+use std::collections::HashMap as StdHashMap;
+use std::net::IpAddr;
+use std::os::fd::RawFd;
+
+use aya::Ebpf;
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, XskMap};
+use aya::programs::{ProgramError, Xdp, XdpMode};
+
+use crate::error::{Error, check_interface, check_privileges};
+
+/// The compiled steering program (built from `xdp/corelane.bpf.c` by `xdp/build.sh`).
+pub static XDP_OBJECT: &[u8] = include_bytes!("../../../xdp/corelane.bpf.o");
+
+const PROGRAM: &str = "corelane_steer";
+
+/// How to attach the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttachMode {
+    /// Native (driver) mode; fall back to generic mode and report it when the driver refuses.
+    #[default]
+    Auto,
+    /// Native mode or an error.
+    Native,
+    /// Generic (skb) mode: works everywhere, slower, and delivers everything on queue 0 on veth.
+    Generic,
+}
+
+/// The mode the program ended up attached in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachedMode {
+    /// Run by the driver.
+    Native,
+    /// Run by the kernel's generic receive path.
+    Generic,
+}
+
+impl std::fmt::Display for AttachedMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AttachedMode::Native => "native",
+            AttachedMode::Generic => "generic",
+        })
+    }
+}
+
+/// Transport protocols whose ports can be owned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Proto {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+/// The program's counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XdpCounters {
+    /// Frames redirected to an AF_XDP socket.
+    pub steered: u64,
+    /// Frames given to the kernel because they are not ours.
+    pub passed: u64,
+    /// Frames with truncated headers (given to the kernel).
+    pub malformed: u64,
+    /// Frames that were ours but arrived on a queue with no socket (given to the kernel).
+    pub no_socket: u64,
+}
+
+/// The steering program attached to one interface. Dropping it detaches the program and closes
+/// its maps; the attachment is a BPF link, so the kernel also detaches it if the process dies.
+pub struct Steering {
+    ifname: String,
+    mode: AttachedMode,
+    fallback_reason: Option<String>,
+    owned_v4: HashMap<MapData, u32, u8>,
+    owned_v6: HashMap<MapData, [u8; 16], u8>,
+    tcp_ports: Array<MapData, u8>,
+    udp_ports: Array<MapData, u8>,
+    xsks: XskMap<MapData>,
+    stats: PerCpuArray<MapData, u64>,
+    port_refs: StdHashMap<(Proto, u16), u32>,
+    // Dropped last: holds the program and its link.
+    _ebpf: Ebpf,
+}
+
+impl std::fmt::Debug for Steering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Steering")
+            .field("ifname", &self.ifname)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
+    move |e| Error::Map {
+        map,
+        detail: e.to_string(),
+    }
+}
+
+impl Steering {
+    /// Loads the embedded program and attaches it to `ifname` (in the caller's namespace).
+    pub fn attach(ifname: &str, mode: AttachMode) -> Result<Self, Error> {
+        check_privileges()?;
+        check_interface(ifname)?;
+        let mut ebpf = Ebpf::load(XDP_OBJECT).map_err(|e| Error::Load(chain(&e)))?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| Error::Load(format!("program {PROGRAM} missing from the object")))?
+            .try_into()
+            .map_err(|e: ProgramError| Error::Load(chain(&e)))?;
+        prog.load().map_err(|e| Error::Load(chain(&e)))?;
+        let (mode, fallback_reason) = match mode {
+            AttachMode::Generic => {
+                attach(prog, ifname, XdpMode::Skb)?;
+                (AttachedMode::Generic, None)
+            }
+            AttachMode::Native => {
+                attach(prog, ifname, XdpMode::Driver)?;
+                (AttachedMode::Native, None)
+            }
+            AttachMode::Auto => match attach(prog, ifname, XdpMode::Driver) {
+                Ok(()) => (AttachedMode::Native, None),
+                Err(Error::XdpMode { detail, .. }) => {
+                    attach(prog, ifname, XdpMode::Skb)?;
+                    (AttachedMode::Generic, Some(detail))
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let take = |ebpf: &mut Ebpf, name: &'static str| {
+            ebpf.take_map(name).ok_or_else(|| Error::Map {
+                map: name,
+                detail: "missing from the object".into(),
+            })
+        };
+        let owned_v4 =
+            HashMap::try_from(take(&mut ebpf, "owned_v4")?).map_err(map_err("owned_v4"))?;
+        let owned_v6 =
+            HashMap::try_from(take(&mut ebpf, "owned_v6")?).map_err(map_err("owned_v6"))?;
+        let tcp_ports =
+            Array::try_from(take(&mut ebpf, "tcp_ports")?).map_err(map_err("tcp_ports"))?;
+        let udp_ports =
+            Array::try_from(take(&mut ebpf, "udp_ports")?).map_err(map_err("udp_ports"))?;
+        let xsks = XskMap::try_from(take(&mut ebpf, "xsks")?).map_err(map_err("xsks"))?;
+        let stats = PerCpuArray::try_from(take(&mut ebpf, "stats")?).map_err(map_err("stats"))?;
+        Ok(Steering {
+            ifname: ifname.to_string(),
+            mode,
+            fallback_reason,
+            owned_v4,
+            owned_v6,
+            tcp_ports,
+            udp_ports,
+            xsks,
+            stats,
+            port_refs: StdHashMap::new(),
+            _ebpf: ebpf,
+        })
+    }
+
+    /// The interface the program is attached to.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// Native or generic.
+    pub fn mode(&self) -> AttachedMode {
+        self.mode
+    }
+
+    /// Why native mode was refused, when [`AttachMode::Auto`] fell back to generic mode.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
+    /// Steers frames for `addr` (and ARP or NDP for it) to the stack.
+    pub fn own_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        match addr {
+            IpAddr::V4(a) => self
+                .owned_v4
+                .insert(u32::from_ne_bytes(a.octets()), 1, 0)
+                .map_err(map_err("owned_v4")),
+            IpAddr::V6(a) => self
+                .owned_v6
+                .insert(a.octets(), 1, 0)
+                .map_err(map_err("owned_v6")),
+        }
+    }
+
+    /// Stops steering frames for `addr`.
+    pub fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        match addr {
+            IpAddr::V4(a) => self
+                .owned_v4
+                .remove(&u32::from_ne_bytes(a.octets()))
+                .map_err(map_err("owned_v4")),
+            IpAddr::V6(a) => self
+                .owned_v6
+                .remove(&a.octets())
+                .map_err(map_err("owned_v6")),
+        }
+    }
+
+    /// Steers `proto` segments to `port` on owned addresses. Ports are reference counted: each
+    /// socket that opens the port calls this, and [`Steering::release_port`] when it closes.
+    pub fn own_port(&mut self, proto: Proto, port: u16) -> Result<(), Error> {
+        let refs = self.port_refs.entry((proto, port)).or_insert(0);
+        if *refs == 0 {
+            let (map, name) = match proto {
+                Proto::Tcp => (&mut self.tcp_ports, "tcp_ports"),
+                Proto::Udp => (&mut self.udp_ports, "udp_ports"),
+            };
+            map.set(u32::from(port), 1, 0).map_err(map_err(name))?;
+        }
+        *refs += 1;
+        Ok(())
+    }
+
+    /// Drops one reference to `port`; the last one stops steering it.
+    pub fn release_port(&mut self, proto: Proto, port: u16) -> Result<(), Error> {
+        let Some(refs) = self.port_refs.get_mut(&(proto, port)) else {
+            return Ok(());
+        };
+        *refs -= 1;
+        if *refs == 0 {
+            self.port_refs.remove(&(proto, port));
+            let (map, name) = match proto {
+                Proto::Tcp => (&mut self.tcp_ports, "tcp_ports"),
+                Proto::Udp => (&mut self.udp_ports, "udp_ports"),
+            };
+            map.set(u32::from(port), 0, 0).map_err(map_err(name))?;
+        }
+        Ok(())
+    }
+
+    /// True when `port` is steered for `proto`.
+    pub fn port_owned(&self, proto: Proto, port: u16) -> bool {
+        self.port_refs.contains_key(&(proto, port))
+    }
+
+    /// Redirects frames arriving on `queue` to the AF_XDP socket `fd`. The kernel removes the
+    /// entry itself when the socket closes.
+    pub fn register(&mut self, queue: u32, fd: RawFd) -> Result<(), Error> {
+        self.xsks.set(queue, fd, 0).map_err(map_err("xsks"))
+    }
+
+    /// The program's counters, summed over CPUs.
+    pub fn counters(&self) -> Result<XdpCounters, Error> {
+        let mut sums = [0u64; 4];
+        for (slot, sum) in sums.iter_mut().enumerate() {
+            let v = self
+                .stats
+                .get(&(slot as u32), 0)
+                .map_err(map_err("stats"))?;
+            *sum = v.iter().sum();
+        }
+        Ok(XdpCounters {
+            steered: sums[0],
+            passed: sums[1],
+            malformed: sums[2],
+            no_socket: sums[3],
+        })
+    }
+}
+
+fn attach(prog: &mut Xdp, ifname: &str, mode: XdpMode) -> Result<(), Error> {
+    let name = match mode {
+        XdpMode::Driver => "native",
+        XdpMode::Skb => "generic",
+        _ => "default",
+    };
+    match prog.attach(ifname, mode) {
+        Ok(_) => Ok(()),
+        Err(ProgramError::UnknownInterface { name }) => Err(Error::NoInterface(name)),
+        Err(e) => {
+            let detail = chain(&e);
+            let errno = crate::error::errno_of(&e);
+            if errno == Some(libc::EBUSY) || errno == Some(libc::EEXIST) {
+                return Err(Error::XdpBusy(ifname.to_string()));
+            }
+            if errno == Some(libc::EPERM) {
+                return Err(Error::Privilege(format!(
+                    "attaching XDP to {ifname}: {detail}"
+                )));
+            }
+            let hint = if mode == XdpMode::Driver {
+                format!(
+                    "try generic mode, or on veth lower the MTU of {ifname} and its peer (native XDP on veth refuses large MTUs)"
+                )
+            } else {
+                "check `dmesg` for the verifier or driver message".to_string()
+            };
+            Err(Error::XdpMode {
+                ifname: ifname.to_string(),
+                mode: name,
+                detail,
+                hint,
+            })
+        }
+    }
+}
+
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,213 @@
+//! Errors of the AF_XDP layer, each naming the cause and the fix.
+
+use std::ffi::CString;
+use std::io;
+
+/// What can go wrong setting up or running AF_XDP.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Not root and missing a capability AF_XDP or BPF needs.
+    #[error(
+        "missing privilege: {0}; run as root (sudo) or grant CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF and CAP_IPC_LOCK"
+    )]
+    Privilege(String),
+    /// The interface does not exist in this network namespace.
+    #[error(
+        "no interface `{0}` in this network namespace; check `ip link show`, or run inside the namespace that holds it (`ip netns exec NS ...`)"
+    )]
+    NoInterface(String),
+    /// The driver refused the XDP program in the requested mode.
+    #[error("{ifname}: the driver refused the XDP program in {mode} mode: {detail}; {hint}")]
+    XdpMode {
+        /// Interface.
+        ifname: String,
+        /// Mode asked for.
+        mode: &'static str,
+        /// What the kernel said.
+        detail: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// Another XDP program is attached to the interface.
+    #[error(
+        "{0} already has an XDP program attached (another corelane, or an XDP tool?); see `ip link show dev {0}`, detach it with `ip link set dev {0} xdp off`"
+    )]
+    XdpBusy(String),
+    /// Loading the embedded program failed.
+    #[error("loading the XDP program failed: {0}")]
+    Load(String),
+    /// A BPF map operation failed.
+    #[error("XDP map `{map}`: {detail}")]
+    Map {
+        /// Map name.
+        map: &'static str,
+        /// What failed.
+        detail: String,
+    },
+    /// Creating the UMEM failed.
+    #[error("creating the UMEM failed: {detail}")]
+    Umem {
+        /// errno, when known.
+        errno: Option<i32>,
+        /// What failed.
+        detail: String,
+    },
+    /// Binding the AF_XDP socket failed.
+    #[error("binding an AF_XDP socket to {ifname} queue {queue} failed: {detail}{}", bind_hint(*errno, ifname, *queue))]
+    Bind {
+        /// Interface.
+        ifname: String,
+        /// Queue.
+        queue: u32,
+        /// errno, when known.
+        errno: Option<i32>,
+        /// What failed.
+        detail: String,
+    },
+    /// An address or port is already owned.
+    #[error("{0} is already in use by this corelane instance")]
+    InUse(String),
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// An I/O error from the rings.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+fn bind_hint(errno: Option<i32>, ifname: &str, queue: u32) -> String {
+    match errno {
+        Some(libc::EBUSY) => format!(
+            " (queue {queue} of {ifname} already has an AF_XDP socket: is another corelane running on it?)"
+        ),
+        Some(libc::EINVAL) => {
+            format!(" (does {ifname} have queue {queue}? `ethtool -l {ifname}` lists its channels)")
+        }
+        Some(libc::EOPNOTSUPP) => " (the driver does not support this bind mode)".to_string(),
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            " (AF_XDP needs root or CAP_NET_RAW and CAP_NET_ADMIN)".to_string()
+        }
+        Some(e) => format!(" ({})", io::Error::from_raw_os_error(e)),
+        None => String::new(),
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let kind = match &e {
+            Error::Privilege(_) => io::ErrorKind::PermissionDenied,
+            Error::NoInterface(_) => io::ErrorKind::NotFound,
+            Error::InUse(_) | Error::XdpBusy(_) => io::ErrorKind::AddrInUse,
+            Error::Config(_) => io::ErrorKind::InvalidInput,
+            Error::Io(io) => io.kind(),
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// The errno at the bottom of an error chain, if any.
+pub(crate) fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>()
+            && let Some(n) = io.raw_os_error()
+        {
+            return Some(n);
+        }
+        cur = err.source();
+    }
+    None
+}
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_NET_RAW: u32 = 13;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_BPF: u32 = 39;
+
+/// Checks that this process may load XDP programs and open AF_XDP sockets.
+pub fn check_privileges() -> Result<(), Error> {
+    let eff = effective_caps();
+    let has = |c: u32| eff & (1u64 << c) != 0;
+    let mut missing = Vec::new();
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    if !has(CAP_NET_RAW) {
+        missing.push("CAP_NET_RAW");
+    }
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_BPF");
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Privilege(format!(
+            "this process lacks {}",
+            missing.join(", ")
+        )))
+    }
+}
+
+fn effective_caps() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// The interface's index, or [`Error::NoInterface`].
+pub fn check_interface(ifname: &str) -> Result<u32, Error> {
+    let c = CString::new(ifname).map_err(|_| Error::NoInterface(ifname.to_string()))?;
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        Err(Error::NoInterface(ifname.to_string()))
+    } else {
+        Ok(idx)
+    }
+}
+
+/// The interface's RX queue count, from sysfs (`/sys/class/net/IF/queues/rx-*`).
+pub fn rx_queue_count(ifname: &str) -> Result<u32, Error> {
+    check_interface(ifname)?;
+    let dir = format!("/sys/class/net/{ifname}/queues");
+    let n = std::fs::read_dir(&dir)
+        .map_err(Error::Io)?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+        .count();
+    Ok(n as u32)
+}
+
+/// The interface's hardware (MAC) address.
+pub fn mac_address(ifname: &str) -> Result<[u8; 6], Error> {
+    check_interface(ifname)?;
+    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))?;
+    let mut mac = [0u8; 6];
+    let parts: Vec<&str> = s.trim().split(':').collect();
+    if parts.len() != 6 {
+        return Err(Error::Config(format!(
+            "{ifname} has no Ethernet address ({s:?})"
+        )));
+    }
+    for (m, p) in mac.iter_mut().zip(parts) {
+        *m = u8::from_str_radix(p, 16)
+            .map_err(|_| Error::Config(format!("{ifname} address {s:?} is not a MAC")))?;
+    }
+    Ok(mac)
+}
+
+/// The interface's MTU.
+pub fn mtu(ifname: &str) -> Result<u32, Error> {
+    check_interface(ifname)?;
+    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))?;
+    s.trim()
+        .parse()
+        .map_err(|_| Error::Config(format!("{ifname} MTU {s:?} unreadable")))
+}

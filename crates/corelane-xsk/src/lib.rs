@@ -1,0 +1,26 @@
+//! AF_XDP for corelane: the embedded XDP steering program, AF_XDP sockets over a UMEM whose
+//! frames are accounted for one by one, and an in-memory link with the same interface for tests
+//! and benchmarks.
+//!
+//! ```no_run
+//! use corelane_xsk::{AttachMode, Proto, Steering, XskConfig, XskQueue};
+//! let mut steering = Steering::attach("veth0", AttachMode::Auto)?;
+//! steering.own_addr("10.0.0.1".parse().unwrap())?;
+//! steering.own_port(Proto::Tcp, 7)?;
+//! let queue = XskQueue::open("veth0", 0, &XskConfig::default())?;
+//! steering.register(0, queue.fd())?;
+//! println!("XDP {} mode, AF_XDP {} mode", steering.mode(), queue.mode());
+//! # Ok::<(), corelane_xsk::Error>(())
+//! ```
+
+mod bpf;
+mod error;
+pub mod io;
+pub mod ledger;
+mod socket;
+
+pub use bpf::{AttachMode, AttachedMode, Proto, Steering, XDP_OBJECT, XdpCounters};
+pub use error::{Error, check_interface, check_privileges, mac_address, mtu, rx_queue_count};
+pub use io::{Frame, FrameIo, MemFrame, MemLink, MemPort, MemStats};
+pub use ledger::{FrameCounts, FrameLedger, FrameState, LedgerError};
+pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};

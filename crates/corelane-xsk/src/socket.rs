@@ -1,0 +1,526 @@
+//! One AF_XDP socket bound to one queue, with its own UMEM, rings and frame ledger.
+
+use std::collections::VecDeque;
+use std::io;
+use std::num::NonZeroU32;
+use std::os::fd::{AsRawFd, RawFd};
+
+use xsk_rs::config::{
+    BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
+};
+use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
+
+use crate::error::{Error, errno_of};
+use crate::io::{Frame, FrameIo};
+use crate::ledger::{FrameCounts, FrameLedger, FrameState};
+
+/// `SOL_XDP` socket option level.
+const SOL_XDP: libc::c_int = 283;
+/// `getsockopt(SOL_XDP, XDP_OPTIONS)`: reports whether the socket is bound in zero-copy mode.
+const XDP_OPTIONS: libc::c_int = 8;
+const XDP_OPTIONS_ZEROCOPY: u32 = 1;
+/// `setsockopt(SOL_XDP, XDP_MAX_TX_SKB_BUDGET)` (Linux 6.16+): frames one copy-mode TX kick may
+/// send. The default of 32 would need several kicks for one batch.
+const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
+
+/// Whether to ask for zero-copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZeroCopy {
+    /// Copy mode only.
+    Off,
+    /// Try zero-copy, fall back to copy mode (and report it) when the driver refuses.
+    #[default]
+    Try,
+    /// Zero-copy or an error.
+    Require,
+}
+
+/// How an AF_XDP socket ended up bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindMode {
+    /// The kernel copies frames between the driver and the UMEM.
+    Copy,
+    /// The driver DMAs straight into the UMEM.
+    ZeroCopy,
+}
+
+impl std::fmt::Display for BindMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BindMode::Copy => "copy",
+            BindMode::ZeroCopy => "zero-copy",
+        })
+    }
+}
+
+/// Sizes of a queue's UMEM and rings.
+#[derive(Debug, Clone, Copy)]
+pub struct XskConfig {
+    /// Frames in the UMEM (default 4096).
+    pub frames: u32,
+    /// Bytes per frame: 2048 or 4096 (default 2048, enough for an MTU of 1500).
+    pub frame_size: u32,
+    /// Entries in each of the four rings, a power of two (default 2048).
+    pub ring_size: u32,
+    /// Zero-copy preference.
+    pub zero_copy: ZeroCopy,
+}
+
+impl Default for XskConfig {
+    fn default() -> Self {
+        XskConfig {
+            frames: 4096,
+            frame_size: 2048,
+            ring_size: 2048,
+            zero_copy: ZeroCopy::Try,
+        }
+    }
+}
+
+/// A frame of an [`XskQueue`].
+#[derive(Debug)]
+pub struct XskFrame {
+    desc: FrameDesc,
+    index: u32,
+}
+
+impl Frame for XskFrame {
+    fn index(&self) -> usize {
+        self.index as usize
+    }
+    fn len(&self) -> usize {
+        self.desc.lengths().data()
+    }
+}
+
+/// Counters of one queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XskStats {
+    /// Frames received.
+    pub rx_frames: u64,
+    /// Frames queued for transmit.
+    pub tx_frames: u64,
+    /// TX kicks (sendto calls).
+    pub tx_kicks: u64,
+    /// Frames dropped because the TX ring was full.
+    pub tx_ring_full: u64,
+    /// Fill-ring wakeups.
+    pub fill_wakeups: u64,
+}
+
+/// An AF_XDP socket on one queue of one interface, owning its UMEM.
+///
+/// Frames are split between receive (kept in the fill ring, topped up on every
+/// [`FrameIo::complete`]) and transmit (allocated from the free list). The XDP program must
+/// redirect this queue to the socket: see [`Steering::register`](crate::Steering::register).
+pub struct XskQueue {
+    // Field order matters for drop: rings and socket before the UMEM.
+    rx: RxQueue,
+    tx: TxQueue,
+    fq: FillQueue,
+    cq: CompQueue,
+    umem: Umem,
+    templates: Vec<FrameDesc>,
+    ledger: FrameLedger,
+    free: Vec<u32>,
+    scratch: Vec<FrameDesc>,
+    frame_size: usize,
+    fill_target: usize,
+    ring_size: u32,
+    mode: BindMode,
+    queue_id: u32,
+    fd: RawFd,
+    stats: XskStats,
+}
+
+impl std::fmt::Debug for XskQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XskQueue")
+            .field("queue_id", &self.queue_id)
+            .field("mode", &self.mode)
+            .field("fd", &self.fd)
+            .field("frames", &self.ledger.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl XskQueue {
+    /// Binds an AF_XDP socket to queue `queue_id` of `ifname` (in the caller's network namespace).
+    /// The XDP program is not loaded here: corelane loads its own with [`crate::Steering`].
+    pub fn open(ifname: &str, queue_id: u32, config: &XskConfig) -> Result<Self, Error> {
+        crate::error::check_privileges()?;
+        crate::error::check_interface(ifname)?;
+        raise_memlock();
+        match config.zero_copy {
+            ZeroCopy::Off => Self::bind(ifname, queue_id, config, BindMode::Copy),
+            ZeroCopy::Require => Self::bind(ifname, queue_id, config, BindMode::ZeroCopy),
+            ZeroCopy::Try => match Self::bind(ifname, queue_id, config, BindMode::ZeroCopy) {
+                Ok(q) => Ok(q),
+                Err(Error::Bind { errno, .. })
+                    if errno == Some(libc::EOPNOTSUPP) || errno == Some(libc::EINVAL) =>
+                {
+                    log::info!(
+                        "{ifname} queue {queue_id}: zero-copy refused by the driver, using copy mode"
+                    );
+                    Self::bind(ifname, queue_id, config, BindMode::Copy)
+                }
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    fn bind(ifname: &str, queue_id: u32, c: &XskConfig, mode: BindMode) -> Result<Self, Error> {
+        let cfg_err = |what: String| Error::Config(what);
+        let ring = QueueSize::new(c.ring_size)
+            .map_err(|_| cfg_err(format!("ring size {} is not a power of two", c.ring_size)))?;
+        let frame_size = FrameSize::new(c.frame_size)
+            .map_err(|_| cfg_err(format!("frame size {} must be 2048 or 4096", c.frame_size)))?;
+        let frames = NonZeroU32::new(c.frames)
+            .ok_or_else(|| cfg_err("a UMEM needs at least one frame".into()))?;
+        let umem_config = UmemConfig::builder()
+            .frame_size(frame_size)
+            .fill_queue_size(ring)
+            .comp_queue_size(ring)
+            .build()
+            .map_err(|e| cfg_err(format!("UMEM config: {e}")))?;
+        let (umem, templates) = Umem::new(umem_config, frames, false).map_err(|e| Error::Umem {
+            errno: errno_of(&e),
+            detail: e.to_string(),
+        })?;
+        let mut flags = BindFlags::XDP_USE_NEED_WAKEUP;
+        flags |= match mode {
+            BindMode::Copy => BindFlags::XDP_COPY,
+            BindMode::ZeroCopy => BindFlags::XDP_ZEROCOPY,
+        };
+        let socket_config = SocketConfig::builder()
+            .rx_queue_size(ring)
+            .tx_queue_size(ring)
+            .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
+            .bind_flags(flags)
+            .build();
+        let iface: Interface = ifname
+            .parse()
+            .map_err(|_| Error::NoInterface(ifname.to_string()))?;
+        // SAFETY: the UMEM was created just above and is used by this socket only; xsk-rs requires
+        // that no other socket is bound to this (interface, queue) pair through this UMEM.
+        let (tx, rx, rings) = unsafe { Socket::new(socket_config, &umem, &iface, queue_id) }
+            .map_err(|e| Error::Bind {
+                ifname: ifname.to_string(),
+                queue: queue_id,
+                errno: errno_of(&e),
+                detail: e.to_string(),
+            })?;
+        let Some((fq, cq)) = rings else {
+            return Err(Error::Config("UMEM unexpectedly shared".into()));
+        };
+        let fd = rx.fd().as_raw_fd();
+        let actual = if sockopt_zerocopy(fd) {
+            BindMode::ZeroCopy
+        } else {
+            BindMode::Copy
+        };
+        set_tx_budget(fd, c.ring_size);
+        let n = templates.len();
+        let mut q = XskQueue {
+            rx,
+            tx,
+            fq,
+            cq,
+            umem,
+            templates,
+            ledger: FrameLedger::new(n),
+            free: (0..n as u32).rev().collect(),
+            scratch: vec![FrameDesc::default(); c.ring_size as usize],
+            frame_size: c.frame_size as usize,
+            fill_target: (c.ring_size as usize).min(n / 2),
+            ring_size: c.ring_size,
+            mode: actual,
+            queue_id,
+            fd,
+            stats: XskStats::default(),
+        };
+        q.top_up_fill()?;
+        Ok(q)
+    }
+
+    /// Copy or zero-copy, as the kernel reports the bound socket.
+    pub fn mode(&self) -> BindMode {
+        self.mode
+    }
+
+    /// The queue this socket is bound to.
+    pub fn queue_id(&self) -> u32 {
+        self.queue_id
+    }
+
+    /// The socket's descriptor, to register in the XSKMAP and to poll on.
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> XskStats {
+        self.stats
+    }
+
+    /// The kernel's counters for this socket (drops for a full RX ring or an empty fill ring).
+    pub fn kernel_stats(&self) -> io::Result<xsk_rs::socket::XdpStatistics> {
+        self.rx.fd().xdp_statistics()
+    }
+
+    /// Blocks until a frame arrives or `timeout_ms` passes (-1: forever). Returns true when the
+    /// RX ring has frames.
+    pub fn wait(&mut self, timeout_ms: i32) -> io::Result<bool> {
+        self.rx.poll(timeout_ms)
+    }
+
+    fn index_of(&self, addr: usize) -> u32 {
+        (addr / self.frame_size) as u32
+    }
+
+    fn top_up_fill(&mut self) -> io::Result<()> {
+        let have = self.ledger.count(FrameState::Receive);
+        if have >= self.fill_target || self.free.is_empty() {
+            return Ok(());
+        }
+        let want = (self.fill_target - have).min(self.free.len());
+        let room = self.fq.nb_free(want as u32) as usize;
+        let n = want.min(room);
+        if n == 0 {
+            return Ok(());
+        }
+        let start = self.free.len() - n;
+        for (slot, &i) in self.scratch.iter_mut().zip(&self.free[start..]) {
+            *slot = self.templates[i as usize];
+        }
+        // SAFETY: these frames come off the free list, so neither the kernel nor user space
+        // refers to them; the ledger moves them to Receive below.
+        let produced = unsafe { self.fq.produce(&self.scratch[..n]) };
+        debug_assert_eq!(produced, n, "nb_free promised room");
+        for _ in 0..produced {
+            let i = self.free.pop().expect("counted above");
+            self.ledger
+                .advance(i as usize, FrameState::Free, FrameState::Receive)
+                .map_err(io::Error::other)?;
+        }
+        self.wake_fill()
+    }
+
+    fn wake_fill(&mut self) -> io::Result<()> {
+        if self.fq.needs_wakeup() {
+            self.stats.fill_wakeups += 1;
+            self.fq.wakeup(self.rx.fd_mut(), 0)?;
+        }
+        Ok(())
+    }
+
+    fn kick_tx(&mut self) -> io::Result<()> {
+        // A copy-mode kick sends a bounded number of frames; kick again while the kernel keeps
+        // making progress, so one batch goes out in one call from the driver's point of view.
+        let mut last = u32::MAX;
+        for _ in 0..16 {
+            if !self.tx.needs_wakeup() {
+                return Ok(());
+            }
+            self.stats.tx_kicks += 1;
+            self.tx.wakeup()?;
+            let free = self.tx.nb_free_exact();
+            if free == self.ring_size || free == last {
+                return Ok(());
+            }
+            last = free;
+        }
+        Ok(())
+    }
+}
+
+impl FrameIo for XskQueue {
+    type Frame = XskFrame;
+
+    fn frame_capacity(&self) -> usize {
+        // The kernel reserves XDP_PACKET_HEADROOM (256) at the front of each frame.
+        self.frame_size - 256
+    }
+
+    fn bytes<'a>(&'a self, frame: &'a XskFrame) -> &'a [u8] {
+        // SAFETY: `frame` is a unique handle to a frame of this UMEM that user space holds (the
+        // ledger has it InUse), so the kernel does not write it while it is borrowed.
+        unsafe { self.umem.data(&frame.desc) }.contents()
+    }
+
+    fn bytes_mut<'a>(&'a self, frame: &'a mut XskFrame, len: usize) -> &'a mut [u8] {
+        // SAFETY: as for `bytes`, and the handle is borrowed mutably, so this is the only
+        // reference to the frame's bytes.
+        let mut data = unsafe { self.umem.data_mut(&mut frame.desc) };
+        let mut cursor = data.cursor();
+        cursor.set_pos(len);
+        let s = data.contents_mut();
+        let (ptr, n) = (s.as_mut_ptr(), s.len());
+        // SAFETY: the bytes live in the UMEM mapping, which outlives `&'a self`; `frame` is
+        // borrowed mutably for 'a, so no other reference to these bytes can be made meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(ptr, n) }
+    }
+
+    fn recv(&mut self, out: &mut VecDeque<XskFrame>, max: usize) -> usize {
+        let max = max.min(self.scratch.len());
+        // SAFETY: descriptors come from this socket's RX ring and refer to this UMEM.
+        let n = unsafe { self.rx.consume(&mut self.scratch[..max]) };
+        for k in 0..n {
+            let desc = self.scratch[k];
+            let index = self.index_of(desc.addr());
+            if let Err(e) =
+                self.ledger
+                    .advance(index as usize, FrameState::Receive, FrameState::InUse)
+            {
+                // The kernel returned a frame we never gave it: report and skip rather than
+                // alias a frame that is in use elsewhere.
+                log::error!("queue {}: {e}", self.queue_id);
+                continue;
+            }
+            out.push_back(XskFrame { desc, index });
+        }
+        self.stats.rx_frames += n as u64;
+        n
+    }
+
+    fn release(&mut self, frames: &mut Vec<XskFrame>) {
+        for f in frames.drain(..) {
+            if self
+                .ledger
+                .advance(f.index as usize, FrameState::InUse, FrameState::Free)
+                .is_ok()
+            {
+                self.free.push(f.index);
+            }
+        }
+        if let Err(e) = self.top_up_fill() {
+            log::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
+        }
+    }
+
+    fn alloc(&mut self, out: &mut Vec<XskFrame>, n: usize) -> usize {
+        // Keep the fill ring's share: transmit may not take the frames receive needs.
+        let reserve = self
+            .fill_target
+            .saturating_sub(self.ledger.count(FrameState::Receive));
+        let avail = self.free.len().saturating_sub(reserve);
+        let n = n.min(avail);
+        for _ in 0..n {
+            let i = self.free.pop().expect("counted above");
+            self.ledger
+                .advance(i as usize, FrameState::Free, FrameState::InUse)
+                .expect("free list holds free frames");
+            out.push(XskFrame {
+                desc: self.templates[i as usize],
+                index: i,
+            });
+        }
+        n
+    }
+
+    fn free(&mut self, frames: &mut Vec<XskFrame>) {
+        for f in frames.drain(..) {
+            if self
+                .ledger
+                .advance(f.index as usize, FrameState::InUse, FrameState::Free)
+                .is_ok()
+            {
+                self.free.push(f.index);
+            }
+        }
+    }
+
+    fn send(&mut self, frames: &mut Vec<XskFrame>) -> io::Result<usize> {
+        if frames.is_empty() {
+            return Ok(0);
+        }
+        let room = self.tx.nb_free(frames.len() as u32) as usize;
+        let n = frames.len().min(room).min(self.scratch.len());
+        for (slot, f) in self.scratch.iter_mut().zip(frames.iter()) {
+            *slot = f.desc;
+        }
+        // SAFETY: each descriptor is a frame of this UMEM held by user space (InUse) and written
+        // through `bytes_mut`; after this call only the kernel refers to it until completion.
+        let produced = unsafe { self.tx.produce(&self.scratch[..n]) };
+        for f in frames.drain(..produced) {
+            self.ledger
+                .advance(f.index as usize, FrameState::InUse, FrameState::Transmit)
+                .map_err(io::Error::other)?;
+        }
+        if !frames.is_empty() {
+            self.stats.tx_ring_full += frames.len() as u64;
+            self.free(frames);
+        }
+        self.stats.tx_frames += produced as u64;
+        self.kick_tx()?;
+        Ok(produced)
+    }
+
+    fn complete(&mut self) -> io::Result<usize> {
+        // SAFETY: completion descriptors refer to frames of this UMEM that we sent.
+        let n = unsafe { self.cq.consume(&mut self.scratch) };
+        for k in 0..n {
+            let index = self.index_of(self.scratch[k].addr());
+            match self
+                .ledger
+                .advance(index as usize, FrameState::Transmit, FrameState::Free)
+            {
+                Ok(()) => self.free.push(index),
+                Err(e) => log::error!("queue {}: {e}", self.queue_id),
+            }
+        }
+        if self.ledger.count(FrameState::Transmit) > 0 && n == 0 {
+            // Copy mode completes frames during the kick; nudge frames still in the TX ring.
+            self.kick_tx()?;
+        }
+        self.top_up_fill()?;
+        Ok(n)
+    }
+
+    fn counts(&mut self) -> FrameCounts {
+        let rx = self.rx.nb_avail_exact() as usize;
+        let cq = self.cq.nb_avail_exact() as usize;
+        self.ledger.counts(rx, cq)
+    }
+}
+
+fn sockopt_zerocopy(fd: RawFd) -> bool {
+    let mut opts: u32 = 0;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: fd is an open AF_XDP socket; opts and len are valid for writes of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            SOL_XDP,
+            XDP_OPTIONS,
+            (&mut opts as *mut u32).cast(),
+            &mut len,
+        )
+    };
+    rc == 0 && opts & XDP_OPTIONS_ZEROCOPY != 0
+}
+
+fn set_tx_budget(fd: RawFd, budget: u32) {
+    let v: u32 = budget;
+    // SAFETY: fd is an open AF_XDP socket; v is a valid u32 for the size given. Older kernels
+    // refuse the option, which only means more kicks per batch.
+    let _ = unsafe {
+        libc::setsockopt(
+            fd,
+            SOL_XDP,
+            XDP_MAX_TX_SKB_BUDGET,
+            (&v as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+}
+
+fn raise_memlock() {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid rlimit; failure leaves the limit as it was, which kernels
+    // with memcg accounting (5.11+) do not use for BPF maps anyway.
+    let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+}

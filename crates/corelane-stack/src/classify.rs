@@ -1,0 +1,210 @@
+//! The classify stage: parse each received frame once, verify its checksums, and note what the
+//! later stages need (is it a TCP SYN for a listening port?). Frames that fail are dropped here
+//! and counted, so nothing malformed reaches the protocol code.
+
+use smoltcp::wire::{
+    EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Packet, Ipv6Packet, TcpPacket,
+    UdpPacket,
+};
+
+/// What the classify stage decided about one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// A TCP segment with valid checksums; `syn` is true for a connection request (SYN without
+    /// ACK), with the destination port.
+    Tcp {
+        /// SYN without ACK.
+        syn: bool,
+        /// Destination port.
+        dst_port: u16,
+    },
+    /// A UDP datagram with valid checksums.
+    Udp,
+    /// ARP, ICMP, NDP, IP fragments: passed to the protocol stage as they are.
+    Other,
+    /// Dropped: a bad IPv4 header, TCP or UDP checksum.
+    BadChecksum,
+    /// Dropped: truncated or inconsistent headers.
+    Malformed,
+}
+
+/// Classifies one Ethernet frame, verifying the IPv4 header checksum and the TCP or UDP checksum.
+pub fn classify(frame: &[u8]) -> Class {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else {
+        return Class::Malformed;
+    };
+    match eth.ethertype() {
+        EthernetProtocol::Ipv4 => {
+            let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+                return Class::Malformed;
+            };
+            if !ip.verify_checksum() {
+                return Class::BadChecksum;
+            }
+            if ip.more_frags() || ip.frag_offset() != 0 {
+                return Class::Other;
+            }
+            let (src, dst) = (
+                IpAddress::Ipv4(ip.src_addr()),
+                IpAddress::Ipv4(ip.dst_addr()),
+            );
+            l4(ip.next_header(), src, dst, ip.payload())
+        }
+        EthernetProtocol::Ipv6 => {
+            let Ok(ip) = Ipv6Packet::new_checked(eth.payload()) else {
+                return Class::Malformed;
+            };
+            let (src, dst) = (
+                IpAddress::Ipv6(ip.src_addr()),
+                IpAddress::Ipv6(ip.dst_addr()),
+            );
+            l4(ip.next_header(), src, dst, ip.payload())
+        }
+        _ => Class::Other,
+    }
+}
+
+fn l4(proto: IpProtocol, src: IpAddress, dst: IpAddress, payload: &[u8]) -> Class {
+    match proto {
+        IpProtocol::Tcp => {
+            let Ok(tcp) = TcpPacket::new_checked(payload) else {
+                return Class::Malformed;
+            };
+            if !tcp.verify_checksum(&src, &dst) {
+                return Class::BadChecksum;
+            }
+            Class::Tcp {
+                syn: tcp.syn() && !tcp.ack(),
+                dst_port: tcp.dst_port(),
+            }
+        }
+        IpProtocol::Udp => {
+            let Ok(udp) = UdpPacket::new_checked(payload) else {
+                return Class::Malformed;
+            };
+            // A zero UDP checksum over IPv4 means "not computed".
+            let unchecked = matches!(src, IpAddress::Ipv4(_)) && udp.checksum() == 0;
+            if !unchecked && !udp.verify_checksum(&src, &dst) {
+                return Class::BadChecksum;
+            }
+            Class::Udp
+        }
+        _ => Class::Other,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use smoltcp::phy::ChecksumCapabilities;
+    use smoltcp::wire::{
+        EthernetAddress, EthernetRepr, Ipv4Address, Ipv4Repr, TcpControl, TcpRepr, TcpSeqNumber,
+    };
+
+    pub(crate) fn tcp_frame(syn: bool, payload: &[u8]) -> Vec<u8> {
+        let src = Ipv4Address::new(10, 0, 0, 2);
+        let dst = Ipv4Address::new(10, 0, 0, 1);
+        let tcp = TcpRepr {
+            src_port: 40000,
+            dst_port: 7,
+            control: if syn {
+                TcpControl::Syn
+            } else {
+                TcpControl::None
+            },
+            seq_number: TcpSeqNumber(1),
+            ack_number: None,
+            window_len: 1024,
+            window_scale: None,
+            max_seg_size: None,
+            sack_permitted: false,
+            sack_ranges: [None, None, None],
+            timestamp: None,
+            payload,
+        };
+        let ip = Ipv4Repr {
+            src_addr: src,
+            dst_addr: dst,
+            next_header: IpProtocol::Tcp,
+            payload_len: tcp.buffer_len(),
+            hop_limit: 64,
+        };
+        let eth = EthernetRepr {
+            src_addr: EthernetAddress([2, 0, 0, 0, 0, 2]),
+            dst_addr: EthernetAddress([2, 0, 0, 0, 0, 1]),
+            ethertype: EthernetProtocol::Ipv4,
+        };
+        let mut buf = vec![0u8; eth.buffer_len() + ip.buffer_len() + tcp.buffer_len()];
+        let mut f = EthernetFrame::new_unchecked(&mut buf);
+        eth.emit(&mut f);
+        let caps = ChecksumCapabilities::default();
+        let mut p = Ipv4Packet::new_unchecked(f.payload_mut());
+        ip.emit(&mut p, &caps);
+        let mut t = TcpPacket::new_unchecked(p.payload_mut());
+        tcp.emit(&mut t, &src.into(), &dst.into(), &caps);
+        buf
+    }
+
+    #[test]
+    fn good_segments_are_classified() {
+        assert_eq!(
+            classify(&tcp_frame(true, b"")),
+            Class::Tcp {
+                syn: true,
+                dst_port: 7
+            }
+        );
+        assert_eq!(
+            classify(&tcp_frame(false, b"hello")),
+            Class::Tcp {
+                syn: false,
+                dst_port: 7
+            }
+        );
+    }
+
+    #[test]
+    fn a_flipped_payload_bit_fails_the_tcp_checksum() {
+        let mut f = tcp_frame(false, b"hello");
+        let last = f.len() - 1;
+        f[last] ^= 1;
+        assert_eq!(classify(&f), Class::BadChecksum);
+    }
+
+    #[test]
+    fn a_flipped_header_bit_fails_the_ipv4_checksum() {
+        let mut f = tcp_frame(false, b"hello");
+        f[14 + 8] ^= 1; // TTL
+        assert_eq!(classify(&f), Class::BadChecksum);
+    }
+
+    #[test]
+    fn truncations_never_panic_and_are_malformed() {
+        let f = tcp_frame(false, b"hello world");
+        for n in 0..f.len() {
+            let c = classify(&f[..n]);
+            assert!(
+                matches!(c, Class::Malformed | Class::BadChecksum | Class::Other),
+                "prefix {n}: {c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        for len in 0..2000 {
+            let mut f = tcp_frame(false, b"abcdefgh");
+            for b in f.iter_mut().skip(12) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x.is_multiple_of(7) {
+                    *b = x as u8;
+                }
+            }
+            f.truncate(len % (f.len() + 1));
+            let _ = classify(&f);
+        }
+    }
+}

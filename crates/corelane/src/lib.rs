@@ -9,7 +9,8 @@
 //!
 //! ```no_run
 //! use corelane::Endpoint;
-//! let mut ep = Endpoint::builder("veth0").addr("10.0.0.1/24".parse()?).build()?;
+//! let addr = "10.0.0.1/24".parse().expect("an address with prefix");
+//! let mut ep = Endpoint::builder("veth0").addr(addr).build()?;
 //! println!("{}", ep.describe());
 //! let listener = ep.listen_tcp(7)?;
 //! loop {
@@ -139,9 +140,18 @@ impl EndpointBuilder {
         let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
         let mut steering = corelane_xsk::Steering::attach(&self.ifname, self.attach)?;
         let xsk = XskQueue::open(&self.ifname, self.queue, &self.xsk)?;
-        if mtu + 14 > corelane_xsk::FrameIo::frame_capacity(&xsk) {
+        let capacity = corelane_xsk::FrameIo::frame_capacity(&xsk);
+        if mtu + 14 > capacity {
+            let fix = if mtu + 14 <= 4096 - 256 {
+                "use 4096-byte frames (XskConfig::frame_size)".to_string()
+            } else {
+                format!(
+                    "lower the MTU to at most {} (frames larger than a page are not supported)",
+                    4096 - 256 - 14
+                )
+            };
             return Err(Error::Config(format!(
-                "MTU {mtu} of {} does not fit a {}-byte frame; lower the MTU or use 4096-byte frames",
+                "MTU {mtu} of {} does not fit a {}-byte frame; {fix}",
                 self.ifname, self.xsk.frame_size
             )));
         }

@@ -1,0 +1,220 @@
+//! Shared pieces of the privileged tests: the echo example run inside a server namespace, and
+//! kernel clients in the peer namespace.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use corelane_testnet::VethPair;
+use sha2::{Digest, Sha256};
+
+/// The echo example binary, built by `cargo test` next to the test binaries.
+pub fn echo_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/echo
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("examples").join("echo");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo test` (which builds examples) or `cargo build --example echo`",
+        bin.display()
+    );
+    bin
+}
+
+/// A standard test network: kernel address .1 on the server end, .2 on the client end; the
+/// echo server owns .3 (and fd00::3 for IPv6).
+pub fn net(queues: u32) -> VethPair {
+    VethPair::builder()
+        .queues(queues)
+        .server_addr("10.77.0.1/24")
+        .client_addr("10.77.0.2/24")
+        .server_addr("fd00:77::1/64")
+        .client_addr("fd00:77::2/64")
+        .build()
+        .expect("veth pair")
+}
+
+pub const SERVER_V4: &str = "10.77.0.3";
+pub const SERVER_V6: &str = "fd00:77::3";
+
+/// The echo example running in the server namespace.
+pub struct Echo {
+    child: Option<Child>,
+    out: Arc<Mutex<String>>,
+}
+
+impl Echo {
+    /// Starts echo with `args` (after `--iface IF`) and waits until it serves.
+    pub fn start(net: &VethPair, args: &[&str]) -> Echo {
+        let mut cmd = net.server_ns().command(echo_bin().to_str().unwrap());
+        cmd.args(["--iface", net.server_if()]).args(args);
+        let mut e = Echo::spawn(cmd);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !e.output().contains("echo: serving") {
+            if let Some(status) = e.child.as_mut().unwrap().try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("echo exited early ({status}):\n{}", e.output());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "echo did not start:\n{}",
+                e.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        e
+    }
+
+    fn spawn(mut cmd: Command) -> Echo {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn echo");
+        let out = Arc::new(Mutex::new(String::new()));
+        for pipe in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let out = out.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let mut o = out.lock().unwrap();
+                    o.push_str(&line);
+                    o.push('\n');
+                }
+            });
+        }
+        Echo {
+            child: Some(child),
+            out,
+        }
+    }
+
+    /// Everything it printed so far.
+    pub fn output(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+
+    /// Sends SIGINT and waits for it to exit; returns the status and everything it printed.
+    pub fn stop(mut self) -> (ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: kill with a valid pid of our own child and a signal number has no memory
+        // effects. `ip netns exec` execs the program, so the pid is echo's own.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                break child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        (status, self.output())
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs echo to completion with `args` and returns its status and output (for error cases).
+pub fn run_echo(net: &VethPair, args: &[&str]) -> (ExitStatus, String) {
+    let mut cmd = net.server_ns().command(echo_bin().to_str().unwrap());
+    cmd.arg("--iface").arg(net.server_if()).args(args);
+    let out = cmd.output().expect("run echo");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status, text)
+}
+
+/// A deterministic pseudo-random payload.
+pub fn payload(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Connects (retrying briefly while ARP/NDP resolves), sends `data`, half-closes, reads the
+/// echo until EOF and returns the SHA-256 of what came back and its length.
+pub fn tcp_echo(addr: SocketAddr, data: &[u8]) -> std::io::Result<([u8; 32], usize)> {
+    let mut s = connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.set_nodelay(true)?;
+    let mut r = s.try_clone()?;
+    let n = data.len();
+    let reader = std::thread::spawn(move || -> std::io::Result<([u8; 32], usize)> {
+        let mut h = Sha256::new();
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 256 * 1024];
+        while got < n {
+            let k = r.read(&mut buf)?;
+            if k == 0 {
+                break;
+            }
+            h.update(&buf[..k]);
+            got += k;
+        }
+        Ok((h.finalize().into(), got))
+    });
+    s.write_all(data)?;
+    let res = reader.join().expect("reader thread")?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    Ok(res)
+}
+
+pub fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for _ in 0..50 {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                last = Some(e);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    Err(last.unwrap())
+}
+
+pub fn sha256(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
+}
+
+/// `ip link show` of the server end has no XDP program.
+pub fn assert_no_xdp(net: &VethPair) {
+    let link = net.server_link().unwrap();
+    assert!(!link.contains("xdp"), "XDP program left attached:\n{link}");
+}
+
+/// The frame accounting line echo prints at exit adds up with nothing in use.
+pub fn assert_clean_exit(status: ExitStatus, out: &str) {
+    assert!(status.success(), "echo failed ({status}):\n{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("frames:"))
+        .unwrap_or_else(|| panic!("no accounting line:\n{out}"));
+    assert!(line.contains(" 0 in use"), "{line}");
+    assert!(out.contains("XDP program detached"), "{out}");
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what corelane needs on a fresh Debian (bookworm) machine, as root: the C toolchain and
+# headers the AF_XDP and BPF crates build against, and the tools the tests and demo use.
+set -euo pipefail
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: run as root (apt-get install needs it)" >&2
+  exit 1
+fi
+pkgs=(build-essential pkg-config clang llvm m4 libelf-dev zlib1g-dev libbpf-dev libhwloc-dev
+      libudev-dev linux-libc-dev iproute2 ethtool nftables iputils-ping util-linux python3 curl)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo not found; install Rust (stable, 1.91 or newer) with rustup" >&2
+  exit 1
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true

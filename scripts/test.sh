@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite, as root on Debian: installs what it needs, checks formatting and lints,
+# then runs every test (the privileged ones build veth pairs in network namespaces).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+cargo fmt --all -- --check
+cargo clippy --locked --workspace --all-targets -- -D warnings
+# Release mode: the end-to-end tests push 64 MiB through the stack. `cargo test` on the whole
+# workspace also builds the examples the privileged tests run.
+cargo test --locked --release --workspace

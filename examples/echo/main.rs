@@ -33,8 +33,8 @@ struct Args {
     /// Port for both TCP and UDP echo.
     #[arg(long, default_value_t = 7)]
     port: u16,
-    /// Cores to serve on. This release serves one queue from one core; more cores come with the
-    /// per-core runtime.
+    /// Cores to serve on. This release serves every queue of the interface from one core; one
+    /// core per queue comes with the per-core runtime.
     #[arg(long, default_value_t = 1)]
     cores: usize,
     /// XDP attach mode: auto (native, else generic), native, generic.
@@ -70,7 +70,7 @@ fn main() -> ExitCode {
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.cores != 1 {
         return Err(format!(
-            "--cores {}: this release serves one core (one queue); run with --cores 1",
+            "--cores {}: this release serves all queues from one core; run with --cores 1",
             args.cores
         )
         .into());

@@ -4,8 +4,8 @@
 //! sockets; everything else (ping, ssh, kernel listeners) goes to the kernel untouched. The
 //! frames are processed by smoltcp-based protocol stages on the core that polls the socket.
 //!
-//! This release runs one [`Endpoint`] per process: one interface, one queue, polled by the
-//! calling thread.
+//! This release runs one [`Endpoint`] per process: one interface, every receive queue of it
+//! served by the calling thread.
 //!
 //! ```no_run
 //! use corelane::Endpoint;
@@ -31,8 +31,8 @@ use std::net::IpAddr;
 pub use corelane_stack::smoltcp;
 pub use corelane_stack::{DeviceStats, ListenerId, Stack, StackConfig, StackError};
 pub use corelane_xsk::{
-    AttachMode, AttachedMode, BindMode, FrameCounts, Proto, XdpCounters, XskConfig, XskQueue,
-    ZeroCopy,
+    AttachMode, AttachedMode, BindMode, FrameCounts, MultiQueue, Proto, XdpCounters, XskConfig,
+    XskQueue, ZeroCopy,
 };
 use smoltcp::iface::SocketHandle;
 use smoltcp::time::Instant;
@@ -77,7 +77,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct EndpointBuilder {
     ifname: String,
     addrs: Vec<IpCidr>,
-    queue: u32,
+    queues: Option<Vec<u32>>,
     attach: AttachMode,
     xsk: XskConfig,
     stack: StackConfig,
@@ -92,9 +92,10 @@ impl EndpointBuilder {
         self
     }
 
-    /// The queue to bind (default 0).
-    pub fn queue(mut self, q: u32) -> Self {
-        self.queue = q;
+    /// The receive queues to serve (default: all of them). Frames that arrive on a queue that is
+    /// not served go to the kernel.
+    pub fn queues(mut self, q: Vec<u32>) -> Self {
+        self.queues = Some(q);
         self
     }
 
@@ -130,17 +131,25 @@ impl EndpointBuilder {
         }
         corelane_xsk::check_privileges()?;
         let queues = corelane_xsk::rx_queue_count(&self.ifname)?;
-        if self.queue >= queues {
+        let served = self.queues.clone().unwrap_or_else(|| (0..queues).collect());
+        if served.is_empty() {
+            return Err(Error::Config("no queue to serve".into()));
+        }
+        if let Some(q) = served.iter().find(|&&q| q >= queues) {
             return Err(Error::Config(format!(
-                "{} has {queues} receive queue(s); queue {} does not exist",
-                self.ifname, self.queue
+                "{} has {queues} receive queue(s); queue {q} does not exist",
+                self.ifname
             )));
         }
         let mac = corelane_xsk::mac_address(&self.ifname)?;
         let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
         let mut steering = corelane_xsk::Steering::attach(&self.ifname, self.attach)?;
-        let xsk = XskQueue::open(&self.ifname, self.queue, &self.xsk)?;
-        let capacity = corelane_xsk::FrameIo::frame_capacity(&xsk);
+        let mut sockets = Vec::with_capacity(served.len());
+        for &q in &served {
+            sockets.push(XskQueue::open(&self.ifname, q, &self.xsk)?);
+        }
+        let io = MultiQueue::new(sockets);
+        let capacity = corelane_xsk::FrameIo::frame_capacity(&io);
         if mtu + 14 > capacity {
             let fix = if mtu + 14 <= 4096 - 256 {
                 "use 4096-byte frames (XskConfig::frame_size)".to_string()
@@ -155,11 +164,13 @@ impl EndpointBuilder {
                 self.ifname, self.xsk.frame_size
             )));
         }
-        steering.register(self.queue, xsk.fd())?;
+        for q in io.queues() {
+            steering.register(q.queue_id(), q.fd())?;
+        }
         for a in &self.addrs {
             steering.own_addr(a.address().into())?;
         }
-        let stack = Stack::new(xsk, mac, &self.addrs, mtu, self.stack);
+        let stack = Stack::new(io, mac, &self.addrs, mtu, self.stack);
         Ok(Endpoint {
             steering,
             stack,
@@ -175,7 +186,7 @@ impl EndpointBuilder {
 #[derive(Debug)]
 pub struct Endpoint {
     // Field order: the stack (and its socket) close before the program is detached.
-    stack: Stack<XskQueue>,
+    stack: Stack<MultiQueue>,
     steering: corelane_xsk::Steering,
     ifname: String,
     queues: u32,
@@ -188,7 +199,7 @@ impl Endpoint {
         EndpointBuilder {
             ifname: ifname.to_string(),
             addrs: Vec::new(),
-            queue: 0,
+            queues: None,
             attach: AttachMode::Auto,
             xsk: XskConfig::default(),
             stack: StackConfig::default(),
@@ -206,15 +217,24 @@ impl Endpoint {
         if let Some(why) = self.steering.fallback_reason() {
             s.push_str(&format!(" (native mode refused: {why})"));
         }
-        let q = self.stack.io();
+        let io = self.stack.io();
+        let served: Vec<String> = io
+            .queues()
+            .iter()
+            .map(|q| q.queue_id().to_string())
+            .collect();
+        let mode = io.queues()[0].mode();
         s.push_str(&format!(
-            "\nqueues: {} on the interface, serving queue {} with one AF_XDP socket in {} mode",
+            "\nqueues: {} on the interface; serving queue(s) {} on one core, one AF_XDP socket each, in {} mode",
             self.queues,
-            q.queue_id(),
-            q.mode()
+            served.join(","),
+            mode
         ));
-        if q.mode() == BindMode::Copy {
+        if mode == BindMode::Copy {
             s.push_str(" (zero-copy not supported by this driver)");
+        }
+        if self.steering.mode() == AttachedMode::Generic && self.queues > 1 {
+            s.push_str("\nnote: generic XDP on veth delivers every frame on queue 0");
         }
         let addrs: Vec<String> = self.addrs.iter().map(|a| a.to_string()).collect();
         s.push_str(&format!("\naddresses: {}", addrs.join(", ")));
@@ -249,7 +269,7 @@ impl Endpoint {
     }
 
     /// The stack, for socket access.
-    pub fn stack_mut(&mut self) -> &mut Stack<XskQueue> {
+    pub fn stack_mut(&mut self) -> &mut Stack<MultiQueue> {
         &mut self.stack
     }
 

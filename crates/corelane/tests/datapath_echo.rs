@@ -287,3 +287,41 @@ fn datapath_stop_detaches_everything() {
     assert_no_xdp(&net);
     drop(held);
 }
+
+#[test]
+fn datapath_every_queue_of_a_multi_queue_veth_is_served() {
+    if !require_root("datapath_multi_queue") {
+        return;
+    }
+    let net = net(2);
+    let echo = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
+    let out = echo.output();
+    assert!(out.contains("native mode"), "{out}");
+    assert!(out.contains("serving queue(s) 0,1"), "{out}");
+    // Each kernel socket picks its transmit queue at random, so 60 connections land on both.
+    let ok = net
+        .client_ns()
+        .run(|| {
+            (0..60)
+                .filter(|&i| {
+                    let data = payload(32 * 1024, 100 + i);
+                    let want = sha256(&data);
+                    matches!(tcp_echo(v4(7), &data), Ok((got, _)) if got == want)
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(ok, 60);
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    let stats = out.lines().find(|l| l.starts_with("stats:")).unwrap();
+    assert!(
+        stats.ends_with("no-socket 0"),
+        "frames fell through to the kernel: {stats}"
+    );
+    let total = out.lines().find(|l| l.starts_with("frames:")).unwrap();
+    assert!(
+        total.starts_with("frames: 8192 total"),
+        "two UMEMs of 4096: {total}"
+    );
+}

@@ -11,6 +11,17 @@ use crate::io::{Frame, FrameIo};
 use crate::ledger::FrameCounts;
 use crate::socket::{XskFrame, XskQueue};
 
+fn queues_pollfds(queues: &[XskQueue]) -> Vec<libc::pollfd> {
+    queues
+        .iter()
+        .map(|q| libc::pollfd {
+            fd: q.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect()
+}
+
 /// A frame of a [`MultiQueue`]: the queue it belongs to and its frame there.
 #[derive(Debug)]
 pub struct MqFrame {
@@ -43,6 +54,7 @@ pub struct MultiQueue {
     tx_next: usize,
     rx_tmp: VecDeque<XskFrame>,
     per_queue: Vec<Vec<XskFrame>>,
+    pollfds: Vec<libc::pollfd>,
 }
 
 impl MultiQueue {
@@ -51,11 +63,12 @@ impl MultiQueue {
         assert!(!queues.is_empty() && queues.len() <= usize::from(u16::MAX) + 1);
         let n = queues.len();
         MultiQueue {
-            queues,
             rx_next: 0,
             tx_next: 0,
             rx_tmp: VecDeque::new(),
             per_queue: (0..n).map(|_| Vec::new()).collect(),
+            pollfds: queues_pollfds(&queues),
+            queues,
         }
     }
 
@@ -66,15 +79,7 @@ impl MultiQueue {
 
     /// Blocks until any queue has a frame or `timeout_ms` passes (-1: forever).
     pub fn wait(&mut self, timeout_ms: i32) -> io::Result<bool> {
-        let mut fds: Vec<libc::pollfd> = self
-            .queues
-            .iter()
-            .map(|q| libc::pollfd {
-                fd: q.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
+        let fds = &mut self.pollfds;
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the duration of the
         // call; poll only writes their `revents`.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };

@@ -250,6 +250,9 @@ impl<P: FrameIo> Stack<P> {
     /// One pass of the pipeline: RX batch, classify, protocol, TX batch with one kick, recycle,
     /// refill. Returns true when any frame moved or any socket may have changed.
     pub fn poll(&mut self, now: Instant) -> io::Result<bool> {
+        // TX tokens count frames as smoltcp writes them, so read the counter before the protocol
+        // stage runs to see whether this pass sent anything (a retransmission, say).
+        let sent_before = self.device.stats().tx_frames;
         let pulled = {
             let mut gate = Gate {
                 listeners: &mut self.listeners,
@@ -263,9 +266,9 @@ impl<P: FrameIo> Stack<P> {
         if pulled > 0 || changed {
             self.sweep_listeners();
         }
-        let sent = self.device.stats().tx_frames;
+        let sent = self.device.stats().tx_frames != sent_before;
         self.device.flush()?;
-        Ok(pulled > 0 || changed || sent != self.device.stats().tx_frames)
+        Ok(pulled > 0 || changed || sent)
     }
 
     /// Emits what the application queued on its sockets since the last poll.

@@ -5,7 +5,6 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::RawFd;
 
 use crate::io::{Frame, FrameIo};
 use crate::ledger::FrameCounts;
@@ -94,15 +93,23 @@ impl MultiQueue {
         Ok(rc > 0)
     }
 
-    /// The sockets' descriptors, in queue order.
-    pub fn fds(&self) -> Vec<RawFd> {
-        self.queues.iter().map(|q| q.fd()).collect()
-    }
-
-    fn scatter(&mut self, frames: &mut Vec<MqFrame>) {
+    /// Sorts `frames` by queue and hands each queue its share through `op`; sums what `op`
+    /// returns.
+    fn per_queue(
+        &mut self,
+        frames: &mut Vec<MqFrame>,
+        mut op: impl FnMut(&mut XskQueue, &mut Vec<XskFrame>) -> io::Result<usize>,
+    ) -> io::Result<usize> {
         for f in frames.drain(..) {
             self.per_queue[f.queue as usize].push(f.frame);
         }
+        let mut total = 0;
+        for (q, v) in self.queues.iter_mut().zip(&mut self.per_queue) {
+            if !v.is_empty() {
+                total += op(q, v)?;
+            }
+        }
+        Ok(total)
     }
 }
 
@@ -146,12 +153,10 @@ impl FrameIo for MultiQueue {
     }
 
     fn release(&mut self, frames: &mut Vec<MqFrame>) {
-        self.scatter(frames);
-        for (q, v) in self.queues.iter_mut().zip(&mut self.per_queue) {
-            if !v.is_empty() {
-                q.release(v);
-            }
-        }
+        let _ = self.per_queue(frames, |q, v| {
+            q.release(v);
+            Ok(0)
+        });
     }
 
     fn alloc(&mut self, out: &mut Vec<MqFrame>, n: usize) -> usize {
@@ -177,23 +182,14 @@ impl FrameIo for MultiQueue {
     }
 
     fn free(&mut self, frames: &mut Vec<MqFrame>) {
-        self.scatter(frames);
-        for (q, v) in self.queues.iter_mut().zip(&mut self.per_queue) {
-            if !v.is_empty() {
-                q.free(v);
-            }
-        }
+        let _ = self.per_queue(frames, |q, v| {
+            q.free(v);
+            Ok(0)
+        });
     }
 
     fn send(&mut self, frames: &mut Vec<MqFrame>) -> io::Result<usize> {
-        self.scatter(frames);
-        let mut sent = 0;
-        for (q, v) in self.queues.iter_mut().zip(&mut self.per_queue) {
-            if !v.is_empty() {
-                sent += q.send(v)?;
-            }
-        }
-        Ok(sent)
+        self.per_queue(frames, |q, v| q.send(v))
     }
 
     fn complete(&mut self) -> io::Result<usize> {

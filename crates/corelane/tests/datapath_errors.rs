@@ -3,13 +3,22 @@
 
 mod common;
 
-use common::*;
-use corelane_testnet::require_root;
+use std::process::ExitStatus;
 
-fn error_line(out: &str) -> &str {
-    let lines: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
-    assert_eq!(lines.len(), 1, "want exactly one error line:\n{out}");
-    lines[0]
+use common::*;
+use corelane_testnet::{VethPair, require_root};
+
+/// Runs `program args...` in the server namespace; returns its status and all it printed.
+fn run_in_server(net: &VethPair, program: &str, args: &[&str]) -> (ExitStatus, String) {
+    let out = net
+        .server_ns()
+        .command(program)
+        .args(args)
+        .output()
+        .unwrap();
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status, text)
 }
 
 #[test]
@@ -18,20 +27,13 @@ fn datapath_error_missing_interface() {
         return;
     }
     let net = net(1);
-    let out = net
-        .server_ns()
-        .command(echo_bin().to_str().unwrap())
-        .args(["--iface", "nosuch0", "--addr", "10.77.0.3/24"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    let line = error_line(&err);
-    assert!(
-        line.contains("no interface `nosuch0`") && line.contains("ip link"),
-        "{line}"
+    let echo = echo_bin();
+    let (status, out) = run_in_server(
+        &net,
+        echo.to_str().unwrap(),
+        &["--iface", "nosuch0", "--addr", "10.77.0.3/24"],
     );
-    assert_no_xdp(&net);
+    assert_fails_with(&net, status, &out, &["no interface `nosuch0`", "ip link"]);
 }
 
 #[test]
@@ -41,31 +43,28 @@ fn datapath_error_without_privileges() {
     }
     let net = net(1);
     // Drop to nobody with no capabilities, inside the server namespace.
-    let out = net
-        .server_ns()
-        .command("setpriv")
-        .args([
+    let echo = echo_bin();
+    let (status, out) = run_in_server(
+        &net,
+        "setpriv",
+        &[
             "--reuid=65534",
             "--regid=65534",
             "--clear-groups",
             "--inh-caps=-all",
-            echo_bin().to_str().unwrap(),
+            echo.to_str().unwrap(),
             "--iface",
             net.server_if(),
             "--addr",
             "10.77.0.3/24",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    let line = error_line(&err);
-    assert!(
-        line.contains("missing privilege") && line.contains("CAP_NET_ADMIN"),
-        "{line}"
+        ],
     );
-    assert!(line.contains("run as root"), "{line}");
-    assert_no_xdp(&net);
+    assert_fails_with(
+        &net,
+        status,
+        &out,
+        &["missing privilege", "CAP_NET_ADMIN", "run as root"],
+    );
 }
 
 #[test]
@@ -74,33 +73,26 @@ fn datapath_error_native_mode_refused_by_the_driver() {
         return;
     }
     // veth refuses native XDP while the MTU is this large.
-    let net = corelane_testnet::VethPair::builder()
+    let net = VethPair::builder()
         .mtu(9000)
         .server_addr("10.77.0.1/24")
         .client_addr("10.77.0.2/24")
         .build()
         .unwrap();
     let (status, out) = run_echo(&net, &["--addr", "10.77.0.3/24", "--xdp-mode", "native"]);
-    assert!(!status.success());
-    let line = error_line(&out);
-    assert!(
-        line.contains("refused the XDP program in native mode"),
-        "{line}"
+    assert_fails_with(
+        &net,
+        status,
+        &out,
+        &[
+            "refused the XDP program in native mode",
+            "lower the MTU",
+            "generic",
+        ],
     );
-    assert!(
-        line.contains("lower the MTU") && line.contains("generic"),
-        "{line}"
-    );
-    assert_no_xdp(&net);
     // In auto mode it falls back to generic, then says why the MTU cannot work at all.
     let (status, out) = run_echo(&net, &["--addr", "10.77.0.3/24"]);
-    assert!(!status.success());
-    let line = error_line(&out);
-    assert!(
-        line.contains("MTU 9000") && line.contains("lower the MTU"),
-        "{line}"
-    );
-    assert_no_xdp(&net);
+    assert_fails_with(&net, status, &out, &["MTU 9000", "lower the MTU"]);
 }
 
 #[test]
@@ -111,19 +103,24 @@ fn datapath_error_interface_already_served() {
     let net = net(1);
     let first = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
     let (status, out) = run_echo(&net, &["--addr", "10.77.0.4/24"]);
-    assert!(!status.success());
-    let line = error_line(&out);
-    assert!(line.contains("already has an XDP program"), "{line}");
-    assert!(line.contains("xdp off"), "{line}");
+    assert!(!status.success(), "{out}");
+    // The first server's program is still attached, so check the message here and the
+    // detachment after the first server stops.
+    let errors: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{out}");
+    assert!(
+        errors[0].contains("already has an XDP program"),
+        "{}",
+        errors[0]
+    );
+    assert!(errors[0].contains("xdp off"), "{}", errors[0]);
     // The first server is untouched and still echoes.
-    let data = payload(256 * 1024, 5);
-    let want = sha256(&data);
-    let (got, _) = net
-        .client_ns()
-        .run(move || tcp_echo(format!("{SERVER_V4}:7").parse().unwrap(), &data))
-        .unwrap()
-        .unwrap();
-    assert_eq!(got, want);
+    assert_echoes(
+        &net,
+        format!("{SERVER_V4}:7").parse().unwrap(),
+        256 * 1024,
+        5,
+    );
     let (status, out) = first.stop();
     assert_clean_exit(status, &out);
     assert_no_xdp(&net);
@@ -144,8 +141,6 @@ fn datapath_error_bad_flags() {
         (vec!["--addr", "10.77.0.3/24", "--cores", "2"], "--cores 2"),
     ] {
         let (status, out) = run_echo(&net, &args);
-        assert!(!status.success(), "{args:?}");
-        assert!(out.contains(want), "{args:?}: {out}");
-        assert_no_xdp(&net);
+        assert_fails_with(&net, status, &out, &[want]);
     }
 }

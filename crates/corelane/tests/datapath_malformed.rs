@@ -175,40 +175,10 @@ fn datapath_malformed_frames_and_a_garbage_flood_are_counted_and_survived() {
         .unwrap();
 
     // Still serving, byte for byte.
-    let data = payload(2 << 20, 11);
-    let want = sha256(&data);
-    let (got, _) = net
-        .client_ns()
-        .run(move || tcp_echo(format!("{SERVER_V4}:7").parse().unwrap(), &data))
-        .unwrap()
-        .unwrap();
-    assert_eq!(got, want);
+    assert_echoes(&net, format!("{SERVER_V4}:7").parse().unwrap(), 2 << 20, 11);
 
     let (status, out) = echo.stop();
     assert_clean_exit(status, &out);
-    let stats = out.lines().find(|l| l.starts_with("stats:")).unwrap();
-    let num = |key: &str| -> u64 {
-        let i = stats
-            .find(key)
-            .unwrap_or_else(|| panic!("{key} not in {stats}"));
-        let before = stats[..i].trim_end();
-        let digits: String = before
-            .chars()
-            .rev()
-            .take_while(|c| c.is_ascii_digit())
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        digits.parse().unwrap()
-    };
-    assert!(num("bad checksum") >= 10, "{stats}");
-    let xdp_malformed: u64 = stats
-        .split("xdp steered")
-        .nth(1)
-        .and_then(|s| s.split("malformed ").nth(1))
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap();
-    assert!(xdp_malformed >= 20, "{stats}");
+    assert!(device_counter(&out, "bad checksum") >= 10, "{out}");
+    assert!(xdp_counter(&out, "malformed") >= 20, "{out}");
 }

@@ -218,3 +218,66 @@ pub fn assert_clean_exit(status: ExitStatus, out: &str) {
     assert!(line.contains(" 0 in use"), "{line}");
     assert!(out.contains("XDP program detached"), "{out}");
 }
+
+/// Echoes `len` pseudo-random bytes (from `seed`) through `addr` from the client namespace and
+/// asserts every byte came back.
+pub fn assert_echoes(net: &VethPair, addr: SocketAddr, len: usize, seed: u64) {
+    let data = payload(len, seed);
+    let want = sha256(&data);
+    let (got, n) = net
+        .client_ns()
+        .run(move || tcp_echo(addr, &data))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("echo through {addr}: {e}"));
+    assert_eq!(n, len, "echoed {n} of {len} bytes through {addr}");
+    assert_eq!(got, want, "echoed bytes through {addr} differ");
+}
+
+/// A failed run: non-zero exit, exactly one error line, containing every one of `needles`, and
+/// no XDP program left on the server end.
+pub fn assert_fails_with(net: &VethPair, status: ExitStatus, out: &str, needles: &[&str]) {
+    assert!(!status.success(), "expected a failure:\n{out}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(lines.len(), 1, "want exactly one error line:\n{out}");
+    for n in needles {
+        assert!(lines[0].contains(n), "`{n}` missing from: {}", lines[0]);
+    }
+    assert_no_xdp(net);
+}
+
+/// The last `stats:` line echo printed.
+fn stats_line(out: &str) -> &str {
+    out.lines()
+        .rev()
+        .find(|l| l.starts_with("stats:"))
+        .unwrap_or_else(|| panic!("no stats line:\n{out}"))
+}
+
+/// An XDP program counter from echo's stats line (`steered`, `passed`, `malformed`,
+/// `no-socket`).
+pub fn xdp_counter(out: &str, name: &str) -> u64 {
+    let line = stats_line(out);
+    let xdp = line.split("xdp ").nth(1).expect("xdp counters");
+    let mut words = xdp.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == name {
+            return words.next().and_then(|v| v.parse().ok()).expect("a number");
+        }
+    }
+    panic!("no xdp counter `{name}` in: {line}")
+}
+
+/// A device counter from echo's stats line, written as `N name` (`bad checksum`,
+/// `malformed`, `SYN dropped`).
+pub fn device_counter(out: &str, name: &str) -> u64 {
+    let line = stats_line(out);
+    let device = line.split("xdp ").next().unwrap();
+    let at = device
+        .find(&format!(" {name}"))
+        .unwrap_or_else(|| panic!("no device counter `{name}` in: {line}"));
+    let before = device[..at].trim_end_matches(|c: char| !c.is_ascii_digit());
+    let start = before
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    before[start..].parse().expect("a number")
+}

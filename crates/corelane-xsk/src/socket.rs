@@ -384,15 +384,8 @@ impl FrameIo for XskQueue {
     }
 
     fn release(&mut self, frames: &mut Vec<XskFrame>) {
-        for f in frames.drain(..) {
-            if self
-                .ledger
-                .advance(f.index as usize, FrameState::InUse, FrameState::Free)
-                .is_ok()
-            {
-                self.free.push(f.index);
-            }
-        }
+        // Back to the free list, from which the fill ring is topped up first.
+        self.free(frames);
         if let Err(e) = self.top_up_fill() {
             log::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
         }

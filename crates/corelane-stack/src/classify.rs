@@ -3,24 +3,42 @@
 //! and counted, so nothing malformed reaches the protocol code.
 
 use smoltcp::wire::{
-    EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Packet, Ipv6Packet, TcpPacket,
-    UdpPacket,
+    ArpOperation, ArpPacket, EthernetFrame, EthernetProtocol, IpAddress, IpEndpoint, IpProtocol,
+    Ipv4Packet, Ipv6Packet, TcpPacket, UdpPacket,
 };
+
+/// A TCP or UDP flow as seen from this side: `local` is the received frame's destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// This side's address and port.
+    pub local: IpEndpoint,
+    /// The peer's address and port.
+    pub remote: IpEndpoint,
+}
 
 /// What the classify stage decided about one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
     /// A TCP segment with valid checksums; `syn` is true for a connection request (SYN without
-    /// ACK), with the destination port.
+    /// ACK).
     Tcp {
+        /// The connection.
+        key: FlowKey,
         /// SYN without ACK.
         syn: bool,
-        /// Destination port.
-        dst_port: u16,
     },
     /// A UDP datagram with valid checksums.
-    Udp,
-    /// ARP, ICMP, NDP, IP fragments: passed to the protocol stage as they are.
+    Udp {
+        /// Source and destination.
+        key: FlowKey,
+    },
+    /// ARP or an NDP solicitation/advertisement; `reply` is true for an ARP reply or a neighbor
+    /// advertisement (what fills a neighbor cache that asked).
+    Neighbor {
+        /// ARP reply or NDP neighbor advertisement.
+        reply: bool,
+    },
+    /// ICMP, IP fragments and the rest: passed to the protocol stage as they are.
     Other,
     /// Dropped: a bad IPv4 header, TCP or UDP checksum.
     BadChecksum,
@@ -60,6 +78,12 @@ pub fn classify(frame: &[u8]) -> Class {
             );
             l4(ip.next_header(), src, dst, ip.payload())
         }
+        EthernetProtocol::Arp => match ArpPacket::new_checked(eth.payload()) {
+            Ok(arp) => Class::Neighbor {
+                reply: arp.operation() == ArpOperation::Reply,
+            },
+            Err(_) => Class::Malformed,
+        },
         _ => Class::Other,
     }
 }
@@ -74,8 +98,11 @@ fn l4(proto: IpProtocol, src: IpAddress, dst: IpAddress, payload: &[u8]) -> Clas
                 return Class::BadChecksum;
             }
             Class::Tcp {
+                key: FlowKey {
+                    local: IpEndpoint::new(dst, tcp.dst_port()),
+                    remote: IpEndpoint::new(src, tcp.src_port()),
+                },
                 syn: tcp.syn() && !tcp.ack(),
-                dst_port: tcp.dst_port(),
             }
         }
         IpProtocol::Udp => {
@@ -87,8 +114,19 @@ fn l4(proto: IpProtocol, src: IpAddress, dst: IpAddress, payload: &[u8]) -> Clas
             if !unchecked && !udp.verify_checksum(&src, &dst) {
                 return Class::BadChecksum;
             }
-            Class::Udp
+            Class::Udp {
+                key: FlowKey {
+                    local: IpEndpoint::new(dst, udp.dst_port()),
+                    remote: IpEndpoint::new(src, udp.src_port()),
+                },
+            }
         }
+        IpProtocol::Icmpv6 => match payload.first() {
+            // Neighbor solicitation (135) and advertisement (136).
+            Some(135) => Class::Neighbor { reply: false },
+            Some(136) => Class::Neighbor { reply: true },
+            _ => Class::Other,
+        },
         _ => Class::Other,
     }
 }
@@ -147,19 +185,17 @@ pub(crate) mod tests {
 
     #[test]
     fn good_segments_are_classified() {
+        let key = FlowKey {
+            local: IpEndpoint::new(Ipv4Address::new(10, 0, 0, 1).into(), 7),
+            remote: IpEndpoint::new(Ipv4Address::new(10, 0, 0, 2).into(), 40000),
+        };
         assert_eq!(
             classify(&tcp_frame(true, b"")),
-            Class::Tcp {
-                syn: true,
-                dst_port: 7
-            }
+            Class::Tcp { key, syn: true }
         );
         assert_eq!(
             classify(&tcp_frame(false, b"hello")),
-            Class::Tcp {
-                syn: false,
-                dst_port: 7
-            }
+            Class::Tcp { key, syn: false }
         );
     }
 

@@ -21,8 +21,10 @@ pub struct DeviceStats {
     pub rx_bad_checksum: u64,
     /// Frames dropped for truncated or inconsistent headers.
     pub rx_malformed: u64,
-    /// Frames dropped by a [`SynGate`] (full backlog).
-    pub rx_syn_dropped: u64,
+    /// Frames copied in from another core (see [`XdpDevice::inject`]).
+    pub rx_injected: u64,
+    /// Frames from another core dropped because no frame was free to copy them into.
+    pub rx_inject_dropped: u64,
     /// Frames written and queued for transmit.
     pub tx_frames: u64,
     /// Frames the protocol stage wanted to send but no transmit frame was free.
@@ -31,26 +33,13 @@ pub struct DeviceStats {
     pub tx_batches: u64,
 }
 
-/// Decides, per received TCP SYN, whether the stack can take the connection. The stack uses it
-/// to open listening sockets ahead of the SYNs that need them, and to drop SYNs past the backlog
-/// instead of answering them with a reset.
-pub trait SynGate {
-    /// A SYN for `port` is about to be processed: return false to drop it.
-    fn admit_syn(&mut self, port: u16) -> bool;
-}
-
-impl SynGate for () {
-    fn admit_syn(&mut self, _port: u16) -> bool {
-        true
-    }
-}
-
 /// The device. `B` is the batch size: frames pulled from the RX ring per call and sent per kick.
 #[derive(Debug)]
 pub struct XdpDevice<P: FrameIo> {
     io: P,
     incoming: VecDeque<P::Frame>,
-    rx_ready: VecDeque<P::Frame>,
+    rx_ready: VecDeque<Pending<P::Frame>>,
+    scratch: Vec<P::Frame>,
     rx_done: Vec<P::Frame>,
     tx_free: Vec<P::Frame>,
     tx_out: Vec<P::Frame>,
@@ -67,6 +56,7 @@ impl<P: FrameIo> XdpDevice<P> {
             io,
             incoming: VecDeque::with_capacity(batch),
             rx_ready: VecDeque::with_capacity(batch),
+            scratch: Vec::with_capacity(1),
             rx_done: Vec::with_capacity(batch),
             tx_free: Vec::with_capacity(batch),
             tx_out: Vec::with_capacity(batch),
@@ -98,37 +88,73 @@ impl<P: FrameIo> XdpDevice<P> {
 
     /// RX and classify stages: pulls up to one batch from the RX ring, verifies every frame, and
     /// keeps the ones that pass for the protocol stage. Returns how many frames were pulled.
-    pub fn pull_batch(&mut self, gate: &mut impl SynGate) -> usize {
+    pub fn pull_batch(&mut self) -> usize {
+        let n = self.recv_batch();
+        self.classify_batch();
+        n
+    }
+
+    /// RX stage alone: moves up to one batch from the RX ring; returns how many.
+    pub fn recv_batch(&mut self) -> usize {
         let n = self.io.recv(&mut self.incoming, self.batch);
         self.stats.rx_frames += n as u64;
+        n
+    }
+
+    /// Classify stage alone: verifies the frames [`recv_batch`](Self::recv_batch) took and
+    /// queues the ones that pass for the protocol stage.
+    pub fn classify_batch(&mut self) {
         while let Some(f) = self.incoming.pop_front() {
-            let keep = match classify(self.io.bytes(&f)) {
-                Class::BadChecksum => {
-                    self.stats.rx_bad_checksum += 1;
-                    false
-                }
-                Class::Malformed => {
-                    self.stats.rx_malformed += 1;
-                    false
-                }
-                Class::Tcp {
-                    syn: true,
-                    dst_port,
-                } => {
-                    let ok = gate.admit_syn(dst_port);
-                    self.stats.rx_syn_dropped += u64::from(!ok);
-                    ok
-                }
-                _ => true,
-            };
-            if keep {
-                self.rx_ready.push_back(f);
-            } else {
-                // Dropped frames go back to the fill ring with the processed ones.
-                self.rx_done.push(f);
+            self.admit(f, 0);
+        }
+    }
+
+    fn admit(&mut self, frame: P::Frame, hops: u8) {
+        let class = classify(self.io.bytes(&frame));
+        match class {
+            Class::BadChecksum => self.stats.rx_bad_checksum += 1,
+            Class::Malformed => self.stats.rx_malformed += 1,
+            _ => {
+                self.rx_ready.push_back(Pending { frame, class, hops });
+                return;
             }
         }
-        n
+        // Dropped frames go back to the fill ring with the processed ones.
+        self.rx_done.push(frame);
+    }
+
+    /// Copies a frame that arrived on another core's queue into a frame of this UMEM and queues
+    /// it for the protocol stage behind the frames already waiting. `hops` counts the cores it
+    /// has been handed through. Returns false (and counts a drop) when no frame is free.
+    pub fn inject(&mut self, bytes: &[u8], hops: u8) -> bool {
+        if bytes.len() > self.io.frame_capacity() || self.io.alloc(&mut self.scratch, 1) == 0 {
+            self.stats.rx_inject_dropped += 1;
+            return false;
+        }
+        let mut frame = self.scratch.pop().expect("allocated above");
+        self.io
+            .bytes_mut(&mut frame, bytes.len())
+            .copy_from_slice(bytes);
+        self.stats.rx_injected += 1;
+        self.admit(frame, hops);
+        true
+    }
+
+    /// The class and hop count of the next frame waiting for the protocol stage.
+    pub fn peek(&self) -> Option<(Class, u8)> {
+        self.rx_ready.front().map(|p| (p.class, p.hops))
+    }
+
+    /// The bytes of the next frame waiting for the protocol stage.
+    pub fn front_bytes(&self) -> Option<&[u8]> {
+        self.rx_ready.front().map(|p| self.io.bytes(&p.frame))
+    }
+
+    /// Drops the next waiting frame without processing it (it returns to the fill ring).
+    pub fn skip(&mut self) {
+        if let Some(p) = self.rx_ready.pop_front() {
+            self.rx_done.push(p.frame);
+        }
     }
 
     /// TX, recycle and refill stages: sends queued frames with one kick, returns processed
@@ -149,7 +175,7 @@ impl<P: FrameIo> XdpDevice<P> {
     /// frame accounting shows nothing in use. Call before checking the accounting on shutdown.
     pub fn drain(&mut self) -> io::Result<()> {
         self.flush()?;
-        let mut rest: Vec<P::Frame> = self.rx_ready.drain(..).collect();
+        let mut rest: Vec<P::Frame> = self.rx_ready.drain(..).map(|p| p.frame).collect();
         self.io.release(&mut rest);
         self.io.free(&mut self.tx_free);
         self.io.complete()?;
@@ -170,6 +196,14 @@ impl<P: FrameIo> XdpDevice<P> {
         }
         !self.tx_free.is_empty()
     }
+}
+
+/// A classified frame waiting for the protocol stage.
+#[derive(Debug)]
+struct Pending<F> {
+    frame: F,
+    class: Class,
+    hops: u8,
 }
 
 /// A received frame, read in place.
@@ -241,7 +275,7 @@ impl<P: FrameIo> Device for XdpDevice<P> {
             return None;
         }
         self.ensure_tx_frame();
-        let frame = self.rx_ready.pop_front()?;
+        let frame = self.rx_ready.pop_front()?.frame;
         self.stats.rx_delivered += 1;
         Some((
             RxToken {
@@ -303,7 +337,7 @@ mod tests {
         assert!(a.inject(&good));
         assert!(a.inject(&bad));
         assert!(a.inject(&good[..20]));
-        assert_eq!(dev.pull_batch(&mut ()), 3);
+        assert_eq!(dev.pull_batch(), 3);
         let s = dev.stats();
         assert_eq!((s.rx_bad_checksum, s.rx_malformed), (1, 1));
         assert_eq!(dev.rx_pending(), 1);
@@ -330,7 +364,7 @@ mod tests {
             }
             a.inject(&f);
         }
-        dev.pull_batch(&mut ());
+        dev.pull_batch();
         let mut seen = Vec::new();
         while let Some((rx, _tx)) = dev.receive(Instant::from_millis(0)) {
             smoltcp::phy::RxToken::consume(rx, |b: &[u8]| seen.push(b[b.len() - 1]));

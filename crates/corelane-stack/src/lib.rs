@@ -5,8 +5,10 @@
 //! - [`XdpDevice`]: a smoltcp `Device` over any [`corelane_xsk::FrameIo`]. RX tokens read the
 //!   UMEM frame in place; TX tokens write straight into a UMEM frame; frames are pulled and sent
 //!   in batches, with one kick per batch.
-//! - [`Stack`]: smoltcp's interface and sockets over the device, with a TCP backlog (a SYN queue
-//!   and an accept queue per listener) and OS-seeded initial sequence numbers.
+//! - [`Stack`]: smoltcp behind an O(1) flow table (one single-socket set per flow, so smoltcp
+//!   never scans), egress only for flows with work, a timer heap, a TCP backlog (SYN queue and
+//!   accept queue per listener, wake-one accept) and OS-seeded initial sequence numbers. Several
+//!   stacks, one per core, share an interface by a port-ownership rule (see [`Stack::ingress`]).
 //!
 //! The stack is sans-IO at its core: the clock is an argument and frames come from a `FrameIo`,
 //! so [`corelane_xsk::MemLink`] can drive two stacks back to back in tests and benchmarks.
@@ -15,9 +17,13 @@ pub mod classify;
 mod device;
 mod stack;
 
-pub use device::{DeviceStats, RxToken, SynGate, TxToken, XdpDevice};
+pub use classify::{Class, FlowKey};
+pub use device::{DeviceStats, RxToken, TxToken, XdpDevice};
 pub use smoltcp;
-pub use stack::{ListenerId, Stack, StackConfig, StackError, os_random_seed};
+pub use stack::{
+    EPHEMERAL_START, FlowId, Node, Proto, Stack, StackConfig, StackError, StackStats,
+    os_random_seed,
+};
 
 #[cfg(test)]
 mod tests;

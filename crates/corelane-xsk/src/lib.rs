@@ -17,12 +17,10 @@ mod bpf;
 mod error;
 pub mod io;
 pub mod ledger;
-mod multi;
 mod socket;
 
 pub use bpf::{AttachMode, AttachedMode, Proto, Steering, XDP_OBJECT, XdpCounters};
 pub use error::{Error, check_interface, check_privileges, mac_address, mtu, rx_queue_count};
 pub use io::{Frame, FrameIo, MemFrame, MemLink, MemPort, MemStats};
 pub use ledger::{FrameCounts, FrameLedger, FrameState, LedgerError};
-pub use multi::{MqFrame, MultiQueue};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};

@@ -274,7 +274,10 @@ fn datapath_every_queue_of_a_multi_queue_veth_is_served() {
     let echo = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
     let out = echo.output();
     assert!(out.contains("native mode"), "{out}");
-    assert!(out.contains("serving queue(s) 0,1"), "{out}");
+    assert!(
+        out.contains("core 0: CPU 0 <- queue 0, core 1: CPU 1 <- queue 1"),
+        "{out}"
+    );
     // Each kernel socket picks its transmit queue at random, so 60 connections land on both.
     let ok = net
         .client_ns()

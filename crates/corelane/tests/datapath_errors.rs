@@ -138,7 +138,10 @@ fn datapath_error_bad_flags() {
             vec!["--addr", "10.77.0.3/24", "--xdp-mode", "fast"],
             "use auto, native or generic",
         ),
-        (vec!["--addr", "10.77.0.3/24", "--cores", "2"], "--cores 2"),
+        (
+            vec!["--addr", "10.77.0.3/24", "--cores", "2"],
+            "1 receive queue(s), too few for 2 core(s)",
+        ),
     ] {
         let (status, out) = run_echo(&net, &args);
         assert_fails_with(&net, status, &out, &[want]);

@@ -1,0 +1,756 @@
+//! corelane's per-core runtime.
+//!
+//! One thread per core, pinned, each owning one interface queue: its AF_XDP socket and UMEM, its
+//! protocol stack (flow table, sockets, timers) and a single-threaded tokio executor (a
+//! current_thread runtime with a `LocalSet`), so `tokio::time`, `tokio::sync` and `spawn_local`
+//! work and tasks need not be `Send`. Nothing is shared between cores on the per-frame path;
+//! frames that reach the wrong core are copied over a ring for that core ([`handoff`]).
+//!
+//! The pipeline runs as a task of the executor (the driver): RX batch, classify, handoff in,
+//! flow demux and protocol, egress, TX batch with one kick, recycle, refill; then it yields so the
+//! tasks whose sockets changed (and only those: smoltcp wakes the socket's own waker) run. In
+//! [`PollMode::Adaptive`] an idle core spins for a bounded time, then sleeps on the AF_XDP
+//! socket, its doorbell, its tasks' output and its next protocol timer.
+//!
+//! ```no_run
+//! use corelane_rt::{Runtime, net::TcpListener};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse()?).build()?;
+//! rt.run(|_core| async move {
+//!     let listener = TcpListener::bind(7).expect("port 7");
+//!     loop {
+//!         let (mut s, _) = listener.accept().await.expect("accept");
+//!         tokio::task::spawn_local(async move {
+//!             let mut buf = vec![0; 4096];
+//!             while let Ok(n @ 1..) = s.read(&mut buf).await {
+//!                 if s.write_all(&buf[..n]).await.is_err() { break }
+//!             }
+//!         });
+//!     }
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod core;
+pub mod handoff;
+pub mod net;
+
+use std::future::Future;
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant as StdInstant};
+
+pub use crate::core::{CoreStats, Stage};
+use corelane_stack::smoltcp::wire::IpCidr;
+use corelane_stack::{Stack, StackConfig, StackError, XdpDevice};
+use corelane_xsk::{
+    AttachMode, AttachedMode, BindMode, FrameCounts, Steering, XdpCounters, XskConfig, XskQueue,
+};
+
+/// Errors of the runtime.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// From the AF_XDP layer: privileges, interface, XDP mode, socket binding.
+    #[error(transparent)]
+    Xsk(#[from] corelane_xsk::Error),
+    /// From the protocol stage.
+    #[error(transparent)]
+    Stack(#[from] StackError),
+    /// Bad configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A core failed to start.
+    #[error("core {core} (CPU {cpu}, queue {queue}): {source}")]
+    Core {
+        /// Core index.
+        core: usize,
+        /// CPU.
+        cpu: usize,
+        /// Queue.
+        queue: u32,
+        /// What failed.
+        source: Box<Error>,
+    },
+    /// I/O.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        match e {
+            Error::Xsk(x) => x.into(),
+            Error::Io(io) => io,
+            Error::Stack(s) => s.into(),
+            other => io::Error::other(other),
+        }
+    }
+}
+
+/// How an idle core waits for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    /// Never sleep: lowest latency, one CPU fully used per core.
+    Busy,
+    /// Spin for `spin` after the last work, then sleep until a frame, a handoff, a task's output
+    /// or the next protocol timer.
+    Adaptive {
+        /// How long to keep spinning once idle.
+        spin: Duration,
+    },
+}
+
+impl Default for PollMode {
+    fn default() -> Self {
+        PollMode::Adaptive {
+            spin: Duration::from_micros(50),
+        }
+    }
+}
+
+/// State every core can reach: the steering program (for port ownership changes, never per
+/// frame), the stop flag and the doorbells.
+pub(crate) struct Shared {
+    pub(crate) steering: Mutex<Steering>,
+    pub(crate) stop: AtomicBool,
+    pub(crate) bells: Vec<Arc<handoff::Doorbell>>,
+}
+
+impl Shared {
+    fn stop_all(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for b in &self.bells {
+            b.ring_always();
+        }
+    }
+}
+
+static CTRL_C: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+static CTRL_C_INSTALLED: std::sync::Once = std::sync::Once::new();
+
+fn stop_on_ctrl_c(shared: &Arc<Shared>) {
+    CTRL_C
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Arc::downgrade(shared));
+    CTRL_C_INSTALLED.call_once(|| {
+        let r = ctrlc::set_handler(|| {
+            for s in CTRL_C.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                if let Some(s) = s.upgrade() {
+                    s.stop_all();
+                }
+            }
+        });
+        if let Err(e) = r {
+            log::warn!("Ctrl-C will not stop the runtime: {e} (use StopHandle instead)");
+        }
+    });
+}
+
+/// How to build a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct Builder {
+    ifname: String,
+    addrs: Vec<IpCidr>,
+    cpus: Option<Vec<usize>>,
+    queues: Option<Vec<u32>>,
+    attach: AttachMode,
+    xsk: XskConfig,
+    stack: StackConfig,
+    poll: PollMode,
+    handoff_slots: usize,
+    linger: Duration,
+}
+
+/// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
+/// lets one connection fill the path.
+pub fn bandwidth_delay_product(bits_per_sec: u64, rtt: Duration) -> usize {
+    ((bits_per_sec as u128 * rtt.as_nanos()) / 8 / 1_000_000_000) as usize
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size into it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; `set` is valid for writes of its size.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return vec![0];
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE and `set` is initialised.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
+
+impl Builder {
+    /// An address (with prefix) the runtime owns. May repeat (IPv4 and IPv6, up to 4). Use an
+    /// address the kernel does not also hold on this interface: frames for it, and ARP or NDP
+    /// for it, go to corelane only.
+    pub fn addr(mut self, cidr: IpCidr) -> Self {
+        self.addrs.push(cidr);
+        self
+    }
+
+    /// CPUs to run on, one core (thread, queue) each (default: every CPU this process may run
+    /// on, up to the interface's receive queues).
+    pub fn cpus(mut self, cpus: Vec<usize>) -> Self {
+        self.cpus = Some(cpus);
+        self
+    }
+
+    /// How many cores to run (the first `n` allowed CPUs).
+    pub fn cores(mut self, n: usize) -> Self {
+        self.cpus = Some(allowed_cpus().into_iter().take(n).collect());
+        if self.cpus.as_ref().is_some_and(|c| c.len() < n) {
+            // Keep the request visible to build(), which explains the mismatch.
+            self.cpus = Some((0..n).collect());
+        }
+        self
+    }
+
+    /// The receive queues the cores serve, in core order (default: 0, 1, ...).
+    pub fn queues(mut self, q: Vec<u32>) -> Self {
+        self.queues = Some(q);
+        self
+    }
+
+    /// XDP attach mode (default: native, falling back to generic).
+    pub fn attach_mode(mut self, m: AttachMode) -> Self {
+        self.attach = m;
+        self
+    }
+
+    /// UMEM and ring sizes, and the zero-copy preference.
+    pub fn xsk(mut self, c: XskConfig) -> Self {
+        self.xsk = c;
+        self
+    }
+
+    /// Protocol settings: socket buffers, backlog, batch size, flow table size.
+    pub fn stack(mut self, c: StackConfig) -> Self {
+        self.stack = c;
+        self
+    }
+
+    /// Sizes TCP socket buffers from a bandwidth-delay product (window scaling follows).
+    pub fn bdp(mut self, bits_per_sec: u64, rtt: Duration) -> Self {
+        let b = bandwidth_delay_product(bits_per_sec, rtt).clamp(4096, 64 << 20);
+        self.stack.tcp_rx_buffer = b;
+        self.stack.tcp_tx_buffer = b;
+        self
+    }
+
+    /// Default TCP listen backlog.
+    pub fn backlog(mut self, n: usize) -> Self {
+        self.stack.backlog = n;
+        self
+    }
+
+    /// How idle cores wait (default: adaptive, 50 µs spin).
+    pub fn poll_mode(mut self, m: PollMode) -> Self {
+        self.poll = m;
+        self
+    }
+
+    /// Frames each cross-core ring holds (default 1024).
+    pub fn handoff_slots(mut self, n: usize) -> Self {
+        self.handoff_slots = n;
+        self
+    }
+
+    /// How long a core keeps running after its task ends, so closed connections can finish
+    /// (default 200 ms). Stopping with Ctrl-C or a [`StopHandle`] resets them instead.
+    pub fn linger(mut self, d: Duration) -> Self {
+        self.linger = d;
+        self
+    }
+
+    /// Checks the configuration, attaches the XDP program and owns the addresses. The AF_XDP
+    /// sockets are opened by each core when [`Runtime::run`] starts it.
+    pub fn build(self) -> Result<Runtime, Error> {
+        if self.addrs.is_empty() {
+            return Err(Error::Config(
+                "no address: give the runtime at least one address it owns (e.g. 10.0.0.1/24)"
+                    .into(),
+            ));
+        }
+        if self.addrs.len() > 4 {
+            return Err(Error::Config("at most 4 addresses".into()));
+        }
+        corelane_xsk::check_privileges()?;
+        let nqueues = corelane_xsk::rx_queue_count(&self.ifname)?;
+        let allowed = allowed_cpus();
+        let cpus = match &self.cpus {
+            Some(c) => c.clone(),
+            None => allowed.iter().copied().take(nqueues as usize).collect(),
+        };
+        if cpus.is_empty() {
+            return Err(Error::Config("no core to run on".into()));
+        }
+        if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
+            return Err(Error::Config(format!(
+                "CPU {c} is not one this process may run on (allowed: {allowed:?})"
+            )));
+        }
+        let queues = self
+            .queues
+            .clone()
+            .unwrap_or_else(|| (0..cpus.len() as u32).collect());
+        if queues.len() != cpus.len() {
+            return Err(Error::Config(format!(
+                "{} core(s) but {} queue(s) given: one queue per core",
+                cpus.len(),
+                queues.len()
+            )));
+        }
+        if let Some(q) = queues.iter().find(|&&q| q >= nqueues) {
+            return Err(Error::Config(format!(
+                "{} has {nqueues} receive queue(s), too few for {} core(s) (queue {q} does not exist); \
+                 run fewer cores or give it more queues (ethtool -L {} combined {}, or a veth made \
+                 with numrxqueues/numtxqueues)",
+                self.ifname,
+                cpus.len(),
+                self.ifname,
+                cpus.len()
+            )));
+        }
+        if (nqueues as usize) > queues.len() {
+            log::warn!(
+                "{} has {nqueues} receive queues and {} are served: frames on the others go to the kernel",
+                self.ifname,
+                queues.len()
+            );
+        }
+        let mac = corelane_xsk::mac_address(&self.ifname)?;
+        let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
+        // Attach first: a driver that refuses the program (in native mode, say) explains more
+        // than the frame size does.
+        let mut steering = Steering::attach(&self.ifname, self.attach)?;
+        let capacity = (self.xsk.frame_size as usize).saturating_sub(256);
+        if mtu + 14 > capacity {
+            let most = handoff::SLOT_BYTES - 14;
+            let fix = if mtu <= most {
+                "use 4096-byte frames (XskConfig::frame_size)".to_string()
+            } else {
+                format!(
+                    "lower the MTU to at most {most} (frames larger than a page are not supported)"
+                )
+            };
+            return Err(Error::Config(format!(
+                "MTU {mtu} of {} does not fit a {}-byte frame; {fix}",
+                self.ifname, self.xsk.frame_size
+            )));
+        }
+        for a in &self.addrs {
+            steering.own_addr(a.address().into())?;
+        }
+        let bells = cpus
+            .iter()
+            .map(|_| handoff::Doorbell::new())
+            .collect::<io::Result<Vec<_>>>()?;
+        let shared = Arc::new(Shared {
+            steering: Mutex::new(steering),
+            stop: AtomicBool::new(false),
+            bells,
+        });
+        Ok(Runtime {
+            shared,
+            cfg: self,
+            cpus,
+            queues,
+            nqueues,
+            mac,
+            mtu,
+        })
+    }
+}
+
+/// Stops a running [`Runtime`] from any thread: every core resets its connections and ends.
+#[derive(Clone)]
+pub struct StopHandle(Arc<Shared>);
+
+impl std::fmt::Debug for StopHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StopHandle").finish_non_exhaustive()
+    }
+}
+
+impl StopHandle {
+    /// Asks every core to stop.
+    pub fn stop(&self) {
+        self.0.stop_all();
+    }
+}
+
+/// What a core reported when it ended.
+#[derive(Debug, Clone)]
+pub struct CoreReport {
+    /// Its counters.
+    pub stats: CoreStats,
+    /// Where every frame of its UMEM was after shutdown (all free or with the kernel).
+    pub frames: FrameCounts,
+    /// AF_XDP bind mode.
+    pub bind_mode: BindMode,
+}
+
+/// What [`Runtime::run`] returns.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// One per core.
+    pub cores: Vec<CoreReport>,
+    /// The XDP program's counters at the end.
+    pub xdp: XdpCounters,
+    /// True when the run ended by Ctrl-C or a [`StopHandle`].
+    pub stopped: bool,
+}
+
+impl RunReport {
+    /// True when on every core every frame is back (none lost, none held).
+    pub fn frames_balanced(&self) -> bool {
+        self.cores
+            .iter()
+            .all(|c| c.frames.in_use == 0 && c.frames.sum() == c.frames.total)
+    }
+}
+
+/// The runtime: an interface, the XDP program and the cores that will serve it.
+pub struct Runtime {
+    shared: Arc<Shared>,
+    cfg: Builder,
+    cpus: Vec<usize>,
+    queues: Vec<u32>,
+    nqueues: u32,
+    mac: [u8; 6],
+    mtu: usize,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("ifname", &self.cfg.ifname)
+            .field("cpus", &self.cpus)
+            .field("queues", &self.queues)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Handed to the closure of [`Runtime::run`] on each core.
+#[derive(Debug, Clone, Copy)]
+pub struct CoreInfo {
+    /// Core index, 0-based.
+    pub index: usize,
+    /// How many cores run.
+    pub cores: usize,
+    /// The CPU it is pinned to.
+    pub cpu: usize,
+    /// The queue it serves.
+    pub queue: u32,
+    /// Whether its AF_XDP socket copies frames or shares the NIC's buffers.
+    pub bind_mode: BindMode,
+}
+
+impl Runtime {
+    /// Starts building a runtime on interface `ifname`.
+    pub fn builder(ifname: &str) -> Builder {
+        Builder {
+            ifname: ifname.to_string(),
+            addrs: Vec::new(),
+            cpus: None,
+            queues: None,
+            attach: AttachMode::Auto,
+            xsk: XskConfig::default(),
+            stack: StackConfig::default(),
+            poll: PollMode::default(),
+            handoff_slots: 1024,
+            linger: Duration::from_millis(200),
+        }
+    }
+
+    /// A handle that stops the runtime from any thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.shared.clone())
+    }
+
+    /// How many cores will run.
+    pub fn cores(&self) -> usize {
+        self.cpus.len()
+    }
+
+    /// One line per fact: interface, XDP mode (and why, after a fallback), queues and cores,
+    /// addresses, buffers and poll mode.
+    pub fn describe(&self) -> String {
+        let st = self
+            .shared
+            .steering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut s = format!(
+            "interface {}: XDP program attached in {} mode",
+            self.cfg.ifname,
+            st.mode()
+        );
+        if let Some(why) = st.fallback_reason() {
+            s.push_str(&format!(" (native mode refused: {why})"));
+        }
+        let plan: Vec<String> = self
+            .cpus
+            .iter()
+            .zip(&self.queues)
+            .enumerate()
+            .map(|(i, (c, q))| format!("core {i}: CPU {c} <- queue {q}"))
+            .collect();
+        s.push_str(&format!(
+            "\nqueues: {} on the interface; {} core(s), one pinned thread and AF_XDP socket each: {}",
+            self.nqueues,
+            self.cpus.len(),
+            plan.join(", ")
+        ));
+        if st.mode() == AttachedMode::Generic && self.nqueues > 1 {
+            s.push_str("\nnote: generic XDP on veth delivers every frame on queue 0");
+        }
+        let addrs: Vec<String> = self.cfg.addrs.iter().map(|a| a.to_string()).collect();
+        s.push_str(&format!("\naddresses: {}", addrs.join(", ")));
+        s.push_str(&format!(
+            "\nTCP buffers {} KiB each way, backlog {}, batch {}, poll mode {:?}",
+            self.cfg.stack.tcp_rx_buffer / 1024,
+            self.cfg.stack.backlog,
+            self.cfg.stack.batch,
+            self.cfg.poll
+        ));
+        s
+    }
+
+    /// Runs `f` on every core (each call gets its [`CoreInfo`]) and returns when all of them end,
+    /// or on Ctrl-C, SIGTERM or a [`StopHandle`]. Each core first opens its AF_XDP socket;
+    /// if any core fails to start, none runs and the error names the core.
+    pub fn run<F, Fut>(self, f: F) -> Result<RunReport, Error>
+    where
+        F: Fn(CoreInfo) -> Fut + Send + Sync,
+        Fut: Future<Output = ()> + 'static,
+    {
+        stop_on_ctrl_c(&self.shared);
+        let n = self.cpus.len();
+        // rings[from][to]
+        let mut producers: Vec<Vec<Option<handoff::Producer>>> =
+            (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+        let mut consumers: Vec<Vec<handoff::Consumer>> = (0..n).map(|_| Vec::new()).collect();
+        for (from, row) in producers.iter_mut().enumerate() {
+            for (to, slot) in row.iter_mut().enumerate().filter(|(t, _)| *t != from) {
+                let (p, c) = handoff::channel(self.cfg.handoff_slots);
+                *slot = Some(p);
+                consumers[to].push(c);
+            }
+        }
+        let started = std::sync::Barrier::new(n + 1);
+        let failed = AtomicBool::new(false);
+        let epoch = StdInstant::now();
+        let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
+                let (cpu, queue) = (self.cpus[i], self.queues[i]);
+                let this = &self;
+                let (f, started, failed) = (&f, &started, &failed);
+                let h = std::thread::Builder::new()
+                    .name(format!("corelane-{i}"))
+                    .spawn_scoped(scope, move || {
+                        let info = CoreInfo {
+                            index: i,
+                            cores: n,
+                            cpu,
+                            queue,
+                            bind_mode: BindMode::Copy,
+                        };
+                        this.core_main(info, out, inb, epoch, started, failed, f)
+                            .map_err(|e| Error::Core {
+                                core: i,
+                                cpu,
+                                queue,
+                                source: Box::new(e),
+                            })
+                    })
+                    .expect("spawning a core thread");
+                handles.push(h);
+            }
+            started.wait();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Config("a core panicked".into())))
+                })
+                .collect()
+        });
+        let mut cores = Vec::with_capacity(n);
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(c) => cores.push(c),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let st = self
+            .shared
+            .steering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Ok(RunReport {
+            cores,
+            xdp: st.counters().unwrap_or_default(),
+            stopped: self.shared.stop.load(Ordering::SeqCst),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn core_main<F, Fut>(
+        &self,
+        info: CoreInfo,
+        outbound: Vec<Option<handoff::Producer>>,
+        inbound: Vec<handoff::Consumer>,
+        epoch: StdInstant,
+        started: &std::sync::Barrier,
+        failed: &AtomicBool,
+        f: &F,
+    ) -> Result<CoreReport, Error>
+    where
+        F: Fn(CoreInfo) -> Fut,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let setup = self.setup_core(info);
+        if setup.is_err() {
+            failed.store(true, Ordering::SeqCst);
+        }
+        started.wait();
+        let (core, exec) = setup?;
+        let info = CoreInfo {
+            bind_mode: core.dev.borrow().io().mode(),
+            ..info
+        };
+        if failed.load(Ordering::SeqCst) {
+            // Another core failed: end without running anything.
+            let counts = core.stack.borrow_mut().shutdown(
+                corelane_stack::smoltcp::time::Instant::ZERO,
+                &mut core.dev.borrow_mut(),
+            )?;
+            return Ok(CoreReport {
+                stats: core.snapshot(),
+                frames: counts,
+                bind_mode: core.dev.borrow().io().mode(),
+            });
+        }
+        let driver = core::Driver {
+            core: core.clone(),
+            inbound,
+            outbound,
+            bells: self.shared.bells.clone(),
+            mode: self.cfg.poll,
+            epoch,
+        };
+        crate::core::set_current(Some(core.clone()));
+        let local = tokio::task::LocalSet::new();
+        let linger = self.cfg.linger;
+        let counts = local.block_on(&exec, async {
+            let driver_task = tokio::task::spawn_local(driver.run());
+            let app = tokio::task::spawn_local(f(info));
+            tokio::pin!(driver_task);
+            let driver = tokio::select! {
+                d = &mut driver_task => d,
+                _ = app => {
+                    // The application is done on this core: let closing connections finish.
+                    core.stopping.set(true);
+                    core.wake_driver();
+                    match driver_task.await {
+                        Ok(d) => Ok(d.linger(linger).await),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            if driver.is_err() {
+                log::error!("core {}: the driver task failed", info.index);
+            }
+            let now = corelane_stack::smoltcp::time::Instant::from_micros(
+                epoch.elapsed().as_micros() as i64,
+            );
+            core.stack
+                .borrow_mut()
+                .shutdown(now, &mut core.dev.borrow_mut())
+        });
+        // Tasks still alive (a stop interrupted them) are dropped with the LocalSet, while the
+        // core is still reachable for their destructors.
+        drop(local);
+        crate::core::set_current(None);
+        let counts = counts?;
+        Ok(CoreReport {
+            stats: core.snapshot(),
+            frames: counts,
+            bind_mode: core.dev.borrow().io().mode(),
+        })
+    }
+
+    fn setup_core(
+        &self,
+        info: CoreInfo,
+    ) -> Result<(Rc<core::Core>, tokio::runtime::Runtime), Error> {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: info.cpu }) {
+            return Err(Error::Config(format!(
+                "cannot pin a thread to CPU {}",
+                info.cpu
+            )));
+        }
+        let q = XskQueue::open(&self.cfg.ifname, info.queue, &self.cfg.xsk)?;
+        self.shared
+            .steering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .register(info.queue, q.fd())?;
+        let mut dev = XdpDevice::new(q, self.mtu, self.cfg.stack.batch);
+        let stack = Stack::new(
+            &mut dev,
+            self.mac,
+            &self.cfg.addrs,
+            StackConfig {
+                core: info.index,
+                cores: info.cores,
+                ..self.cfg.stack
+            },
+        );
+        let exec = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let core = Rc::new(core::Core {
+            index: info.index,
+            stack: std::cell::RefCell::new(stack),
+            dev: std::cell::RefCell::new(dev),
+            shared: self.shared.clone(),
+            kick: tokio::sync::Notify::new(),
+            stats: std::cell::RefCell::new(CoreStats {
+                core: info.index,
+                cpu: info.cpu,
+                queue: info.queue,
+                ..CoreStats::default()
+            }),
+            next_waiter: std::cell::Cell::new(0),
+            stopping: std::cell::Cell::new(false),
+        });
+        Ok((core, exec))
+    }
+}
+
+/// The index of the core the calling task runs on (None outside the runtime).
+pub fn core_index() -> Option<usize> {
+    crate::core::current().ok().map(|c| c.index)
+}
+
+/// Counters of the core the calling task runs on (None outside the runtime).
+pub fn core_stats() -> Option<CoreStats> {
+    crate::core::current().ok().map(|c| c.snapshot())
+}

@@ -1,0 +1,205 @@
+//! Flags and reporting shared by the examples: every example takes the same flags as echo.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use clap::Args;
+use corelane::smoltcp::wire::IpCidr;
+use corelane::{AttachMode, Builder, PollMode, RunReport, Runtime, XskConfig, ZeroCopy};
+
+/// Flags every example takes.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct Common {
+    /// Interface to serve (in the current network namespace).
+    #[arg(long)]
+    pub(crate) iface: String,
+    /// Address the server owns, with prefix (IPv4 or IPv6); may repeat. Use one the kernel does
+    /// not hold on the interface.
+    #[arg(long = "addr", required = true, value_parser = parse_cidr)]
+    pub(crate) addrs: Vec<IpCidr>,
+    /// Port to serve (each example has its default).
+    #[arg(long)]
+    pub(crate) port: Option<u16>,
+    /// Cores to run, one interface queue each (default: every CPU this process may use, up to
+    /// the interface's queues).
+    #[arg(long)]
+    pub(crate) cores: Option<usize>,
+    /// XDP attach mode: auto (native, else generic), native, generic.
+    #[arg(long, default_value = "auto")]
+    pub(crate) xdp_mode: String,
+    /// Zero-copy: try (fall back to copy), off, require.
+    #[arg(long, default_value = "try")]
+    pub(crate) zero_copy: String,
+    /// TCP listen backlog.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) backlog: usize,
+    /// Poll mode: adaptive (spin, then sleep) or busy (never sleep).
+    #[arg(long, default_value = "adaptive")]
+    pub(crate) poll: String,
+    /// Spin time before sleeping in adaptive mode, in microseconds.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) spin_us: u64,
+    /// Socket buffers from a bandwidth-delay product: link rate in Gbit/s ...
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) bdp_gbit: f64,
+    /// ... and round-trip time in microseconds (default: 200 µs -> 256 KiB buffers at 10 Gbit/s).
+    #[arg(long, default_value_t = 200)]
+    pub(crate) rtt_us: u64,
+    /// Print counters every N seconds (0: only at exit).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) stats_every: u64,
+}
+
+fn parse_cidr(s: &str) -> Result<IpCidr, String> {
+    s.parse::<IpCidr>()
+        .map_err(|_| format!("`{s}` is not an address with prefix, like 10.0.0.1/24 or fd00::1/64"))
+}
+
+impl Common {
+    /// The port, or the example's default.
+    pub(crate) fn port_or(&self, default: u16) -> u16 {
+        self.port.unwrap_or(default)
+    }
+
+    /// A runtime builder configured from the flags.
+    pub(crate) fn builder(&self) -> Result<Builder, String> {
+        let attach = match self.xdp_mode.as_str() {
+            "auto" => AttachMode::Auto,
+            "native" => AttachMode::Native,
+            "generic" => AttachMode::Generic,
+            m => return Err(format!("--xdp-mode {m}: use auto, native or generic")),
+        };
+        let zero_copy = match self.zero_copy.as_str() {
+            "try" => ZeroCopy::Try,
+            "off" => ZeroCopy::Off,
+            "require" => ZeroCopy::Require,
+            m => return Err(format!("--zero-copy {m}: use try, off or require")),
+        };
+        let poll = match self.poll.as_str() {
+            "busy" => PollMode::Busy,
+            "adaptive" => PollMode::Adaptive {
+                spin: Duration::from_micros(self.spin_us),
+            },
+            m => return Err(format!("--poll {m}: use adaptive or busy")),
+        };
+        if self.bdp_gbit.is_nan() || self.bdp_gbit <= 0.0 {
+            return Err("--bdp-gbit must be positive".into());
+        }
+        let mut b = Runtime::builder(&self.iface)
+            .attach_mode(attach)
+            .xsk(XskConfig {
+                zero_copy,
+                ..XskConfig::default()
+            })
+            .backlog(self.backlog)
+            .poll_mode(poll)
+            .bdp(
+                (self.bdp_gbit * 1e9) as u64,
+                Duration::from_micros(self.rtt_us),
+            );
+        if let Some(n) = self.cores {
+            if n == 0 {
+                return Err("--cores must be at least 1".into());
+            }
+            b = b.cores(n);
+        }
+        for a in &self.addrs {
+            b = b.addr(*a);
+        }
+        Ok(b)
+    }
+}
+
+/// Prints this core's counters every `every` (a task to spawn on each core).
+pub(crate) async fn stats_task(every: u64) {
+    if every == 0 {
+        return;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_secs(every)).await;
+        if let Some(s) = corelane::core_stats() {
+            println!("{}", core_line(&s));
+        }
+    }
+}
+
+fn core_line(s: &corelane::CoreStats) -> String {
+    let st =
+        |name: &str, x: &corelane::Stage| format!("{name} {}/{:.0}ns", x.items, x.ns_per_item());
+    format!(
+        "core {} (CPU {}, queue {}): {} turns ({} busy, {} sleeps); stages: {}, {}, {}, {}, {}, {}; \
+         {} connections accepted, handed off {} out; accept wake-ups {} ({} spurious)",
+        s.core,
+        s.cpu,
+        s.queue,
+        s.turns,
+        s.busy_turns,
+        s.parks,
+        st("rx", &s.rx),
+        st("classify", &s.classify),
+        st("handoff-in", &s.handoff_in),
+        st("protocol", &s.protocol),
+        st("egress", &s.egress),
+        st("tx", &s.tx),
+        s.stack.established,
+        s.stack.handed_off,
+        s.stack.accept_wakeups,
+        s.accept_spurious,
+    )
+}
+
+/// Prints the end-of-run report: one line per core, the totals, the XDP counters and the frame
+/// accounting. Fails if any frame is unaccounted for.
+pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
+    let mut d = corelane::DeviceStats::default();
+    let (mut syn_dropped, mut accepted) = (0, 0);
+    for c in &r.cores {
+        println!("{}", core_line(&c.stats));
+        let x = &c.stats.device;
+        d.rx_frames += x.rx_frames;
+        d.rx_bad_checksum += x.rx_bad_checksum;
+        d.rx_malformed += x.rx_malformed;
+        d.tx_frames += x.tx_frames;
+        d.tx_batches += x.tx_batches;
+        d.rx_injected += x.rx_injected;
+        syn_dropped += c.stats.stack.syn_dropped;
+        accepted += c.stats.stack.established;
+    }
+    let x = &r.xdp;
+    println!(
+        "stats: connections {accepted} accepted; rx {} frames ({} bad checksum, {} malformed, {} SYN dropped, {} handed over); \
+         tx {} frames in {} batches; xdp steered {} passed {} malformed {} no-socket {}",
+        d.rx_frames,
+        d.rx_bad_checksum,
+        d.rx_malformed,
+        syn_dropped,
+        d.rx_injected,
+        d.tx_frames,
+        d.tx_batches,
+        x.steered,
+        x.passed,
+        x.malformed,
+        x.no_socket
+    );
+    let mut t = corelane::FrameCounts::default();
+    for c in &r.cores {
+        let f = &c.frames;
+        t.total += f.total;
+        t.free += f.free;
+        t.fill += f.fill;
+        t.rx += f.rx;
+        t.in_use += f.in_use;
+        t.tx += f.tx;
+        t.completion += f.completion;
+    }
+    println!(
+        "frames: {} total = {} free + {} fill + {} rx + {} in use + {} tx + {} completion",
+        t.total, t.free, t.fill, t.rx, t.in_use, t.tx, t.completion
+    );
+    if !r.frames_balanced() {
+        return Err("frame accounting does not add up after shutdown".into());
+    }
+    println!("{name}: XDP program detached");
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! An HTTP/1.1 server: hyper, unmodified, serving on corelane streams through tokio's traits, on
+//! every core.
+//!
+//! ```text
+//! ip netns exec NS target/release/examples/http --iface IF --addr 10.77.0.3/24 --port 8080
+//! curl http://10.77.0.3:8080/            # from the peer namespace
+//! ```
+//!
+//! `GET /` answers with a short text naming the core; `GET /bytes/N` answers with N bytes;
+//! `POST /echo` answers with the request body.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::convert::Infallible;
+use std::process::ExitCode;
+
+use bytes::Bytes;
+use clap::Parser;
+use corelane::net::TcpListener;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+
+#[derive(Parser, Debug)]
+#[command(about = "HTTP/1.1 (hyper) served by corelane over AF_XDP, on every core")]
+struct Args {
+    #[command(flatten)]
+    common: common::Common,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("http: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn handle(core: usize, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req.uri().path().to_string();
+    let resp = match (req.method(), path.as_str()) {
+        (&Method::GET, "/") => Response::new(Full::new(Bytes::from(format!(
+            "hello from corelane core {core}\n"
+        )))),
+        (&Method::GET, p) if p.starts_with("/bytes/") => match p[7..].parse::<usize>() {
+            Ok(n) if n <= 64 << 20 => Response::new(Full::new(Bytes::from(vec![b'x'; n]))),
+            _ => status(
+                StatusCode::BAD_REQUEST,
+                "want /bytes/N with N up to 64 MiB\n",
+            ),
+        },
+        (&Method::POST, "/echo") => match req.into_body().collect().await {
+            Ok(b) => Response::new(Full::new(b.to_bytes())),
+            Err(_) => status(StatusCode::BAD_REQUEST, "bad body\n"),
+        },
+        _ => status(StatusCode::NOT_FOUND, "not found\n"),
+    };
+    Ok(resp)
+}
+
+fn status(code: StatusCode, msg: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(msg.as_bytes())));
+    *r.status_mut() = code;
+    r
+}
+
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let c = &args.common;
+    let port = c.port_or(8080);
+    let rt = c.builder()?.build()?;
+    println!("{}", rt.describe());
+    let cores = rt.cores();
+    let every = c.stats_every;
+    let ready = std::sync::atomic::AtomicUsize::new(0);
+    let report = rt.run(|core| {
+        let listener = TcpListener::bind(port);
+        if ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == cores {
+            println!("http: serving port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", core.bind_mode);
+        }
+        async move {
+            let listener = match listener {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("http: error: core {}: port {port}: {e}", core.index);
+                    return;
+                }
+            };
+            tokio::task::spawn_local(common::stats_task(every));
+            while let Ok((stream, _)) = listener.accept().await {
+                let idx = core.index;
+                tokio::task::spawn_local(async move {
+                    let svc = service_fn(move |req| handle(idx, req));
+                    // A client that goes away mid-request is its own business.
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        }
+    })?;
+    common::print_report("http", &report)?;
+    Ok(())
+}

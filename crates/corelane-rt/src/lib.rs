@@ -75,6 +75,14 @@ pub enum Error {
         /// What failed.
         source: Box<Error>,
     },
+    /// The application's task on a core panicked; the core was shut down cleanly.
+    #[error("the task on core {core} panicked: {message}")]
+    Panicked {
+        /// Core index.
+        core: usize,
+        /// The panic message.
+        message: String,
+    },
     /// I/O.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -566,11 +574,14 @@ impl Runtime {
                             bind_mode: BindMode::Copy,
                         };
                         this.core_main(info, out, inb, epoch, started, failed, f)
-                            .map_err(|e| Error::Core {
-                                core: i,
-                                cpu,
-                                queue,
-                                source: Box::new(e),
+                            .map_err(|e| match e {
+                                e @ Error::Panicked { .. } => e,
+                                e => Error::Core {
+                                    core: i,
+                                    cpu,
+                                    queue,
+                                    source: Box::new(e),
+                                },
                             })
                     })
                     .expect("spawning a core thread");
@@ -658,13 +669,25 @@ impl Runtime {
         crate::core::set_current(Some(core.clone()));
         let local = tokio::task::LocalSet::new();
         let linger = self.cfg.linger;
+        let mut panicked = None;
         let counts = local.block_on(&exec, async {
             let driver_task = tokio::task::spawn_local(driver.run());
             let app = tokio::task::spawn_local(f(info));
             tokio::pin!(driver_task);
             let driver = tokio::select! {
                 d = &mut driver_task => d,
-                _ = app => {
+                r = app => {
+                    if let Err(e) = r
+                        && e.is_panic()
+                    {
+                        let p = e.into_panic();
+                        panicked = Some(
+                            p.downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "(not a string)".into()),
+                        );
+                    }
                     // The application is done on this core: let closing connections finish.
                     core.stopping.set(true);
                     core.wake_driver();
@@ -689,6 +712,12 @@ impl Runtime {
         drop(local);
         crate::core::set_current(None);
         let counts = counts?;
+        if let Some(message) = panicked {
+            return Err(Error::Panicked {
+                core: info.index,
+                message,
+            });
+        }
         Ok(CoreReport {
             stats: core.snapshot(),
             frames: counts,

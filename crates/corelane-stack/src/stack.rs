@@ -561,7 +561,11 @@ impl Stack {
                     if broadcast {
                         let bytes = dev.front_bytes().expect("peeked above");
                         for c in (0..self.cfg.cores).filter(|&c| c != self.cfg.core) {
-                            handoff(c, 1, bytes);
+                            if handoff(c, 1, bytes) {
+                                self.stats.handed_off += 1;
+                            } else {
+                                self.stats.handoff_dropped += 1;
+                            }
                         }
                     }
                     self.stats.no_flow += 1;

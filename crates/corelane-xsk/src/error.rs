@@ -173,41 +173,91 @@ pub fn check_interface(ifname: &str) -> Result<u32, Error> {
     }
 }
 
-/// The interface's RX queue count, from sysfs (`/sys/class/net/IF/queues/rx-*`).
-pub fn rx_queue_count(ifname: &str) -> Result<u32, Error> {
+/// Runs an interface ioctl on a throwaway socket. Works in the calling thread's network
+/// namespace (unlike sysfs, which shows the namespace of whoever mounted it).
+fn if_ioctl(ifname: &str, request: libc::c_ulong, req: &mut libc::ifreq) -> Result<(), Error> {
     check_interface(ifname)?;
-    let dir = format!("/sys/class/net/{ifname}/queues");
-    let n = std::fs::read_dir(&dir)
-        .map_err(Error::Io)?
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
-        .count();
-    Ok(n as u32)
+    let name = ifname.as_bytes();
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(Error::NoInterface(ifname.to_string()));
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket creation; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(Error::Io(io::Error::last_os_error()));
+    }
+    // SAFETY: `req` is a valid ifreq for the duration of the call, with the name set; the
+    // kernel reads and writes only within it (and whatever ifru_data points to, which the
+    // caller sets to a live buffer).
+    let r = unsafe { libc::ioctl(fd, request as _, req as *mut libc::ifreq) };
+    let err = io::Error::last_os_error();
+    // SAFETY: `fd` is the socket opened above and is not used after this.
+    unsafe { libc::close(fd) };
+    if r < 0 { Err(Error::Io(err)) } else { Ok(()) }
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+
+/// The interface's RX queue count (ethtool channels: rx + combined; 1 when the driver does not
+/// report channels).
+pub fn rx_queue_count(ifname: &str) -> Result<u32, Error> {
+    let mut ch = EthtoolChannels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..EthtoolChannels::default()
+    };
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    req.ifr_ifru.ifru_data = (&raw mut ch).cast();
+    match if_ioctl(ifname, SIOCETHTOOL, &mut req) {
+        Ok(()) => Ok((ch.rx_count + ch.combined_count).max(1)),
+        Err(Error::Io(e)) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(1),
+        Err(e) => Err(e),
+    }
 }
 
 /// The interface's hardware (MAC) address.
 pub fn mac_address(ifname: &str) -> Result<[u8; 6], Error> {
-    check_interface(ifname)?;
-    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))?;
-    let mut mac = [0u8; 6];
-    let parts: Vec<&str> = s.trim().split(':').collect();
-    if parts.len() != 6 {
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if_ioctl(ifname, libc::SIOCGIFHWADDR, &mut req)?;
+    // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
+    let addr = unsafe { req.ifr_ifru.ifru_hwaddr };
+    if addr.sa_family != libc::ARPHRD_ETHER {
         return Err(Error::Config(format!(
-            "{ifname} has no Ethernet address ({s:?})"
+            "{ifname} is not an Ethernet interface (hardware type {})",
+            addr.sa_family
         )));
     }
-    for (m, p) in mac.iter_mut().zip(parts) {
-        *m = u8::from_str_radix(p, 16)
-            .map_err(|_| Error::Config(format!("{ifname} address {s:?} is not a MAC")))?;
+    let mut mac = [0u8; 6];
+    for (m, b) in mac.iter_mut().zip(addr.sa_data) {
+        *m = b as u8;
     }
     Ok(mac)
 }
 
 /// The interface's MTU.
 pub fn mtu(ifname: &str) -> Result<u32, Error> {
-    check_interface(ifname)?;
-    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))?;
-    s.trim()
-        .parse()
-        .map_err(|_| Error::Config(format!("{ifname} MTU {s:?} unreadable")))
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if_ioctl(ifname, libc::SIOCGIFMTU, &mut req)?;
+    // SAFETY: SIOCGIFMTU filled the mtu member of the union.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
 }

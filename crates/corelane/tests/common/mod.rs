@@ -15,13 +15,18 @@ use sha2::{Digest, Sha256};
 
 /// The echo example binary, built by `cargo test` next to the test binaries.
 pub fn echo_bin() -> PathBuf {
+    example_bin("echo")
+}
+
+/// An example binary, built by `cargo test` next to the test binaries.
+pub fn example_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/<test> -> target/<profile>/examples/echo
+    // target/<profile>/deps/<test> -> target/<profile>/examples/<name>
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join("examples").join("echo");
+    let bin = dir.join("examples").join(name);
     assert!(
         bin.exists(),
-        "{} is missing: build it with `cargo test` (which builds examples) or `cargo build --example echo`",
+        "{} is missing: build it with `cargo test` (which builds examples) or `cargo build --examples`",
         bin.display()
     );
     bin
@@ -52,18 +57,23 @@ pub struct Echo {
 impl Echo {
     /// Starts echo with `args` (after `--iface IF`) and waits until it serves.
     pub fn start(net: &VethPair, args: &[&str]) -> Echo {
-        let mut cmd = net.server_ns().command(echo_bin().to_str().unwrap());
+        Echo::start_example(net, "echo", args)
+    }
+
+    /// Starts example `name` with `args` (after `--iface IF`) and waits until it serves.
+    pub fn start_example(net: &VethPair, name: &str, args: &[&str]) -> Echo {
+        let mut cmd = net.server_ns().command(example_bin(name).to_str().unwrap());
         cmd.args(["--iface", net.server_if()]).args(args);
         let mut e = Echo::spawn(cmd);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !e.output().contains("echo: serving") {
+        while !e.output().contains(&format!("{name}: serving")) {
             if let Some(status) = e.child.as_mut().unwrap().try_wait().unwrap() {
                 std::thread::sleep(Duration::from_millis(100));
-                panic!("echo exited early ({status}):\n{}", e.output());
+                panic!("{name} exited early ({status}):\n{}", e.output());
             }
             assert!(
                 Instant::now() < deadline,
-                "echo did not start:\n{}",
+                "{name} did not start:\n{}",
                 e.output()
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -280,4 +290,15 @@ pub fn device_counter(out: &str, name: &str) -> u64 {
         .rfind(|c: char| !c.is_ascii_digit())
         .map_or(0, |i| i + 1);
     before[start..].parse().expect("a number")
+}
+
+/// Per-core `N connections accepted` from the report's core lines, in core order.
+pub fn accepted_per_core(out: &str) -> Vec<u64> {
+    out.lines()
+        .filter(|l| l.starts_with("core ") && l.contains(" connections accepted"))
+        .map(|l| {
+            let before = l.split(" connections accepted").next().unwrap();
+            before.rsplit(' ').next().unwrap().parse().expect("a count")
+        })
+        .collect()
 }

@@ -1,0 +1,138 @@
+//! The per-core runtime serving kernel clients across a 2-queue veth: the echo example with
+//! 1,000 concurrent connections spread over two cores, stopped with all of them open; the http
+//! example (hyper) answering curl.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::*;
+use corelane_testnet::require_root;
+
+fn v4(port: u16) -> SocketAddr {
+    format!("{SERVER_V4}:{port}").parse().unwrap()
+}
+
+#[test]
+fn runtime_echo_1000_connections_over_two_cores_then_stop_with_them_open() {
+    if !require_root("runtime_echo_1000_connections") {
+        return;
+    }
+    let net = net(2);
+    let echo = Echo::start(&net, &["--addr", "10.77.0.3/24", "--backlog", "1024"]);
+    assert!(echo.output().contains("2 core(s)"), "{}", echo.output());
+    let conns: Vec<TcpStream> = net
+        .client_ns()
+        .run(|| {
+            (0..1000)
+                .map(|_| {
+                    let s = connect(v4(7)).expect("connect");
+                    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                    s.set_nodelay(true).unwrap();
+                    s
+                })
+                .collect()
+        })
+        .unwrap();
+    // All 1,000 are open at once; each sends its own payload and checks its own echo.
+    let verified: usize = std::thread::scope(|scope| {
+        conns
+            .chunks(125)
+            .enumerate()
+            .map(|(t, chunk)| {
+                scope.spawn(move || {
+                    let mut ok = 0;
+                    let data: Vec<Vec<u8>> = (0..chunk.len())
+                        .map(|i| payload(4096 + i, (t * 1000 + i) as u64))
+                        .collect();
+                    for (mut s, d) in chunk.iter().zip(&data) {
+                        s.write_all(d).unwrap();
+                    }
+                    for (mut s, d) in chunk.iter().zip(&data) {
+                        let mut back = vec![0u8; d.len()];
+                        if s.read_exact(&mut back).is_ok() && &back == d {
+                            ok += 1;
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .sum()
+    });
+    assert_eq!(verified, 1000, "connections whose echo came back intact");
+    // Stop with every connection still open: resets go out, every frame is accounted for.
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    assert_no_xdp(&net);
+    assert!(out.contains("1000 accepted"), "{out}");
+    let per_core = accepted_per_core(&out);
+    assert_eq!(per_core.len(), 2, "{out}");
+    assert!(
+        per_core.iter().all(|&n| n > 0),
+        "both cores should take connections (kernel sockets pick queues at random): {per_core:?}"
+    );
+    let mut reset = 0;
+    for mut s in conns {
+        let mut b = [0u8; 1];
+        if matches!(s.read(&mut b), Ok(0) | Err(_)) {
+            reset += 1;
+        }
+    }
+    assert_eq!(reset, 1000, "every client sees its connection end");
+}
+
+fn curl(net: &corelane_testnet::VethPair, args: &[&str]) -> String {
+    let mut all = vec!["-sS", "--max-time", "10", "--retry", "3"];
+    all.extend_from_slice(args);
+    net.client_ns()
+        .exec("curl", &all)
+        .unwrap_or_else(|e| panic!("curl {args:?}: {e}"))
+}
+
+#[test]
+fn runtime_http_example_answers_curl_on_both_cores() {
+    if !require_root("runtime_http_curl") {
+        return;
+    }
+    let net = net(2);
+    let http = Echo::start_example(&net, "http", &["--addr", "10.77.0.3/24"]);
+    let url = |p: &str| format!("http://{SERVER_V4}:8080{p}");
+    let mut cores_seen = std::collections::BTreeSet::new();
+    for _ in 0..30 {
+        let body = curl(&net, &[&url("/")]);
+        let core = body
+            .strip_prefix("hello from corelane core ")
+            .unwrap_or_else(|| panic!("unexpected body: {body:?}"));
+        cores_seen.insert(core.trim().to_string());
+    }
+    assert_eq!(cores_seen.len(), 2, "answers came from {cores_seen:?}");
+    let size = curl(
+        &net,
+        &[
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{size_download}",
+            &url("/bytes/3000000"),
+        ],
+    );
+    assert_eq!(size, "3000000");
+    let data: String = (0..50_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let back = curl(&net, &["--data-binary", &data, &url("/echo")]);
+    assert!(back == data, "POST /echo returned {} bytes", back.len());
+    let code = curl(
+        &net,
+        &["-o", "/dev/null", "-w", "%{http_code}", &url("/nope")],
+    );
+    assert_eq!(code, "404");
+    let (status, out) = http.stop();
+    assert_clean_exit(status, &out);
+    assert_no_xdp(&net);
+}

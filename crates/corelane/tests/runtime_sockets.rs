@@ -1,0 +1,280 @@
+//! The runtime's socket API driven from this test process (its threads enter the server
+//! namespace): corelane connecting out to kernel servers, replies crossing cores; a full backlog;
+//! wake-one accept.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use corelane::net::{TcpListener, TcpStream};
+use corelane::{RunReport, Runtime};
+use corelane_testnet::{VethPair, require_root};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Builds a runtime on the server end of `net` (owning 10.77.0.3) and runs `f` on every core,
+/// from a thread inside the server namespace.
+fn serve<F, Fut>(net: &VethPair, backlog: usize, f: F) -> corelane_testnet::NsThread<RunReport>
+where
+    F: Fn(corelane::CoreInfo) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let ifname = net.server_if().to_string();
+    net.server_ns()
+        .spawn(move || {
+            let rt = Runtime::builder(&ifname)
+                .addr("10.77.0.3/24".parse().unwrap())
+                .backlog(backlog)
+                .build()
+                .expect("runtime");
+            rt.run(f).expect("run")
+        })
+        .expect("server thread")
+}
+
+/// Waits (on the core) until `flag` is set.
+async fn until(flag: &AtomicBool) {
+    while !flag.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn kernel_echo_server(listener: std::net::TcpListener) {
+    for s in listener.incoming() {
+        let Ok(mut s) = s else { break };
+        std::thread::spawn(move || {
+            let mut r = s.try_clone().unwrap();
+            let _ = std::io::copy(&mut r, &mut s);
+        });
+    }
+}
+
+#[test]
+fn runtime_corelane_clients_reach_kernel_servers_both_ways_from_both_cores() {
+    if !require_root("runtime_corelane_client") {
+        return;
+    }
+    let net = net(2);
+    // Kernel servers in the peer namespace: an echo on 9000, a 1 MiB source on 9001.
+    let (echo_l, source_l) = net
+        .client_ns()
+        .run(|| {
+            (
+                std::net::TcpListener::bind("10.77.0.2:9000").unwrap(),
+                std::net::TcpListener::bind("10.77.0.2:9001").unwrap(),
+            )
+        })
+        .unwrap();
+    std::thread::spawn(move || kernel_echo_server(echo_l));
+    let source_data = payload(1 << 20, 99);
+    let want_source = sha256(&source_data);
+    std::thread::spawn(move || {
+        for s in source_l.incoming() {
+            let Ok(mut s) = s else { break };
+            let d = source_data.clone();
+            std::thread::spawn(move || {
+                let _ = s.write_all(&d);
+            });
+        }
+    });
+    let verified = Arc::new(AtomicUsize::new(0));
+    let v = verified.clone();
+    let server = serve(&net, 256, move |core| {
+        let v = v.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for i in 0..10 {
+                let v = v.clone();
+                tasks.push(tokio::task::spawn_local(async move {
+                    // corelane sends, the kernel echoes, corelane checks.
+                    let to: SocketAddr = "10.77.0.2:9000".parse().unwrap();
+                    let mut s =
+                        tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(to))
+                            .await
+                            .expect("connect in time")
+                            .expect("connect");
+                    assert_eq!(s.peer_addr().unwrap(), to);
+                    assert_eq!(s.local_addr().unwrap().ip().to_string(), SERVER_V4);
+                    let data = payload(256 * 1024, (core.index * 100 + i) as u64);
+                    let (mut r, mut w) = s.into_split();
+                    let d = data.clone();
+                    let writer = tokio::task::spawn_local(async move {
+                        w.write_all(&d).await.unwrap();
+                        w
+                    });
+                    let mut back = vec![0u8; data.len()];
+                    r.read_exact(&mut back).await.unwrap();
+                    drop(writer.await.unwrap());
+                    if back == data {
+                        v.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // The kernel sends, corelane receives to the end.
+                    s = TcpStream::connect("10.77.0.2:9001".parse().unwrap())
+                        .await
+                        .unwrap();
+                    let mut got = Vec::new();
+                    s.read_to_end(&mut got).await.unwrap();
+                    if sha256(&got) == want_source {
+                        v.fetch_add(1, Ordering::SeqCst);
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.expect("client task");
+            }
+        }
+    });
+    let report = server.join().expect("server");
+    assert_eq!(
+        verified.load(Ordering::SeqCst),
+        40,
+        "20 echoes and 20 downloads verified"
+    );
+    assert!(report.frames_balanced(), "{report:?}");
+    let handed: u64 = report.cores.iter().map(|c| c.stats.stack.handed_off).sum();
+    assert!(
+        handed > 0,
+        "replies to 40 connections never landed on the other core's queue: {report:?}"
+    );
+    let injected: u64 = report
+        .cores
+        .iter()
+        .map(|c| c.stats.device.rx_injected)
+        .sum();
+    assert_eq!(
+        injected, handed,
+        "every handed-off frame was taken in by its core"
+    );
+    assert_no_xdp(&net);
+}
+
+#[test]
+fn runtime_full_backlog_drops_syns_and_harms_nothing_else() {
+    if !require_root("runtime_full_backlog") {
+        return;
+    }
+    let net = net(1);
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    let server = serve(&net, 4, move |_core| {
+        let d = d.clone();
+        async move {
+            // Port 7000 never accepts; port 7 echoes.
+            let stuck = TcpListener::bind(7000).unwrap();
+            let echo = TcpListener::bind(7).unwrap();
+            tokio::task::spawn_local(async move {
+                while let Ok((mut s, _)) = echo.accept().await {
+                    tokio::task::spawn_local(async move {
+                        let mut b = vec![0u8; 65536];
+                        while let Ok(n @ 1..) = s.read(&mut b).await {
+                            if s.write_all(&b[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            });
+            until(&d).await;
+            drop(stuck);
+        }
+    });
+    let stuck: SocketAddr = format!("{SERVER_V4}:7000").parse().unwrap();
+    let results: Vec<std::io::Result<std::net::TcpStream>> = net
+        .client_ns()
+        .run(move || {
+            // Resolve ARP first so the 10 SYNs go out together.
+            let _ = connect(format!("{SERVER_V4}:7").parse().unwrap());
+            std::thread::scope(|s| {
+                let hs: Vec<_> = (0..10)
+                    .map(|_| {
+                        s.spawn(move || {
+                            std::net::TcpStream::connect_timeout(
+                                &stuck,
+                                Duration::from_millis(1500),
+                            )
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        })
+        .unwrap();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused))
+        .count();
+    assert_eq!(ok, 4, "the backlog of 4 is filled: {results:?}");
+    assert_eq!(refused, 0, "SYNs past the backlog are dropped, not reset");
+    // The other port is unharmed.
+    let echoed = net
+        .client_ns()
+        .run(|| {
+            tcp_echo(
+                format!("{SERVER_V4}:7").parse().unwrap(),
+                &payload(100_000, 5),
+            )
+        })
+        .unwrap()
+        .expect("echo on the other port");
+    assert_eq!(echoed, (sha256(&payload(100_000, 5)), 100_000));
+    done.store(true, Ordering::SeqCst);
+    let report = server.join().unwrap();
+    assert!(report.cores[0].stats.stack.syn_dropped >= 6, "{report:?}");
+    assert!(report.frames_balanced());
+}
+
+#[test]
+fn runtime_each_connection_wakes_exactly_one_of_many_waiting_accepts() {
+    if !require_root("runtime_wake_one_accept") {
+        return;
+    }
+    let net = net(1);
+    let done = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (d, a) = (done.clone(), accepted.clone());
+    let server = serve(&net, 256, move |_core| {
+        let (d, a) = (d.clone(), a.clone());
+        async move {
+            let l = Rc::new(TcpListener::bind(7).unwrap());
+            for _ in 0..50 {
+                let (l, a) = (l.clone(), a.clone());
+                tokio::task::spawn_local(async move {
+                    while let Ok((s, _)) = l.accept().await {
+                        a.fetch_add(1, Ordering::SeqCst);
+                        drop(s);
+                    }
+                });
+            }
+            until(&d).await;
+            let s = corelane::core_stats().unwrap();
+            assert_eq!(
+                s.stack.accept_wakeups, 20,
+                "one wake-up per connection: {s:?}"
+            );
+            assert_eq!(s.accept_spurious, 0, "a woken accept found nothing: {s:?}");
+        }
+    });
+    net.client_ns()
+        .run(|| {
+            for _ in 0..20 {
+                let s = connect(format!("{SERVER_V4}:7").parse().unwrap()).unwrap();
+                // One connection at a time: wait until it was accepted.
+                let mut b = [0u8; 1];
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let _ = (&s).read(&mut b);
+            }
+        })
+        .unwrap();
+    done.store(true, Ordering::SeqCst);
+    let report = server
+        .join()
+        .expect("server (a failed assertion on the core ends it)");
+    assert_eq!(accepted.load(Ordering::SeqCst), 20);
+    assert!(report.frames_balanced());
+}

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 mib=${1:-256}
 streams=${2:-4}
 bash scripts/install-deps.sh
-cargo build --locked --release --example echo
+cargo build --locked --release --example echo --example http
 srv=cldemo-srv-$$ cli=cldemo-cli-$$
 cleanup() {
   [ -n "${pid:-}" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
@@ -17,7 +17,9 @@ cleanup() {
 }
 trap cleanup EXIT
 ip netns add "$srv"; ip netns add "$cli"
-ip link add cl-srv netns "$srv" type veth peer name cl-cli netns "$cli"
+# Two queues each way: kernel sockets spread over them, one corelane core serves each.
+ip link add cl-srv netns "$srv" numrxqueues 2 numtxqueues 2 type veth \
+  peer name cl-cli netns "$cli" numrxqueues 2 numtxqueues 2
 ip -n "$srv" addr add 10.99.0.1/24 dev cl-srv
 ip -n "$cli" addr add 10.99.0.2/24 dev cl-cli
 for ns in "$srv" "$cli"; do ip -n "$ns" link set lo up; done
@@ -75,6 +77,16 @@ echo
 echo "== stopping the server (SIGINT):"
 kill -INT "$pid"; wait "$pid"; pid=
 tail -4 "$log"
+echo
+echo "== HTTP: hyper on corelane streams, loaded by wrk -t2 -c64 for 5 s:"
+ip netns exec "$srv" target/release/examples/http --iface cl-srv --addr 10.99.0.3/24 >"$log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "http: serving" "$log" && break; sleep 0.1; done
+grep "serving" "$log"
+ip netns exec "$cli" curl -sS --max-time 5 http://10.99.0.3:8080/
+ip netns exec "$cli" wrk -t2 -c64 -d5s http://10.99.0.3:8080/
+kill -INT "$pid"; wait "$pid"; pid=
+grep -E "^(core|stats|frames)" "$log"
 echo
 echo "== ip link after exit (no xdp line expected):"
 ip -n "$srv" link show cl-srv | sed -n '1,3p'

@@ -11,7 +11,7 @@
 //! use corelane::net::TcpListener;
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //!
-//! let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse()?).build()?;
+//! let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse().expect("an address")).build()?;
 //! println!("{}", rt.describe());
 //! let report = rt.run(|core| async move {
 //!     let listener = TcpListener::bind(7).expect("port 7");

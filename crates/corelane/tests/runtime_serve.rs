@@ -136,3 +136,58 @@ fn runtime_http_example_answers_curl_on_both_cores() {
     assert_clean_exit(status, &out);
     assert_no_xdp(&net);
 }
+
+#[test]
+fn runtime_udp_echo_example_on_two_cores_answers_every_datagram() {
+    if !require_root("runtime_udp_echo") {
+        return;
+    }
+    let net = net(2);
+    let udp = Echo::start_example(&net, "udp_echo", &["--addr", "10.77.0.3/24"]);
+    let answered = net
+        .client_ns()
+        .run(|| {
+            (0..200u32)
+                .filter(|i| {
+                    // A fresh socket each time: the kernel picks a queue per socket.
+                    let s = std::net::UdpSocket::bind("10.77.0.2:0").unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                    let msg = payload(100 + *i as usize, u64::from(*i));
+                    let mut back = [0u8; 512];
+                    (0..5).any(|_| {
+                        s.send_to(&msg, v4(7)).unwrap();
+                        matches!(s.recv_from(&mut back), Ok((n, from)) if from == v4(7) && back[..n] == msg[..])
+                    })
+                })
+                .count()
+        })
+        .unwrap();
+    assert_eq!(answered, 200);
+    let (status, out) = udp.stop();
+    assert_clean_exit(status, &out);
+}
+
+#[test]
+fn runtime_bulk_sink_counts_what_a_kernel_client_sends() {
+    if !require_root("runtime_bulk_sink") {
+        return;
+    }
+    let net = net(2);
+    let bulk = Echo::start_example(&net, "bulk", &["--addr", "10.77.0.3/24", "--mode", "sink"]);
+    let n = 32usize << 20;
+    net.client_ns()
+        .run(move || {
+            let mut s = connect(v4(5001)).unwrap();
+            s.write_all(&payload(n, 3)).unwrap();
+        })
+        .unwrap();
+    let want = format!(": {n} bytes in ");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !bulk.output().contains(&want) {
+        assert!(std::time::Instant::now() < deadline, "{}", bulk.output());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, out) = bulk.stop();
+    assert_clean_exit(status, &out);
+    assert!(out.contains("Gbit/s"), "{out}");
+}

@@ -42,14 +42,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bulk: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit("bulk", run(Args::parse()))
 }
 
 fn gbit(bytes: u64, secs: f64) -> f64 {
@@ -92,7 +85,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("{}", rt.describe());
     let cores = rt.cores();
     let stop = rt.stop_handle();
-    let ready = std::sync::atomic::AtomicUsize::new(0);
+    let ready = common::Ready::new(cores);
     let (seconds, streams, connect) = (args.seconds, args.streams, args.connect);
     let report = rt.run(|core| {
         let listener = if connect.is_none() {
@@ -100,12 +93,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         } else {
             None
         };
-        if ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == cores {
+        ready.core_ready(|| {
             match connect {
                 Some(to) => println!("bulk: {} {streams} stream(s) to {to} for {seconds} s", args.mode),
                 None => println!("bulk: serving ({}) on port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", args.mode, core.bind_mode),
             }
-        }
+        });
         let stop = stop.clone();
         async move {
             if let Some(to) = connect {

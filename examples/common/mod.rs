@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use clap::Args;
@@ -202,4 +204,37 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     }
     println!("{name}: XDP program detached");
     Ok(())
+}
+
+/// Runs an example's body and turns its outcome into the exit code, with one error line.
+pub(crate) fn exit(name: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Counts cores as they finish their setup; the last one prints the "serving" line.
+pub(crate) struct Ready {
+    done: AtomicUsize,
+    cores: usize,
+}
+
+impl Ready {
+    pub(crate) fn new(cores: usize) -> Ready {
+        Ready {
+            done: AtomicUsize::new(0),
+            cores,
+        }
+    }
+
+    /// Marks one core ready; runs `announce` when it is the last.
+    pub(crate) fn core_ready(&self, announce: impl FnOnce()) {
+        if self.done.fetch_add(1, Ordering::SeqCst) + 1 == self.cores {
+            announce();
+        }
+    }
 }

@@ -31,14 +31,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("echo: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit("echo", run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -47,15 +40,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let rt = c.builder()?.build()?;
     println!("{}", rt.describe());
     let cores = rt.cores();
-    let ready = std::sync::atomic::AtomicUsize::new(0);
+    let ready = common::Ready::new(cores);
     let every = c.stats_every;
     let report = rt.run(|core| {
         let ready = &ready;
         let setup = TcpListener::bind(port).and_then(|l| Ok((l, UdpSocket::bind(port)?)));
         // Announce once every core listens.
-        if ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == cores {
+        ready.core_ready(|| {
             println!("echo: serving TCP and UDP port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", core.bind_mode);
-        }
+        });
         async move {
             let (listener, udp) = match setup {
                 Ok(s) => s,

@@ -33,14 +33,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("http: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit("http", run(Args::parse()))
 }
 
 async fn handle(core: usize, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -78,12 +71,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("{}", rt.describe());
     let cores = rt.cores();
     let every = c.stats_every;
-    let ready = std::sync::atomic::AtomicUsize::new(0);
+    let ready = common::Ready::new(cores);
     let report = rt.run(|core| {
         let listener = TcpListener::bind(port);
-        if ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == cores {
+        ready.core_ready(|| {
             println!("http: serving port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", core.bind_mode);
-        }
+        });
         async move {
             let listener = match listener {
                 Ok(l) => l,

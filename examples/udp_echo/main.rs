@@ -21,14 +21,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("udp_echo: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit("udp_echo", run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -38,12 +31,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("{}", rt.describe());
     let cores = rt.cores();
     let every = c.stats_every;
-    let ready = std::sync::atomic::AtomicUsize::new(0);
+    let ready = common::Ready::new(cores);
     let report = rt.run(|core| {
         let sock = UdpSocket::bind(port);
-        if ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == cores {
+        ready.core_ready(|| {
             println!("udp_echo: serving UDP port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", core.bind_mode);
-        }
+        });
         async move {
             let sock = match sock {
                 Ok(s) => s,

@@ -289,3 +289,90 @@ fn runtime_each_connection_wakes_exactly_one_of_many_waiting_accepts() {
     assert_eq!(accepted.load(Ordering::SeqCst), 20);
     assert!(report.frames_balanced());
 }
+
+#[test]
+fn runtime_stream_options_abort_and_connected_udp() {
+    if !require_root("runtime_stream_options") {
+        return;
+    }
+    let net = net(1);
+    let (tcp_l, udp_s) = net
+        .client_ns()
+        .run(|| {
+            (
+                std::net::TcpListener::bind("10.77.0.2:9100").unwrap(),
+                std::net::UdpSocket::bind("10.77.0.2:9101").unwrap(),
+            )
+        })
+        .unwrap();
+    // A kernel UDP echo.
+    std::thread::spawn(move || {
+        let mut b = [0u8; 2048];
+        while let Ok((n, from)) = udp_s.recv_from(&mut b) {
+            let _ = udp_s.send_to(&b[..n], from);
+        }
+    });
+    // The kernel side of the TCP connection: reads until corelane aborts it.
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = tcp_l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        let end = loop {
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(0) => break Ok(()),
+                Ok(n) => got.extend_from_slice(&b[..n]),
+                Err(e) => break Err(e.kind()),
+            }
+        };
+        (got, end)
+    });
+    let server = serve(&net, 256, |_core| async move {
+        let s = TcpStream::connect("10.77.0.2:9100".parse().unwrap())
+            .await
+            .unwrap();
+        assert!(s.nodelay().unwrap(), "nodelay is the default");
+        s.set_nodelay(false).unwrap();
+        assert!(!s.nodelay().unwrap());
+        s.set_keepalive(Some(Duration::from_secs(1))).unwrap();
+        let (r, mut w) = s.into_split();
+        w.write_all(b"before abort").await.unwrap();
+        let s = r.reunite(w).expect("halves of one stream");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.abort();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(s.state().unwrap().to_string(), "CLOSED");
+
+        let u = corelane::net::UdpSocket::bind(0).unwrap();
+        assert!(u.local_port() >= 49152, "an ephemeral port");
+        assert!(
+            u.send(b"x").await.is_err(),
+            "send before connect is refused"
+        );
+        u.connect("10.77.0.2:9101".parse().unwrap()).unwrap();
+        let mut b = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                // The first datagram may wait for ARP; resend until the echo comes.
+                u.send(b"connected udp").await.unwrap();
+                if let Ok(r) =
+                    tokio::time::timeout(Duration::from_millis(300), u.recv(&mut b)).await
+                {
+                    break r.unwrap();
+                }
+            }
+        })
+        .await
+        .expect("UDP echo in time");
+        assert_eq!(&b[..n], b"connected udp");
+    });
+    let report = server.join().expect("server");
+    let (got, end) = peer.join().unwrap();
+    assert_eq!(got, b"before abort");
+    assert_eq!(
+        end,
+        Err(std::io::ErrorKind::ConnectionReset),
+        "abort sends RST"
+    );
+    assert!(report.frames_balanced());
+}

@@ -131,7 +131,10 @@ impl<P: FrameIo> XdpDevice<P> {
             self.stats.rx_inject_dropped += 1;
             return false;
         }
-        let mut frame = self.scratch.pop().expect("allocated above");
+        let Some(mut frame) = self.scratch.pop() else {
+            self.stats.rx_inject_dropped += 1;
+            return false;
+        };
         self.io
             .bytes_mut(&mut frame, bytes.len())
             .copy_from_slice(bytes);

@@ -355,10 +355,16 @@ impl Stack {
         }
     }
 
-    fn insert(&mut self, socket: impl AnySocket<'static>, proto: Proto, local_port: u16) -> u32 {
+    fn insert(
+        &mut self,
+        socket: impl AnySocket<'static>,
+        proto: Proto,
+        local_port: u16,
+        setup: impl FnOnce(&mut Flow),
+    ) -> u32 {
         let mut set = SocketSet::new(Vec::with_capacity(1));
         let handle = set.add(socket);
-        let flow = Flow {
+        let mut flow = Flow {
             set,
             handle,
             proto,
@@ -370,6 +376,7 @@ impl Stack {
             deadline: None,
             queued: false,
         };
+        setup(&mut flow);
         match self.free_slots.pop() {
             Some(i) => {
                 self.slots[i as usize].flow = Some(flow);
@@ -425,10 +432,9 @@ impl Stack {
             return;
         };
         let id = self.id_of(index);
-        let f = self.slots[index as usize]
-            .flow
-            .as_mut()
-            .expect("state read above");
+        let Some(f) = self.slots[index as usize].flow.as_mut() else {
+            return;
+        };
         if let Some(port) = f.listener {
             if established(state) {
                 f.listener = None;
@@ -516,10 +522,10 @@ impl Stack {
             match self.route(class, hops) {
                 Route::Flow(i) => {
                     self.stats.demux_hits += 1;
-                    let f = self.slots[i as usize]
-                        .flow
-                        .as_mut()
-                        .expect("table holds live flows");
+                    let Some(f) = self.slots[i as usize].flow.as_mut() else {
+                        dev.skip();
+                        continue;
+                    };
                     self.iface.poll_ingress_single(now, dev, &mut f.set);
                     self.settle(i);
                     self.queue_egress(i);
@@ -530,15 +536,19 @@ impl Stack {
                         dev.skip();
                         continue;
                     }
-                    let i = self.insert(s, Proto::Tcp, port);
-                    let f = self.slots[i as usize].flow.as_mut().expect("just inserted");
-                    f.key = Some(key);
-                    f.listener = Some(port);
+                    let i = self.insert(s, Proto::Tcp, port, |f| {
+                        f.key = Some(key);
+                        f.listener = Some(port);
+                    });
                     self.table.insert(key, i);
                     if let Some(l) = self.listeners.get_mut(&port) {
                         l.half_open += 1;
                     }
                     self.stats.syn_accepted += 1;
+                    let Some(f) = self.slots[i as usize].flow.as_mut() else {
+                        dev.skip();
+                        continue;
+                    };
                     self.iface.poll_ingress_single(now, dev, &mut f.set);
                     self.settle(i);
                     self.queue_egress(i);
@@ -548,8 +558,7 @@ impl Stack {
                     self.iface.poll_ingress_single(now, dev, &mut self.empty);
                 }
                 Route::Handoff(core, hops) => {
-                    let bytes = dev.front_bytes().expect("peeked above");
-                    if handoff(core, hops, bytes) {
+                    if dev.front_bytes().is_some_and(|b| handoff(core, hops, b)) {
                         self.stats.handed_off += 1;
                     } else {
                         self.stats.handoff_dropped += 1;
@@ -558,8 +567,7 @@ impl Stack {
                 }
                 Route::Drop => dev.skip(),
                 Route::Neighbor(broadcast) => {
-                    if broadcast {
-                        let bytes = dev.front_bytes().expect("peeked above");
+                    if broadcast && let Some(bytes) = dev.front_bytes() {
                         for c in (0..self.cfg.cores).filter(|&c| c != self.cfg.core) {
                             if handoff(c, 1, bytes) {
                                 self.stats.handed_off += 1;
@@ -692,10 +700,9 @@ impl Stack {
             })
             .collect();
         for i in pending {
-            let f = self.slots[i as usize]
-                .flow
-                .as_mut()
-                .expect("filtered above");
+            let Some(f) = self.slots[i as usize].flow.as_mut() else {
+                continue;
+            };
             f.listener = None;
             f.set.get_mut::<tcp::Socket<'static>>(f.handle).abort();
             self.queue_egress(i);
@@ -801,12 +808,12 @@ impl Stack {
         let mut s = new_tcp(&self.cfg);
         s.connect(self.iface.context(), remote, local)
             .map_err(|e| StackError::Refused(format!("connect to {remote}: {e}")))?;
-        let i = self.insert(s, Proto::Tcp, port);
         let key = FlowKey { local, remote };
-        let f = self.slots[i as usize].flow.as_mut().expect("just inserted");
-        f.key = Some(key);
-        f.held = true;
-        f.ephemeral = true;
+        let i = self.insert(s, Proto::Tcp, port, |f| {
+            f.key = Some(key);
+            f.held = true;
+            f.ephemeral = true;
+        });
         self.table.insert(key, i);
         self.ports.insert((Proto::Tcp, port));
         self.queue_egress(i);
@@ -830,12 +837,7 @@ impl Stack {
         let mut s = udp::Socket::new(rx, tx);
         s.bind(port)
             .map_err(|e| StackError::Refused(format!("bind UDP {port}: {e}")))?;
-        let i = self.insert(s, Proto::Udp, port);
-        self.slots[i as usize]
-            .flow
-            .as_mut()
-            .expect("just inserted")
-            .held = true;
+        let i = self.insert(s, Proto::Udp, port, |f| f.held = true);
         self.udp.insert(port, i);
         self.ports.insert((Proto::Udp, port));
         Ok((self.id_of(i), port))

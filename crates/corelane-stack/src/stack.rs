@@ -506,6 +506,18 @@ impl Stack {
         }
     }
 
+    /// Gives the next waiting frame to flow `i`'s socket alone, then settles the flow and queues
+    /// it for egress (its ACK, its reply).
+    fn feed<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, i: u32) {
+        let Some(f) = self.slots[i as usize].flow.as_mut() else {
+            dev.skip();
+            return;
+        };
+        self.iface.poll_ingress_single(now, dev, &mut f.set);
+        self.settle(i);
+        self.queue_egress(i);
+    }
+
     /// Flow demux and protocol stages over the frames `dev` has classified: each frame goes to
     /// its flow's socket alone. Frames another core owns are given to `handoff(core, hops,
     /// bytes)` (which returns false if it could not take them), and neighbor replies are copied
@@ -522,13 +534,7 @@ impl Stack {
             match self.route(class, hops) {
                 Route::Flow(i) => {
                     self.stats.demux_hits += 1;
-                    let Some(f) = self.slots[i as usize].flow.as_mut() else {
-                        dev.skip();
-                        continue;
-                    };
-                    self.iface.poll_ingress_single(now, dev, &mut f.set);
-                    self.settle(i);
-                    self.queue_egress(i);
+                    self.feed(now, dev, i);
                 }
                 Route::Open(port, key) => {
                     let mut s = new_tcp(&self.cfg);
@@ -545,13 +551,7 @@ impl Stack {
                         l.half_open += 1;
                     }
                     self.stats.syn_accepted += 1;
-                    let Some(f) = self.slots[i as usize].flow.as_mut() else {
-                        dev.skip();
-                        continue;
-                    };
-                    self.iface.poll_ingress_single(now, dev, &mut f.set);
-                    self.settle(i);
-                    self.queue_egress(i);
+                    self.feed(now, dev, i);
                 }
                 Route::NoFlow => {
                     self.stats.no_flow += 1;

@@ -154,17 +154,10 @@ fn core_line(s: &corelane::CoreStats) -> String {
 /// Prints the end-of-run report: one line per core, the totals, the XDP counters and the frame
 /// accounting. Fails if any frame is unaccounted for.
 pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
-    let mut d = corelane::DeviceStats::default();
+    let d = r.device();
     let (mut syn_dropped, mut accepted) = (0, 0);
     for c in &r.cores {
         println!("{}", core_line(&c.stats));
-        let x = &c.stats.device;
-        d.rx_frames += x.rx_frames;
-        d.rx_bad_checksum += x.rx_bad_checksum;
-        d.rx_malformed += x.rx_malformed;
-        d.tx_frames += x.tx_frames;
-        d.tx_batches += x.tx_batches;
-        d.rx_injected += x.rx_injected;
         syn_dropped += c.stats.stack.syn_dropped;
         accepted += c.stats.stack.established;
     }
@@ -184,17 +177,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
         x.malformed,
         x.no_socket
     );
-    let mut t = corelane::FrameCounts::default();
-    for c in &r.cores {
-        let f = &c.frames;
-        t.total += f.total;
-        t.free += f.free;
-        t.fill += f.fill;
-        t.rx += f.rx;
-        t.in_use += f.in_use;
-        t.tx += f.tx;
-        t.completion += f.completion;
-    }
+    let t = r.frames();
     println!(
         "frames: {} total = {} free + {} fill + {} rx + {} in use + {} tx + {} completion",
         t.total, t.free, t.fill, t.rx, t.in_use, t.tx, t.completion

@@ -424,6 +424,24 @@ impl RunReport {
             .iter()
             .all(|c| c.frames.in_use == 0 && c.frames.sum() == c.frames.total)
     }
+
+    /// Frame accounting summed over the cores.
+    pub fn frames(&self) -> FrameCounts {
+        let mut t = FrameCounts::default();
+        for c in &self.cores {
+            t += c.frames;
+        }
+        t
+    }
+
+    /// Device counters summed over the cores.
+    pub fn device(&self) -> corelane_stack::DeviceStats {
+        let mut t = corelane_stack::DeviceStats::default();
+        for c in &self.cores {
+            t += c.stats.device;
+        }
+        t
+    }
 }
 
 /// The runtime: an interface, the XDP program and the cores that will serve it.

@@ -48,6 +48,21 @@ pub struct XdpDevice<P: FrameIo> {
     stats: DeviceStats,
 }
 
+impl std::ops::AddAssign for DeviceStats {
+    /// Adds another device's counters (for totals over several cores).
+    fn add_assign(&mut self, o: DeviceStats) {
+        self.rx_frames += o.rx_frames;
+        self.rx_delivered += o.rx_delivered;
+        self.rx_bad_checksum += o.rx_bad_checksum;
+        self.rx_malformed += o.rx_malformed;
+        self.rx_injected += o.rx_injected;
+        self.rx_inject_dropped += o.rx_inject_dropped;
+        self.tx_frames += o.tx_frames;
+        self.tx_no_frame += o.tx_no_frame;
+        self.tx_batches += o.tx_batches;
+    }
+}
+
 impl<P: FrameIo> XdpDevice<P> {
     /// Wraps `io`; `mtu` is the IP MTU of the link (1500 on a default veth).
     pub fn new(io: P, mtu: usize, batch: usize) -> Self {

@@ -54,6 +54,19 @@ pub struct FrameCounts {
     pub total: usize,
 }
 
+impl std::ops::AddAssign for FrameCounts {
+    /// Adds another UMEM's counts (for totals over several queues).
+    fn add_assign(&mut self, o: FrameCounts) {
+        self.free += o.free;
+        self.fill += o.fill;
+        self.rx += o.rx;
+        self.in_use += o.in_use;
+        self.tx += o.tx;
+        self.completion += o.completion;
+        self.total += o.total;
+    }
+}
+
 impl FrameCounts {
     /// Frames accounted for across the six places.
     pub fn sum(&self) -> usize {

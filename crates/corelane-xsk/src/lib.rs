@@ -20,7 +20,10 @@ pub mod ledger;
 mod socket;
 
 pub use bpf::{AttachMode, AttachedMode, Proto, Steering, XDP_OBJECT, XdpCounters};
-pub use error::{Error, check_interface, check_privileges, mac_address, mtu, rx_queue_count};
+pub use error::{
+    Channels, DriverInfo, Error, channels, check_interface, check_privileges, driver_info,
+    mac_address, mtu, rx_queue_count, set_channels,
+};
 pub use io::{Frame, FrameIo, MemFrame, MemLink, MemPort, MemStats};
 pub use ledger::{FrameCounts, FrameLedger, FrameState, LedgerError};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};

@@ -86,7 +86,7 @@ impl Sharing {
 }
 
 pub(crate) fn size_text(bytes: u64) -> String {
-    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
         format!("{} MiB", bytes >> 20)
     } else if bytes >= 1 << 10 {
         format!("{} KiB", bytes >> 10)

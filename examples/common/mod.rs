@@ -8,25 +8,29 @@ use std::time::Duration;
 
 use clap::Args;
 use corelane::smoltcp::wire::IpCidr;
-use corelane::{AttachMode, Builder, PollMode, RunReport, Runtime, XskConfig, ZeroCopy};
+use corelane::{AttachMode, Builder, Placement, PollMode, RunReport, Runtime, XskConfig, ZeroCopy};
 
 /// Flags every example takes.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Common {
     /// Interface to serve (in the current network namespace).
     #[arg(long)]
-    pub(crate) iface: String,
+    pub(crate) iface: Option<String>,
     /// Address the server owns, with prefix (IPv4 or IPv6); may repeat. Use one the kernel does
     /// not hold on the interface.
-    #[arg(long = "addr", required = true, value_parser = parse_cidr)]
+    #[arg(long = "addr", value_parser = parse_cidr)]
     pub(crate) addrs: Vec<IpCidr>,
     /// Port to serve (each example has its default).
     #[arg(long)]
     pub(crate) port: Option<u16>,
-    /// Cores to run, one interface queue each (default: every CPU this process may use, up to
-    /// the interface's queues).
+    /// Cores to run, one interface queue each (default: one per physical core this process may
+    /// use, up to the interface's queues).
     #[arg(long)]
     pub(crate) cores: Option<usize>,
+    /// Where protocol and application run: same-core, shared-cache, spread,
+    /// fewest:<Gbit/s>[:<Gbit/s per core>], or CPUs (0,1 or protocol/application 0/1).
+    #[arg(long, default_value = "same-core", value_parser = parse_placement)]
+    pub(crate) placement: Placement,
     /// XDP attach mode: auto (native, else generic), native, generic.
     #[arg(long, default_value = "auto")]
     pub(crate) xdp_mode: String,
@@ -51,6 +55,10 @@ pub(crate) struct Common {
     /// Print counters every N seconds (0: only at exit).
     #[arg(long, default_value_t = 0)]
     pub(crate) stats_every: u64,
+}
+
+fn parse_placement(s: &str) -> Result<Placement, String> {
+    Placement::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_cidr(s: &str) -> Result<IpCidr, String> {
@@ -88,7 +96,12 @@ impl Common {
         if self.bdp_gbit.is_nan() || self.bdp_gbit <= 0.0 {
             return Err("--bdp-gbit must be positive".into());
         }
-        let mut b = Runtime::builder(&self.iface)
+        let iface = self
+            .iface
+            .as_deref()
+            .ok_or("--iface is required: the interface to serve")?;
+        let mut b = Runtime::builder(iface)
+            .placement(self.placement.clone())
             .attach_mode(attach)
             .xsk(XskConfig {
                 zero_copy,
@@ -130,10 +143,15 @@ fn core_line(s: &corelane::CoreStats) -> String {
     let st =
         |name: &str, x: &corelane::Stage| format!("{name} {}/{:.0}ns", x.items, x.ns_per_item());
     format!(
-        "core {} (CPU {}, queue {}): {} turns ({} busy, {} sleeps); stages: {}, {}, {}, {}, {}, {}; \
+        "core {} (CPU {}{}, queue {}): {} turns ({} busy, {} sleeps); stages: {}, {}, {}, {}, {}, {}; \
          {} connections accepted, handed off {} out; accept wake-ups {} ({} spurious)",
         s.core,
         s.cpu,
+        if s.app_cpu != s.cpu {
+            format!(", application on CPU {}", s.app_cpu)
+        } else {
+            String::new()
+        },
         s.queue,
         s.turns,
         s.busy_turns,

@@ -1,12 +1,11 @@
 //! One core: its AF_XDP queue, device, protocol stack and the driver task that runs the
 //! pipeline between the application's tasks.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::rc::Rc;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant as StdInstant};
 
 use corelane_stack::smoltcp::time::Instant;
@@ -76,52 +75,89 @@ pub struct CoreStats {
     pub tasks: Stage,
     /// Accept polls that found nothing after being woken (should stay 0: wake-one).
     pub accept_spurious: u64,
+    /// CPU the application's tasks run on (the same as `cpu` for a same-core lane).
+    pub app_cpu: usize,
+    /// CPU time of the protocol thread (and of the application, on a same-core lane), measured
+    /// when the core ends.
+    pub cpu_time: Duration,
+    /// CPU time of the application thread of a split lane (zero on a same-core lane).
+    pub app_cpu_time: Duration,
     /// Device counters.
     pub device: DeviceStats,
     /// Protocol counters.
     pub stack: StackStats,
 }
 
-/// The state of one core, reachable from its tasks through a thread-local.
+/// The state of one core (lane), reachable from its tasks through a thread-local. The protocol
+/// stack sits behind a mutex so that a split lane's application thread can reach it; on a
+/// same-core lane nobody else takes the lock, which then costs two uncontended atomics.
+/// Lock order: the stack before the counters.
 pub(crate) struct Core {
     pub(crate) index: usize,
-    pub(crate) stack: RefCell<Stack>,
-    pub(crate) dev: RefCell<XdpDevice<XskQueue>>,
+    pub(crate) stack: Mutex<Stack>,
     pub(crate) shared: Arc<Shared>,
     /// Wakes the driver when a task queued output.
     pub(crate) kick: Notify,
-    pub(crate) stats: RefCell<CoreStats>,
-    pub(crate) next_waiter: Cell<u64>,
+    pub(crate) stats: Mutex<CoreStats>,
+    pub(crate) next_waiter: AtomicU64,
     /// Set when the core should stop: the driver returns.
-    pub(crate) stopping: Cell<bool>,
+    pub(crate) stopping: AtomicBool,
+    /// Set when the protocol side has shut down (a split lane's application thread waits for it).
+    pub(crate) ended: tokio::sync::watch::Sender<bool>,
 }
 
 thread_local! {
-    static CURRENT: RefCell<Option<Rc<Core>>> = const { RefCell::new(None) };
+    static CURRENT: RefCell<Option<Arc<Core>>> = const { RefCell::new(None) };
 }
 
-pub(crate) fn set_current(core: Option<Rc<Core>>) {
+pub(crate) fn set_current(core: Option<Arc<Core>>) {
     CURRENT.with(|c| *c.borrow_mut() = core);
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// CPU time the calling thread has used.
+pub(crate) fn thread_cpu_time() -> Duration {
+    // SAFETY: timespec is plain data; all-zero is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: `ts` is valid for writes; the clock id is a constant the kernel knows.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// The core the calling task runs on.
-pub(crate) fn current() -> io::Result<Rc<Core>> {
+pub(crate) fn current() -> io::Result<Arc<Core>> {
     CURRENT.with(|c| c.borrow().clone()).ok_or_else(|| {
         io::Error::other("not on a corelane core: call this from a task inside Runtime::run")
     })
 }
 
 impl Core {
+    /// The protocol stack, locked.
+    pub(crate) fn stack(&self) -> MutexGuard<'_, Stack> {
+        lock(&self.stack)
+    }
+
+    /// The counters, locked (after the stack, when both are needed).
+    pub(crate) fn stats(&self) -> MutexGuard<'_, CoreStats> {
+        lock(&self.stats)
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed) || self.shared.stop.load(Ordering::Relaxed)
+    }
+
     /// Queues flow output and makes sure the driver runs soon.
     pub(crate) fn wake_driver(&self) {
         self.kick.notify_one();
     }
 
-    pub(crate) fn steering(&self) -> std::sync::MutexGuard<'_, Steering> {
-        self.shared
-            .steering
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub(crate) fn steering(&self) -> MutexGuard<'_, Steering> {
+        lock(&self.shared.steering)
     }
 
     pub(crate) fn own_port(&self, proto: Proto, port: u16) -> io::Result<()> {
@@ -138,9 +174,9 @@ impl Core {
 
     /// A snapshot of this core's counters.
     pub(crate) fn snapshot(&self) -> CoreStats {
-        let mut s = *self.stats.borrow();
-        s.device = self.dev.borrow().stats();
-        s.stack = self.stack.borrow().stats();
+        let stack = self.stack().stats();
+        let mut s = *self.stats();
+        s.stack = stack;
         s
     }
 }
@@ -155,7 +191,8 @@ impl AsRawFd for Fd {
 
 /// The per-core pipeline, run as a task on the core's executor.
 pub(crate) struct Driver {
-    pub(crate) core: Rc<Core>,
+    pub(crate) core: Arc<Core>,
+    pub(crate) dev: XdpDevice<XskQueue>,
     pub(crate) inbound: Vec<Consumer>,
     /// Indexed by destination core; None for this core.
     pub(crate) outbound: Vec<Option<Producer>>,
@@ -173,10 +210,10 @@ impl Driver {
     /// recycle, refill. Returns true when anything moved.
     fn turn(&mut self, rung: &mut [bool], freed: &mut Vec<(StackProto, u16)>) -> bool {
         let core = self.core.clone();
-        let mut st = core.stats.borrow_mut();
-        let mut dev = core.dev.borrow_mut();
-        let mut stack = core.stack.borrow_mut();
         let now = self.now();
+        let dev = &mut self.dev;
+        let mut stack = core.stack();
+        let mut st = core.stats();
         st.turns += 1;
         let sent_before = dev.stats().tx_frames;
         let t = StdInstant::now();
@@ -196,7 +233,7 @@ impl Driver {
         }
         let t = st.handoff_in.add(injected, t);
         let outbound = &mut self.outbound;
-        let consumed = stack.ingress(now, &mut dev, &mut |to, hops, bytes| {
+        let consumed = stack.ingress(now, dev, &mut |to, hops, bytes| {
             let ok = outbound
                 .get_mut(to)
                 .and_then(Option::as_mut)
@@ -207,7 +244,7 @@ impl Driver {
             ok
         });
         let t = st.protocol.add(consumed, t);
-        let polled = stack.egress(now, &mut dev);
+        let polled = stack.egress(now, dev);
         let t = st.egress.add(polled, t);
         if let Err(e) = dev.flush() {
             log::warn!("core {}: transmit: {e}", core.index);
@@ -221,6 +258,7 @@ impl Driver {
             }
         }
         stack.take_freed_ports(freed);
+        st.device = dev.stats();
         let busy = pulled + injected + consumed + polled > 0;
         st.busy_turns += u64::from(busy);
         busy
@@ -235,10 +273,8 @@ impl Driver {
         let readable = tokio::io::Interest::READABLE;
         // SAFETY: the AF_XDP socket is owned by the core's device, which outlives this function
         // (the AsyncFd is dropped when it returns), and it is never replaced.
-        let xsk = unsafe {
-            AsyncFd::register_with_interest(Fd(self.core.dev.borrow().io().fd()), readable)
-        }
-        .map_err(|e| e.into_parts().1);
+        let xsk = unsafe { AsyncFd::register_with_interest(Fd(self.dev.io().fd()), readable) }
+            .map_err(|e| e.into_parts().1);
         let bell = &self.bells[self.core.index].clone();
         // SAFETY: the eventfd is owned by `bell`, an Arc held across this function.
         let bell_fd = unsafe { AsyncFd::register_with_interest(Fd(bell.fd()), readable) }
@@ -258,7 +294,7 @@ impl Driver {
         let mut freed = Vec::new();
         let mut idle_since: Option<StdInstant> = None;
         loop {
-            if self.core.stopping.get() || self.core.shared.stop.load(Ordering::Relaxed) {
+            if self.core.stopping() {
                 return self;
             }
             if self.turn(&mut rung, &mut freed) {
@@ -281,12 +317,12 @@ impl Driver {
             }
             // Sleep: on the XSK fd, the doorbell, a task's output, or the next protocol timer.
             bell.arm();
-            if self.inbound_waiting() || self.core.stack.borrow().egress_pending() {
+            if self.inbound_waiting() || self.core.stack().egress_pending() {
                 bell.disarm();
                 continue;
             }
-            self.core.stats.borrow_mut().parks += 1;
-            let deadline = self.core.stack.borrow().next_deadline().map(|d| {
+            self.core.stats().parks += 1;
+            let deadline = self.core.stack().next_deadline().map(|d| {
                 let at = Duration::from_micros(d.total_micros().max(0) as u64);
                 tokio::time::Instant::from_std(self.epoch + at)
             });
@@ -306,7 +342,7 @@ impl Driver {
     async fn run_busy(mut self) -> Self {
         let mut rung = vec![false; self.bells.len()];
         let mut freed = Vec::new();
-        while !self.core.stopping.get() && !self.core.shared.stop.load(Ordering::Relaxed) {
+        while !self.core.stopping() {
             self.turn(&mut rung, &mut freed);
             self.release_ports(&mut freed);
             self.yield_to_tasks().await;
@@ -327,7 +363,7 @@ impl Driver {
     async fn yield_to_tasks(&self) {
         let t = StdInstant::now();
         tokio::task::yield_now().await;
-        self.core.stats.borrow_mut().tasks.add(1, t);
+        self.core.stats().tasks.add(1, t);
     }
 
     /// Keeps the pipeline running for at most `linger` so that connections the application
@@ -339,7 +375,7 @@ impl Driver {
         while StdInstant::now() < until && !self.core.shared.stop.load(Ordering::Relaxed) {
             self.turn(&mut rung, &mut freed);
             self.release_ports(&mut freed);
-            if self.core.stack.borrow().stats().flows == 0 {
+            if self.core.stack().stats().flows == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_micros(200)).await;

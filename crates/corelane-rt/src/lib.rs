@@ -38,16 +38,17 @@ pub mod net;
 
 use std::future::Future;
 use std::io;
-use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
 pub use crate::core::{CoreStats, Stage};
 use corelane_stack::smoltcp::wire::IpCidr;
 use corelane_stack::{Stack, StackConfig, StackError, XdpDevice};
+pub use corelane_topo::{Lane, Machine, Placement, Plan, Sharing};
 use corelane_xsk::{
-    AttachMode, AttachedMode, BindMode, FrameCounts, Steering, XdpCounters, XskConfig, XskQueue,
+    AttachMode, AttachedMode, BindMode, Channels, FrameCounts, Steering, XdpCounters, XskConfig,
+    XskQueue,
 };
 
 /// Errors of the runtime.
@@ -63,6 +64,9 @@ pub enum Error {
     /// Bad configuration.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The machine could not be read, or the placement does not fit it.
+    #[error(transparent)]
+    Topology(#[from] corelane_topo::Error),
     /// A core failed to start.
     #[error("core {core} (CPU {cpu}, queue {queue}): {source}")]
     Core {
@@ -164,7 +168,8 @@ fn stop_on_ctrl_c(shared: &Arc<Shared>) {
 pub struct Builder {
     ifname: String,
     addrs: Vec<IpCidr>,
-    cpus: Option<Vec<usize>>,
+    placement: Placement,
+    lanes: Option<usize>,
     queues: Option<Vec<u32>>,
     attach: AttachMode,
     xsk: XskConfig,
@@ -204,20 +209,29 @@ impl Builder {
         self
     }
 
-    /// CPUs to run on, one core (thread, queue) each (default: every CPU this process may run
-    /// on, up to the interface's receive queues).
+    /// CPUs to run on, one core (thread, queue) each, protocol and application together: the
+    /// same as `placement(Placement::Explicit { protocol: cpus, application: vec![] })`.
     pub fn cpus(mut self, cpus: Vec<usize>) -> Self {
-        self.cpus = Some(cpus);
+        self.placement = Placement::Explicit {
+            protocol: cpus,
+            application: Vec::new(),
+        };
         self
     }
 
-    /// How many cores to run (the first `n` allowed CPUs).
+    /// Where the protocol and the application run (default [`Placement::SameCore`]); the plan
+    /// is made from the machine hwloc reads, NIC-local CPUs first. [`Runtime::plan`] shows it.
+    pub fn placement(mut self, p: Placement) -> Self {
+        self.placement = p;
+        self
+    }
+
+    /// How many cores (lanes: one queue, one protocol thread each) to run (default: one per
+    /// physical core the process may use, up to the interface's receive queues). When the
+    /// interface has fewer queues and its driver allows more, they are raised (ethtool -L)
+    /// for the run.
     pub fn cores(mut self, n: usize) -> Self {
-        self.cpus = Some(allowed_cpus().into_iter().take(n).collect());
-        if self.cpus.as_ref().is_some_and(|c| c.len() < n) {
-            // Keep the request visible to build(), which explains the mismatch.
-            self.cpus = Some((0..n).collect());
-        }
+        self.lanes = Some(n);
         self
     }
 
@@ -278,6 +292,60 @@ impl Builder {
         self
     }
 
+    /// The placement plan [`Builder::build`] would follow, from the machine hwloc reads and the
+    /// interface's queues, without attaching anything or changing the interface (needs no
+    /// privileges). Prints as an explanation.
+    pub fn plan(&self) -> Result<Plan, Error> {
+        let (mut plan, channels) = self.make_plan()?;
+        let nqueues = channels.map_or(1, |c| c.rx_queues());
+        let need = plan.lanes.iter().map(|l| l.queue + 1).max().unwrap_or(1);
+        if need > nqueues {
+            let max = channels.map_or(1, |c| c.max_rx_queues());
+            plan.reasons.push(if max >= need {
+                format!(
+                    "{} has {nqueues} receive queue(s): build() raises them to {need} for the run",
+                    self.ifname
+                )
+            } else {
+                format!(
+                    "{} has {nqueues} receive queue(s) and allows at most {max}: build() refuses \
+                     {} core(s)",
+                    self.ifname,
+                    plan.lanes.len()
+                )
+            });
+        }
+        Ok(plan)
+    }
+
+    fn make_plan(&self) -> Result<(Plan, Option<Channels>), Error> {
+        corelane_xsk::check_interface(&self.ifname)?;
+        let channels = corelane_xsk::channels(&self.ifname)?;
+        let nqueues = channels.map_or(1, |c| c.rx_queues());
+        let machine = Machine::this()?;
+        let driver = corelane_xsk::driver_info(&self.ifname).unwrap_or_default();
+        let lanes = self.queues.as_ref().map(Vec::len).or(self.lanes);
+        if lanes == Some(0) {
+            return Err(Error::Config("no core to run on".into()));
+        }
+        let mut plan = corelane_topo::plan(
+            &machine,
+            &self.placement,
+            &corelane_topo::Request {
+                lanes,
+                max_lanes: Some(nqueues as usize),
+                allowed: allowed_cpus(),
+                nic: machine.nic(&self.ifname, Some(&driver.bus_info)),
+            },
+        )?;
+        if let Some(q) = &self.queues {
+            for (lane, q) in plan.lanes.iter_mut().zip(q) {
+                lane.queue = *q;
+            }
+        }
+        Ok((plan, channels))
+    }
+
     /// Checks the configuration, attaches the XDP program and owns the addresses. The AF_XDP
     /// sockets are opened by each core when [`Runtime::run`] starts it.
     pub fn build(self) -> Result<Runtime, Error> {
@@ -291,49 +359,56 @@ impl Builder {
             return Err(Error::Config("at most 4 addresses".into()));
         }
         corelane_xsk::check_privileges()?;
-        let nqueues = corelane_xsk::rx_queue_count(&self.ifname)?;
-        let allowed = allowed_cpus();
-        let cpus = match &self.cpus {
-            Some(c) => c.clone(),
-            None => allowed.iter().copied().take(nqueues as usize).collect(),
-        };
-        if cpus.is_empty() {
-            return Err(Error::Config("no core to run on".into()));
+        let (mut plan, channels) = self.make_plan()?;
+        let nqueues = channels.map_or(1, |c| c.rx_queues());
+        let need = plan.lanes.iter().map(|l| l.queue + 1).max().unwrap_or(1);
+        let mut restore = None;
+        if need > nqueues {
+            let cores = plan.lanes.len();
+            let raised = channels
+                .filter(|c| c.max_rx_queues() >= need)
+                .map(|c| raise_queues(&self.ifname, c, need));
+            match raised {
+                Some(Ok(old)) => {
+                    plan.reasons.push(format!(
+                        "{} had {nqueues} receive queue(s): raised to {need} for this run \
+                         (ethtool -L), restored at the end",
+                        self.ifname
+                    ));
+                    restore = Some(old);
+                }
+                other => {
+                    let why = match other {
+                        Some(Err(e)) => format!("setting its queues failed: {e}"),
+                        _ => format!(
+                            "its driver allows at most {}",
+                            channels.map_or(1, |c| c.max_rx_queues())
+                        ),
+                    };
+                    return Err(Error::Config(format!(
+                        "{} has {nqueues} receive queue(s), too few for {cores} core(s) (queue {} \
+                         does not exist) and {why}; run fewer cores or give it more queues \
+                         (ethtool -L {} combined {need}, or a veth made with \
+                         numrxqueues/numtxqueues)",
+                        self.ifname,
+                        need - 1,
+                        self.ifname,
+                    )));
+                }
+            }
         }
-        if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
-            return Err(Error::Config(format!(
-                "CPU {c} is not one this process may run on (allowed: {allowed:?})"
-            )));
-        }
-        let queues = self
-            .queues
-            .clone()
-            .unwrap_or_else(|| (0..cpus.len() as u32).collect());
-        if queues.len() != cpus.len() {
-            return Err(Error::Config(format!(
-                "{} core(s) but {} queue(s) given: one queue per core",
-                cpus.len(),
-                queues.len()
-            )));
-        }
-        if let Some(q) = queues.iter().find(|&&q| q >= nqueues) {
-            return Err(Error::Config(format!(
-                "{} has {nqueues} receive queue(s), too few for {} core(s) (queue {q} does not exist); \
-                 run fewer cores or give it more queues (ethtool -L {} combined {}, or a veth made \
-                 with numrxqueues/numtxqueues)",
-                self.ifname,
-                cpus.len(),
-                self.ifname,
-                cpus.len()
-            )));
-        }
-        if (nqueues as usize) > queues.len() {
+        let nqueues = nqueues.max(need);
+        if (nqueues as usize) > plan.lanes.len() {
             log::warn!(
                 "{} has {nqueues} receive queues and {} are served: frames on the others go to the kernel",
                 self.ifname,
-                queues.len()
+                plan.lanes.len()
             );
         }
+        let restore = RestoreQueues {
+            ifname: self.ifname.clone(),
+            old: restore,
+        };
         let mac = corelane_xsk::mac_address(&self.ifname)?;
         let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
         // Attach first: a driver that refuses the program (in native mode, say) explains more
@@ -357,7 +432,8 @@ impl Builder {
         for a in &self.addrs {
             steering.own_addr(a.address().into())?;
         }
-        let bells = cpus
+        let bells = plan
+            .lanes
             .iter()
             .map(|_| handoff::Doorbell::new())
             .collect::<io::Result<Vec<_>>>()?;
@@ -369,12 +445,60 @@ impl Builder {
         Ok(Runtime {
             shared,
             cfg: self,
-            cpus,
-            queues,
+            plan,
             nqueues,
             mac,
             mtu,
+            _restore: restore,
         })
+    }
+}
+
+/// Sets an interface's receive queues to `need` and returns what they were.
+fn raise_queues(ifname: &str, old: Channels, need: u32) -> Result<Channels, corelane_xsk::Error> {
+    let want = if old.max_combined > 0 && old.max_rx == 0 {
+        Channels {
+            combined: need,
+            ..old
+        }
+    } else {
+        Channels {
+            rx: need.saturating_sub(old.combined),
+            tx: old
+                .tx
+                .max(need.saturating_sub(old.combined))
+                .min(old.max_tx),
+            ..old
+        }
+    };
+    corelane_xsk::set_channels(ifname, want)?;
+    log::info!("{ifname}: receive queues raised to {need} for this run");
+    Ok(old)
+}
+
+/// Puts an interface's queues back as they were when the runtime ends.
+struct RestoreQueues {
+    ifname: String,
+    old: Option<Channels>,
+}
+
+impl Drop for RestoreQueues {
+    fn drop(&mut self) {
+        let Some(old) = self.old.take() else { return };
+        // The driver refuses fewer queues while the XDP program is attached; its link can
+        // outlive our close for a moment (a child process forked by another thread holds the
+        // descriptor until it execs), so a refusal is retried for up to a second.
+        let mut last = None;
+        for _ in 0..100 {
+            match corelane_xsk::set_channels(&self.ifname, old) {
+                Ok(()) => return,
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(e) = last {
+            log::warn!("{}: restoring its queues failed: {e}", self.ifname);
+        }
     }
 }
 
@@ -448,19 +572,19 @@ impl RunReport {
 pub struct Runtime {
     shared: Arc<Shared>,
     cfg: Builder,
-    cpus: Vec<usize>,
-    queues: Vec<u32>,
+    plan: Plan,
     nqueues: u32,
     mac: [u8; 6],
     mtu: usize,
+    // Dropped after `shared` (and with it the XDP program).
+    _restore: RestoreQueues,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
             .field("ifname", &self.cfg.ifname)
-            .field("cpus", &self.cpus)
-            .field("queues", &self.queues)
+            .field("lanes", &self.plan.lanes)
             .finish_non_exhaustive()
     }
 }
@@ -472,8 +596,10 @@ pub struct CoreInfo {
     pub index: usize,
     /// How many cores run.
     pub cores: usize,
-    /// The CPU it is pinned to.
+    /// The CPU its protocol thread is pinned to.
     pub cpu: usize,
+    /// The CPU its application tasks run on (the same as `cpu` unless the placement splits).
+    pub app_cpu: usize,
     /// The queue it serves.
     pub queue: u32,
     /// Whether its AF_XDP socket copies frames or shares the NIC's buffers.
@@ -486,7 +612,8 @@ impl Runtime {
         Builder {
             ifname: ifname.to_string(),
             addrs: Vec::new(),
-            cpus: None,
+            placement: Placement::SameCore,
+            lanes: None,
             queues: None,
             attach: AttachMode::Auto,
             xsk: XskConfig::default(),
@@ -502,9 +629,15 @@ impl Runtime {
         StopHandle(self.shared.clone())
     }
 
-    /// How many cores will run.
+    /// How many cores (lanes) will run.
     pub fn cores(&self) -> usize {
-        self.cpus.len()
+        self.plan.lanes.len()
+    }
+
+    /// The placement plan: which CPU runs the protocol and the application of each queue,
+    /// what they share, how far the NIC is, and why. Prints as an explanation.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// One line per fact: interface, XDP mode (and why, after a fallback), queues and cores,
@@ -523,19 +656,13 @@ impl Runtime {
         if let Some(why) = st.fallback_reason() {
             s.push_str(&format!(" (native mode refused: {why})"));
         }
-        let plan: Vec<String> = self
-            .cpus
-            .iter()
-            .zip(&self.queues)
-            .enumerate()
-            .map(|(i, (c, q))| format!("core {i}: CPU {c} <- queue {q}"))
-            .collect();
         s.push_str(&format!(
-            "\nqueues: {} on the interface; {} core(s), one pinned thread and AF_XDP socket each: {}",
+            "\nqueues: {} on the interface; {} core(s), one pinned thread and AF_XDP socket each",
             self.nqueues,
-            self.cpus.len(),
-            plan.join(", ")
+            self.plan.lanes.len(),
         ));
+        s.push('\n');
+        s.push_str(self.plan.to_string().trim_end());
         if st.mode() == AttachedMode::Generic && self.nqueues > 1 {
             s.push_str("\nnote: generic XDP on veth delivers every frame on queue 0");
         }
@@ -553,14 +680,16 @@ impl Runtime {
 
     /// Runs `f` on every core (each call gets its [`CoreInfo`]) and returns when all of them end,
     /// or on Ctrl-C, SIGTERM or a [`StopHandle`]. Each core first opens its AF_XDP socket;
-    /// if any core fails to start, none runs and the error names the core.
+    /// if any core fails to start, none runs and the error names the core. On a lane whose
+    /// placement splits protocol and application, `f` runs on a second thread pinned to the
+    /// application CPU.
     pub fn run<F, Fut>(self, f: F) -> Result<RunReport, Error>
     where
         F: Fn(CoreInfo) -> Fut + Send + Sync,
         Fut: Future<Output = ()> + 'static,
     {
         stop_on_ctrl_c(&self.shared);
-        let n = self.cpus.len();
+        let n = self.plan.lanes.len();
         // rings[from][to]
         let mut producers: Vec<Vec<Option<handoff::Producer>>> =
             (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
@@ -578,39 +707,65 @@ impl Runtime {
         let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
             let mut handles = Vec::new();
             for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
-                let (cpu, queue) = (self.cpus[i], self.queues[i]);
+                let lane = &self.plan.lanes[i];
+                let info = CoreInfo {
+                    index: i,
+                    cores: n,
+                    cpu: lane.protocol_cpu,
+                    app_cpu: lane.app_cpu,
+                    queue: lane.queue,
+                    bind_mode: BindMode::Copy,
+                };
                 let this = &self;
                 let (f, started, failed) = (&f, &started, &failed);
+                let (app_tx, app) = if lane.split() {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let h = std::thread::Builder::new()
+                        .name(format!("corelane-{i}-app"))
+                        .spawn_scoped(scope, move || app_main(info.app_cpu, rx, f))
+                        .expect("spawning an application thread");
+                    (Some(tx), Some(h))
+                } else {
+                    (None, None)
+                };
                 let h = std::thread::Builder::new()
                     .name(format!("corelane-{i}"))
                     .spawn_scoped(scope, move || {
-                        let info = CoreInfo {
-                            index: i,
-                            cores: n,
-                            cpu,
-                            queue,
-                            bind_mode: BindMode::Copy,
-                        };
-                        this.core_main(info, out, inb, epoch, started, failed, f)
+                        this.core_main(info, out, inb, epoch, started, failed, f, app_tx)
                             .map_err(|e| match e {
                                 e @ Error::Panicked { .. } => e,
                                 e => Error::Core {
                                     core: i,
-                                    cpu,
-                                    queue,
+                                    cpu: info.cpu,
+                                    queue: info.queue,
                                     source: Box::new(e),
                                 },
                             })
                     })
                     .expect("spawning a core thread");
-                handles.push(h);
+                handles.push((h, app));
             }
             started.wait();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::Config("a core panicked".into())))
+                .enumerate()
+                .map(|(i, (h, app))| {
+                    let r = h
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::Config("a core panicked".into())));
+                    let Some(app) = app else { return r };
+                    let end = app.join().unwrap_or_else(|_| AppEnd {
+                        panicked: Some("the application thread panicked".into()),
+                        cpu_time: Duration::ZERO,
+                    });
+                    match (r, end.panicked) {
+                        (Err(e), _) => Err(e),
+                        (Ok(_), Some(message)) => Err(Error::Panicked { core: i, message }),
+                        (Ok(mut c), None) => {
+                            c.stats.app_cpu_time = end.cpu_time;
+                            Ok(c)
+                        }
+                    }
                 })
                 .collect()
         });
@@ -649,6 +804,7 @@ impl Runtime {
         started: &std::sync::Barrier,
         failed: &AtomicBool,
         f: &F,
+        app: Option<std::sync::mpsc::Sender<(Arc<core::Core>, CoreInfo)>>,
     ) -> Result<CoreReport, Error>
     where
         F: Fn(CoreInfo) -> Fut,
@@ -659,34 +815,49 @@ impl Runtime {
             failed.store(true, Ordering::SeqCst);
         }
         started.wait();
-        let (core, exec) = setup?;
-        let info = CoreInfo {
-            bind_mode: core.dev.borrow().io().mode(),
-            ..info
+        let (core, mut dev, exec) = setup?;
+        let bind_mode = dev.io().mode();
+        let info = CoreInfo { bind_mode, ..info };
+        let now = || {
+            corelane_stack::smoltcp::time::Instant::from_micros(epoch.elapsed().as_micros() as i64)
+        };
+        let report = |core: &core::Core, frames| {
+            let mut stats = core.snapshot();
+            stats.cpu_time = core::thread_cpu_time();
+            CoreReport {
+                stats,
+                frames,
+                bind_mode,
+            }
         };
         if failed.load(Ordering::SeqCst) {
             // Another core failed: end without running anything.
-            let counts = core.stack.borrow_mut().shutdown(
-                corelane_stack::smoltcp::time::Instant::ZERO,
-                &mut core.dev.borrow_mut(),
-            )?;
-            return Ok(CoreReport {
-                stats: core.snapshot(),
-                frames: counts,
-                bind_mode: core.dev.borrow().io().mode(),
-            });
+            let counts = core.stack().shutdown(now(), &mut dev)?;
+            return Ok(report(&core, counts));
         }
         let driver = core::Driver {
             core: core.clone(),
+            dev,
             inbound,
             outbound,
             bells: self.shared.bells.clone(),
             mode: self.cfg.poll,
             epoch,
         };
+        let linger = self.cfg.linger;
+        if let Some(app) = app {
+            // A split lane: the application runs on its own thread; this one runs the pipeline.
+            let _ = app.send((core.clone(), info));
+            let mut driver = exec.block_on(driver.run());
+            if !self.shared.stop.load(Ordering::SeqCst) {
+                driver = exec.block_on(driver.linger(linger));
+            }
+            let counts = core.stack().shutdown(now(), &mut driver.dev);
+            core.ended.send_replace(true);
+            return Ok(report(&core, counts?));
+        }
         crate::core::set_current(Some(core.clone()));
         let local = tokio::task::LocalSet::new();
-        let linger = self.cfg.linger;
         let mut panicked = None;
         let counts = local.block_on(&exec, async {
             let driver_task = tokio::task::spawn_local(driver.run());
@@ -695,19 +866,9 @@ impl Runtime {
             let driver = tokio::select! {
                 d = &mut driver_task => d,
                 r = app => {
-                    if let Err(e) = r
-                        && e.is_panic()
-                    {
-                        let p = e.into_panic();
-                        panicked = Some(
-                            p.downcast_ref::<String>()
-                                .cloned()
-                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                .unwrap_or_else(|| "(not a string)".into()),
-                        );
-                    }
+                    panicked = panic_message(r);
                     // The application is done on this core: let closing connections finish.
-                    core.stopping.set(true);
+                    core.stopping.store(true, Ordering::SeqCst);
                     core.wake_driver();
                     match driver_task.await {
                         Ok(d) => Ok(d.linger(linger).await),
@@ -715,15 +876,16 @@ impl Runtime {
                     }
                 }
             };
-            if driver.is_err() {
-                log::error!("core {}: the driver task failed", info.index);
+            match driver {
+                Ok(mut d) => core
+                    .stack()
+                    .shutdown(now(), &mut d.dev)
+                    .map_err(Error::from),
+                Err(e) => {
+                    log::error!("core {}: the driver task failed: {e}", info.index);
+                    Err(Error::Config(format!("the driver task failed: {e}")))
+                }
             }
-            let now = corelane_stack::smoltcp::time::Instant::from_micros(
-                epoch.elapsed().as_micros() as i64,
-            );
-            core.stack
-                .borrow_mut()
-                .shutdown(now, &mut core.dev.borrow_mut())
         });
         // Tasks still alive (a stop interrupted them) are dropped with the LocalSet, while the
         // core is still reachable for their destructors.
@@ -736,23 +898,22 @@ impl Runtime {
                 message,
             });
         }
-        Ok(CoreReport {
-            stats: core.snapshot(),
-            frames: counts,
-            bind_mode: core.dev.borrow().io().mode(),
-        })
+        Ok(report(&core, counts))
     }
 
+    #[allow(clippy::type_complexity)]
     fn setup_core(
         &self,
         info: CoreInfo,
-    ) -> Result<(Rc<core::Core>, tokio::runtime::Runtime), Error> {
-        if !core_affinity::set_for_current(core_affinity::CoreId { id: info.cpu }) {
-            return Err(Error::Config(format!(
-                "cannot pin a thread to CPU {}",
-                info.cpu
-            )));
-        }
+    ) -> Result<
+        (
+            Arc<core::Core>,
+            XdpDevice<XskQueue>,
+            tokio::runtime::Runtime,
+        ),
+        Error,
+    > {
+        pin(info.cpu)?;
         let q = XskQueue::open(&self.cfg.ifname, info.queue, &self.cfg.xsk)?;
         self.shared
             .steering
@@ -773,23 +934,114 @@ impl Runtime {
         let exec = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let core = Rc::new(core::Core {
+        let core = Arc::new(core::Core {
             index: info.index,
-            stack: std::cell::RefCell::new(stack),
-            dev: std::cell::RefCell::new(dev),
+            stack: Mutex::new(stack),
             shared: self.shared.clone(),
             kick: tokio::sync::Notify::new(),
-            stats: std::cell::RefCell::new(CoreStats {
+            stats: Mutex::new(CoreStats {
                 core: info.index,
                 cpu: info.cpu,
+                app_cpu: info.app_cpu,
                 queue: info.queue,
                 ..CoreStats::default()
             }),
-            next_waiter: std::cell::Cell::new(0),
-            stopping: std::cell::Cell::new(false),
+            next_waiter: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            ended: tokio::sync::watch::Sender::new(false),
         });
-        Ok((core, exec))
+        Ok((core, dev, exec))
     }
+}
+
+fn pin(cpu: usize) -> Result<(), Error> {
+    if core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+        Ok(())
+    } else {
+        Err(Error::Config(format!("cannot pin a thread to CPU {cpu}")))
+    }
+}
+
+fn panic_message(r: Result<(), tokio::task::JoinError>) -> Option<String> {
+    let e = r.err().filter(|e| e.is_panic())?;
+    let p = e.into_panic();
+    Some(
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "(not a string)".into()),
+    )
+}
+
+/// How a split lane's application thread ended.
+struct AppEnd {
+    panicked: Option<String>,
+    cpu_time: Duration,
+}
+
+/// A split lane's application thread: waits for its core to start, then runs `f` on its own
+/// executor until the core's protocol side has shut down.
+fn app_main<F, Fut>(
+    cpu: usize,
+    start: std::sync::mpsc::Receiver<(Arc<core::Core>, CoreInfo)>,
+    f: &F,
+) -> AppEnd
+where
+    F: Fn(CoreInfo) -> Fut,
+    Fut: Future<Output = ()> + 'static,
+{
+    let mut end = AppEnd {
+        panicked: None,
+        cpu_time: Duration::ZERO,
+    };
+    let pinned = pin(cpu);
+    // No core: setup failed somewhere and nothing runs.
+    let Ok((core, info)) = start.recv() else {
+        return end;
+    };
+    let stop_core = |why: String| {
+        log::error!("core {}: {why}", info.index);
+        core.stopping.store(true, Ordering::SeqCst);
+        core.wake_driver();
+    };
+    let exec = match (
+        pinned,
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    ) {
+        (Ok(()), Ok(exec)) => exec,
+        (Err(e), _) => {
+            stop_core(e.to_string());
+            end.panicked = Some(e.to_string());
+            return end;
+        }
+        (_, Err(e)) => {
+            stop_core(format!("no executor for the application: {e}"));
+            end.panicked = Some(e.to_string());
+            return end;
+        }
+    };
+    crate::core::set_current(Some(core.clone()));
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&exec, async {
+        let app = tokio::task::spawn_local(f(info));
+        let (mut a, mut b) = (core.ended.subscribe(), core.ended.subscribe());
+        tokio::select! {
+            r = app => {
+                end.panicked = panic_message(r);
+                core.stopping.store(true, Ordering::SeqCst);
+                core.wake_driver();
+                // Keep running the connections' tasks while the protocol side lingers.
+                let _ = a.wait_for(|e| *e).await;
+            }
+            _ = b.wait_for(|e| *e) => {}
+        }
+    });
+    drop(local);
+    crate::core::set_current(None);
+    end.cpu_time = core::thread_cpu_time();
+    end
 }
 
 /// The index of the core the calling task runs on (None outside the runtime).

@@ -8,7 +8,8 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ fn gone() -> io::Error {
 /// A TCP listener on one port of the current core. Bind it on every core (each core accepts the
 /// connections whose SYN reached its queue).
 pub struct TcpListener {
-    core: Rc<Core>,
+    core: Arc<Core>,
     port: u16,
 }
 
@@ -61,9 +62,9 @@ impl TcpListener {
             ));
         }
         let core = current()?;
-        core.stack.borrow_mut().listen_tcp(port, backlog)?;
+        core.stack().listen_tcp(port, backlog)?;
         if let Err(e) = core.own_port(Proto::Tcp, port) {
-            core.stack.borrow_mut().unlisten(port);
+            core.stack().unlisten(port);
             return Err(e);
         }
         Ok(TcpListener { core, port })
@@ -76,8 +77,7 @@ impl TcpListener {
 
     /// Waits for the next connection. With many tasks waiting, each connection wakes one.
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
-        let waiter = self.core.next_waiter.get();
-        self.core.next_waiter.set(waiter + 1);
+        let waiter = self.core.next_waiter.fetch_add(1, Ordering::Relaxed);
         let mut guard = AcceptGuard {
             core: &self.core,
             port: self.port,
@@ -85,7 +85,7 @@ impl TcpListener {
             registered: false,
         };
         let id = poll_fn(|cx| {
-            let mut stack = self.core.stack.borrow_mut();
+            let mut stack = self.core.stack();
             if !stack.is_listening(self.port) {
                 return Poll::Ready(Err(io::Error::other("the listener was closed")));
             }
@@ -94,7 +94,7 @@ impl TcpListener {
             }
             if guard.registered {
                 // Woken with nothing to take: counted, as wake-one should make this rare.
-                self.core.stats.borrow_mut().accept_spurious += 1;
+                self.core.stats().accept_spurious += 1;
             }
             stack.accept_wait(self.port, waiter, cx.waker());
             guard.registered = true;
@@ -104,8 +104,7 @@ impl TcpListener {
         guard.registered = false;
         let peer = self
             .core
-            .stack
-            .borrow_mut()
+            .stack()
             .endpoints(id)
             .map(|k| to_socket_addr(k.remote))
             .ok_or_else(gone)?;
@@ -114,7 +113,7 @@ impl TcpListener {
 }
 
 struct AcceptGuard<'a> {
-    core: &'a Rc<Core>,
+    core: &'a Arc<Core>,
     port: u16,
     waiter: u64,
     registered: bool,
@@ -122,37 +121,33 @@ struct AcceptGuard<'a> {
 
 impl Drop for AcceptGuard<'_> {
     fn drop(&mut self) {
-        if self.registered
-            && let Ok(mut stack) = self.core.stack.try_borrow_mut()
-        {
-            stack.accept_cancel(self.port, self.waiter);
+        if self.registered {
+            self.core.stack().accept_cancel(self.port, self.waiter);
         }
     }
 }
 
 impl Drop for TcpListener {
     fn drop(&mut self) {
-        if let Ok(mut stack) = self.core.stack.try_borrow_mut() {
-            stack.unlisten(self.port);
-        }
+        self.core.stack().unlisten(self.port);
         self.core.release_port(Proto::Tcp, self.port);
         self.core.wake_driver();
     }
 }
 
 struct Conn {
-    core: Rc<Core>,
+    core: Arc<Core>,
     id: FlowId,
 }
 
 impl Conn {
     fn with<R>(&self, f: impl FnOnce(&mut tcp::Socket<'static>) -> R) -> io::Result<R> {
-        let mut stack = self.core.stack.borrow_mut();
+        let mut stack = self.core.stack();
         stack.tcp(self.id).map(f).ok_or_else(gone)
     }
 
     fn touch(&self) {
-        self.core.stack.borrow_mut().touch(self.id);
+        self.core.stack().touch(self.id);
         self.core.wake_driver();
     }
 
@@ -211,16 +206,14 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if let Ok(mut stack) = self.core.stack.try_borrow_mut() {
-            stack.release(self.id);
-        }
+        self.core.stack().release(self.id);
         self.core.wake_driver();
     }
 }
 
 /// A TCP connection on the current core.
 pub struct TcpStream {
-    conn: Rc<Conn>,
+    conn: Arc<Conn>,
 }
 
 impl std::fmt::Debug for TcpStream {
@@ -233,9 +226,9 @@ impl std::fmt::Debug for TcpStream {
 }
 
 impl TcpStream {
-    fn new(core: Rc<Core>, id: FlowId) -> TcpStream {
+    fn new(core: Arc<Core>, id: FlowId) -> TcpStream {
         TcpStream {
-            conn: Rc::new(Conn { core, id }),
+            conn: Arc::new(Conn { core, id }),
         }
     }
 
@@ -244,7 +237,7 @@ impl TcpStream {
     /// the wait with `tokio::time::timeout`.
     pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
         let core = current()?;
-        let (id, port) = core.stack.borrow_mut().connect_tcp(addr.into())?;
+        let (id, port) = core.stack().connect_tcp(addr.into())?;
         // From here the flow is released if this future is dropped.
         let stream = TcpStream::new(core.clone(), id);
         if let Err(e) = core.own_port(Proto::Tcp, port) {
@@ -280,7 +273,7 @@ impl TcpStream {
     }
 
     fn endpoint(&self, pick: fn(corelane_stack::FlowKey) -> IpEndpoint) -> io::Result<SocketAddr> {
-        let mut stack = self.conn.core.stack.borrow_mut();
+        let mut stack = self.conn.core.stack();
         stack
             .endpoints(self.conn.id)
             .map(|k| to_socket_addr(pick(k)))
@@ -307,9 +300,7 @@ impl TcpStream {
 
     /// Closes the connection with a reset (no FIN, unsent data dropped).
     pub fn abort(&self) {
-        if let Ok(mut stack) = self.conn.core.stack.try_borrow_mut() {
-            stack.abort(self.conn.id);
-        }
+        self.conn.core.stack().abort(self.conn.id);
         self.conn.core.wake_driver();
     }
 
@@ -332,12 +323,12 @@ impl TcpStream {
 
 /// The reading half of a [`TcpStream`].
 pub struct OwnedReadHalf {
-    conn: Rc<Conn>,
+    conn: Arc<Conn>,
 }
 
 /// The writing half of a [`TcpStream`]; dropping it sends FIN.
 pub struct OwnedWriteHalf {
-    conn: Rc<Conn>,
+    conn: Arc<Conn>,
 }
 
 impl std::fmt::Debug for OwnedReadHalf {
@@ -355,7 +346,7 @@ impl std::fmt::Debug for OwnedWriteHalf {
 impl OwnedReadHalf {
     /// Puts the halves back together.
     pub fn reunite(self, w: OwnedWriteHalf) -> Result<TcpStream, (OwnedReadHalf, OwnedWriteHalf)> {
-        if Rc::ptr_eq(&self.conn, &w.conn) {
+        if Arc::ptr_eq(&self.conn, &w.conn) {
             let conn = self.conn.clone();
             // Neither half's destructor may run its half-close.
             std::mem::forget(w);
@@ -367,7 +358,7 @@ impl OwnedReadHalf {
     }
 }
 
-/// tokio's reading trait for a type with a `conn: Rc<Conn>`.
+/// tokio's reading trait for a type with a `conn: Arc<Conn>`.
 macro_rules! async_read {
     ($t:ty) => {
         impl AsyncRead for $t {
@@ -382,7 +373,7 @@ macro_rules! async_read {
     };
 }
 
-/// tokio's writing trait for a type with a `conn: Rc<Conn>`. Flush has nothing to wait for:
+/// tokio's writing trait for a type with a `conn: Arc<Conn>`. Flush has nothing to wait for:
 /// written bytes are in the socket's send buffer and the driver sends them this turn.
 macro_rules! async_write {
     ($t:ty) => {
@@ -419,7 +410,7 @@ impl Drop for OwnedWriteHalf {
 
 /// A UDP socket on the current core.
 pub struct UdpSocket {
-    core: Rc<Core>,
+    core: Arc<Core>,
     id: FlowId,
     port: u16,
     peer: std::cell::Cell<Option<SocketAddr>>,
@@ -439,9 +430,9 @@ impl UdpSocket {
     /// To serve one port from every core, bind it on every core.
     pub fn bind(port: u16) -> io::Result<UdpSocket> {
         let core = current()?;
-        let (id, port) = core.stack.borrow_mut().bind_udp(port)?;
+        let (id, port) = core.stack().bind_udp(port)?;
         if let Err(e) = core.own_port(Proto::Udp, port) {
-            core.stack.borrow_mut().release(id);
+            core.stack().release(id);
             return Err(e);
         }
         Ok(UdpSocket {
@@ -458,7 +449,7 @@ impl UdpSocket {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut udp::Socket<'static>) -> R) -> io::Result<R> {
-        let mut stack = self.core.stack.borrow_mut();
+        let mut stack = self.core.stack();
         stack.udp(self.id).map(f).ok_or_else(gone)
     }
 
@@ -490,7 +481,7 @@ impl UdpSocket {
             })?
         })
         .await?;
-        self.core.stack.borrow_mut().touch(self.id);
+        self.core.stack().touch(self.id);
         self.core.wake_driver();
         Ok(sent)
     }
@@ -546,8 +537,6 @@ impl UdpSocket {
 
 impl Drop for UdpSocket {
     fn drop(&mut self) {
-        if let Ok(mut stack) = self.core.stack.try_borrow_mut() {
-            stack.release(self.id);
-        }
+        self.core.stack().release(self.id);
     }
 }

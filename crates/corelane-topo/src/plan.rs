@@ -324,6 +324,7 @@ pub fn plan(machine: &Machine, placement: &Placement, request: &Request) -> Resu
             let n = cap(order.len() / 2, order.len() / 2)?;
             let closest = matches!(placement, Placement::SharedCache);
             let mut free: Vec<&Cpu> = order.clone();
+            let mut no_choice = true;
             for _ in 0..n {
                 // The protocol CPU: the first free one in placement order (NIC-local first).
                 let p = free.remove(0);
@@ -333,6 +334,8 @@ pub fn plan(machine: &Machine, placement: &Placement, request: &Request) -> Resu
                         (if closest { r } else { u64::MAX - r }, i)
                     })
                     .ok_or_else(|| Error::Plan("no CPU left for an application".into()))?;
+                let ranks = free.iter().map(|c| machine.sharing(p.os, c.os).rank());
+                no_choice &= ranks.clone().min() == ranks.max();
                 let a = free.remove(pos);
                 pairs.push((p.os, a.os));
             }
@@ -349,6 +352,13 @@ pub fn plan(machine: &Machine, placement: &Placement, request: &Request) -> Resu
                     "each protocol CPU gets the free CPU that shares the least with it (another \
                      package or NUMA node when there is one): socket data crosses the \
                      interconnect, the costly layout the seed experiments measured"
+                        .to_string(),
+                );
+            }
+            if no_choice {
+                reasons.push(
+                    "every free CPU shares the same with its protocol CPU: shared-cache and \
+                     spread choose alike on this machine"
                         .to_string(),
                 );
             }

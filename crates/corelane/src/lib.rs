@@ -30,16 +30,24 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! Where each queue's protocol and the application run is a [`Placement`] (same core by
+//! default; shared cache, spread, fewest cores, or given CPUs), planned from the machine hwloc
+//! reads with NIC-local CPUs first; [`Runtime::plan`] prints why.
+//!
 //! Use an address the kernel does not also hold on that interface: corelane answers ARP and NDP
 //! for it. Runtime needs root (CAP_NET_ADMIN, CAP_BPF or CAP_SYS_ADMIN, CAP_NET_RAW); errors say
 //! what is missing.
 
 pub use corelane_rt::{
-    Builder, CoreInfo, CoreReport, CoreStats, Error, PollMode, RunReport, Runtime, Stage,
-    StopHandle, allowed_cpus, bandwidth_delay_product, core_index, core_stats,
+    Builder, CoreInfo, CoreReport, CoreStats, Error, Lane, Machine, Placement, Plan, PollMode,
+    RunReport, Runtime, Sharing, Stage, StopHandle, allowed_cpus, bandwidth_delay_product,
+    core_index, core_stats,
 };
 pub use corelane_stack::smoltcp;
 pub use corelane_stack::{DeviceStats, StackConfig, StackError, StackStats};
+/// Machine topology and the placement planner (hwloc): plan against this machine or a
+/// described one.
+pub use corelane_topo as topo;
 pub use corelane_xsk::{
     AttachMode, AttachedMode, BindMode, FrameCounts, XdpCounters, XskConfig, ZeroCopy,
 };

@@ -275,7 +275,8 @@ fn datapath_every_queue_of_a_multi_queue_veth_is_served() {
     let out = echo.output();
     assert!(out.contains("native mode"), "{out}");
     assert!(
-        out.contains("core 0: CPU 0 <- queue 0, core 1: CPU 1 <- queue 1"),
+        out.contains("lane 0: queue 0 -> protocol and application on CPU 0")
+            && out.contains("lane 1: queue 1 -> protocol and application on CPU 1"),
         "{out}"
     );
     // Each kernel socket picks its transmit queue at random, so 60 connections land on both.

@@ -7,7 +7,8 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 pkgs=(build-essential pkg-config clang llvm m4 libelf-dev zlib1g-dev libbpf-dev libhwloc-dev
-      libudev-dev linux-libc-dev iproute2 ethtool nftables iputils-ping util-linux python3 curl wrk)
+      libudev-dev linux-libc-dev iproute2 ethtool nftables iputils-ping util-linux python3 curl wrk
+      fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,216 @@
+//! Shared parts of corelane's end-to-end experiments: medians, Markdown tables, PNG line plots
+//! and a paced kernel-socket sender.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use plotters::prelude::*;
+
+/// The median of `v` (0 for none).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return 0.0;
+    }
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+/// A Markdown table.
+pub fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut s = format!("| {} |\n", header.join(" | "));
+    s.push_str(&format!(
+        "|{}\n",
+        header.iter().map(|_| "---|").collect::<String>()
+    ));
+    for r in rows {
+        s.push_str(&format!("| {} |\n", r.join(" | ")));
+    }
+    s
+}
+
+/// One line of a plot: a name and its points.
+pub type Series = (String, Vec<(f64, f64)>);
+
+/// One panel of a plot.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    /// Title above the panel.
+    pub title: String,
+    /// X axis label.
+    pub x: String,
+    /// Y axis label.
+    pub y: String,
+    /// Lines.
+    pub series: Vec<Series>,
+}
+
+const FONT_PATHS: [&str; 2] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+fn register_font() -> Result<(), String> {
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let bytes = FONT_PATHS
+            .iter()
+            .find_map(|p| std::fs::read(p).ok())
+            .ok_or_else(|| {
+                format!(
+                    "no font for the plot labels at {}: install Debian's fonts-dejavu-core",
+                    FONT_PATHS[0]
+                )
+            })?;
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+            .map_err(|_| "the plot font could not be read".to_string())
+    })
+    .clone()
+}
+
+/// Draws panels side by side into a PNG.
+pub fn plot_png(path: &Path, panels: &[Panel]) -> Result<(), String> {
+    register_font()?;
+    let w = 640 * panels.len().max(1) as u32;
+    let root = BitMapBackend::new(path, (w, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let areas = root.split_evenly((1, panels.len().max(1)));
+    for (area, p) in areas.iter().zip(panels) {
+        let pts = p.series.iter().flat_map(|s| s.1.iter());
+        let (mut xmax, mut ymax) = (0.0f64, 0.0f64);
+        for &(x, y) in pts {
+            xmax = xmax.max(x);
+            ymax = ymax.max(y);
+        }
+        let (xmax, ymax) = ((xmax * 1.05).max(1e-9), (ymax * 1.15).max(1e-9));
+        let mut chart = ChartBuilder::on(area)
+            .caption(&p.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..xmax, 0.0..ymax)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc(p.x.as_str())
+            .y_desc(p.y.as_str())
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, (name, points)) in p.series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(
+                    points
+                        .iter()
+                        .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    root.present().map_err(|e| e.to_string())
+}
+
+/// Sends to `addr` over a kernel TCP socket at about `bits_per_sec` (None: as fast as it
+/// can) for `dur`, in `chunk`-byte writes, then closes and waits for the peer to close.
+/// Returns the bytes written and the time from the connection to the peer's close.
+pub fn paced_send(
+    addr: SocketAddr,
+    bits_per_sec: Option<f64>,
+    dur: Duration,
+    chunk: usize,
+) -> std::io::Result<(u64, Duration)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_nodelay(true)?;
+    let buf = vec![0x5au8; chunk];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while start.elapsed() < dur {
+        if let Some(rate) = bits_per_sec {
+            let due = Duration::from_secs_f64(sent as f64 * 8.0 / rate);
+            let el = start.elapsed();
+            if due > el {
+                std::thread::sleep(due - el);
+            }
+        }
+        s.write_all(&buf)?;
+        sent += chunk as u64;
+    }
+    s.shutdown(std::net::Shutdown::Write)?;
+    // Wait for the server to close: everything was read.
+    let mut b = [0u8; 64];
+    let _ = std::io::Read::read(&mut s, &mut b);
+    Ok((sent, start.elapsed()))
+}
+
+/// Pins the calling thread to `cpu` (false when it cannot).
+pub fn pin(cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data; all-zero is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t and `cpu` is checked against its size.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        libc::CPU_SET(cpu, &mut set);
+    }
+    // SAFETY: pid 0 is this thread; `set` is initialised and its size is passed.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn table_has_a_row_per_entry() {
+        let t = markdown_table(&["a", "b"], &[vec!["1".into(), "2".into()]]);
+        assert_eq!(t, "| a | b |\n|---|---|\n| 1 | 2 |\n");
+    }
+
+    #[test]
+    fn plot_writes_a_png() {
+        let dir = std::env::temp_dir().join(format!("corelane-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("p.png");
+        let panel = Panel {
+            title: "t".into(),
+            x: "x".into(),
+            y: "y".into(),
+            series: vec![("s".into(), vec![(0.0, 1.0), (1.0, 2.0)])],
+        };
+        plot_png(&path, &[panel.clone(), panel]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -198,9 +198,9 @@ mod tests {
     }
 
     #[test]
-    fn plot_writes_a_png() {
+    fn plot_writes_a_png() -> Result<(), Box<dyn std::error::Error>> {
         let dir = std::env::temp_dir().join(format!("corelane-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir)?;
         let path = dir.join("p.png");
         let panel = Panel {
             title: "t".into(),
@@ -208,9 +208,10 @@ mod tests {
             y: "y".into(),
             series: vec![("s".into(), vec![(0.0, 1.0), (1.0, 2.0)])],
         };
-        plot_png(&path, &[panel.clone(), panel]).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
+        plot_png(&path, &[panel.clone(), panel])?;
+        let bytes = std::fs::read(&path)?;
         assert_eq!(&bytes[1..4], b"PNG");
-        std::fs::remove_dir_all(dir).unwrap();
+        std::fs::remove_dir_all(dir)?;
+        Ok(())
     }
 }

@@ -79,7 +79,10 @@ fn one_run(
             rt.run(move |_core| {
                 let rcv = rcv.clone();
                 async move {
-                    let l = TcpListener::bind(PORT).expect("port");
+                    let l = match TcpListener::bind(PORT) {
+                        Ok(l) => l,
+                        Err(e) => return eprintln!("placement: port {PORT}: {e}"),
+                    };
                     loop {
                         let Ok((mut s, _)) = l.accept().await else {
                             return;

@@ -134,53 +134,23 @@ fn l4(proto: IpProtocol, src: IpAddress, dst: IpAddress, payload: &[u8]) -> Clas
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use smoltcp::phy::ChecksumCapabilities;
-    use smoltcp::wire::{
-        EthernetAddress, EthernetRepr, Ipv4Address, Ipv4Repr, TcpControl, TcpRepr, TcpSeqNumber,
-    };
+    use smoltcp::wire::Ipv4Address;
 
     pub(crate) fn tcp_frame(syn: bool, payload: &[u8]) -> Vec<u8> {
-        let src = Ipv4Address::new(10, 0, 0, 2);
-        let dst = Ipv4Address::new(10, 0, 0, 1);
-        let tcp = TcpRepr {
-            src_port: 40000,
-            dst_port: 7,
-            control: if syn {
-                TcpControl::Syn
-            } else {
-                TcpControl::None
-            },
-            seq_number: TcpSeqNumber(1),
-            ack_number: None,
-            window_len: 1024,
-            window_scale: None,
-            max_seg_size: None,
-            sack_permitted: false,
-            sack_ranges: [None, None, None],
-            timestamp: None,
-            payload,
-        };
-        let ip = Ipv4Repr {
-            src_addr: src,
-            dst_addr: dst,
-            next_header: IpProtocol::Tcp,
-            payload_len: tcp.buffer_len(),
-            hop_limit: 64,
-        };
-        let eth = EthernetRepr {
-            src_addr: EthernetAddress([2, 0, 0, 0, 0, 2]),
-            dst_addr: EthernetAddress([2, 0, 0, 0, 0, 1]),
-            ethertype: EthernetProtocol::Ipv4,
-        };
-        let mut buf = vec![0u8; eth.buffer_len() + ip.buffer_len() + tcp.buffer_len()];
-        let mut f = EthernetFrame::new_unchecked(&mut buf);
-        eth.emit(&mut f);
-        let caps = ChecksumCapabilities::default();
-        let mut p = Ipv4Packet::new_unchecked(f.payload_mut());
-        ip.emit(&mut p, &caps);
-        let mut t = TcpPacket::new_unchecked(p.payload_mut());
-        tcp.emit(&mut t, &src.into(), &dst.into(), &caps);
-        buf
+        crate::frames::tcp_v4(syn, payload)
+    }
+
+    #[test]
+    fn udp_frames_are_classified_and_a_flipped_bit_is_caught() {
+        let mut f = crate::frames::udp_v4(b"datagram");
+        assert!(
+            matches!(classify(&f), Class::Udp { .. }),
+            "{:?}",
+            classify(&f)
+        );
+        let last = f.len() - 1;
+        f[last] ^= 1;
+        assert_eq!(classify(&f), Class::BadChecksum);
     }
 
     #[test]

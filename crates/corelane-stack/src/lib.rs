@@ -15,6 +15,7 @@
 
 pub mod classify;
 mod device;
+pub mod frames;
 mod stack;
 
 pub use classify::{Class, FlowKey};

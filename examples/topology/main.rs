@@ -96,7 +96,12 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             (iface, _) => {
                 let nic = match (iface, cli.nic_node) {
-                    (Some(name), Some(node)) => m.clone().with_nic(name, node).nic(name, None),
+                    (Some(name), Some(node)) => Nic {
+                        name: name.clone(),
+                        pci: None,
+                        node: Some(node),
+                        locality: format!("given as attached to NUMA node {node}"),
+                    },
                     (Some(name), None) => m.nic(name, None),
                     (None, _) => Nic {
                         name: "(no interface given)".into(),

@@ -167,17 +167,7 @@ pub fn paced_send(
 
 /// Pins the calling thread to `cpu` (false when it cannot).
 pub fn pin(cpu: usize) -> bool {
-    // SAFETY: cpu_set_t is plain data; all-zero is a valid (empty) set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid cpu_set_t and `cpu` is checked against its size.
-    unsafe {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return false;
-        }
-        libc::CPU_SET(cpu, &mut set);
-    }
-    // SAFETY: pid 0 is this thread; `set` is initialised and its size is passed.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+    core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
 }
 
 #[cfg(test)]

@@ -298,7 +298,7 @@ impl Builder {
     pub fn plan(&self) -> Result<Plan, Error> {
         let (mut plan, channels) = self.make_plan()?;
         let nqueues = channels.map_or(1, |c| c.rx_queues());
-        let need = plan.lanes.iter().map(|l| l.queue + 1).max().unwrap_or(1);
+        let need = queues_needed(&plan);
         if need > nqueues {
             let max = channels.map_or(1, |c| c.max_rx_queues());
             plan.reasons.push(if max >= need {
@@ -361,7 +361,7 @@ impl Builder {
         corelane_xsk::check_privileges()?;
         let (mut plan, channels) = self.make_plan()?;
         let nqueues = channels.map_or(1, |c| c.rx_queues());
-        let need = plan.lanes.iter().map(|l| l.queue + 1).max().unwrap_or(1);
+        let need = queues_needed(&plan);
         let mut restore = None;
         if need > nqueues {
             let cores = plan.lanes.len();
@@ -452,6 +452,11 @@ impl Builder {
             _restore: restore,
         })
     }
+}
+
+/// Receive queues the interface must have for the plan: one past the highest lane queue.
+fn queues_needed(plan: &Plan) -> u32 {
+    plan.lanes.iter().map(|l| l.queue + 1).max().unwrap_or(1)
 }
 
 /// Sets an interface's receive queues to `need` and returns what they were.

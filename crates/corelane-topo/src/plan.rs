@@ -213,14 +213,10 @@ pub struct Request {
 /// thread, with one thread per core before any SMT sibling.
 fn ordered<'m>(machine: &'m Machine, allowed: &[usize], nic: &Nic) -> Vec<&'m Cpu> {
     let mut cpus = machine.restrict(allowed);
+    // Unknown distances between different nodes count as one hop (20).
     let dist = |c: &Cpu| {
         nic.node
-            .map(|n| {
-                machine
-                    .node_distance(c.node, n)
-                    .unwrap_or(20 + u64::from(c.node != n))
-            })
-            .unwrap_or(0)
+            .map_or(0, |n| machine.node_distance(c.node, n).unwrap_or(20))
     };
     // Rank of a thread within its core: 0 for the first thread, 1 for its sibling, ...
     let sibling_rank = |c: &Cpu| {
@@ -230,7 +226,7 @@ fn ordered<'m>(machine: &'m Machine, allowed: &[usize], nic: &Nic) -> Vec<&'m Cp
             .filter(|o| o.core == c.core && o.os < c.os)
             .count()
     };
-    cpus.sort_by_key(|c| (sibling_rank(c), dist(c), c.node, c.package, c.core, c.os));
+    cpus.sort_by_cached_key(|c| (sibling_rank(c), dist(c), c.node, c.package, c.core, c.os));
     cpus
 }
 

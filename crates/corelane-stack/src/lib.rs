@@ -15,11 +15,13 @@
 
 pub mod classify;
 mod device;
+pub mod flows;
 pub mod frames;
 mod stack;
 
 pub use classify::{Class, FlowKey};
 pub use device::{DeviceStats, RxToken, TxToken, XdpDevice};
+pub use flows::FlowTable;
 pub use smoltcp;
 pub use stack::{
     EPHEMERAL_START, FlowId, Node, Proto, Stack, StackConfig, StackError, StackStats,

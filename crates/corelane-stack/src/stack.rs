@@ -32,6 +32,7 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpo
 
 use crate::classify::{Class, FlowKey};
 use crate::device::XdpDevice;
+use crate::flows::FlowTable;
 
 /// First port of the ephemeral range from which connections this side opens take their port.
 pub const EPHEMERAL_START: u16 = 49152;
@@ -208,7 +209,7 @@ pub struct Stack {
     iface: Interface,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
-    table: HashMap<FlowKey, u32, FxBuildHasher>,
+    table: FlowTable,
     udp: HashMap<u16, u32, FxBuildHasher>,
     listeners: HashMap<u16, Listener, FxBuildHasher>,
     ports: HashSet<(Proto, u16), FxBuildHasher>,
@@ -301,7 +302,7 @@ impl Stack {
             iface,
             slots: Vec::with_capacity(cfg.flows),
             free_slots: Vec::new(),
-            table: HashMap::with_capacity_and_hasher(cfg.flows, FxBuildHasher),
+            table: FlowTable::with_capacity(cfg.flows),
             udp: HashMap::default(),
             listeners: HashMap::default(),
             ports: HashSet::default(),
@@ -466,7 +467,7 @@ impl Stack {
         let cores = self.cfg.cores;
         match class {
             Class::Tcp { key, syn } => {
-                if let Some(&i) = self.table.get(&key) {
+                if let Some(i) = self.table.get(&key) {
                     return Route::Flow(i);
                 }
                 let port = key.local.port;

@@ -221,7 +221,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("smoltcp_loopback", |b| {
         b.iter(|| q.transfer(black_box(&data), &mut sink))
     });
-    for batch in [64usize] {
+    for batch in [4usize, 16, 64, 256] {
         let mut p = corelane(batch);
         let segs = segments_per_chunk(&mut p, &data, &mut sink);
         g.throughput(Throughput::ElementsAndBytes {

@@ -456,8 +456,18 @@ impl Stack {
                 }
                 self.free(index);
             }
-        } else if !f.held && state == tcp::State::Closed {
-            self.free(index);
+        } else if state == tcp::State::Closed {
+            if !f.held && !f.queued {
+                // Not while queued for egress: an aborted connection still owes its peer the
+                // reset, which the egress pass sends before it settles the flow again.
+                self.free(index);
+            } else if let Some(key) = f.key.take() {
+                // Closed but still held: a new connection on the same addresses and ports (a
+                // peer reusing its port) must open a new flow, not meet this one.
+                if self.table.get(&key) == Some(index) {
+                    self.table.remove(&key);
+                }
+            }
         }
     }
 

@@ -257,3 +257,58 @@ fn frames_are_all_accounted_after_shutdown_with_open_connections() {
     let c = client.dev.io_mut().counts();
     assert_eq!(c.sum(), c.total);
 }
+
+#[test]
+fn abort_then_release_sends_the_reset_and_frees_the_flow() {
+    let (mut server, mut client) = pair();
+    server.stack.listen_tcp(7, None).unwrap();
+    let (c, _) = client.stack.connect_tcp(server_ep()).unwrap();
+    let mut now = Instant::from_millis(0);
+    run(&mut server, &mut client, &mut now, 10, false);
+    let s = server.stack.accept(7).expect("accepted");
+    assert_eq!(server.stack.tcp(s).unwrap().state(), State::Established);
+    // What a load generator does to avoid TIME_WAIT: abort, then let go at once.
+    client.stack.abort(c);
+    client.stack.release(c);
+    run(&mut server, &mut client, &mut now, 10, false);
+    assert_eq!(
+        server.stack.tcp(s).unwrap().state(),
+        State::Closed,
+        "the server never saw the reset"
+    );
+    assert_eq!(
+        client.stack.stats().flows,
+        0,
+        "the aborted flow was not freed"
+    );
+}
+
+#[test]
+fn a_closed_flow_still_held_does_not_capture_a_new_connection_on_its_ports() {
+    let (mut server, mut client) = pair();
+    server.stack.listen_tcp(7, None).unwrap();
+    let (c, port) = client.stack.connect_tcp(server_ep()).unwrap();
+    let mut now = Instant::from_millis(0);
+    run(&mut server, &mut client, &mut now, 10, false);
+    // The server's application keeps holding the connection after the peer reset it.
+    let held = server.stack.accept(7).expect("accepted");
+    client.stack.abort(c);
+    client.stack.release(c);
+    run(&mut server, &mut client, &mut now, 10, false);
+    assert_eq!(server.stack.tcp(held).unwrap().state(), State::Closed);
+    // The peer opens a new connection from the same port (as after a port wrap).
+    let (c2, port2) = loop {
+        let (id, p) = client.stack.connect_tcp(server_ep()).unwrap();
+        if p == port {
+            break (id, p);
+        }
+        client.stack.abort(id);
+        client.stack.release(id);
+        client.poll(now).unwrap();
+        server.poll(now).unwrap();
+    };
+    assert_eq!(port2, port);
+    run(&mut server, &mut client, &mut now, 20, false);
+    assert_eq!(client.stack.tcp(c2).unwrap().state(), State::Established);
+    assert!(server.stack.accept(7).is_some());
+}

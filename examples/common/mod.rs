@@ -144,7 +144,7 @@ fn core_line(s: &corelane::CoreStats) -> String {
         |name: &str, x: &corelane::Stage| format!("{name} {}/{:.0}ns", x.items, x.ns_per_item());
     format!(
         "core {} (CPU {}{}, queue {}): {} turns ({} busy, {} sleeps); stages: {}, {}, {}, {}, {}, {}; \
-         {} connections accepted, handed off {} out; accept wake-ups {} ({} spurious)",
+         {} connections accepted, handed off {} out; accept wake-ups {} ({} spurious); batch {}",
         s.core,
         s.cpu,
         if s.app_cpu != s.cpu {
@@ -166,6 +166,22 @@ fn core_line(s: &corelane::CoreStats) -> String {
         s.stack.handed_off,
         s.stack.accept_wakeups,
         s.accept_spurious,
+        batch_line(&s.batch),
+    )
+}
+
+fn batch_line(b: &corelane::BatchStats) -> String {
+    if !b.adaptive {
+        return format!("{} (fixed), fill ring {}", b.current, b.fill_target);
+    }
+    format!(
+        "{} now, settled at {} (cap {} for {} KiB of L2, {} changes), fill ring {}",
+        b.current,
+        b.settled,
+        b.cap,
+        b.l2_bytes / 1024,
+        b.changes,
+        b.fill_target
     )
 }
 

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant as StdInstant};
 
 use corelane_stack::smoltcp::time::Instant;
-use corelane_stack::{DeviceStats, Proto as StackProto, Stack, StackStats, XdpDevice};
+use corelane_stack::{BatchTuner, DeviceStats, Proto as StackProto, Stack, StackStats, XdpDevice};
+use corelane_xsk::FrameIo as _;
 use corelane_xsk::{Proto, Steering, XskQueue};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
@@ -82,10 +83,31 @@ pub struct CoreStats {
     pub cpu_time: Duration,
     /// CPU time of the application thread of a split lane (zero on a same-core lane).
     pub app_cpu_time: Duration,
+    /// Model-T batching: the batch size now, where it settled, and the fill ring's occupancy.
+    pub batch: BatchStats,
     /// Device counters.
     pub device: DeviceStats,
     /// Protocol counters.
     pub stack: StackStats,
+}
+
+/// Where a core's batching stands (see [`crate::Builder::adaptive_batch`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// The batch adapts (Model-T); otherwise it is fixed at `current`.
+    pub adaptive: bool,
+    /// Frames per RX pull and per TX kick now.
+    pub current: usize,
+    /// The size that carried the most frames so far.
+    pub settled: usize,
+    /// The largest batch whose working set fits half of the core's L2.
+    pub cap: usize,
+    /// The core's L2 in bytes, as read for the cap.
+    pub l2_bytes: usize,
+    /// Times the size changed.
+    pub changes: u64,
+    /// Frames kept posted in the fill ring.
+    pub fill_target: usize,
 }
 
 /// The state of one core (lane), reachable from its tasks through a thread-local. The protocol
@@ -199,6 +221,8 @@ pub(crate) struct Driver {
     pub(crate) bells: Vec<Arc<Doorbell>>,
     pub(crate) mode: PollMode,
     pub(crate) epoch: StdInstant,
+    /// Model-T: adapts the batch size and fill ring occupancy (None: fixed batch).
+    pub(crate) tuner: Option<BatchTuner>,
 }
 
 impl Driver {
@@ -216,7 +240,11 @@ impl Driver {
         let mut st = core.stats();
         st.turns += 1;
         let sent_before = dev.stats().tx_frames;
+        if let Some(tu) = &self.tuner {
+            dev.set_batch(tu.batch());
+        }
         let t = StdInstant::now();
+        let turn_start = t;
         let pulled = dev.recv_batch();
         let t = st.rx.add(pulled, t);
         dev.classify_batch();
@@ -256,6 +284,21 @@ impl Driver {
             if std::mem::take(r) {
                 self.bells[to].ring();
             }
+        }
+        if let Some(tu) = self.tuner.as_mut() {
+            tu.observe(
+                pulled + injected,
+                sent as usize,
+                turn_start.elapsed().as_nanos() as u64,
+            );
+            // The kernel's drop counters cost a system call: read them now and then.
+            if st.turns.is_multiple_of(4096) {
+                tu.observe_drops(dev.io_mut().rx_drops());
+                st.batch.fill_target = dev.io_mut().set_fill_target(tu.fill_target());
+            }
+            st.batch.current = tu.batch();
+            st.batch.settled = tu.settled();
+            st.batch.changes = tu.changes();
         }
         stack.take_freed_ports(freed);
         st.device = dev.stats();

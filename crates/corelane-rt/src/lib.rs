@@ -42,10 +42,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
-pub use crate::core::{CoreStats, Stage};
+pub use crate::core::{BatchStats, CoreStats, Stage};
 use corelane_stack::smoltcp::wire::IpCidr;
-use corelane_stack::{Stack, StackConfig, StackError, XdpDevice};
+use corelane_stack::{BatchTuner, Stack, StackConfig, StackError, TuneConfig, XdpDevice};
 pub use corelane_topo::{Lane, Machine, Placement, Plan, Sharing};
+use corelane_xsk::FrameIo as _;
 use corelane_xsk::{
     AttachMode, AttachedMode, BindMode, Channels, FrameCounts, Steering, XdpCounters, XskConfig,
     XskQueue,
@@ -177,6 +178,7 @@ pub struct Builder {
     poll: PollMode,
     handoff_slots: usize,
     linger: Duration,
+    adaptive_batch: bool,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
@@ -276,6 +278,15 @@ impl Builder {
     /// How idle cores wait (default: adaptive, 50 µs spin).
     pub fn poll_mode(mut self, m: PollMode) -> Self {
         self.poll = m;
+        self
+    }
+
+    /// Model-T batching (on by default): the batch size and the fill ring's occupancy adapt
+    /// turn by turn to the load, keeping a batch's working set within the core's L2 (see
+    /// [`corelane_stack::BatchTuner`]); `StackConfig::batch` is then the largest batch. Off:
+    /// every turn uses `StackConfig::batch`.
+    pub fn adaptive_batch(mut self, on: bool) -> Self {
+        self.adaptive_batch = on;
         self
     }
 
@@ -626,6 +637,7 @@ impl Runtime {
             poll: PollMode::default(),
             handoff_slots: 1024,
             linger: Duration::from_millis(200),
+            adaptive_batch: true,
         }
     }
 
@@ -840,7 +852,32 @@ impl Runtime {
             let counts = core.stack().shutdown(now(), &mut dev)?;
             return Ok(report(&core, counts));
         }
+        let tuner = self.cfg.adaptive_batch.then(|| {
+            BatchTuner::new(TuneConfig {
+                min_batch: 4,
+                max_batch: self.cfg.stack.batch,
+                l2_bytes: corelane_stack::tune::l2_bytes(info.cpu).unwrap_or(1 << 20),
+                frame_bytes: self.cfg.xsk.frame_size as usize,
+                max_fill: self.cfg.xsk.ring_size as usize,
+            })
+        });
+        {
+            let mut st = core.stats();
+            st.batch = BatchStats {
+                adaptive: tuner.is_some(),
+                current: tuner.as_ref().map_or(dev.batch(), BatchTuner::batch),
+                settled: tuner.as_ref().map_or(dev.batch(), BatchTuner::batch),
+                cap: tuner.as_ref().map_or(dev.batch(), BatchTuner::cap),
+                l2_bytes: corelane_stack::tune::l2_bytes(info.cpu).unwrap_or(0),
+                changes: 0,
+                fill_target: match &tuner {
+                    Some(t) => dev.io_mut().set_fill_target(t.fill_target()),
+                    None => dev.io().fill_target(),
+                },
+            };
+        }
         let driver = core::Driver {
+            tuner,
             core: core.clone(),
             dev,
             inbound,

@@ -12,7 +12,7 @@ use corelane_stack::smoltcp::phy::{Device, DeviceCapabilities, Loopback, Medium}
 use corelane_stack::smoltcp::socket::tcp;
 use corelane_stack::smoltcp::time::{Duration, Instant};
 use corelane_stack::smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
-use corelane_stack::{FlowId, Node, StackConfig};
+use corelane_stack::{BatchTuner, FlowId, Node, StackConfig, TuneConfig};
 use corelane_xsk::{MemLink, MemPort};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -234,7 +234,43 @@ fn bench(c: &mut Criterion) {
             |b, _| b.iter(|| p.transfer(black_box(&data), &mut sink)),
         );
     }
+    // Model-T: the batch adapts on both sides; where it settles and what each size cost.
+    let mut p = corelane(256);
+    let tune = TuneConfig {
+        l2_bytes: corelane_stack::tune::l2_bytes(0).unwrap_or(1 << 20),
+        frame_bytes: 2048,
+        ..TuneConfig::default()
+    };
+    p.a.tuner = Some(BatchTuner::new(tune));
+    p.b.tuner = Some(BatchTuner::new(tune));
+    let segs = segments_per_chunk(&mut p, &data, &mut sink);
+    g.throughput(Throughput::ElementsAndBytes {
+        elements: segs,
+        bytes: CHUNK as u64,
+    });
+    g.bench_function("corelane_pipeline/adaptive", |b| {
+        b.iter(|| p.transfer(black_box(&data), &mut sink))
+    });
     g.finish();
+    for (side, n) in [("sender", &p.a), ("receiver", &p.b)] {
+        if let Some(t) = &n.tuner {
+            println!(
+                "adaptive batch, {side}: settled at {} (cap {} for {} KiB of L2, {} changes); per size: {}",
+                t.settled(),
+                t.cap(),
+                tune.l2_bytes / 1024,
+                t.changes(),
+                t.levels()
+                    .iter()
+                    .map(|l| format!(
+                        "{}: {:.0} ns/frame over {} frames",
+                        l.batch, l.ns_per_frame, l.frames
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
 }
 
 criterion_group! {

@@ -96,6 +96,16 @@ impl<P: FrameIo> XdpDevice<P> {
         self.stats
     }
 
+    /// Frames pulled per RX batch and sent per kick.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Changes the batch size (1 to 1024) from the next pull on; see [`crate::BatchTuner`].
+    pub fn set_batch(&mut self, batch: usize) {
+        self.batch = batch.clamp(1, 1024);
+    }
+
     /// Frames received and classified but not yet given to the protocol stage.
     pub fn rx_pending(&self) -> usize {
         self.rx_ready.len()

@@ -18,6 +18,7 @@ mod device;
 pub mod flows;
 pub mod frames;
 mod stack;
+pub mod tune;
 
 pub use classify::{Class, FlowKey};
 pub use device::{DeviceStats, RxToken, TxToken, XdpDevice};
@@ -27,6 +28,7 @@ pub use stack::{
     EPHEMERAL_START, FlowId, Node, Proto, Stack, StackConfig, StackError, StackStats,
     os_random_seed,
 };
+pub use tune::{BatchTuner, LevelStats, TuneConfig};
 
 #[cfg(test)]
 mod tests;

@@ -33,6 +33,7 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpo
 use crate::classify::{Class, FlowKey};
 use crate::device::XdpDevice;
 use crate::flows::FlowTable;
+use crate::tune::BatchTuner;
 
 /// First port of the ephemeral range from which connections this side opens take their port.
 pub const EPHEMERAL_START: u16 = 49152;
@@ -950,6 +951,8 @@ pub struct Node<P: FrameIo> {
     pub stack: Stack,
     /// The device moving frames.
     pub dev: XdpDevice<P>,
+    /// Adapts the batch size turn by turn when set (Model-T); otherwise the batch is fixed.
+    pub tuner: Option<BatchTuner>,
 }
 
 impl<P: FrameIo> Node<P> {
@@ -966,16 +969,29 @@ impl<P: FrameIo> Node<P> {
                 ..cfg
             },
         );
-        Node { stack, dev }
+        Node {
+            stack,
+            dev,
+            tuner: None,
+        }
     }
 
     /// One pass of the pipeline: RX batch, classify, demux, protocol, egress, TX with one kick,
     /// recycle, refill. Returns true when any frame moved or any flow was polled.
     pub fn poll(&mut self, now: Instant) -> io::Result<bool> {
+        let sent_before = self.dev.stats().tx_frames;
+        let started = self.tuner.as_ref().map(|t| {
+            self.dev.set_batch(t.batch());
+            std::time::Instant::now()
+        });
         let pulled = self.dev.pull_batch();
         let consumed = self.stack.ingress(now, &mut self.dev, &mut |_, _, _| false);
         let polled = self.stack.egress(now, &mut self.dev);
         self.dev.flush()?;
+        if let (Some(t), Some(started)) = (self.tuner.as_mut(), started) {
+            let sent = (self.dev.stats().tx_frames - sent_before) as usize;
+            t.observe(pulled, sent, started.elapsed().as_nanos() as u64);
+        }
         Ok(pulled + consumed + polled > 0)
     }
 

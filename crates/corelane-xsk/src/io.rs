@@ -63,6 +63,18 @@ pub trait FrameIo {
 
     /// Where every frame is now.
     fn counts(&mut self) -> FrameCounts;
+
+    /// Frames kept posted for receive: the fill ring's occupancy target.
+    fn fill_target(&self) -> usize;
+
+    /// Sets the fill ring's occupancy target (clamped to what the rings and frames allow) and
+    /// returns the value set. Lowering it takes effect as posted frames come back; frames the
+    /// kernel already holds stay posted.
+    fn set_fill_target(&mut self, frames: usize) -> usize;
+
+    /// Received frames dropped below this side so far, for want of a fill frame or RX ring room
+    /// (may cost a system call: read it every so many turns, not every frame).
+    fn rx_drops(&mut self) -> u64;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -383,6 +395,21 @@ impl FrameIo for MemPort {
     fn counts(&mut self) -> FrameCounts {
         let k = self.me.borrow();
         self.ledger.counts(k.rx.len(), k.completion.len())
+    }
+
+    fn fill_target(&self) -> usize {
+        self.fill_target
+    }
+
+    fn set_fill_target(&mut self, frames: usize) -> usize {
+        let most = self.me.borrow().ring_size.min(self.ledger.len() / 2).max(1);
+        self.fill_target = frames.clamp(1, most);
+        self.top_up_fill();
+        self.fill_target
+    }
+
+    fn rx_drops(&mut self) -> u64 {
+        self.rx_dropped()
     }
 }
 

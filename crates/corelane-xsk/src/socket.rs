@@ -475,6 +475,28 @@ impl FrameIo for XskQueue {
         let cq = self.cq.nb_avail_exact() as usize;
         self.ledger.counts(rx, cq)
     }
+
+    fn fill_target(&self) -> usize {
+        self.fill_target
+    }
+
+    fn set_fill_target(&mut self, frames: usize) -> usize {
+        // At most the fill ring, and at most half the frames: transmit keeps the other half.
+        let most = (self.ring_size as usize)
+            .min(self.templates.len() / 2)
+            .max(1);
+        self.fill_target = frames.clamp(1, most);
+        if let Err(e) = self.top_up_fill() {
+            log::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
+        }
+        self.fill_target
+    }
+
+    fn rx_drops(&mut self) -> u64 {
+        self.kernel_stats()
+            .map(|k| k.rx_dropped() + k.rx_ring_full())
+            .unwrap_or(0)
+    }
 }
 
 fn sockopt_zerocopy(fd: RawFd) -> bool {

@@ -39,9 +39,9 @@
 //! what is missing.
 
 pub use corelane_rt::{
-    Builder, CoreInfo, CoreReport, CoreStats, Error, Lane, Machine, Placement, Plan, PollMode,
-    RunReport, Runtime, Sharing, Stage, StopHandle, allowed_cpus, bandwidth_delay_product,
-    core_index, core_stats,
+    BatchStats, Builder, CoreInfo, CoreReport, CoreStats, Error, Lane, Machine, Placement, Plan,
+    PollMode, RunReport, Runtime, Sharing, Stage, StopHandle, allowed_cpus,
+    bandwidth_delay_product, core_index, core_stats,
 };
 pub use corelane_stack::smoltcp;
 pub use corelane_stack::{DeviceStats, StackConfig, StackError, StackStats};

@@ -190,4 +190,11 @@ fn runtime_bulk_sink_counts_what_a_kernel_client_sends() {
     let (status, out) = bulk.stop();
     assert_clean_exit(status, &out);
     assert!(out.contains("Gbit/s"), "{out}");
+    // Model-T: a bulk push fills the receive batches, so the adaptive batch grows past its
+    // smallest size on the core that carried the stream.
+    let settled: Vec<usize> = out
+        .match_indices("settled at ")
+        .filter_map(|(i, m)| out[i + m.len()..].split(' ').next()?.parse().ok())
+        .collect();
+    assert!(settled.iter().any(|&b| b > 4), "{out}");
 }

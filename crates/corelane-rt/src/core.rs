@@ -336,12 +336,23 @@ impl Driver {
         let mut rung = vec![false; self.bells.len()];
         let mut freed = Vec::new();
         let mut idle_since: Option<StdInstant> = None;
+        // Start of the current stretch of work (since the last wake-up or the last idle turn).
+        let mut busy_since: Option<StdInstant> = None;
+        let mut spin_for = Duration::ZERO;
+        // Moving average of the idle gaps: how long work took to come once the core went idle.
+        let mut gap_ns = 0.0f64;
         loop {
             if self.core.stopping() {
                 return self;
             }
             if self.turn(&mut rung, &mut freed) {
-                idle_since = None;
+                if let Some(idle) = idle_since.take() {
+                    // How long the core waited for this work (spinning or asleep).
+                    gap_ns = 0.8 * gap_ns + 0.2 * idle.elapsed().as_nanos() as f64;
+                    busy_since = Some(StdInstant::now());
+                } else if busy_since.is_none() {
+                    busy_since = Some(StdInstant::now());
+                }
                 self.release_ports(&mut freed);
                 self.yield_to_tasks().await;
                 continue;
@@ -353,8 +364,20 @@ impl Driver {
                 }
                 PollMode::Adaptive { spin } => spin,
             };
-            let since = *idle_since.get_or_insert_with(StdInstant::now);
-            if since.elapsed() < spin {
+            let since = *idle_since.get_or_insert_with(|| {
+                // Going idle. Spin through a gap the recent past says will be short (sleeping
+                // and waking costs more CPU than a short spin, and adds latency); otherwise spin
+                // no longer than the work just done took, so spinning never costs more than the
+                // work it waits for, and sleep through the gap.
+                let worked = busy_since.take().map_or(Duration::ZERO, |b| b.elapsed());
+                spin_for = if gap_ns < spin.as_nanos() as f64 / 2.0 {
+                    spin
+                } else {
+                    worked.max(Duration::from_micros(2)).min(spin)
+                };
+                StdInstant::now()
+            });
+            if since.elapsed() < spin_for {
                 self.yield_to_tasks().await;
                 continue;
             }
@@ -378,7 +401,9 @@ impl Driver {
                 _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {},
             }
             bell.disarm();
-            idle_since = None;
+            // idle_since stays: the gap runs until the next turn that finds work.
+            busy_since = None;
+            spin_for = Duration::ZERO;
         }
     }
 

@@ -109,10 +109,12 @@ impl From<Error> for io::Error {
 pub enum PollMode {
     /// Never sleep: lowest latency, one CPU fully used per core.
     Busy,
-    /// Spin for `spin` after the last work, then sleep until a frame, a handoff, a task's output
-    /// or the next protocol timer.
+    /// Once idle, spin as long as the stretch of work just done took (at least 2 µs, at most
+    /// `spin`), then sleep until a frame, a handoff, a task's output or the next protocol timer.
+    /// Spinning thus never costs more CPU than the work it waits for: under steady load the next
+    /// frame arrives within the spin, at light load the core sleeps through the gaps.
     Adaptive {
-        /// How long to keep spinning once idle.
+        /// The longest spin once idle.
         spin: Duration,
     },
 }

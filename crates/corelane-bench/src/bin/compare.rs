@@ -298,63 +298,15 @@ async fn load<N: Net>(kind: Kind, addr: SocketAddr, phase: Arc<AtomicU8>) -> Cli
                 }
                 return out;
             }
-            let mut s = match connect_retry::<N>(addr).await {
+            let s = match connect_retry::<N>(addr).await {
                 Ok(s) => s,
                 Err(e) => {
                     out.error("connect", e);
                     return out;
                 }
             };
-            let mut buf = vec![0u8; CHUNK];
-            match kind {
-                Kind::Rr { size, .. } => {
-                    let msg = vec![0x42u8; size];
-                    while !stopped() {
-                        let t = Instant::now();
-                        let r = tokio::time::timeout(step, async {
-                            s.write_all(&msg).await?;
-                            s.read_exact(&mut buf[..size]).await
-                        })
-                        .await;
-                        match r {
-                            Ok(Ok(_)) => {
-                                if measuring() {
-                                    out.ops += 1;
-                                    out.bytes += size as u64;
-                                    out.lat_ns
-                                        .push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
-                                }
-                            }
-                            Ok(Err(e)) => return (out.error("request", e), out).1,
-                            Err(e) => return (out.error("request", e), out).1,
-                        }
-                    }
-                }
-                Kind::BulkIn => {
-                    buf.fill(0x5a);
-                    while !stopped() {
-                        match tokio::time::timeout(step, s.write(&buf)).await {
-                            Ok(Ok(n)) if measuring() => out.bytes += n as u64,
-                            Ok(Ok(_)) => {}
-                            Ok(Err(e)) => return (out.error("send", e), out).1,
-                            Err(e) => return (out.error("send", e), out).1,
-                        }
-                    }
-                    let _ = s.shutdown().await;
-                }
-                Kind::BulkOut => {
-                    while !stopped() {
-                        match tokio::time::timeout(step, s.read(&mut buf)).await {
-                            Ok(Ok(0)) => return (out.error("receive", "the server closed"), out).1,
-                            Ok(Ok(n)) if measuring() => out.bytes += n as u64,
-                            Ok(Ok(_)) => {}
-                            Ok(Err(e)) => return (out.error("receive", e), out).1,
-                            Err(e) => return (out.error("receive", e), out).1,
-                        }
-                    }
-                    N::reset(s);
-                }
-                Kind::Connect => {}
+            if let Err(e) = stream_load::<N>(kind, s, step, &phase, &mut out).await {
+                out.error("load", e);
             }
             out
         }));
@@ -367,6 +319,57 @@ async fn load<N: Net>(kind: Kind, addr: SocketAddr, phase: Arc<AtomicU8>) -> Cli
         }
     }
     total
+}
+
+/// One connection's share of a request/response or bulk case, until the phase says stop.
+async fn stream_load<N: Net>(
+    kind: Kind,
+    mut s: N::S,
+    step: Duration,
+    phase: &AtomicU8,
+    out: &mut ClientOut,
+) -> io::Result<()> {
+    let measuring = || phase.load(Ordering::Relaxed) == MEASURE;
+    let stopped = || phase.load(Ordering::Relaxed) == STOP;
+    let mut buf = vec![0u8; CHUNK];
+    match kind {
+        Kind::Rr { size, .. } => {
+            let msg = vec![0x42u8; size];
+            while !stopped() {
+                let t = Instant::now();
+                timed(step, "request", s.write_all(&msg)).await?;
+                timed(step, "response", s.read_exact(&mut buf[..size])).await?;
+                if measuring() {
+                    out.ops += 1;
+                    out.bytes += size as u64;
+                    out.lat_ns
+                        .push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                }
+            }
+        }
+        Kind::BulkIn => {
+            buf.fill(0x5a);
+            while !stopped() {
+                let n = timed(step, "send", s.write(&buf)).await?;
+                if measuring() {
+                    out.bytes += n as u64;
+                }
+            }
+            let _ = s.shutdown().await;
+        }
+        Kind::BulkOut => {
+            while !stopped() {
+                match timed(step, "receive", s.read(&mut buf)).await? {
+                    0 => return Err(io::Error::other("receive: the server closed")),
+                    n if measuring() => out.bytes += n as u64,
+                    _ => {}
+                }
+            }
+            N::reset(s);
+        }
+        Kind::Connect => {}
+    }
+    Ok(())
 }
 
 // ----- servers ------------------------------------------------------------------------------

@@ -1,0 +1,54 @@
+//! The comparison program end to end, shortened: every setup serves every kind of case on a real
+//! veth pair, and the reports carry a figure and a ratio for each.
+
+use std::process::Command;
+
+#[test]
+fn compare_runs_every_setup_and_writes_reports_with_ratios() {
+    if !corelane_testnet::require_root("compare_runs_every_setup") {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("corelane-compare-{}", std::process::id()));
+    let run = Command::new(env!("CARGO_BIN_EXE_compare"))
+        .args([
+            "--repeat",
+            "1",
+            "--seconds",
+            "0.3",
+            "--warmup",
+            "0.1",
+            "--cases",
+            "rr64,bulk-in,connect",
+            "--conns",
+            "4",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("running compare");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    let json = std::fs::read_to_string(out.join("compare.json")).expect("compare.json");
+    let md = std::fs::read_to_string(out.join("compare.md")).expect("compare.md");
+    let png = std::fs::read(out.join("compare.png")).expect("compare.png");
+    assert_eq!(&png[1..4], b"PNG");
+    for case in ["rr64_c4", "bulk_in", "connect"] {
+        for setup in ["kernel", "corelane-server", "corelane-both"] {
+            let key = format!("\"case\":\"{case}\",\"setup\":\"{setup}\"");
+            let line = json
+                .lines()
+                .find(|l| l.contains(&key))
+                .unwrap_or_else(|| panic!("no {key} in\n{json}"));
+            // A rate was measured, and corelane's rows carry a ratio to the kernel's.
+            assert!(!line.contains("\"rate\":0.0000"), "{line}");
+            assert_eq!(
+                line.contains("\"vs_kernel\":{\"rate\":"),
+                setup != "kernel",
+                "{line}"
+            );
+        }
+    }
+    assert!(md.contains("| rr 64 B x 4 conn | corelane-both |"), "{md}");
+    let _ = std::fs::remove_dir_all(&out);
+}

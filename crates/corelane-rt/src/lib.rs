@@ -854,30 +854,35 @@ impl Runtime {
             let counts = core.stack().shutdown(now(), &mut dev)?;
             return Ok(report(&core, counts));
         }
+        let l2 = corelane_stack::tune::l2_bytes(info.cpu);
         let tuner = self.cfg.adaptive_batch.then(|| {
             BatchTuner::new(TuneConfig {
                 min_batch: 4,
                 max_batch: self.cfg.stack.batch,
-                l2_bytes: corelane_stack::tune::l2_bytes(info.cpu).unwrap_or(1 << 20),
+                l2_bytes: l2.unwrap_or(1 << 20),
                 frame_bytes: self.cfg.xsk.frame_size as usize,
                 max_fill: self.cfg.xsk.ring_size as usize,
             })
         });
-        {
-            let mut st = core.stats();
-            st.batch = BatchStats {
-                adaptive: tuner.is_some(),
-                current: tuner.as_ref().map_or(dev.batch(), BatchTuner::batch),
-                settled: tuner.as_ref().map_or(dev.batch(), BatchTuner::batch),
-                cap: tuner.as_ref().map_or(dev.batch(), BatchTuner::cap),
-                l2_bytes: corelane_stack::tune::l2_bytes(info.cpu).unwrap_or(0),
+        core.stats().batch = match &tuner {
+            Some(t) => BatchStats {
+                adaptive: true,
+                current: t.batch(),
+                settled: t.batch(),
+                cap: t.cap(),
+                l2_bytes: l2.unwrap_or(0),
                 changes: 0,
-                fill_target: match &tuner {
-                    Some(t) => dev.io_mut().set_fill_target(t.fill_target()),
-                    None => dev.io().fill_target(),
-                },
-            };
-        }
+                fill_target: dev.io_mut().set_fill_target(t.fill_target()),
+            },
+            None => BatchStats {
+                current: dev.batch(),
+                settled: dev.batch(),
+                cap: dev.batch(),
+                l2_bytes: l2.unwrap_or(0),
+                fill_target: dev.io().fill_target(),
+                ..BatchStats::default()
+            },
+        };
         let driver = core::Driver {
             tuner,
             core: core.clone(),

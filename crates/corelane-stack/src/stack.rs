@@ -979,16 +979,15 @@ impl<P: FrameIo> Node<P> {
     /// One pass of the pipeline: RX batch, classify, demux, protocol, egress, TX with one kick,
     /// recycle, refill. Returns true when any frame moved or any flow was polled.
     pub fn poll(&mut self, now: Instant) -> io::Result<bool> {
-        let sent_before = self.dev.stats().tx_frames;
         let started = self.tuner.as_ref().map(|t| {
             self.dev.set_batch(t.batch());
-            std::time::Instant::now()
+            (std::time::Instant::now(), self.dev.stats().tx_frames)
         });
         let pulled = self.dev.pull_batch();
         let consumed = self.stack.ingress(now, &mut self.dev, &mut |_, _, _| false);
         let polled = self.stack.egress(now, &mut self.dev);
         self.dev.flush()?;
-        if let (Some(t), Some(started)) = (self.tuner.as_mut(), started) {
+        if let (Some(t), Some((started, sent_before))) = (self.tuner.as_mut(), started) {
             let sent = (self.dev.stats().tx_frames - sent_before) as usize;
             t.observe(pulled, sent, started.elapsed().as_nanos() as u64);
         }

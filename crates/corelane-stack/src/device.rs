@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::io;
 
-use corelane_xsk::FrameIo;
+use corelane_frame::FrameIo;
 use smoltcp::phy::{Checksum, ChecksumCapabilities, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 
@@ -352,7 +352,7 @@ impl<P: FrameIo> Device for XdpDevice<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use corelane_xsk::MemLink;
+    use corelane_frame::MemLink;
 
     #[test]
     fn bad_frames_are_dropped_before_the_protocol_stage() {

@@ -1,33 +1,44 @@
-//! corelane's protocol stages over AF_XDP frames.
+//! corelane's protocol core, sans-IO: no sockets, no clock, no system calls. Frames come from a
+//! [`corelane_frame::FrameIo`], time is an argument, the random seed and the cache size are
+//! configuration, so the same code runs over AF_XDP in the runtime and over the in-memory link
+//! in tests and benchmarks, on any OS.
 //!
 //! - [`classify`]: parse each frame once and verify its IPv4, TCP and UDP checksums; malformed
 //!   and corrupted frames are counted and dropped before any protocol code sees them.
-//! - [`XdpDevice`]: a smoltcp `Device` over any [`corelane_xsk::FrameIo`]. RX tokens read the
-//!   UMEM frame in place; TX tokens write straight into a UMEM frame; frames are pulled and sent
-//!   in batches, with one kick per batch.
+//! - [`XdpDevice`]: a smoltcp `Device` over any `FrameIo`. RX tokens read the frame in place;
+//!   TX tokens write straight into a frame; frames are pulled and sent in batches, one kick
+//!   per batch.
 //! - [`Stack`]: smoltcp behind an O(1) flow table (one single-socket set per flow, so smoltcp
 //!   never scans), egress only for flows with work, a timer heap, a TCP backlog (SYN queue and
-//!   accept queue per listener, wake-one accept) and OS-seeded initial sequence numbers. Several
-//!   stacks, one per core, share an interface by a port-ownership rule (see [`Stack::ingress`]).
-//!
-//! The stack is sans-IO at its core: the clock is an argument and frames come from a `FrameIo`,
-//! so [`corelane_xsk::MemLink`] can drive two stacks back to back in tests and benchmarks.
+//!   accept queue per listener, wake-one accept), and the calls the application's sockets make
+//!   (`tcp_read`, `tcp_write`, `udp_send_to`, ...), each queueing its own egress.
+//! - [`Pipeline`]: the one pipeline turn (RX, classify, handoff in, demux + protocol, egress,
+//!   TX, recycle, refill) with stage timing and the Model-T [`BatchTuner`]. What other cores
+//!   exist, and which owns a frame, is the caller's [`Peers`].
+//! - [`Node`] and [`Pair`]: one stack with its pipeline, and two back to back over the
+//!   in-memory link with a clock that jumps to the next deadline.
+
+#![forbid(unsafe_code)]
 
 pub mod classify;
+mod config;
 mod device;
 pub mod flows;
 pub mod frames;
+mod node;
+mod pipeline;
 mod stack;
 pub mod tune;
 
 pub use classify::{Class, FlowKey};
+pub use config::{EPHEMERAL_START, StackConfig, StackError};
+pub use corelane_frame::Proto;
 pub use device::{DeviceStats, RxToken, TxToken, XdpDevice};
 pub use flows::FlowTable;
+pub use node::{Node, Pair};
+pub use pipeline::{Alone, Disposition, Peers, Pipeline, PipelineStats, Stage, Turn, Unclaimed};
 pub use smoltcp;
-pub use stack::{
-    EPHEMERAL_START, FlowId, Node, Proto, Stack, StackConfig, StackError, StackStats,
-    os_random_seed,
-};
+pub use stack::{FlowId, Stack, StackStats, TcpState};
 pub use tune::{BatchTuner, LevelStats, TuneConfig};
 
 #[cfg(test)]

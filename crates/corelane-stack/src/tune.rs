@@ -222,29 +222,6 @@ impl BatchTuner {
     }
 }
 
-/// The L2 cache size of `cpu` in bytes, from sysfs (None when it cannot be read).
-pub fn l2_bytes(cpu: usize) -> Option<usize> {
-    (0..8).find_map(|i| {
-        let dir = format!("/sys/devices/system/cpu/cpu{cpu}/cache/index{i}");
-        let level = std::fs::read_to_string(format!("{dir}/level")).ok()?;
-        if level.trim() != "2" {
-            return None;
-        }
-        parse_size(std::fs::read_to_string(format!("{dir}/size")).ok()?.trim())
-    })
-}
-
-fn parse_size(s: &str) -> Option<usize> {
-    let (n, mult) = if let Some(n) = s.strip_suffix('K') {
-        (n, 1 << 10)
-    } else if let Some(n) = s.strip_suffix('M') {
-        (n, 1 << 20)
-    } else {
-        (s, 1)
-    };
-    n.parse::<usize>().ok().map(|n| n * mult)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,14 +232,6 @@ mod tests {
             frame_bytes: 2048,
             ..TuneConfig::default()
         })
-    }
-
-    #[test]
-    fn cache_sizes_parse_as_sysfs_writes_them() {
-        assert_eq!(parse_size("1024K"), Some(1 << 20));
-        assert_eq!(parse_size("2M"), Some(2 << 20));
-        assert_eq!(parse_size("512"), Some(512));
-        assert_eq!(parse_size("big"), None);
     }
 
     #[test]

@@ -8,6 +8,8 @@ use aya::Ebpf;
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, XskMap};
 use aya::programs::{ProgramError, Xdp, XdpMode};
 
+use corelane_frame::Proto;
+
 use crate::error::{Error, check_interface, check_privileges};
 
 /// The compiled steering program (built from `xdp/corelane.bpf.c` by `xdp/build.sh`).
@@ -43,15 +45,6 @@ impl std::fmt::Display for AttachedMode {
             AttachedMode::Generic => "generic",
         })
     }
-}
-
-/// Transport protocols whose ports can be owned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Proto {
-    /// TCP.
-    Tcp,
-    /// UDP.
-    Udp,
 }
 
 /// The program's counters, summed over CPUs.

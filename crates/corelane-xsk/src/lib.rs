@@ -15,15 +15,15 @@
 
 mod bpf;
 mod error;
-pub mod io;
-pub mod ledger;
 mod socket;
 
-pub use bpf::{AttachMode, AttachedMode, Proto, Steering, XDP_OBJECT, XdpCounters};
+pub use bpf::{AttachMode, AttachedMode, Steering, XDP_OBJECT, XdpCounters};
+pub use corelane_frame::{
+    Frame, FrameCounts, FrameIo, FrameLedger, FrameState, LedgerError, MemFrame, MemLink, MemPort,
+    MemStats, Proto, UmemId,
+};
 pub use error::{
     Channels, DriverInfo, Error, channels, check_interface, check_privileges, driver_info,
     mac_address, mtu, rx_queue_count, set_channels,
 };
-pub use io::{Frame, FrameIo, MemFrame, MemLink, MemPort, MemStats};
-pub use ledger::{FrameCounts, FrameLedger, FrameState, LedgerError};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};

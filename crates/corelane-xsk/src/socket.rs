@@ -11,8 +11,7 @@ use xsk_rs::config::{
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::error::{Error, errno_of};
-use crate::io::{Frame, FrameIo};
-use crate::ledger::{FrameCounts, FrameLedger, FrameState};
+use corelane_frame::{Frame, FrameCounts, FrameIo, FramePool, FrameState, UmemId};
 
 /// `SOL_XDP` socket option level.
 const SOL_XDP: libc::c_int = 283;
@@ -81,10 +80,14 @@ impl Default for XskConfig {
 #[derive(Debug)]
 pub struct XskFrame {
     desc: FrameDesc,
+    umem: UmemId,
     index: u32,
 }
 
 impl Frame for XskFrame {
+    fn umem(&self) -> UmemId {
+        self.umem
+    }
     fn index(&self) -> usize {
         self.index as usize
     }
@@ -120,12 +123,12 @@ pub struct XskQueue {
     fq: FillQueue,
     cq: CompQueue,
     umem: Umem,
+    id: UmemId,
     templates: Vec<FrameDesc>,
-    ledger: FrameLedger,
-    free: Vec<u32>,
+    pool: FramePool,
     scratch: Vec<FrameDesc>,
+    post: Vec<u32>,
     frame_size: usize,
-    fill_target: usize,
     ring_size: u32,
     mode: BindMode,
     queue_id: u32,
@@ -139,7 +142,7 @@ impl std::fmt::Debug for XskQueue {
             .field("queue_id", &self.queue_id)
             .field("mode", &self.mode)
             .field("fd", &self.fd)
-            .field("frames", &self.ledger.len())
+            .field("frames", &self.pool.len())
             .finish_non_exhaustive()
     }
 }
@@ -227,12 +230,12 @@ impl XskQueue {
             fq,
             cq,
             umem,
+            id: UmemId::fresh(),
             templates,
-            ledger: FrameLedger::new(n),
-            free: (0..n as u32).rev().collect(),
+            pool: FramePool::new(n, (c.ring_size as usize).min(n / 2)),
             scratch: vec![FrameDesc::default(); c.ring_size as usize],
+            post: Vec::with_capacity(c.ring_size as usize),
             frame_size: c.frame_size as usize,
-            fill_target: (c.ring_size as usize).min(n / 2),
             ring_size: c.ring_size,
             mode: actual,
             queue_id,
@@ -279,30 +282,30 @@ impl XskQueue {
     }
 
     fn top_up_fill(&mut self) -> io::Result<()> {
-        let have = self.ledger.count(FrameState::Receive);
-        if have >= self.fill_target || self.free.is_empty() {
+        let want = self
+            .pool
+            .fill_target()
+            .saturating_sub(self.pool.count(FrameState::Receive));
+        if want == 0 {
             return Ok(());
         }
-        let want = (self.fill_target - have).min(self.free.len());
         let room = self.fq.nb_free(want as u32) as usize;
-        let n = want.min(room);
+        let mut post = std::mem::take(&mut self.post);
+        self.pool.post_for_receive(room, |i| post.push(i));
+        let n = post.len();
         if n == 0 {
+            self.post = post;
             return Ok(());
         }
-        let start = self.free.len() - n;
-        for (slot, &i) in self.scratch.iter_mut().zip(&self.free[start..]) {
+        for (slot, &i) in self.scratch.iter_mut().zip(&post) {
             *slot = self.templates[i as usize];
         }
-        // SAFETY: these frames come off the free list, so neither the kernel nor user space
-        // refers to them; the ledger moves them to Receive below.
+        post.clear();
+        self.post = post;
+        // SAFETY: these frames came off the free list (the pool moved them to Receive), so
+        // neither the kernel nor user space refers to them.
         let produced = unsafe { self.fq.produce(&self.scratch[..n]) };
         debug_assert_eq!(produced, n, "nb_free promised room");
-        for _ in 0..produced {
-            let i = self.free.pop().expect("counted above");
-            self.ledger
-                .advance(i as usize, FrameState::Free, FrameState::Receive)
-                .map_err(io::Error::other)?;
-        }
         self.wake_fill()
     }
 
@@ -343,12 +346,14 @@ impl FrameIo for XskQueue {
     }
 
     fn bytes<'a>(&'a self, frame: &'a XskFrame) -> &'a [u8] {
-        // SAFETY: `frame` is a unique handle to a frame of this UMEM that user space holds (the
-        // ledger has it InUse), so the kernel does not write it while it is borrowed.
+        self.id.check(frame);
+        // SAFETY: `frame` is a unique handle to a frame of this UMEM (checked above) that user
+        // space holds (the ledger has it InUse), so the kernel does not write it while borrowed.
         unsafe { self.umem.data(&frame.desc) }.contents()
     }
 
     fn bytes_mut<'a>(&'a self, frame: &'a mut XskFrame, len: usize) -> &'a mut [u8] {
+        self.id.check(frame);
         // SAFETY: as for `bytes`, and the handle is borrowed mutably, so this is the only
         // reference to the frame's bytes.
         let mut data = unsafe { self.umem.data_mut(&mut frame.desc) };
@@ -368,16 +373,17 @@ impl FrameIo for XskQueue {
         for k in 0..n {
             let desc = self.scratch[k];
             let index = self.index_of(desc.addr());
-            if let Err(e) =
-                self.ledger
-                    .advance(index as usize, FrameState::Receive, FrameState::InUse)
-            {
+            if let Err(e) = self.pool.received(index) {
                 // The kernel returned a frame we never gave it: report and skip rather than
                 // alias a frame that is in use elsewhere.
                 log::error!("queue {}: {e}", self.queue_id);
                 continue;
             }
-            out.push_back(XskFrame { desc, index });
+            out.push_back(XskFrame {
+                desc,
+                umem: self.id,
+                index,
+            });
         }
         self.stats.rx_frames += n as u64;
         n
@@ -392,33 +398,22 @@ impl FrameIo for XskQueue {
     }
 
     fn alloc(&mut self, out: &mut Vec<XskFrame>, n: usize) -> usize {
-        // Keep the fill ring's share: transmit may not take the frames receive needs.
-        let reserve = self
-            .fill_target
-            .saturating_sub(self.ledger.count(FrameState::Receive));
-        let avail = self.free.len().saturating_sub(reserve);
-        let n = n.min(avail);
-        for _ in 0..n {
-            let i = self.free.pop().expect("counted above");
-            self.ledger
-                .advance(i as usize, FrameState::Free, FrameState::InUse)
-                .expect("free list holds free frames");
+        // The pool keeps the fill ring's share: transmit may not take the frames receive needs.
+        let (id, templates) = (self.id, &self.templates);
+        self.pool.alloc(n, |index| {
             out.push(XskFrame {
-                desc: self.templates[i as usize],
-                index: i,
-            });
-        }
-        n
+                desc: templates[index as usize],
+                umem: id,
+                index,
+            })
+        })
     }
 
     fn free(&mut self, frames: &mut Vec<XskFrame>) {
         for f in frames.drain(..) {
-            if self
-                .ledger
-                .advance(f.index as usize, FrameState::InUse, FrameState::Free)
-                .is_ok()
-            {
-                self.free.push(f.index);
+            self.id.check(&f);
+            if let Err(e) = self.pool.free(f.index) {
+                log::error!("queue {}: {e}", self.queue_id);
             }
         }
     }
@@ -430,15 +425,15 @@ impl FrameIo for XskQueue {
         let room = self.tx.nb_free(frames.len() as u32) as usize;
         let n = frames.len().min(room).min(self.scratch.len());
         for (slot, f) in self.scratch.iter_mut().zip(frames.iter()) {
+            self.id.check(f);
             *slot = f.desc;
         }
-        // SAFETY: each descriptor is a frame of this UMEM held by user space (InUse) and written
-        // through `bytes_mut`; after this call only the kernel refers to it until completion.
+        // SAFETY: each descriptor is a frame of this UMEM (checked) held by user space (InUse)
+        // and written through `bytes_mut`; after this call only the kernel refers to it until
+        // completion.
         let produced = unsafe { self.tx.produce(&self.scratch[..n]) };
         for f in frames.drain(..produced) {
-            self.ledger
-                .advance(f.index as usize, FrameState::InUse, FrameState::Transmit)
-                .map_err(io::Error::other)?;
+            self.pool.sent(f.index).map_err(io::Error::other)?;
         }
         if !frames.is_empty() {
             self.stats.tx_ring_full += frames.len() as u64;
@@ -454,15 +449,11 @@ impl FrameIo for XskQueue {
         let n = unsafe { self.cq.consume(&mut self.scratch) };
         for k in 0..n {
             let index = self.index_of(self.scratch[k].addr());
-            match self
-                .ledger
-                .advance(index as usize, FrameState::Transmit, FrameState::Free)
-            {
-                Ok(()) => self.free.push(index),
-                Err(e) => log::error!("queue {}: {e}", self.queue_id),
+            if let Err(e) = self.pool.completed(index) {
+                log::error!("queue {}: {e}", self.queue_id);
             }
         }
-        if self.ledger.count(FrameState::Transmit) > 0 && n == 0 {
+        if self.pool.count(FrameState::Transmit) > 0 && n == 0 {
             // Copy mode completes frames during the kick; nudge frames still in the TX ring.
             self.kick_tx()?;
         }
@@ -473,23 +464,21 @@ impl FrameIo for XskQueue {
     fn counts(&mut self) -> FrameCounts {
         let rx = self.rx.nb_avail_exact() as usize;
         let cq = self.cq.nb_avail_exact() as usize;
-        self.ledger.counts(rx, cq)
+        self.pool.counts(rx, cq)
     }
 
     fn fill_target(&self) -> usize {
-        self.fill_target
+        self.pool.fill_target()
     }
 
     fn set_fill_target(&mut self, frames: usize) -> usize {
         // At most the fill ring, and at most half the frames: transmit keeps the other half.
-        let most = (self.ring_size as usize)
-            .min(self.templates.len() / 2)
-            .max(1);
-        self.fill_target = frames.clamp(1, most);
+        let most = (self.ring_size as usize).min(self.templates.len() / 2);
+        let set = self.pool.set_fill_target(frames, most);
         if let Err(e) = self.top_up_fill() {
             log::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
         }
-        self.fill_target
+        set
     }
 
     fn rx_drops(&mut self) -> u64 {

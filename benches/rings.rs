@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::hint::black_box;
 
-use corelane_xsk::{FrameIo, MemFrame, MemLink};
+use corelane_frame::{FrameIo, MemFrame, MemLink};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn bench(c: &mut Criterion) {

@@ -1,99 +1,30 @@
-//! The frame-level interface the protocol stages drive: batches of frames in and out of a UMEM.
-//!
-//! [`FrameIo`] is implemented by [`XskQueue`](crate::XskQueue) (a real AF_XDP socket) and by
-//! [`MemPort`] (an in-memory link between two ports that behaves like the kernel's copy-mode
-//! path), so the same stack code runs over both.
+//! An in-memory link between two [`MemPort`]s that behaves like the kernel's AF_XDP copy mode:
+//! each port has its own frame memory and rings, and a sent frame's bytes are copied into a
+//! receive frame the peer posted in its fill ring.
 
-use std::collections::VecDeque;
-use std::io;
-
-use crate::ledger::FrameCounts;
-
-/// A frame handle. Handles are unique (neither `Clone` nor `Copy`): holding one is what gives the
-/// right to read or write the frame's bytes.
-pub trait Frame: std::fmt::Debug {
-    /// The frame's index in its UMEM.
-    fn index(&self) -> usize;
-    /// Bytes of packet data in the frame.
-    fn len(&self) -> usize;
-    /// True when the frame holds no data.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Batched frame I/O over a UMEM.
-///
-/// Frames move: `recv` (kernel -> user), `release` (user -> fill ring), `alloc` (free -> user),
-/// `send` (user -> TX ring, one kick), `complete` (completion ring -> free, and the fill ring
-/// topped up), `free` (an allocated frame given back unused).
-pub trait FrameIo {
-    /// The frame handle type.
-    type Frame: Frame;
-
-    /// Largest packet a frame can hold.
-    fn frame_capacity(&self) -> usize;
-
-    /// The received bytes of `frame`.
-    fn bytes<'a>(&'a self, frame: &'a Self::Frame) -> &'a [u8];
-
-    /// Sets `frame`'s length to `len` (at most [`FrameIo::frame_capacity`]) and returns its bytes
-    /// for writing.
-    fn bytes_mut<'a>(&'a self, frame: &'a mut Self::Frame, len: usize) -> &'a mut [u8];
-
-    /// Moves up to `max` received frames to the back of `out`; returns how many.
-    fn recv(&mut self, out: &mut VecDeque<Self::Frame>, max: usize) -> usize;
-
-    /// Gives processed receive frames back to the kernel's fill ring (draining `frames`).
-    fn release(&mut self, frames: &mut Vec<Self::Frame>);
-
-    /// Moves up to `n` free frames to `out` for writing; returns how many.
-    fn alloc(&mut self, out: &mut Vec<Self::Frame>, n: usize) -> usize;
-
-    /// Returns allocated frames that were not sent (draining `frames`).
-    fn free(&mut self, frames: &mut Vec<Self::Frame>);
-
-    /// Queues written frames for transmit (draining `frames`) and kicks the kernel once for the
-    /// batch. Returns how many were queued; frames that did not fit are freed and counted.
-    fn send(&mut self, frames: &mut Vec<Self::Frame>) -> io::Result<usize>;
-
-    /// Reclaims sent frames from the completion ring and tops up the fill ring; returns how many
-    /// frames were reclaimed.
-    fn complete(&mut self) -> io::Result<usize>;
-
-    /// Where every frame is now.
-    fn counts(&mut self) -> FrameCounts;
-
-    /// Frames kept posted for receive: the fill ring's occupancy target.
-    fn fill_target(&self) -> usize;
-
-    /// Sets the fill ring's occupancy target (clamped to what the rings and frames allow) and
-    /// returns the value set. Lowering it takes effect as posted frames come back; frames the
-    /// kernel already holds stay posted.
-    fn set_fill_target(&mut self, frames: usize) -> usize;
-
-    /// Received frames dropped below this side so far, for want of a fill frame or RX ring room
-    /// (may cost a system call: read it every so many turns, not every frame).
-    fn rx_drops(&mut self) -> u64;
-}
-
-// ---------------------------------------------------------------------------------------------
-// In-memory link
-// ---------------------------------------------------------------------------------------------
+#![allow(unsafe_code)] // The frame memory is shared with the simulated kernel, as a UMEM is.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io;
 use std::rc::Rc;
 
-use crate::ledger::{FrameLedger, FrameState};
+use crate::ledger::FrameCounts;
+use crate::pool::FramePool;
+use crate::{Frame, FrameIo, UmemId};
 
 /// A frame of a [`MemPort`].
 #[derive(Debug)]
 pub struct MemFrame {
+    umem: UmemId,
     index: u32,
     len: u32,
 }
 
 impl Frame for MemFrame {
+    fn umem(&self) -> UmemId {
+        self.umem
+    }
     fn index(&self) -> usize {
         self.index as usize
     }
@@ -159,13 +90,12 @@ pub struct MemStats {
 /// the peer put in its fill ring, as the kernel does for AF_XDP in copy mode.
 #[derive(Debug)]
 pub struct MemPort {
+    id: UmemId,
     region: Rc<Region>,
     me: Rc<RefCell<Rings>>,
     peer: Rc<RefCell<Rings>>,
     peer_region: Rc<Region>,
-    ledger: FrameLedger,
-    free: Vec<u32>,
-    fill_target: usize,
+    pool: FramePool,
     stats: MemStats,
     loss_every: u64,
 }
@@ -194,49 +124,40 @@ impl Default for MemLink {
 impl MemLink {
     /// Two ports joined back to back, each with its fill ring stocked.
     pub fn pair(self) -> (MemPort, MemPort) {
-        let ra = Rc::new(Region::new(self.frames, self.frame_size));
-        let rb = Rc::new(Region::new(self.frames, self.frame_size));
-        let ka = Rc::new(RefCell::new(Rings {
-            ring_size: self.ring_size,
-            ..Rings::default()
-        }));
-        let kb = Rc::new(RefCell::new(Rings {
-            ring_size: self.ring_size,
-            ..Rings::default()
-        }));
-        let mk = |region: &Rc<Region>, me: &Rc<RefCell<Rings>>, pr: &Rc<Region>, peer| {
+        let regions = [
+            Rc::new(Region::new(self.frames, self.frame_size)),
+            Rc::new(Region::new(self.frames, self.frame_size)),
+        ];
+        let rings = [(); 2].map(|_| {
+            Rc::new(RefCell::new(Rings {
+                ring_size: self.ring_size,
+                ..Rings::default()
+            }))
+        });
+        let port = |me: usize| {
+            let peer = 1 - me;
             let mut p = MemPort {
-                region: region.clone(),
-                me: Rc::clone(me),
-                peer,
-                peer_region: pr.clone(),
-                ledger: FrameLedger::new(self.frames),
-                free: (0..self.frames as u32).rev().collect(),
-                fill_target: self.ring_size.min(self.frames / 2),
+                id: UmemId::fresh(),
+                region: regions[me].clone(),
+                me: rings[me].clone(),
+                peer: rings[peer].clone(),
+                peer_region: regions[peer].clone(),
+                pool: FramePool::new(self.frames, self.ring_size.min(self.frames / 2)),
                 stats: MemStats::default(),
                 loss_every: 0,
             };
             p.top_up_fill();
             p
         };
-        let a = mk(&ra, &ka, &rb, Rc::clone(&kb));
-        let b = mk(&rb, &kb, &ra, ka);
-        (a, b)
+        (port(0), port(1))
     }
 }
 
 impl MemPort {
     fn top_up_fill(&mut self) {
         let mut k = self.me.borrow_mut();
-        while self.ledger.count(FrameState::Receive) < self.fill_target
-            && k.fill.len() < k.ring_size
-        {
-            let Some(i) = self.free.pop() else { break };
-            self.ledger
-                .advance(i as usize, FrameState::Free, FrameState::Receive)
-                .expect("free list holds free frames");
-            k.fill.push_back(i);
-        }
+        let room = k.ring_size.saturating_sub(k.fill.len());
+        self.pool.post_for_receive(room, |i| k.fill.push_back(i));
     }
 
     /// Drops every `n`th frame this port sends (0: none), to exercise retransmission.
@@ -286,14 +207,17 @@ impl FrameIo for MemPort {
     }
 
     fn bytes<'a>(&'a self, frame: &'a MemFrame) -> &'a [u8] {
-        // SAFETY: the handle is unique and borrowed for 'a, so nothing writes these bytes.
+        self.id.check(frame);
+        // SAFETY: the handle is unique, of this UMEM (checked) and borrowed for 'a, so nothing
+        // writes these bytes meanwhile.
         unsafe { self.region.slice_mut(frame.index(), frame.len()) }
     }
 
     fn bytes_mut<'a>(&'a self, frame: &'a mut MemFrame, len: usize) -> &'a mut [u8] {
+        self.id.check(frame);
         let len = len.min(self.region.frame_size);
         frame.len = len as u32;
-        // SAFETY: the handle is unique and mutably borrowed for 'a.
+        // SAFETY: the handle is unique, of this UMEM (checked) and mutably borrowed for 'a.
         unsafe { self.region.slice_mut(frame.index(), len) }
     }
 
@@ -301,10 +225,13 @@ impl FrameIo for MemPort {
         let mut k = self.me.borrow_mut();
         let n = max.min(k.rx.len());
         for (i, len) in k.rx.drain(..n) {
-            self.ledger
-                .advance(i as usize, FrameState::Receive, FrameState::InUse)
-                .expect("RX ring holds frames given for receive");
-            out.push_back(MemFrame { index: i, len });
+            if self.pool.received(i).is_ok() {
+                out.push_back(MemFrame {
+                    umem: self.id,
+                    index: i,
+                    len,
+                });
+            }
         }
         n
     }
@@ -312,57 +239,47 @@ impl FrameIo for MemPort {
     fn release(&mut self, frames: &mut Vec<MemFrame>) {
         let mut k = self.me.borrow_mut();
         for f in frames.drain(..) {
-            if k.fill.len() < k.ring_size {
-                self.ledger
-                    .advance(f.index(), FrameState::InUse, FrameState::Receive)
-                    .expect("released frames are in use");
+            self.id.check(&f);
+            if k.fill.len() < k.ring_size && self.pool.repost(f.index).is_ok() {
                 k.fill.push_back(f.index);
             } else {
-                self.ledger
-                    .advance(f.index(), FrameState::InUse, FrameState::Free)
-                    .expect("released frames are in use");
-                self.free.push(f.index);
+                let _ = self.pool.free(f.index);
             }
         }
     }
 
     fn alloc(&mut self, out: &mut Vec<MemFrame>, n: usize) -> usize {
-        let mut got = 0;
-        while got < n {
-            let Some(i) = self.free.pop() else { break };
-            self.ledger
-                .advance(i as usize, FrameState::Free, FrameState::InUse)
-                .expect("free list holds free frames");
-            out.push(MemFrame { index: i, len: 0 });
-            got += 1;
-        }
-        got
+        let id = self.id;
+        self.pool.alloc(n, |index| {
+            out.push(MemFrame {
+                umem: id,
+                index,
+                len: 0,
+            })
+        })
     }
 
     fn free(&mut self, frames: &mut Vec<MemFrame>) {
         for f in frames.drain(..) {
-            self.ledger
-                .advance(f.index(), FrameState::InUse, FrameState::Free)
-                .expect("freed frames are in use");
-            self.free.push(f.index);
+            self.id.check(&f);
+            let _ = self.pool.free(f.index);
         }
     }
 
     fn send(&mut self, frames: &mut Vec<MemFrame>) -> io::Result<usize> {
         let mut sent = 0;
         for f in frames.drain(..) {
-            let room = self.me.borrow().completion.len() < self.me.borrow().ring_size;
+            self.id.check(&f);
+            let room = {
+                let k = self.me.borrow();
+                k.completion.len() < k.ring_size
+            };
             if !room {
                 self.stats.tx_ring_full += 1;
-                self.ledger
-                    .advance(f.index(), FrameState::InUse, FrameState::Free)
-                    .expect("sent frames are in use");
-                self.free.push(f.index);
+                let _ = self.pool.free(f.index);
                 continue;
             }
-            self.ledger
-                .advance(f.index(), FrameState::InUse, FrameState::Transmit)
-                .expect("sent frames are in use");
+            self.pool.sent(f.index).map_err(io::Error::other)?;
             self.stats.sent += 1;
             let lose = self.loss_every > 0 && self.stats.sent.is_multiple_of(self.loss_every);
             if lose {
@@ -383,10 +300,7 @@ impl FrameIo for MemPort {
     fn complete(&mut self) -> io::Result<usize> {
         let done: Vec<u32> = self.me.borrow_mut().completion.drain(..).collect();
         for &i in &done {
-            self.ledger
-                .advance(i as usize, FrameState::Transmit, FrameState::Free)
-                .expect("completed frames were sent");
-            self.free.push(i);
+            self.pool.completed(i).map_err(io::Error::other)?;
         }
         self.top_up_fill();
         Ok(done.len())
@@ -394,18 +308,18 @@ impl FrameIo for MemPort {
 
     fn counts(&mut self) -> FrameCounts {
         let k = self.me.borrow();
-        self.ledger.counts(k.rx.len(), k.completion.len())
+        self.pool.counts(k.rx.len(), k.completion.len())
     }
 
     fn fill_target(&self) -> usize {
-        self.fill_target
+        self.pool.fill_target()
     }
 
     fn set_fill_target(&mut self, frames: usize) -> usize {
-        let most = self.me.borrow().ring_size.min(self.ledger.len() / 2).max(1);
-        self.fill_target = frames.clamp(1, most);
+        let most = self.me.borrow().ring_size.min(self.pool.len() / 2);
+        let set = self.pool.set_fill_target(frames, most);
         self.top_up_fill();
-        self.fill_target
+        set
     }
 
     fn rx_drops(&mut self) -> u64 {
@@ -494,5 +408,15 @@ mod tests {
         }
         assert_eq!(a.stats().peer_dropped, 4);
         assert_eq!(b.rx_dropped(), 4);
+    }
+
+    #[test]
+    #[should_panic(expected = "used with UMEM")]
+    fn a_frame_of_one_port_is_refused_by_another() {
+        let (mut a, b) = small().pair();
+        let mut tx = Vec::new();
+        a.alloc(&mut tx, 1);
+        // Same frame size, index in range: only the brand tells them apart.
+        let _ = b.bytes(&tx[0]);
     }
 }

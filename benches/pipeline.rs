@@ -6,14 +6,15 @@
 //! data segments/s (ns per segment is its inverse).
 
 use std::hint::black_box;
+use std::task::Poll;
 
+use corelane_frame::{MemLink, MemPort};
 use corelane_stack::smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use corelane_stack::smoltcp::phy::{Device, DeviceCapabilities, Loopback, Medium};
 use corelane_stack::smoltcp::socket::tcp;
 use corelane_stack::smoltcp::time::{Duration, Instant};
 use corelane_stack::smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
 use corelane_stack::{BatchTuner, FlowId, Node, StackConfig, TuneConfig};
-use corelane_xsk::{MemLink, MemPort};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 const CHUNK: usize = 256 * 1024;
@@ -70,25 +71,23 @@ fn corelane(batch: usize) -> Corelane {
 
 impl Pipe for Corelane {
     fn transfer(&mut self, data: &[u8], sink: &mut [u8]) -> u64 {
-        let before = self.a.dev.stats().tx_frames;
+        let before = self.a.dev().stats().tx_frames;
         let (mut sent, mut got) = (0, 0);
         while got < data.len() {
-            if sent < data.len() {
-                let s = self.a.stack.tcp(self.tx).expect("flow");
-                sent += s.send_slice(&data[sent..]).expect("send");
-                self.a.stack.touch(self.tx);
+            if sent < data.len()
+                && let Poll::Ready(r) = self.a.stack.tcp_write(self.tx, &data[sent..], None)
+            {
+                sent += r.expect("send");
             }
             self.now += Duration::from_micros(5);
             self.a.poll(self.now).expect("poll");
             self.b.poll(self.now).expect("poll");
-            let r = self.b.stack.tcp(self.rx).expect("flow");
-            while let Ok(n @ 1..) = r.recv_slice(sink) {
+            while let Poll::Ready(Ok(n @ 1..)) = self.b.stack.tcp_read(self.rx, sink, None) {
                 got += n;
             }
-            self.b.stack.touch(self.rx);
         }
         // ACKs sent by the receiver are not counted: data frames only.
-        self.a.dev.stats().tx_frames - before
+        self.a.dev().stats().tx_frames - before
     }
 }
 
@@ -237,12 +236,12 @@ fn bench(c: &mut Criterion) {
     // Model-T: the batch adapts on both sides; where it settles and what each size cost.
     let mut p = corelane(256);
     let tune = TuneConfig {
-        l2_bytes: corelane_stack::tune::l2_bytes(0).unwrap_or(1 << 20),
+        l2_bytes: corelane_rt::l2_bytes(0).unwrap_or(1 << 20),
         frame_bytes: 2048,
         ..TuneConfig::default()
     };
-    p.a.tuner = Some(BatchTuner::new(tune));
-    p.b.tuner = Some(BatchTuner::new(tune));
+    p.a.pipe.tuner = Some(BatchTuner::new(tune));
+    p.b.pipe.tuner = Some(BatchTuner::new(tune));
     let segs = segments_per_chunk(&mut p, &data, &mut sink);
     g.throughput(Throughput::ElementsAndBytes {
         elements: segs,
@@ -253,7 +252,7 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
     for (side, n) in [("sender", &p.a), ("receiver", &p.b)] {
-        if let Some(t) = &n.tuner {
+        if let Some(t) = &n.pipe.tuner {
             println!(
                 "adaptive batch, {side}: settled at {} (cap {} for {} KiB of L2, {} changes); per size: {}",
                 t.settled(),

@@ -1,0 +1,302 @@
+//! How to build a [`Runtime`]: the interface, addresses, placement, sizes and modes.
+
+use std::io;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corelane_stack::StackConfig;
+use corelane_stack::smoltcp::wire::IpCidr;
+use corelane_topo::{Machine, Placement, Plan};
+use corelane_xsk::{AttachMode, Channels, Steering, XskConfig};
+
+use crate::cpu::allowed_cpus;
+use crate::launch::{Runtime, Shared};
+use crate::queues::{RestoreQueues, queues_needed, raise_queues};
+use crate::{Error, PollMode, handoff};
+
+/// How to build a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct Builder {
+    pub(crate) ifname: String,
+    pub(crate) addrs: Vec<IpCidr>,
+    pub(crate) placement: Placement,
+    pub(crate) lanes: Option<usize>,
+    pub(crate) queues: Option<Vec<u32>>,
+    pub(crate) attach: AttachMode,
+    pub(crate) xsk: XskConfig,
+    pub(crate) stack: StackConfig,
+    pub(crate) poll: PollMode,
+    pub(crate) handoff_slots: usize,
+    pub(crate) linger: Duration,
+    pub(crate) adaptive_batch: bool,
+}
+
+/// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
+/// lets one connection fill the path.
+pub fn bandwidth_delay_product(bits_per_sec: u64, rtt: Duration) -> usize {
+    ((bits_per_sec as u128 * rtt.as_nanos()) / 8 / 1_000_000_000) as usize
+}
+
+impl Builder {
+    /// An address (with prefix) the runtime owns. May repeat (IPv4 and IPv6, up to 4). Use an
+    /// address the kernel does not also hold on this interface: frames for it, and ARP or NDP
+    /// for it, go to corelane only.
+    pub fn addr(mut self, cidr: IpCidr) -> Self {
+        self.addrs.push(cidr);
+        self
+    }
+
+    /// CPUs to run on, one core (thread, queue) each, protocol and application together: the
+    /// same as `placement(Placement::Explicit { protocol: cpus, application: vec![] })`.
+    pub fn cpus(mut self, cpus: Vec<usize>) -> Self {
+        self.placement = Placement::Explicit {
+            protocol: cpus,
+            application: Vec::new(),
+        };
+        self
+    }
+
+    /// Where the protocol and the application run (default [`Placement::SameCore`]); the plan
+    /// is made from the machine hwloc reads, NIC-local CPUs first. [`Runtime::plan`] shows it.
+    pub fn placement(mut self, p: Placement) -> Self {
+        self.placement = p;
+        self
+    }
+
+    /// How many cores (lanes: one queue, one protocol thread each) to run (default: one per
+    /// physical core the process may use, up to the interface's receive queues). When the
+    /// interface has fewer queues and its driver allows more, they are raised (ethtool -L)
+    /// for the run.
+    pub fn cores(mut self, n: usize) -> Self {
+        self.lanes = Some(n);
+        self
+    }
+
+    /// The receive queues the cores serve, in core order (default: 0, 1, ...).
+    pub fn queues(mut self, q: Vec<u32>) -> Self {
+        self.queues = Some(q);
+        self
+    }
+
+    /// XDP attach mode (default: native, falling back to generic).
+    pub fn attach_mode(mut self, m: AttachMode) -> Self {
+        self.attach = m;
+        self
+    }
+
+    /// UMEM and ring sizes, and the zero-copy preference.
+    pub fn xsk(mut self, c: XskConfig) -> Self {
+        self.xsk = c;
+        self
+    }
+
+    /// Protocol settings: socket buffers, backlog, batch size, flow table size.
+    pub fn stack(mut self, c: StackConfig) -> Self {
+        self.stack = c;
+        self
+    }
+
+    /// Sizes TCP socket buffers from a bandwidth-delay product (window scaling follows).
+    pub fn bdp(mut self, bits_per_sec: u64, rtt: Duration) -> Self {
+        let b = bandwidth_delay_product(bits_per_sec, rtt).clamp(4096, 64 << 20);
+        self.stack.tcp_rx_buffer = b;
+        self.stack.tcp_tx_buffer = b;
+        self
+    }
+
+    /// Default TCP listen backlog.
+    pub fn backlog(mut self, n: usize) -> Self {
+        self.stack.backlog = n;
+        self
+    }
+
+    /// How idle cores wait (default: adaptive, 50 µs spin).
+    pub fn poll_mode(mut self, m: PollMode) -> Self {
+        self.poll = m;
+        self
+    }
+
+    /// Model-T batching (on by default): the batch size and the fill ring's occupancy adapt
+    /// turn by turn to the load, keeping a batch's working set within the core's L2 (see
+    /// [`corelane_stack::BatchTuner`]); `StackConfig::batch` is then the largest batch. Off:
+    /// every turn uses `StackConfig::batch`.
+    pub fn adaptive_batch(mut self, on: bool) -> Self {
+        self.adaptive_batch = on;
+        self
+    }
+
+    /// Frames each cross-core ring holds (default 1024).
+    pub fn handoff_slots(mut self, n: usize) -> Self {
+        self.handoff_slots = n;
+        self
+    }
+
+    /// How long a core keeps running after its task ends, so closed connections can finish
+    /// (default 200 ms). Stopping with Ctrl-C or a [`StopHandle`] resets them instead.
+    pub fn linger(mut self, d: Duration) -> Self {
+        self.linger = d;
+        self
+    }
+
+    /// The placement plan [`Builder::build`] would follow, from the machine hwloc reads and the
+    /// interface's queues, without attaching anything or changing the interface (needs no
+    /// privileges). Prints as an explanation.
+    pub fn plan(&self) -> Result<Plan, Error> {
+        let (mut plan, channels) = self.make_plan()?;
+        let nqueues = channels.map_or(1, |c| c.rx_queues());
+        let need = queues_needed(&plan);
+        if need > nqueues {
+            let max = channels.map_or(1, |c| c.max_rx_queues());
+            plan.reasons.push(if max >= need {
+                format!(
+                    "{} has {nqueues} receive queue(s): build() raises them to {need} for the run",
+                    self.ifname
+                )
+            } else {
+                format!(
+                    "{} has {nqueues} receive queue(s) and allows at most {max}: build() refuses \
+                     {} core(s)",
+                    self.ifname,
+                    plan.lanes.len()
+                )
+            });
+        }
+        Ok(plan)
+    }
+
+    fn make_plan(&self) -> Result<(Plan, Option<Channels>), Error> {
+        corelane_xsk::check_interface(&self.ifname)?;
+        let channels = corelane_xsk::channels(&self.ifname)?;
+        let nqueues = channels.map_or(1, |c| c.rx_queues());
+        let machine = Machine::this()?;
+        let driver = corelane_xsk::driver_info(&self.ifname).unwrap_or_default();
+        let lanes = self.queues.as_ref().map(Vec::len).or(self.lanes);
+        if lanes == Some(0) {
+            return Err(Error::Config("no core to run on".into()));
+        }
+        let mut plan = corelane_topo::plan(
+            &machine,
+            &self.placement,
+            &corelane_topo::Request {
+                lanes,
+                max_lanes: Some(nqueues as usize),
+                allowed: allowed_cpus(),
+                nic: machine.nic(&self.ifname, Some(&driver.bus_info)),
+            },
+        )?;
+        if let Some(q) = &self.queues {
+            for (lane, q) in plan.lanes.iter_mut().zip(q) {
+                lane.queue = *q;
+            }
+        }
+        Ok((plan, channels))
+    }
+
+    /// Checks the configuration, attaches the XDP program and owns the addresses. The AF_XDP
+    /// sockets are opened by each core when [`Runtime::run`] starts it.
+    pub fn build(self) -> Result<Runtime, Error> {
+        if self.addrs.is_empty() {
+            return Err(Error::Config(
+                "no address: give the runtime at least one address it owns (e.g. 10.0.0.1/24)"
+                    .into(),
+            ));
+        }
+        if self.addrs.len() > 4 {
+            return Err(Error::Config("at most 4 addresses".into()));
+        }
+        corelane_xsk::check_privileges()?;
+        let (mut plan, channels) = self.make_plan()?;
+        let nqueues = channels.map_or(1, |c| c.rx_queues());
+        let need = queues_needed(&plan);
+        let mut restore = None;
+        if need > nqueues {
+            let cores = plan.lanes.len();
+            let raised = channels
+                .filter(|c| c.max_rx_queues() >= need)
+                .map(|c| raise_queues(&self.ifname, c, need));
+            match raised {
+                Some(Ok(old)) => {
+                    plan.reasons.push(format!(
+                        "{} had {nqueues} receive queue(s): raised to {need} for this run \
+                         (ethtool -L), restored at the end",
+                        self.ifname
+                    ));
+                    restore = Some(old);
+                }
+                other => {
+                    let why = match other {
+                        Some(Err(e)) => format!("setting its queues failed: {e}"),
+                        _ => format!(
+                            "its driver allows at most {}",
+                            channels.map_or(1, |c| c.max_rx_queues())
+                        ),
+                    };
+                    return Err(Error::Config(format!(
+                        "{} has {nqueues} receive queue(s), too few for {cores} core(s) (queue {} \
+                         does not exist) and {why}; run fewer cores or give it more queues \
+                         (ethtool -L {} combined {need}, or a veth made with \
+                         numrxqueues/numtxqueues)",
+                        self.ifname,
+                        need - 1,
+                        self.ifname,
+                    )));
+                }
+            }
+        }
+        let nqueues = nqueues.max(need);
+        if (nqueues as usize) > plan.lanes.len() {
+            log::warn!(
+                "{} has {nqueues} receive queues and {} are served: frames on the others go to the kernel",
+                self.ifname,
+                plan.lanes.len()
+            );
+        }
+        let restore = RestoreQueues {
+            ifname: self.ifname.clone(),
+            old: restore,
+        };
+        let mac = corelane_xsk::mac_address(&self.ifname)?;
+        let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
+        // Attach first: a driver that refuses the program (in native mode, say) explains more
+        // than the frame size does.
+        let mut steering = Steering::attach(&self.ifname, self.attach)?;
+        let capacity = (self.xsk.frame_size as usize).saturating_sub(256);
+        if mtu + 14 > capacity {
+            let most = handoff::SLOT_BYTES - 14;
+            let fix = if mtu <= most {
+                "use 4096-byte frames (XskConfig::frame_size)".to_string()
+            } else {
+                format!(
+                    "lower the MTU to at most {most} (frames larger than a page are not supported)"
+                )
+            };
+            return Err(Error::Config(format!(
+                "MTU {mtu} of {} does not fit a {}-byte frame; {fix}",
+                self.ifname, self.xsk.frame_size
+            )));
+        }
+        for a in &self.addrs {
+            steering.own_addr(a.address().into())?;
+        }
+        let bells = plan
+            .lanes
+            .iter()
+            .map(|_| handoff::Doorbell::new())
+            .collect::<io::Result<Vec<_>>>()?;
+        let shared = Arc::new(Shared {
+            steering: Mutex::new(steering),
+            stop: AtomicBool::new(false),
+            bells,
+        });
+        Ok(Runtime {
+            shared,
+            cfg: self,
+            plan,
+            nqueues,
+            mac,
+            mtu,
+            _restore: restore,
+        })
+    }
+}

@@ -1,0 +1,198 @@
+//! The driver: one core's pipeline run as a task of its executor, between the application's
+//! tasks, and how an idle core waits for work (adaptive poll).
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant as StdInstant};
+
+use corelane_stack::smoltcp::time::Instant;
+use corelane_stack::{Pipeline, Proto};
+use corelane_xsk::FrameIo as _;
+use corelane_xsk::XskQueue;
+use tokio::io::unix::AsyncFd;
+
+use crate::PollMode;
+use crate::lane::Core;
+use crate::peers::CorePeers;
+
+struct Fd(RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// The per-core pipeline, run as a task on the core's executor.
+pub(crate) struct Driver {
+    pub(crate) core: Arc<Core>,
+    pub(crate) pipe: Pipeline<XskQueue>,
+    pub(crate) peers: CorePeers,
+    pub(crate) mode: PollMode,
+    pub(crate) epoch: StdInstant,
+}
+
+impl Driver {
+    fn now(&self) -> Instant {
+        Instant::from_micros(self.epoch.elapsed().as_micros() as i64)
+    }
+
+    /// One turn of the pipeline ([`Pipeline::turn`]) with this core's stack and peers, then
+    /// the core's counters brought up to date. Returns true when anything moved.
+    fn turn(&mut self, freed: &mut Vec<(Proto, u16)>) -> bool {
+        let core = self.core.clone();
+        let now = self.now();
+        let mut stack = core.stack();
+        let turn = self.pipe.turn(&mut stack, now, &mut self.peers);
+        if let Some(e) = &turn.tx_error {
+            log::warn!("core {}: transmit: {e}", core.index);
+        }
+        stack.take_freed_ports(freed);
+        let mut st = core.stats();
+        st.set_pipeline(&self.pipe.stats());
+        if let Some(tu) = &self.pipe.tuner {
+            st.batch.current = tu.batch();
+            st.batch.settled = tu.settled();
+            st.batch.changes = tu.changes();
+            st.batch.fill_target = self.pipe.dev.io().fill_target();
+        }
+        st.device = self.pipe.dev.stats();
+        turn.busy()
+    }
+
+    /// Runs the pipeline until the core is told to stop.
+    pub(crate) async fn run(mut self) -> Self {
+        let readable = tokio::io::Interest::READABLE;
+        // SAFETY: the AF_XDP socket is owned by the core's device, which outlives this function
+        // (the AsyncFd is dropped when it returns), and it is never replaced.
+        let xsk = unsafe { AsyncFd::register_with_interest(Fd(self.pipe.dev.io().fd()), readable) }
+            .map_err(|e| e.into_parts().1);
+        let bell = &self.peers.bell();
+        // SAFETY: the eventfd is owned by `bell`, an Arc held across this function.
+        let bell_fd = unsafe { AsyncFd::register_with_interest(Fd(bell.fd()), readable) }
+            .map_err(|e| e.into_parts().1);
+        let (xsk, bell_fd) = match (xsk, bell_fd) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                log::error!(
+                    "core {}: cannot register with the executor ({e}); busy polling",
+                    self.core.index
+                );
+                self.mode = PollMode::Busy;
+                return self.run_busy().await;
+            }
+        };
+        let mut freed = Vec::new();
+        let mut idle_since: Option<StdInstant> = None;
+        // Start of the current stretch of work (since the last wake-up or the last idle turn).
+        let mut busy_since: Option<StdInstant> = None;
+        let mut spin_for = Duration::ZERO;
+        // Moving average of the idle gaps: how long work took to come once the core went idle.
+        let mut gap_ns = 0.0f64;
+        loop {
+            if self.core.stopping() {
+                return self;
+            }
+            if self.turn(&mut freed) {
+                if let Some(idle) = idle_since.take() {
+                    // How long the core waited for this work (spinning or asleep).
+                    gap_ns = 0.8 * gap_ns + 0.2 * idle.elapsed().as_nanos() as f64;
+                    busy_since = Some(StdInstant::now());
+                } else if busy_since.is_none() {
+                    busy_since = Some(StdInstant::now());
+                }
+                self.release_ports(&mut freed);
+                self.yield_to_tasks().await;
+                continue;
+            }
+            let spin = match self.mode {
+                PollMode::Busy => {
+                    self.yield_to_tasks().await;
+                    continue;
+                }
+                PollMode::Adaptive { spin } => spin,
+            };
+            let since = *idle_since.get_or_insert_with(|| {
+                // Going idle. Spin through a gap the recent past says will be short (sleeping
+                // and waking costs more CPU than a short spin, and adds latency); otherwise spin
+                // no longer than the work just done took, so spinning never costs more than the
+                // work it waits for, and sleep through the gap.
+                let worked = busy_since.take().map_or(Duration::ZERO, |b| b.elapsed());
+                spin_for = if gap_ns < spin.as_nanos() as f64 / 2.0 {
+                    spin
+                } else {
+                    worked.max(Duration::from_micros(2)).min(spin)
+                };
+                StdInstant::now()
+            });
+            if since.elapsed() < spin_for {
+                self.yield_to_tasks().await;
+                continue;
+            }
+            // Sleep: on the XSK fd, the doorbell, a task's output, or the next protocol timer.
+            bell.arm();
+            if self.peers.inbound_waiting() || self.core.stack().egress_pending() {
+                bell.disarm();
+                continue;
+            }
+            self.core.stats().parks += 1;
+            let deadline = self.core.stack().next_deadline().map(|d| {
+                let at = Duration::from_micros(d.total_micros().max(0) as u64);
+                tokio::time::Instant::from_std(self.epoch + at)
+            });
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            tokio::select! {
+                biased;
+                r = xsk.readable() => if let Ok(mut g) = r { g.clear_ready() },
+                r = bell_fd.readable() => if let Ok(mut g) = r { g.clear_ready() },
+                _ = self.core.kick.notified() => {},
+                _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {},
+            }
+            bell.disarm();
+            // idle_since stays: the gap runs until the next turn that finds work.
+            busy_since = None;
+            spin_for = Duration::ZERO;
+        }
+    }
+
+    async fn run_busy(mut self) -> Self {
+        let mut freed = Vec::new();
+        while !self.core.stopping() {
+            self.turn(&mut freed);
+            self.release_ports(&mut freed);
+            self.yield_to_tasks().await;
+        }
+        self
+    }
+
+    fn release_ports(&self, freed: &mut Vec<(Proto, u16)>) {
+        for (proto, port) in freed.drain(..) {
+            self.core.release_port(proto, port);
+        }
+    }
+
+    async fn yield_to_tasks(&self) {
+        let t = StdInstant::now();
+        tokio::task::yield_now().await;
+        let mut st = self.core.stats();
+        st.tasks.items += 1;
+        st.tasks.nanos += t.elapsed().as_nanos() as u64;
+    }
+
+    /// Keeps the pipeline running for at most `linger` so that connections the application
+    /// closed can finish (FIN and its ACK), then stops.
+    pub(crate) async fn linger(mut self, linger: Duration) -> Self {
+        let until = StdInstant::now() + linger;
+        let mut freed = Vec::new();
+        while StdInstant::now() < until && !self.core.shared.stop.load(Ordering::Relaxed) {
+            self.turn(&mut freed);
+            self.release_ports(&mut freed);
+            if self.core.stack().stats().flows == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        self
+    }
+}

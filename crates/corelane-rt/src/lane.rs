@@ -1,0 +1,176 @@
+//! One core (a lane): its protocol stack behind a lock its sockets share, its counters, and the
+//! thread-local through which the application's tasks find it.
+
+use std::cell::RefCell;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+pub use corelane_stack::Stage;
+use corelane_stack::{DeviceStats, PipelineStats, Proto, Stack, StackStats};
+use corelane_xsk::Steering;
+use tokio::sync::Notify;
+
+use crate::launch::Shared;
+
+/// Counters of one core's pipeline: per stage, frames (or flows) and time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Core index (0-based, in the runtime's order).
+    pub core: usize,
+    /// CPU the core's thread is pinned to.
+    pub cpu: usize,
+    /// Interface queue the core serves.
+    pub queue: u32,
+    /// Passes of the pipeline.
+    pub turns: u64,
+    /// Passes that found work.
+    pub busy_turns: u64,
+    /// Times the core went to sleep (adaptive poll mode).
+    pub parks: u64,
+    /// RX stage: frames taken from the RX ring.
+    pub rx: Stage,
+    /// Classify stage: frames parsed and checksum-verified.
+    pub classify: Stage,
+    /// Handoff in: frames taken from other cores' rings.
+    pub handoff_in: Stage,
+    /// Flow demux and protocol (ingress) stage: frames processed.
+    pub protocol: Stage,
+    /// Egress stage: flows polled for output.
+    pub egress: Stage,
+    /// TX, recycle and refill stage: frames sent.
+    pub tx: Stage,
+    /// Application tasks: time between the driver yielding and running again.
+    pub tasks: Stage,
+    /// Accept polls that found nothing after being woken (should stay 0: wake-one).
+    pub accept_spurious: u64,
+    /// CPU the application's tasks run on (the same as `cpu` for a same-core lane).
+    pub app_cpu: usize,
+    /// CPU time of the protocol thread (and of the application, on a same-core lane), measured
+    /// when the core ends.
+    pub cpu_time: Duration,
+    /// CPU time of the application thread of a split lane (zero on a same-core lane).
+    pub app_cpu_time: Duration,
+    /// Model-T batching: the batch size now, where it settled, and the fill ring's occupancy.
+    pub batch: BatchStats,
+    /// Device counters.
+    pub device: DeviceStats,
+    /// Protocol counters.
+    pub stack: StackStats,
+}
+
+impl CoreStats {
+    /// Takes the pipeline's turn and stage counters.
+    pub(crate) fn set_pipeline(&mut self, p: &PipelineStats) {
+        self.turns = p.turns;
+        self.busy_turns = p.busy_turns;
+        self.rx = p.rx;
+        self.classify = p.classify;
+        self.handoff_in = p.handoff_in;
+        self.protocol = p.protocol;
+        self.egress = p.egress;
+        self.tx = p.tx;
+    }
+}
+
+/// Where a core's batching stands (see [`crate::Builder::adaptive_batch`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// The batch adapts (Model-T); otherwise it is fixed at `current`.
+    pub adaptive: bool,
+    /// Frames per RX pull and per TX kick now.
+    pub current: usize,
+    /// The size that carried the most frames so far.
+    pub settled: usize,
+    /// The largest batch whose working set fits half of the core's L2.
+    pub cap: usize,
+    /// The core's L2 in bytes, as read for the cap.
+    pub l2_bytes: usize,
+    /// Times the size changed.
+    pub changes: u64,
+    /// Frames kept posted in the fill ring.
+    pub fill_target: usize,
+}
+
+/// The state of one core (lane), reachable from its tasks through a thread-local. The protocol
+/// stack sits behind a mutex so that a split lane's application thread can reach it; on a
+/// same-core lane nobody else takes the lock, which then costs two uncontended atomics.
+/// Lock order: the stack before the counters.
+pub(crate) struct Core {
+    pub(crate) index: usize,
+    pub(crate) stack: Mutex<Stack>,
+    pub(crate) shared: Arc<Shared>,
+    /// Wakes the driver when a task queued output.
+    pub(crate) kick: Notify,
+    pub(crate) stats: Mutex<CoreStats>,
+    pub(crate) next_waiter: AtomicU64,
+    /// Set when the core should stop: the driver returns.
+    pub(crate) stopping: AtomicBool,
+    /// Set when the protocol side has shut down (a split lane's application thread waits for it).
+    pub(crate) ended: tokio::sync::watch::Sender<bool>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Arc<Core>>> = const { RefCell::new(None) };
+}
+
+pub(crate) fn set_current(core: Option<Arc<Core>>) {
+    CURRENT.with(|c| *c.borrow_mut() = core);
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The core the calling task runs on.
+pub(crate) fn current() -> io::Result<Arc<Core>> {
+    CURRENT.with(|c| c.borrow().clone()).ok_or_else(|| {
+        io::Error::other("not on a corelane core: call this from a task inside Runtime::run")
+    })
+}
+
+impl Core {
+    /// The protocol stack, locked.
+    pub(crate) fn stack(&self) -> MutexGuard<'_, Stack> {
+        lock(&self.stack)
+    }
+
+    /// The counters, locked (after the stack, when both are needed).
+    pub(crate) fn stats(&self) -> MutexGuard<'_, CoreStats> {
+        lock(&self.stats)
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed) || self.shared.stop.load(Ordering::Relaxed)
+    }
+
+    /// Queues flow output and makes sure the driver runs soon.
+    pub(crate) fn wake_driver(&self) {
+        self.kick.notify_one();
+    }
+
+    pub(crate) fn steering(&self) -> MutexGuard<'_, Steering> {
+        lock(&self.shared.steering)
+    }
+
+    pub(crate) fn own_port(&self, proto: Proto, port: u16) -> io::Result<()> {
+        self.steering()
+            .own_port(proto, port)
+            .map_err(io::Error::from)
+    }
+
+    pub(crate) fn release_port(&self, proto: Proto, port: u16) {
+        if let Err(e) = self.steering().release_port(proto, port) {
+            log::warn!("core {}: releasing {proto:?} port {port}: {e}", self.index);
+        }
+    }
+
+    /// A snapshot of this core's counters.
+    pub(crate) fn snapshot(&self) -> CoreStats {
+        let stack = self.stack().stats();
+        let mut s = *self.stats();
+        s.stack = stack;
+        s
+    }
+}

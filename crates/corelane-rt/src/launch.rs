@@ -1,0 +1,262 @@
+//! The runtime: starting one pinned thread per core, running the application on each, and
+//! collecting what each core reports when it ends.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant as StdInstant};
+
+use corelane_stack::StackConfig;
+use corelane_topo::{Placement, Plan};
+use corelane_xsk::{AttachMode, AttachedMode, BindMode, Steering, XskConfig};
+
+use crate::queues::RestoreQueues;
+use crate::report::{CoreReport, RunReport};
+use crate::stop::{StopHandle, stop_on_ctrl_c};
+use crate::threads::{AppEnd, app_main};
+use crate::{Builder, Error, PollMode, handoff};
+
+/// State every core can reach: the steering program (for port ownership changes, never per
+/// frame), the stop flag and the doorbells.
+pub(crate) struct Shared {
+    pub(crate) steering: Mutex<Steering>,
+    pub(crate) stop: AtomicBool,
+    pub(crate) bells: Vec<Arc<handoff::Doorbell>>,
+}
+
+impl Shared {
+    pub(crate) fn stop_all(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for b in &self.bells {
+            b.ring_always();
+        }
+    }
+}
+
+/// The runtime: an interface, the XDP program and the cores that will serve it.
+pub struct Runtime {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) cfg: Builder,
+    pub(crate) plan: Plan,
+    pub(crate) nqueues: u32,
+    pub(crate) mac: [u8; 6],
+    pub(crate) mtu: usize,
+    // Dropped after `shared` (and with it the XDP program).
+    pub(crate) _restore: RestoreQueues,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("ifname", &self.cfg.ifname)
+            .field("lanes", &self.plan.lanes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Handed to the closure of [`Runtime::run`] on each core.
+#[derive(Debug, Clone, Copy)]
+pub struct CoreInfo {
+    /// Core index, 0-based.
+    pub index: usize,
+    /// How many cores run.
+    pub cores: usize,
+    /// The CPU its protocol thread is pinned to.
+    pub cpu: usize,
+    /// The CPU its application tasks run on (the same as `cpu` unless the placement splits).
+    pub app_cpu: usize,
+    /// The queue it serves.
+    pub queue: u32,
+    /// Whether its AF_XDP socket copies frames or shares the NIC's buffers.
+    pub bind_mode: BindMode,
+}
+
+impl Runtime {
+    /// Starts building a runtime on interface `ifname`.
+    pub fn builder(ifname: &str) -> Builder {
+        Builder {
+            ifname: ifname.to_string(),
+            addrs: Vec::new(),
+            placement: Placement::SameCore,
+            lanes: None,
+            queues: None,
+            attach: AttachMode::Auto,
+            xsk: XskConfig::default(),
+            stack: StackConfig::default(),
+            poll: PollMode::default(),
+            handoff_slots: 1024,
+            linger: Duration::from_millis(200),
+            adaptive_batch: true,
+        }
+    }
+
+    /// A handle that stops the runtime from any thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.shared.clone())
+    }
+
+    /// How many cores (lanes) will run.
+    pub fn cores(&self) -> usize {
+        self.plan.lanes.len()
+    }
+
+    /// The placement plan: which CPU runs the protocol and the application of each queue,
+    /// what they share, how far the NIC is, and why. Prints as an explanation.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// One line per fact: interface, XDP mode (and why, after a fallback), queues and cores,
+    /// addresses, buffers and poll mode.
+    pub fn describe(&self) -> String {
+        let st = self
+            .shared
+            .steering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut s = format!(
+            "interface {}: XDP program attached in {} mode",
+            self.cfg.ifname,
+            st.mode()
+        );
+        if let Some(why) = st.fallback_reason() {
+            s.push_str(&format!(" (native mode refused: {why})"));
+        }
+        s.push_str(&format!(
+            "\nqueues: {} on the interface; {} core(s), one pinned thread and AF_XDP socket each",
+            self.nqueues,
+            self.plan.lanes.len(),
+        ));
+        s.push('\n');
+        s.push_str(self.plan.to_string().trim_end());
+        if st.mode() == AttachedMode::Generic && self.nqueues > 1 {
+            s.push_str("\nnote: generic XDP on veth delivers every frame on queue 0");
+        }
+        let addrs: Vec<String> = self.cfg.addrs.iter().map(|a| a.to_string()).collect();
+        s.push_str(&format!("\naddresses: {}", addrs.join(", ")));
+        s.push_str(&format!(
+            "\nTCP buffers {} KiB each way, backlog {}, batch {}, poll mode {:?}",
+            self.cfg.stack.tcp_rx_buffer / 1024,
+            self.cfg.stack.backlog,
+            self.cfg.stack.batch,
+            self.cfg.poll
+        ));
+        s
+    }
+
+    /// Runs `f` on every core (each call gets its [`CoreInfo`]) and returns when all of them end,
+    /// or on Ctrl-C, SIGTERM or a [`StopHandle`]. Each core first opens its AF_XDP socket;
+    /// if any core fails to start, none runs and the error names the core. On a lane whose
+    /// placement splits protocol and application, `f` runs on a second thread pinned to the
+    /// application CPU.
+    pub fn run<F, Fut>(self, f: F) -> Result<RunReport, Error>
+    where
+        F: Fn(CoreInfo) -> Fut + Send + Sync,
+        Fut: Future<Output = ()> + 'static,
+    {
+        stop_on_ctrl_c(&self.shared);
+        let n = self.plan.lanes.len();
+        // rings[from][to]
+        let mut producers: Vec<Vec<Option<handoff::Producer>>> =
+            (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+        let mut consumers: Vec<Vec<handoff::Consumer>> = (0..n).map(|_| Vec::new()).collect();
+        for (from, row) in producers.iter_mut().enumerate() {
+            for (to, slot) in row.iter_mut().enumerate().filter(|(t, _)| *t != from) {
+                let (p, c) = handoff::channel(self.cfg.handoff_slots);
+                *slot = Some(p);
+                consumers[to].push(c);
+            }
+        }
+        let started = std::sync::Barrier::new(n + 1);
+        let failed = AtomicBool::new(false);
+        let epoch = StdInstant::now();
+        let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
+                let lane = &self.plan.lanes[i];
+                let info = CoreInfo {
+                    index: i,
+                    cores: n,
+                    cpu: lane.protocol_cpu,
+                    app_cpu: lane.app_cpu,
+                    queue: lane.queue,
+                    bind_mode: BindMode::Copy,
+                };
+                let this = &self;
+                let (f, started, failed) = (&f, &started, &failed);
+                let (app_tx, app) = if lane.split() {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let h = std::thread::Builder::new()
+                        .name(format!("corelane-{i}-app"))
+                        .spawn_scoped(scope, move || app_main(info.app_cpu, rx, f))
+                        .expect("spawning an application thread");
+                    (Some(tx), Some(h))
+                } else {
+                    (None, None)
+                };
+                let h = std::thread::Builder::new()
+                    .name(format!("corelane-{i}"))
+                    .spawn_scoped(scope, move || {
+                        this.core_main(info, out, inb, epoch, started, failed, f, app_tx)
+                            .map_err(|e| match e {
+                                e @ Error::Panicked { .. } => e,
+                                e => Error::Core {
+                                    core: i,
+                                    cpu: info.cpu,
+                                    queue: info.queue,
+                                    source: Box::new(e),
+                                },
+                            })
+                    })
+                    .expect("spawning a core thread");
+                handles.push((h, app));
+            }
+            started.wait();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(i, (h, app))| {
+                    let r = h
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::Config("a core panicked".into())));
+                    let Some(app) = app else { return r };
+                    let end = app.join().unwrap_or_else(|_| AppEnd {
+                        panicked: Some("the application thread panicked".into()),
+                        cpu_time: Duration::ZERO,
+                    });
+                    match (r, end.panicked) {
+                        (Err(e), _) => Err(e),
+                        (Ok(_), Some(message)) => Err(Error::Panicked { core: i, message }),
+                        (Ok(mut c), None) => {
+                            c.stats.app_cpu_time = end.cpu_time;
+                            Ok(c)
+                        }
+                    }
+                })
+                .collect()
+        });
+        let mut cores = Vec::with_capacity(n);
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(c) => cores.push(c),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let st = self
+            .shared
+            .steering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Ok(RunReport {
+            cores,
+            xdp: st.counters().unwrap_or_default(),
+            stopped: self.shared.stop.load(Ordering::SeqCst),
+        })
+    }
+}

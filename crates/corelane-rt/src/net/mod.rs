@@ -1,0 +1,18 @@
+//! TCP and UDP sockets on the current core, with tokio's `AsyncRead` and `AsyncWrite`, laid
+//! out as tokio lays out its own: `tcp::{TcpListener, TcpStream, OwnedReadHalf,
+//! OwnedWriteHalf}` and `UdpSocket`.
+//!
+//! Every socket lives on the core whose task created it and must stay there: the types are
+//! `!Send`, so the compiler keeps them on their core (spawn their tasks with
+//! `tokio::task::spawn_local`). A socket's task is woken only when that socket changes. Sockets
+//! call the core's [`Stack`](corelane_stack::Stack), which queues their output for the core's
+//! next pipeline turn; the driver is woken when there is something to send.
+
+pub mod tcp;
+mod udp;
+
+pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
+pub use udp::UdpSocket;
+
+/// Makes a type `!Send` and `!Sync`: a socket belongs to the core whose task created it.
+pub(crate) type NotSend = std::marker::PhantomData<*const ()>;

@@ -1,0 +1,149 @@
+//! A TCP listener on one port of the current core.
+
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+
+use corelane_stack::Proto;
+
+use super::TcpStream;
+use crate::lane::{Core, current};
+use crate::net::NotSend;
+
+/// A TCP listener on one port of the current core. Bind it on every core: each core accepts the
+/// connections whose SYN reached its queue.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use corelane_rt::{Runtime, net::TcpListener};
+/// let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse().expect("a CIDR")).build()?;
+/// rt.run(|_core| async move {
+///     let listener = TcpListener::bind(8080).expect("port 8080 on this core");
+///     while let Ok((stream, peer)) = listener.accept().await {
+///         println!("{peer} connected");
+///         drop(stream);
+///     }
+/// })?;
+/// # Ok(()) }
+/// ```
+pub struct TcpListener {
+    core: Arc<Core>,
+    port: u16,
+    _not_send: NotSend,
+}
+
+impl std::fmt::Debug for TcpListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpListener")
+            .field("core", &self.core.index)
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+impl TcpListener {
+    /// Listens on `port` on every owned address, with the runtime's default backlog.
+    ///
+    /// # Errors
+    /// `InvalidInput` for port 0 (every core must bind the same port), `AddrInUse` when this
+    /// core already has the port, an error naming the steering program when it cannot be told
+    /// to steer the port, and `Other` outside a corelane core.
+    pub fn bind(port: u16) -> io::Result<TcpListener> {
+        Self::bind_with_backlog(port, None)
+    }
+
+    /// Listens on `port` with at most `backlog` connections half-open or waiting to be
+    /// accepted; SYNs past it are dropped (the peer retries), not reset.
+    ///
+    /// # Errors
+    /// As [`TcpListener::bind`].
+    pub fn bind_with_backlog(port: u16, backlog: Option<usize>) -> io::Result<TcpListener> {
+        if port == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "listen on a fixed port: every core must bind the same one",
+            ));
+        }
+        let core = current()?;
+        core.stack().listen_tcp(port, backlog)?;
+        if let Err(e) = core.own_port(Proto::Tcp, port) {
+            core.stack().unlisten(port);
+            return Err(e);
+        }
+        Ok(TcpListener {
+            core,
+            port,
+            _not_send: NotSend::default(),
+        })
+    }
+
+    /// The port.
+    pub fn local_port(&self) -> u16 {
+        self.port
+    }
+
+    /// Waits for the next connection. With many tasks waiting, each connection wakes one.
+    ///
+    /// # Errors
+    /// When the listener was closed, or the connection was gone before it was taken.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection is taken from the accept queue only when this returns it, and
+    /// a dropped wait passes its turn to the next waiter.
+    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        let waiter = self.core.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let mut guard = AcceptGuard {
+            core: &self.core,
+            port: self.port,
+            waiter,
+            registered: false,
+        };
+        let id = poll_fn(|cx| {
+            let mut stack = self.core.stack();
+            if !stack.is_listening(self.port) {
+                return Poll::Ready(Err(io::Error::other("the listener was closed")));
+            }
+            if let Some(id) = stack.accept(self.port) {
+                return Poll::Ready(Ok(id));
+            }
+            if guard.registered {
+                // Woken with nothing to take: counted, as wake-one should make this rare.
+                self.core.stats().accept_spurious += 1;
+            }
+            stack.accept_wait(self.port, waiter, cx.waker());
+            guard.registered = true;
+            Poll::Pending
+        })
+        .await?;
+        guard.registered = false;
+        let stream = TcpStream::new(self.core.clone(), id);
+        let peer = stream.peer_addr()?;
+        Ok((stream, peer))
+    }
+}
+
+struct AcceptGuard<'a> {
+    core: &'a Arc<Core>,
+    port: u16,
+    waiter: u64,
+    registered: bool,
+}
+
+impl Drop for AcceptGuard<'_> {
+    fn drop(&mut self) {
+        if self.registered {
+            self.core.stack().accept_cancel(self.port, self.waiter);
+        }
+    }
+}
+
+impl Drop for TcpListener {
+    fn drop(&mut self) {
+        self.core.stack().unlisten(self.port);
+        self.core.release_port(Proto::Tcp, self.port);
+        self.core.wake_driver();
+    }
+}

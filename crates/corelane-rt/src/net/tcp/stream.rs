@@ -1,0 +1,165 @@
+//! A TCP connection on the current core.
+
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corelane_stack::{FlowId, Proto, TcpState};
+
+use super::{Conn, OwnedReadHalf, OwnedWriteHalf, async_read, async_write};
+use crate::lane::{Core, current};
+use crate::net::NotSend;
+
+/// A TCP connection on the current core, with tokio's `AsyncRead` and `AsyncWrite`.
+///
+/// ```no_run
+/// # async fn f() -> std::io::Result<()> {
+/// use corelane_rt::net::TcpStream;
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// // Inside a task of Runtime::run:
+/// let mut s = TcpStream::connect("10.0.0.2:7".parse().unwrap()).await?;
+/// s.write_all(b"ping").await?;
+/// let mut buf = [0; 4];
+/// s.read_exact(&mut buf).await?;
+/// # Ok(()) }
+/// ```
+pub struct TcpStream {
+    conn: Arc<Conn>,
+    _not_send: NotSend,
+}
+
+impl std::fmt::Debug for TcpStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpStream")
+            .field("core", &self.conn.core.index)
+            .field("peer", &self.peer_addr().ok())
+            .finish()
+    }
+}
+
+impl TcpStream {
+    pub(crate) fn new(core: Arc<Core>, id: FlowId) -> TcpStream {
+        TcpStream::from_conn(Arc::new(Conn { core, id }))
+    }
+
+    pub(crate) fn from_conn(conn: Arc<Conn>) -> TcpStream {
+        TcpStream {
+            conn,
+            _not_send: NotSend::default(),
+        }
+    }
+
+    fn conn(&self) -> &Conn {
+        &self.conn
+    }
+
+    /// Connects to `addr` from an owned address of the same family. The local port is one this
+    /// core owns, so the peer's replies come to this core whatever queue they arrive on. Bound
+    /// the wait with `tokio::time::timeout`.
+    ///
+    /// # Errors
+    /// `ConnectionRefused` when the peer resets the attempt; `AddrNotAvailable` with no owned
+    /// address of `addr`'s family or no free port; `Other` outside a corelane core.
+    ///
+    /// # Cancel safety
+    /// Dropping the future abandons the attempt: the half-open connection is released.
+    pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+        let core = current()?;
+        let (id, port) = core.stack().connect_tcp(addr)?;
+        // From here the flow is released if this future is dropped.
+        let stream = TcpStream::new(core.clone(), id);
+        if let Err(e) = core.own_port(Proto::Tcp, port) {
+            stream.abort();
+            return Err(e);
+        }
+        core.wake_driver();
+        poll_fn(|cx| core.stack().tcp_connected(id, Some(cx.waker()))).await?;
+        Ok(stream)
+    }
+
+    /// The peer's address.
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.addrs().map(|(_, remote)| remote)
+    }
+
+    /// This side's address.
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.addrs().map(|(local, _)| local)
+    }
+
+    fn addrs(&self) -> io::Result<(SocketAddr, SocketAddr)> {
+        self.conn
+            .core
+            .stack()
+            .tcp_addrs(self.conn.id)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "the connection is gone"))
+    }
+
+    /// Sends small writes at once (true, the default) or coalesces them (Nagle).
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        self.conn
+            .core
+            .stack()
+            .tcp_set_nodelay(self.conn.id, nodelay)
+    }
+
+    /// Whether small writes go out at once.
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        self.conn.core.stack().tcp_nodelay(self.conn.id)
+    }
+
+    /// Sends keep-alive probes after `interval` of silence (None: off, the default).
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn set_keepalive(&self, interval: Option<Duration>) -> io::Result<()> {
+        self.conn
+            .core
+            .stack()
+            .tcp_set_keepalive(self.conn.id, interval)?;
+        self.conn.core.wake_driver();
+        Ok(())
+    }
+
+    /// Closes the connection with a reset (no FIN, unsent data dropped).
+    pub fn abort(&self) {
+        self.conn.core.stack().abort(self.conn.id);
+        self.conn.core.wake_driver();
+    }
+
+    /// The TCP state (for diagnostics).
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn state(&self) -> io::Result<TcpState> {
+        self.conn
+            .core
+            .stack()
+            .tcp_state(self.conn.id)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "the connection is gone"))
+    }
+
+    /// Splits into a read half and a write half that can move to different tasks (of this
+    /// core). Dropping the write half sends FIN; the connection is released when both are
+    /// dropped, or put back together with [`OwnedReadHalf::reunite`].
+    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        OwnedReadHalf::pair(self.conn)
+    }
+}
+
+async_read!(TcpStream);
+async_write!(TcpStream);

@@ -1,0 +1,161 @@
+//! A UDP socket on the current core.
+
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use corelane_stack::{FlowId, Proto};
+
+use crate::lane::{Core, current};
+use crate::net::NotSend;
+
+/// A UDP socket on the current core.
+///
+/// ```no_run
+/// # async fn f() -> std::io::Result<()> {
+/// use corelane_rt::net::UdpSocket;
+/// // Inside a task of Runtime::run, on every core:
+/// let sock = UdpSocket::bind(7)?;
+/// let mut buf = vec![0; 2048];
+/// loop {
+///     let (n, peer) = sock.recv_from(&mut buf).await?;
+///     sock.send_to(&buf[..n], peer).await?;
+/// }
+/// # }
+/// ```
+pub struct UdpSocket {
+    core: Arc<Core>,
+    id: FlowId,
+    port: u16,
+    peer: Cell<Option<SocketAddr>>,
+    _not_send: NotSend,
+}
+
+impl std::fmt::Debug for UdpSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdpSocket")
+            .field("core", &self.core.index)
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+impl UdpSocket {
+    /// Binds `port` on every owned address (0: a port this core owns, so replies come here).
+    /// To serve one port from every core, bind it on every core.
+    ///
+    /// # Errors
+    /// `AddrInUse` when this core already has the port, `AddrNotAvailable` when no ephemeral
+    /// port is free, and `Other` outside a corelane core.
+    pub fn bind(port: u16) -> io::Result<UdpSocket> {
+        let core = current()?;
+        let (id, port) = core.stack().bind_udp(port)?;
+        if let Err(e) = core.own_port(Proto::Udp, port) {
+            core.stack().release(id);
+            return Err(e);
+        }
+        Ok(UdpSocket {
+            core,
+            id,
+            port,
+            peer: Cell::new(None),
+            _not_send: NotSend::default(),
+        })
+    }
+
+    /// The bound port.
+    pub fn local_port(&self) -> u16 {
+        self.port
+    }
+
+    /// Sends one datagram to `addr`.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a datagram larger than the send buffer or an address the stack
+    /// cannot send to.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the datagram is queued whole or not at all.
+    pub async fn send_to(&self, buf: &[u8], addr: SocketAddr) -> io::Result<usize> {
+        let sent = poll_fn(|cx| {
+            self.core
+                .stack()
+                .udp_send_to(self.id, buf, addr, Some(cx.waker()))
+        })
+        .await?;
+        self.core.wake_driver();
+        Ok(sent)
+    }
+
+    /// Receives one datagram; returns its length and sender.
+    ///
+    /// # Errors
+    /// `InvalidInput` when the datagram was larger than `buf` (it is dropped).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a datagram is taken only when this returns it.
+    pub async fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        poll_fn(|cx| {
+            self.core
+                .stack()
+                .udp_recv_from(self.id, buf, Some(cx.waker()))
+        })
+        .await
+    }
+
+    /// Sets the default peer: [`send`](Self::send) goes to it and [`recv`](Self::recv) takes
+    /// only its datagrams.
+    ///
+    /// # Errors
+    /// None today; the signature is tokio's.
+    pub fn connect(&self, addr: SocketAddr) -> io::Result<()> {
+        self.peer.set(Some(addr));
+        Ok(())
+    }
+
+    /// The connected peer.
+    ///
+    /// # Errors
+    /// `NotConnected` before [`connect`](Self::connect).
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.peer
+            .get()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "not connected"))
+    }
+
+    /// Sends to the connected peer.
+    ///
+    /// # Errors
+    /// `NotConnected` before [`connect`](Self::connect); as [`send_to`](Self::send_to).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send_to(buf, self.peer_addr()?).await
+    }
+
+    /// Receives from the connected peer (datagrams from others are dropped).
+    ///
+    /// # Errors
+    /// `NotConnected` before [`connect`](Self::connect); as [`recv_from`](Self::recv_from).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let peer = self.peer_addr()?;
+        loop {
+            let (n, from) = self.recv_from(buf).await?;
+            if from == peer {
+                return Ok(n);
+            }
+        }
+    }
+}
+
+impl Drop for UdpSocket {
+    fn drop(&mut self) {
+        self.core.stack().release(self.id);
+    }
+}

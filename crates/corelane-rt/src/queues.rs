@@ -1,0 +1,63 @@
+//! Raising an interface's receive queues for a run, and putting them back afterwards.
+
+use std::time::Duration;
+
+use corelane_topo::Plan;
+use corelane_xsk::Channels;
+
+/// Receive queues the interface must have for the plan: one past the highest lane queue.
+pub(crate) fn queues_needed(plan: &Plan) -> u32 {
+    plan.lanes.iter().map(|l| l.queue + 1).max().unwrap_or(1)
+}
+
+/// Sets an interface's receive queues to `need` and returns what they were.
+pub(crate) fn raise_queues(
+    ifname: &str,
+    old: Channels,
+    need: u32,
+) -> Result<Channels, corelane_xsk::Error> {
+    let want = if old.max_combined > 0 && old.max_rx == 0 {
+        Channels {
+            combined: need,
+            ..old
+        }
+    } else {
+        Channels {
+            rx: need.saturating_sub(old.combined),
+            tx: old
+                .tx
+                .max(need.saturating_sub(old.combined))
+                .min(old.max_tx),
+            ..old
+        }
+    };
+    corelane_xsk::set_channels(ifname, want)?;
+    log::info!("{ifname}: receive queues raised to {need} for this run");
+    Ok(old)
+}
+
+/// Puts an interface's queues back as they were when the runtime ends.
+pub(crate) struct RestoreQueues {
+    pub(crate) ifname: String,
+    pub(crate) old: Option<Channels>,
+}
+
+impl Drop for RestoreQueues {
+    fn drop(&mut self) {
+        let Some(old) = self.old.take() else { return };
+        // The driver refuses fewer queues while the XDP program is attached; its link can
+        // outlive our close for a moment (a child process forked by another thread holds the
+        // descriptor until it execs), so a refusal is retried for up to a second.
+        let mut last = None;
+        for _ in 0..100 {
+            match corelane_xsk::set_channels(&self.ifname, old) {
+                Ok(()) => return,
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(e) = last {
+            log::warn!("{}: restoring its queues failed: {e}", self.ifname);
+        }
+    }
+}

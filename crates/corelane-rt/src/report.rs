@@ -1,0 +1,54 @@
+//! What a run returns: per-core counters and frame accounting, and the XDP program's counters.
+
+use corelane_xsk::{BindMode, FrameCounts, XdpCounters};
+
+use crate::CoreStats;
+
+/// What a core reported when it ended.
+#[derive(Debug, Clone)]
+pub struct CoreReport {
+    /// Its counters.
+    pub stats: CoreStats,
+    /// Where every frame of its UMEM was after shutdown (all free or with the kernel).
+    pub frames: FrameCounts,
+    /// AF_XDP bind mode.
+    pub bind_mode: BindMode,
+}
+
+/// What [`Runtime::run`] returns.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// One per core.
+    pub cores: Vec<CoreReport>,
+    /// The XDP program's counters at the end.
+    pub xdp: XdpCounters,
+    /// True when the run ended by Ctrl-C or a [`StopHandle`].
+    pub stopped: bool,
+}
+
+impl RunReport {
+    /// True when on every core every frame is back (none lost, none held).
+    pub fn frames_balanced(&self) -> bool {
+        self.cores
+            .iter()
+            .all(|c| c.frames.in_use == 0 && c.frames.sum() == c.frames.total)
+    }
+
+    /// Frame accounting summed over the cores.
+    pub fn frames(&self) -> FrameCounts {
+        let mut t = FrameCounts::default();
+        for c in &self.cores {
+            t += c.frames;
+        }
+        t
+    }
+
+    /// Device counters summed over the cores.
+    pub fn device(&self) -> corelane_stack::DeviceStats {
+        let mut t = corelane_stack::DeviceStats::default();
+        for c in &self.cores {
+            t += c.stats.device;
+        }
+        t
+    }
+}

@@ -1,0 +1,282 @@
+//! One core's threads: the protocol thread (its queue, stack, executor and driver) and, on a
+//! lane whose placement splits, the application's thread.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant as StdInstant};
+
+use corelane_stack::{BatchTuner, Pipeline, Stack, StackConfig, TuneConfig, XdpDevice};
+use corelane_xsk::FrameIo as _;
+use corelane_xsk::XskQueue;
+
+use crate::cpu::{pin, thread_cpu_time};
+use crate::driver::Driver;
+use crate::lane::{self, BatchStats, Core, CoreStats};
+use crate::launch::Runtime;
+use crate::peers::CorePeers;
+use crate::report::CoreReport;
+use crate::{CoreInfo, Error, handoff};
+
+impl Runtime {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn core_main<F, Fut>(
+        &self,
+        info: CoreInfo,
+        outbound: Vec<Option<handoff::Producer>>,
+        inbound: Vec<handoff::Consumer>,
+        epoch: StdInstant,
+        started: &std::sync::Barrier,
+        failed: &AtomicBool,
+        f: &F,
+        app: Option<std::sync::mpsc::Sender<(Arc<Core>, CoreInfo)>>,
+    ) -> Result<CoreReport, Error>
+    where
+        F: Fn(CoreInfo) -> Fut,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let setup = self.setup_core(info);
+        if setup.is_err() {
+            failed.store(true, Ordering::SeqCst);
+        }
+        started.wait();
+        let (core, mut dev, exec) = setup?;
+        let bind_mode = dev.io().mode();
+        let info = CoreInfo { bind_mode, ..info };
+        let now = || {
+            corelane_stack::smoltcp::time::Instant::from_micros(epoch.elapsed().as_micros() as i64)
+        };
+        let report = |core: &Core, frames| {
+            let mut stats = core.snapshot();
+            stats.cpu_time = thread_cpu_time();
+            CoreReport {
+                stats,
+                frames,
+                bind_mode,
+            }
+        };
+        if failed.load(Ordering::SeqCst) {
+            // Another core failed: end without running anything.
+            let counts = core.stack().shutdown(now(), &mut dev)?;
+            return Ok(report(&core, counts));
+        }
+        let l2 = crate::cpu::l2_bytes(info.cpu);
+        let tuner = self.cfg.adaptive_batch.then(|| {
+            BatchTuner::new(TuneConfig {
+                min_batch: 4,
+                max_batch: self.cfg.stack.batch,
+                l2_bytes: l2.unwrap_or(1 << 20),
+                frame_bytes: self.cfg.xsk.frame_size as usize,
+                max_fill: self.cfg.xsk.ring_size as usize,
+            })
+        });
+        core.stats().batch = match &tuner {
+            Some(t) => BatchStats {
+                adaptive: true,
+                current: t.batch(),
+                settled: t.batch(),
+                cap: t.cap(),
+                l2_bytes: l2.unwrap_or(0),
+                changes: 0,
+                fill_target: dev.io_mut().set_fill_target(t.fill_target()),
+            },
+            None => BatchStats {
+                current: dev.batch(),
+                settled: dev.batch(),
+                cap: dev.batch(),
+                l2_bytes: l2.unwrap_or(0),
+                fill_target: dev.io().fill_target(),
+                ..BatchStats::default()
+            },
+        };
+        let driver = Driver {
+            core: core.clone(),
+            pipe: Pipeline::new(dev, tuner),
+            peers: CorePeers::new(info.index, inbound, outbound, self.shared.bells.clone()),
+            mode: self.cfg.poll,
+            epoch,
+        };
+        let linger = self.cfg.linger;
+        if let Some(app) = app {
+            // A split lane: the application runs on its own thread; this one runs the pipeline.
+            let _ = app.send((core.clone(), info));
+            let mut driver = exec.block_on(driver.run());
+            if !self.shared.stop.load(Ordering::SeqCst) {
+                driver = exec.block_on(driver.linger(linger));
+            }
+            let counts = core.stack().shutdown(now(), &mut driver.pipe.dev);
+            core.ended.send_replace(true);
+            return Ok(report(&core, counts?));
+        }
+        lane::set_current(Some(core.clone()));
+        let local = tokio::task::LocalSet::new();
+        let mut panicked = None;
+        let counts = local.block_on(&exec, async {
+            let driver_task = tokio::task::spawn_local(driver.run());
+            let app = tokio::task::spawn_local(f(info));
+            tokio::pin!(driver_task);
+            let driver = tokio::select! {
+                d = &mut driver_task => d,
+                r = app => {
+                    panicked = panic_message(r);
+                    // The application is done on this core: let closing connections finish.
+                    core.stopping.store(true, Ordering::SeqCst);
+                    core.wake_driver();
+                    match driver_task.await {
+                        Ok(d) => Ok(d.linger(linger).await),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            match driver {
+                Ok(mut d) => core
+                    .stack()
+                    .shutdown(now(), &mut d.pipe.dev)
+                    .map_err(Error::from),
+                Err(e) => {
+                    log::error!("core {}: the driver task failed: {e}", info.index);
+                    Err(Error::Config(format!("the driver task failed: {e}")))
+                }
+            }
+        });
+        // Tasks still alive (a stop interrupted them) are dropped with the LocalSet, while the
+        // core is still reachable for their destructors.
+        drop(local);
+        lane::set_current(None);
+        let counts = counts?;
+        if let Some(message) = panicked {
+            return Err(Error::Panicked {
+                core: info.index,
+                message,
+            });
+        }
+        Ok(report(&core, counts))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn setup_core(
+        &self,
+        info: CoreInfo,
+    ) -> Result<(Arc<Core>, XdpDevice<XskQueue>, tokio::runtime::Runtime), Error> {
+        pin(info.cpu)?;
+        let q = XskQueue::open(&self.cfg.ifname, info.queue, &self.cfg.xsk)?;
+        self.shared
+            .steering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .register(info.queue, q.fd())?;
+        let mut dev = XdpDevice::new(q, self.mtu, self.cfg.stack.batch);
+        let stack = Stack::new(
+            &mut dev,
+            self.mac,
+            &self.cfg.addrs,
+            StackConfig {
+                core: info.index,
+                cores: info.cores,
+                ..self.cfg.stack
+            },
+        );
+        let exec = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let core = Arc::new(Core {
+            index: info.index,
+            stack: Mutex::new(stack),
+            shared: self.shared.clone(),
+            kick: tokio::sync::Notify::new(),
+            stats: Mutex::new(CoreStats {
+                core: info.index,
+                cpu: info.cpu,
+                app_cpu: info.app_cpu,
+                queue: info.queue,
+                ..CoreStats::default()
+            }),
+            next_waiter: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            ended: tokio::sync::watch::Sender::new(false),
+        });
+        Ok((core, dev, exec))
+    }
+}
+
+fn panic_message(r: Result<(), tokio::task::JoinError>) -> Option<String> {
+    let e = r.err().filter(|e| e.is_panic())?;
+    let p = e.into_panic();
+    Some(
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "(not a string)".into()),
+    )
+}
+
+/// How a split lane's application thread ended.
+pub(crate) struct AppEnd {
+    pub(crate) panicked: Option<String>,
+    pub(crate) cpu_time: Duration,
+}
+
+/// A split lane's application thread: waits for its core to start, then runs `f` on its own
+/// executor until the core's protocol side has shut down.
+pub(crate) fn app_main<F, Fut>(
+    cpu: usize,
+    start: std::sync::mpsc::Receiver<(Arc<Core>, CoreInfo)>,
+    f: &F,
+) -> AppEnd
+where
+    F: Fn(CoreInfo) -> Fut,
+    Fut: Future<Output = ()> + 'static,
+{
+    let mut end = AppEnd {
+        panicked: None,
+        cpu_time: Duration::ZERO,
+    };
+    let pinned = pin(cpu);
+    // No core: setup failed somewhere and nothing runs.
+    let Ok((core, info)) = start.recv() else {
+        return end;
+    };
+    let stop_core = |why: String| {
+        log::error!("core {}: {why}", info.index);
+        core.stopping.store(true, Ordering::SeqCst);
+        core.wake_driver();
+    };
+    let exec = match (
+        pinned,
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    ) {
+        (Ok(()), Ok(exec)) => exec,
+        (Err(e), _) => {
+            stop_core(e.to_string());
+            end.panicked = Some(e.to_string());
+            return end;
+        }
+        (_, Err(e)) => {
+            stop_core(format!("no executor for the application: {e}"));
+            end.panicked = Some(e.to_string());
+            return end;
+        }
+    };
+    lane::set_current(Some(core.clone()));
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&exec, async {
+        let app = tokio::task::spawn_local(f(info));
+        let (mut a, mut b) = (core.ended.subscribe(), core.ended.subscribe());
+        tokio::select! {
+            r = app => {
+                end.panicked = panic_message(r);
+                core.stopping.store(true, Ordering::SeqCst);
+                core.wake_driver();
+                // Keep running the connections' tasks while the protocol side lingers.
+                let _ = a.wait_for(|e| *e).await;
+            }
+            _ = b.wait_for(|e| *e) => {}
+        }
+    });
+    drop(local);
+    lane::set_current(None);
+    end.cpu_time = thread_cpu_time();
+    end
+}

@@ -1,0 +1,107 @@
+//! Sizes, limits and errors of a [`Stack`](crate::Stack).
+
+use std::io;
+
+/// First port of the ephemeral range from which connections this side opens take their port.
+pub const EPHEMERAL_START: u16 = 49152;
+
+/// Sizes and limits of a [`Stack`].
+#[derive(Debug, Clone, Copy)]
+pub struct StackConfig {
+    /// Receive buffer per TCP connection, in bytes (sets the advertised window and its scale).
+    pub tcp_rx_buffer: usize,
+    /// Send buffer per TCP connection, in bytes.
+    pub tcp_tx_buffer: usize,
+    /// Default most connections per listener that are half-open or waiting to be accepted.
+    pub backlog: usize,
+    /// Datagrams buffered per UDP socket, each way.
+    pub udp_packets: usize,
+    /// Payload bytes buffered per UDP socket, each way.
+    pub udp_bytes: usize,
+    /// Frames per RX batch and per TX kick.
+    pub batch: usize,
+    /// Flows the table is sized for at start (it grows past this if it must).
+    pub flows: usize,
+    /// This stack's core index, in `0..cores`.
+    pub core: usize,
+    /// How many cores (stacks) share the interface. With `core`, this stack's share of the
+    /// ephemeral range: the ports `p` with `p % cores == core`. Which core owns which frame is
+    /// the runtime's policy (see [`crate::Peers`]), not the stack's.
+    pub cores: usize,
+    /// Seed of the stack's generators (initial sequence numbers, ephemeral ports). None: a
+    /// fresh seed from the OS for each stack; a fixed seed makes a test reproducible.
+    pub seed: Option<u64>,
+}
+
+impl Default for StackConfig {
+    fn default() -> Self {
+        StackConfig {
+            tcp_rx_buffer: 256 * 1024,
+            tcp_tx_buffer: 256 * 1024,
+            backlog: 256,
+            udp_packets: 256,
+            udp_bytes: 256 * 1024,
+            batch: 64,
+            flows: 4096,
+            core: 0,
+            cores: 1,
+            seed: None,
+        }
+    }
+}
+
+/// Errors of the protocol stage.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StackError {
+    /// The port already has a listener or socket.
+    #[error("{proto} port {port} is already in use on this core")]
+    InUse {
+        /// "TCP" or "UDP".
+        proto: &'static str,
+        /// The port.
+        port: u16,
+    },
+    /// Every ephemeral port this core may use is taken.
+    #[error(
+        "no free ephemeral {proto} port on core {core} (each core uses 1/{cores} of 49152-65535)"
+    )]
+    NoPort {
+        /// "TCP" or "UDP".
+        proto: &'static str,
+        /// This core.
+        core: usize,
+        /// Cores sharing the range.
+        cores: usize,
+    },
+    /// No owned address of the remote's family to connect from.
+    #[error("no local {0} address to connect from: add one with .addr()")]
+    NoAddress(&'static str),
+    /// smoltcp refused an operation.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl From<StackError> for io::Error {
+    fn from(e: StackError) -> io::Error {
+        let kind = match e {
+            StackError::InUse { .. } => io::ErrorKind::AddrInUse,
+            StackError::NoPort { .. } | StackError::NoAddress(_) => io::ErrorKind::AddrNotAvailable,
+            StackError::Refused(_) => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+impl StackConfig {
+    /// The seed to use: the configured one, or a fresh one from the OS (through the standard
+    /// library's randomly keyed hasher, so this works on any OS).
+    pub fn seed_or_random(&self) -> u64 {
+        self.seed.unwrap_or_else(|| {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(0x0063_6f72_6c61_6e65);
+            h.finish()
+        })
+    }
+}

@@ -1,0 +1,228 @@
+//! The one pipeline turn: RX batch, classify, handoff in, demux + protocol, egress, TX with one
+//! kick, recycle, refill; with per-stage timing and the batch tuner. The runtime's cores, the
+//! in-memory [`Node`](crate::Node), the benchmarks and the tests all run this code.
+
+use std::io;
+use std::time::Instant as StdInstant;
+
+use corelane_frame::{FrameIo, Proto};
+use smoltcp::time::Instant;
+
+use crate::device::XdpDevice;
+use crate::stack::Stack;
+use crate::tune::BatchTuner;
+
+/// A frame that no flow or listener of this stack claims, offered to [`Peers::unclaimed`].
+#[derive(Debug, Clone, Copy)]
+pub struct Unclaimed<'a> {
+    /// TCP or UDP.
+    pub proto: Proto,
+    /// The frame's destination port (this side's port).
+    pub local_port: u16,
+    /// This stack listens on the port, but the segment is no SYN: the connection may live on
+    /// another core.
+    pub listening: bool,
+    /// How many cores the frame was handed through already.
+    pub hops: u8,
+    /// The whole frame.
+    pub bytes: &'a [u8],
+}
+
+/// What became of an [`Unclaimed`] frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Answer it here (a reset for TCP, ICMP port unreachable for UDP, or nothing).
+    Answer,
+    /// Another core took a copy; drop it here.
+    HandedOff,
+    /// It belongs to another core that could not take it now; drop it (counted).
+    Dropped,
+}
+
+/// The other cores, as one core's pipeline sees them. Which core owns which port, and how far a
+/// frame may travel, is the implementor's policy (the runtime's); the stack only asks.
+///
+/// [`Alone`] is the implementation for a single stack.
+pub trait Peers {
+    /// Frames other cores handed to this one: calls `inject(hops, bytes)` for each, at most
+    /// `max`; returns how many.
+    fn take_inbound(&mut self, max: usize, inject: &mut dyn FnMut(u8, &[u8])) -> usize;
+
+    /// A frame no flow here claims: hand it on, or let this stack answer it.
+    fn unclaimed(&mut self, frame: Unclaimed<'_>) -> Disposition;
+
+    /// An ARP reply or neighbour advertisement arrived: other cores' neighbour caches may want
+    /// it. Returns how many copies were handed on and how many could not be.
+    fn neighbor_reply(&mut self, bytes: &[u8], hops: u8) -> (u64, u64);
+
+    /// The turn is over: wake the cores that were handed frames.
+    fn end_turn(&mut self);
+}
+
+/// No other cores: nothing comes in, everything unclaimed is answered here.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Alone;
+
+impl Peers for Alone {
+    fn take_inbound(&mut self, _max: usize, _inject: &mut dyn FnMut(u8, &[u8])) -> usize {
+        0
+    }
+    fn unclaimed(&mut self, _frame: Unclaimed<'_>) -> Disposition {
+        Disposition::Answer
+    }
+    fn neighbor_reply(&mut self, _bytes: &[u8], _hops: u8) -> (u64, u64) {
+        (0, 0)
+    }
+    fn end_turn(&mut self) {}
+}
+
+/// Frames and time spent in one stage of the pipeline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stage {
+    /// Frames (or flows, for egress) the stage handled.
+    pub items: u64,
+    /// Nanoseconds spent in the stage.
+    pub nanos: u64,
+}
+
+impl Stage {
+    fn add(&mut self, items: usize, since: StdInstant) -> StdInstant {
+        let now = StdInstant::now();
+        self.items += items as u64;
+        self.nanos += (now - since).as_nanos() as u64;
+        now
+    }
+
+    /// Nanoseconds per item (0 when none).
+    pub fn ns_per_item(&self) -> f64 {
+        if self.items == 0 {
+            0.0
+        } else {
+            self.nanos as f64 / self.items as f64
+        }
+    }
+}
+
+/// Counters of a [`Pipeline`]: turns, and per stage, frames (or flows) and time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineStats {
+    /// Turns run.
+    pub turns: u64,
+    /// Turns that found work.
+    pub busy_turns: u64,
+    /// RX stage: frames taken from the RX ring.
+    pub rx: Stage,
+    /// Classify stage: frames parsed and checksum-verified.
+    pub classify: Stage,
+    /// Handoff in: frames taken from other cores.
+    pub handoff_in: Stage,
+    /// Flow demux and protocol (ingress) stage: frames processed.
+    pub protocol: Stage,
+    /// Egress stage: flows polled for output.
+    pub egress: Stage,
+    /// TX, recycle and refill stage: frames sent.
+    pub tx: Stage,
+}
+
+/// What one turn did.
+#[derive(Debug, Default)]
+pub struct Turn {
+    /// Frames pulled from the RX ring.
+    pub pulled: usize,
+    /// Frames taken from other cores.
+    pub injected: usize,
+    /// Frames the protocol stage consumed.
+    pub consumed: usize,
+    /// Flows polled for egress.
+    pub polled: usize,
+    /// Frames sent.
+    pub sent: usize,
+    /// The transmit kick failed (the turn still ran to its end; TCP retransmits).
+    pub tx_error: Option<io::Error>,
+}
+
+impl Turn {
+    /// True when anything moved.
+    pub fn busy(&self) -> bool {
+        self.pulled + self.injected + self.consumed + self.polled > 0
+    }
+}
+
+/// Most frames taken from other cores in one turn.
+const MAX_INBOUND: usize = 256;
+
+/// One core's frame path: the device over its queue, the batch tuner, and the stage counters.
+/// The [`Stack`] is passed to each turn, so a caller may keep it elsewhere (behind a lock the
+/// application's sockets share, say).
+#[derive(Debug)]
+pub struct Pipeline<P: FrameIo> {
+    /// The device moving frames.
+    pub dev: XdpDevice<P>,
+    /// Adapts the batch size turn by turn when set (Model-T); otherwise the batch is fixed.
+    pub tuner: Option<BatchTuner>,
+    stats: PipelineStats,
+}
+
+impl<P: FrameIo> Pipeline<P> {
+    /// A pipeline over `dev`, with a fixed batch unless `tuner` is given.
+    pub fn new(dev: XdpDevice<P>, tuner: Option<BatchTuner>) -> Self {
+        Pipeline {
+            dev,
+            tuner,
+            stats: PipelineStats::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> PipelineStats {
+        self.stats
+    }
+
+    /// One turn of the pipeline at time `now`. A failed transmit kick does not stop the turn:
+    /// it is reported in [`Turn::tx_error`].
+    pub fn turn(&mut self, stack: &mut Stack, now: Instant, peers: &mut dyn Peers) -> Turn {
+        let dev = &mut self.dev;
+        let st = &mut self.stats;
+        st.turns += 1;
+        let sent_before = dev.stats().tx_frames;
+        if let Some(tu) = &self.tuner {
+            dev.set_batch(tu.batch());
+        }
+        let start = StdInstant::now();
+        let pulled = dev.recv_batch();
+        let t = st.rx.add(pulled, start);
+        dev.classify_batch();
+        let t = st.classify.add(pulled, t);
+        let injected = peers.take_inbound(MAX_INBOUND, &mut |hops, bytes| {
+            dev.inject(bytes, hops);
+        });
+        let t = st.handoff_in.add(injected, t);
+        let consumed = stack.ingress(now, dev, peers);
+        let t = st.protocol.add(consumed, t);
+        let polled = stack.egress(now, dev);
+        let t = st.egress.add(polled, t);
+        let flushed = dev.flush();
+        // Frames written by the protocol and egress stages this turn, sent by this flush.
+        let sent = (dev.stats().tx_frames - sent_before) as usize;
+        st.tx.add(sent, t);
+        peers.end_turn();
+        if let Some(tu) = self.tuner.as_mut() {
+            tu.observe(pulled + injected, sent, start.elapsed().as_nanos() as u64);
+            // The kernel's drop counters may cost a system call: read them now and then.
+            if st.turns.is_multiple_of(4096) {
+                tu.observe_drops(dev.io_mut().rx_drops());
+                dev.io_mut().set_fill_target(tu.fill_target());
+            }
+        }
+        let turn = Turn {
+            pulled,
+            injected,
+            consumed,
+            polled,
+            sent,
+            tx_error: flushed.err(),
+        };
+        st.busy_turns += u64::from(turn.busy());
+        turn
+    }
+}

@@ -1,0 +1,106 @@
+//! Egress and timers: only flows with work are polled, and each flow's next deadline sits in a
+//! heap.
+
+use std::cmp::Reverse;
+use std::io;
+
+use corelane_frame::{FrameCounts, FrameIo, Proto};
+use smoltcp::iface::PollResult;
+use smoltcp::socket::tcp;
+use smoltcp::time::Instant;
+
+use super::Stack;
+use crate::device::XdpDevice;
+
+impl Stack {
+    /// Egress stage: polls the flows that received frames, were written to, or whose timer is
+    /// due, and schedules each one's next timer. Returns how many flows were polled.
+    pub fn egress<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) -> usize {
+        while let Some(&Reverse((t, index, generation))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let slot = &mut self.slots[index as usize];
+            if slot.generation == generation
+                && let Some(f) = slot.flow.as_mut()
+                && f.deadline == Some(t)
+            {
+                f.deadline = None;
+                self.stats.timers_fired += 1;
+                self.queue_egress(index);
+            }
+        }
+        let mut list = std::mem::replace(&mut self.egress, std::mem::take(&mut self.egress_spare));
+        let polled = list.len();
+        // A flow may emit at most this many frames per pass, so one bulk sender cannot starve
+        // the others; it stays queued for the next pass.
+        let budget = self.cfg.batch.max(8);
+        for &index in &list {
+            let generation = self.slots[index as usize].generation;
+            let Some(f) = self.slots[index as usize].flow.as_mut() else {
+                continue;
+            };
+            f.queued = false;
+            self.stats.egress_polls += 1;
+            let mut emitted = 0;
+            while emitted < budget
+                && self.iface.poll_egress(now, dev, &mut f.set) == PollResult::SocketStateChanged
+            {
+                emitted += 1;
+            }
+            let at = self.iface.poll_at(now, &f.set);
+            if emitted == budget {
+                f.queued = true;
+                self.egress.push(index);
+            } else if let Some(t) = at
+                && f.deadline.is_none_or(|d| t < d)
+            {
+                f.deadline = Some(t);
+                self.timers.push(Reverse((t, index, generation)));
+            }
+            self.settle(index);
+        }
+        list.clear();
+        self.egress_spare = list;
+        polled
+    }
+
+    /// True when flows wait for an egress pass (the application wrote, or a pass ran out of
+    /// budget).
+    pub fn egress_pending(&self) -> bool {
+        !self.egress.is_empty()
+    }
+
+    /// The earliest flow timer, if any (it may be one that no longer matters: waking early is
+    /// harmless).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers.peek().map(|r| r.0.0)
+    }
+
+    /// Ends everything at once: every connection is reset, the resets sent, and every frame
+    /// given back. Returns the final frame accounting.
+    pub fn shutdown<P: FrameIo>(
+        &mut self,
+        now: Instant,
+        dev: &mut XdpDevice<P>,
+    ) -> io::Result<FrameCounts> {
+        for port in self.listeners.keys().copied().collect::<Vec<_>>() {
+            self.unlisten(port);
+        }
+        for i in 0..self.slots.len() as u32 {
+            if let Some(f) = self.slots[i as usize].flow.as_mut() {
+                if f.proto == Proto::Tcp {
+                    f.set.get_mut::<tcp::Socket<'static>>(f.handle).abort();
+                }
+                self.queue_egress(i);
+            }
+        }
+        while self.egress_pending() {
+            self.egress(now, dev);
+            dev.flush()?;
+        }
+        dev.drain()?;
+        Ok(dev.io_mut().counts())
+    }
+}

@@ -1,0 +1,120 @@
+//! Listeners: a SYN queue and an accept queue per port, and wake-one accept.
+
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use corelane_frame::Proto;
+use smoltcp::socket::tcp;
+
+use super::{FlowId, Stack};
+use crate::config::StackError;
+
+/// One listening port's backlog and waiters.
+#[derive(Debug)]
+pub(super) struct Listener {
+    pub(super) backlog: usize,
+    pub(super) half_open: usize,
+    pub(super) ready: VecDeque<FlowId>,
+    pub(super) waiters: VecDeque<(u64, Waker)>,
+}
+
+impl Stack {
+    /// Listens for TCP connections on `port` on every owned address, with `backlog` connections
+    /// at most half-open or waiting to be accepted (None: the configured default).
+    pub fn listen_tcp(&mut self, port: u16, backlog: Option<usize>) -> Result<(), StackError> {
+        if self.listeners.contains_key(&port) || self.ports.contains(&(Proto::Tcp, port)) {
+            return Err(StackError::InUse { proto: "TCP", port });
+        }
+        self.listeners.insert(
+            port,
+            Listener {
+                backlog: backlog.unwrap_or(self.cfg.backlog).max(1),
+                half_open: 0,
+                ready: VecDeque::new(),
+                waiters: VecDeque::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops listening on `port`: connections not yet accepted are reset, waiting accepts woken.
+    pub fn unlisten(&mut self, port: u16) {
+        let Some(l) = self.listeners.remove(&port) else {
+            return;
+        };
+        for (_, w) in l.waiters {
+            w.wake();
+        }
+        for id in l.ready {
+            self.abort(id);
+            self.release(id);
+        }
+        let pending: Vec<u32> = (0..self.slots.len() as u32)
+            .filter(|&i| {
+                self.slots[i as usize]
+                    .flow
+                    .as_ref()
+                    .is_some_and(|f| f.listener == Some(port))
+            })
+            .collect();
+        for i in pending {
+            let Some(f) = self.slots[i as usize].flow.as_mut() else {
+                continue;
+            };
+            f.listener = None;
+            f.set.get_mut::<tcp::Socket<'static>>(f.handle).abort();
+            self.queue_egress(i);
+        }
+    }
+
+    /// True when `port` has a listener.
+    pub fn is_listening(&self, port: u16) -> bool {
+        self.listeners.contains_key(&port)
+    }
+
+    /// Takes the next established connection of the listener on `port`.
+    pub fn accept(&mut self, port: u16) -> Option<FlowId> {
+        let l = self.listeners.get_mut(&port)?;
+        let id = l.ready.pop_front()?;
+        // More connections are waiting: pass the baton to the next waiter.
+        if !l.ready.is_empty()
+            && let Some((_, w)) = l.waiters.pop_front()
+        {
+            self.stats.accept_wakeups += 1;
+            w.wake();
+        }
+        Some(id)
+    }
+
+    /// Registers accept waiter `waiter` (any id unique per listener) to be woken, alone, when a
+    /// connection is ready. Registering the same id again replaces its waker in place.
+    pub fn accept_wait(&mut self, port: u16, waiter: u64, waker: &Waker) {
+        let Some(l) = self.listeners.get_mut(&port) else {
+            waker.wake_by_ref();
+            return;
+        };
+        match l.waiters.iter_mut().find(|(id, _)| *id == waiter) {
+            Some((_, w)) => w.clone_from(waker),
+            None => l.waiters.push_back((waiter, waker.clone())),
+        }
+    }
+
+    /// Withdraws accept waiter `waiter`; if connections are waiting, the next waiter is woken.
+    pub fn accept_cancel(&mut self, port: u16, waiter: u64) {
+        let Some(l) = self.listeners.get_mut(&port) else {
+            return;
+        };
+        l.waiters.retain(|(id, _)| *id != waiter);
+        if !l.ready.is_empty()
+            && let Some((_, w)) = l.waiters.pop_front()
+        {
+            self.stats.accept_wakeups += 1;
+            w.wake();
+        }
+    }
+
+    /// Connections waiting in the accept queue of the listener on `port`.
+    pub fn accept_queue_len(&self, port: u16) -> usize {
+        self.listeners.get(&port).map_or(0, |l| l.ready.len())
+    }
+}

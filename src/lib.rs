@@ -38,6 +38,8 @@
 //! for it. Runtime needs root (CAP_NET_ADMIN, CAP_BPF or CAP_SYS_ADMIN, CAP_NET_RAW); errors say
 //! what is missing.
 
+#![forbid(unsafe_code)]
+
 pub use corelane_rt::{
     BatchStats, Builder, CoreInfo, CoreReport, CoreStats, Error, Lane, Machine, Placement, Plan,
     PollMode, RunReport, Runtime, Sharing, Stage, StopHandle, allowed_cpus,

@@ -1,6 +1,8 @@
 //! What the runtime asks of the CPUs: which it may use, pinning, a thread's CPU time, and the
 //! L2 size each core's batch is sized for.
 
+#![allow(unsafe_code)] // Affinity and thread clocks are libc calls.
+
 use std::time::Duration;
 
 use crate::Error;

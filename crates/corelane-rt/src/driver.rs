@@ -1,6 +1,8 @@
 //! The driver: one core's pipeline run as a task of its executor, between the application's
 //! tasks, and how an idle core waits for work (adaptive poll).
 
+#![allow(unsafe_code)] // The executor polls the AF_XDP socket and doorbell descriptors.
+
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -6,6 +6,8 @@
 //! reads it again only when the ring looks full (or empty). A [`Doorbell`] (an eventfd) wakes a
 //! consumer that went to sleep.
 
+#![allow(unsafe_code)] // SPSC rings shared between two cores.
+
 use std::cell::UnsafeCell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -23,6 +23,8 @@
 //! # Ok::<(), corelane_topo::Error>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod machine;
 mod plan;
 

@@ -1,6 +1,10 @@
 //! AF_XDP for corelane: the embedded XDP steering program, AF_XDP sockets over a UMEM whose
-//! frames are accounted for one by one, and an in-memory link with the same interface for tests
-//! and benchmarks.
+//! frames are accounted for one by one, and the interface facts the runtime needs.
+//!
+//! One module per kernel object: `steering` (the XDP program and its maps), `socket` (an
+//! AF_XDP socket and its UMEM), `ethtool` (queues, driver), `netdev` (index, MAC, MTU), `caps`
+//! (privileges); `sys` holds the raw system calls. The frame interface, the ledger and the
+//! in-memory link live in `corelane_frame` (re-exported here).
 //!
 //! ```no_run
 //! use corelane_xsk::{AttachMode, Proto, Steering, XskConfig, XskQueue};
@@ -13,17 +17,26 @@
 //! # Ok::<(), corelane_xsk::Error>(())
 //! ```
 
-mod bpf;
-mod error;
-mod socket;
+#![deny(unsafe_code)]
 
-pub use bpf::{AttachMode, AttachedMode, Steering, XDP_OBJECT, XdpCounters};
+mod caps;
+mod error;
+mod ethtool;
+mod netdev;
+mod socket;
+mod steering;
+mod sys;
+
+pub use caps::check_privileges;
 pub use corelane_frame::{
     Frame, FrameCounts, FrameIo, FrameLedger, FrameState, LedgerError, MemFrame, MemLink, MemPort,
     MemStats, Proto, UmemId,
 };
-pub use error::{
-    Channels, DriverInfo, Error, channels, check_interface, check_privileges, driver_info,
-    mac_address, mtu, rx_queue_count, set_channels,
-};
+pub use error::Error;
+pub use ethtool::{Channels, DriverInfo, channels, driver_info, rx_queue_count, set_channels};
+pub use netdev::{check_interface, mac_address, mtu};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};
+pub use steering::{
+    AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,
+    XDP_OBJECT, XdpCounters,
+};

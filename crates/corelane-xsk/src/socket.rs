@@ -1,5 +1,7 @@
 //! One AF_XDP socket bound to one queue, with its own UMEM, rings and frame ledger.
 
+#![allow(unsafe_code)] // The UMEM and its rings are memory shared with the kernel.
+
 use std::collections::VecDeque;
 use std::io;
 use std::num::NonZeroU32;
@@ -11,16 +13,8 @@ use xsk_rs::config::{
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::error::{Error, errno_of};
+use crate::sys::{raise_memlock, set_tx_budget, sockopt_zerocopy};
 use corelane_frame::{Frame, FrameCounts, FrameIo, FramePool, FrameState, UmemId};
-
-/// `SOL_XDP` socket option level.
-const SOL_XDP: libc::c_int = 283;
-/// `getsockopt(SOL_XDP, XDP_OPTIONS)`: reports whether the socket is bound in zero-copy mode.
-const XDP_OPTIONS: libc::c_int = 8;
-const XDP_OPTIONS_ZEROCOPY: u32 = 1;
-/// `setsockopt(SOL_XDP, XDP_MAX_TX_SKB_BUDGET)` (Linux 6.16+): frames one copy-mode TX kick may
-/// send. The default of 32 would need several kicks for one batch.
-const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 
 /// Whether to ask for zero-copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -151,8 +145,8 @@ impl XskQueue {
     /// Binds an AF_XDP socket to queue `queue_id` of `ifname` (in the caller's network namespace).
     /// The XDP program is not loaded here: corelane loads its own with [`crate::Steering`].
     pub fn open(ifname: &str, queue_id: u32, config: &XskConfig) -> Result<Self, Error> {
-        crate::error::check_privileges()?;
-        crate::error::check_interface(ifname)?;
+        crate::caps::check_privileges()?;
+        crate::netdev::check_interface(ifname)?;
         raise_memlock();
         match config.zero_copy {
             ZeroCopy::Off => Self::bind(ifname, queue_id, config, BindMode::Copy),
@@ -486,45 +480,4 @@ impl FrameIo for XskQueue {
             .map(|k| k.rx_dropped() + k.rx_ring_full())
             .unwrap_or(0)
     }
-}
-
-fn sockopt_zerocopy(fd: RawFd) -> bool {
-    let mut opts: u32 = 0;
-    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
-    // SAFETY: fd is an open AF_XDP socket; opts and len are valid for writes of the sizes given.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            SOL_XDP,
-            XDP_OPTIONS,
-            (&mut opts as *mut u32).cast(),
-            &mut len,
-        )
-    };
-    rc == 0 && opts & XDP_OPTIONS_ZEROCOPY != 0
-}
-
-fn set_tx_budget(fd: RawFd, budget: u32) {
-    let v: u32 = budget;
-    // SAFETY: fd is an open AF_XDP socket; v is a valid u32 for the size given. Older kernels
-    // refuse the option, which only means more kicks per batch.
-    let _ = unsafe {
-        libc::setsockopt(
-            fd,
-            SOL_XDP,
-            XDP_MAX_TX_SKB_BUDGET,
-            (&v as *const u32).cast(),
-            std::mem::size_of::<u32>() as libc::socklen_t,
-        )
-    };
-}
-
-fn raise_memlock() {
-    let lim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit reads a valid rlimit; failure leaves the limit as it was, which kernels
-    // with memcg accounting (5.11+) do not use for BPF maps anyway.
-    let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
 }

@@ -36,18 +36,35 @@ fn xdp_committed_object_is_rebuilt_identically_from_source() {
 
 #[test]
 fn xdp_object_has_the_program_and_maps_the_loader_takes() {
-    let obj = corelane_xsk::XDP_OBJECT;
-    assert_eq!(&obj[..4], b"\x7fELF");
-    let has = |name: &str| obj.windows(name.len()).any(|w| w == name.as_bytes());
-    for name in [
-        "corelane_steer",
-        "owned_v4",
-        "owned_v6",
-        "tcp_ports",
-        "udp_ports",
-        "xsks",
-        "stats",
-    ] {
-        assert!(has(name), "{name} missing from the XDP object");
+    let obj = aya_obj::Object::parse(corelane_xsk::XDP_OBJECT).expect("the object parses");
+    assert!(
+        obj.programs.contains_key(corelane_xsk::PROGRAM),
+        "program {} missing; it has {:?}",
+        corelane_xsk::PROGRAM,
+        obj.programs.keys().collect::<Vec<_>>()
+    );
+    for (name, entries) in corelane_xsk::MAPS {
+        let map = obj
+            .maps
+            .get(name)
+            .unwrap_or_else(|| panic!("map {name} missing from the XDP object"));
+        assert_eq!(
+            map.max_entries(),
+            entries,
+            "map {name}: the C program and corelane-xsk disagree on its size"
+        );
     }
+    // Keys and values as the loader reads them.
+    let size = |name: &str| {
+        let m = &obj.maps[name];
+        (m.key_size(), m.value_size())
+    };
+    assert_eq!(size("owned_v4"), (4, 1));
+    assert_eq!(size("owned_v6"), (16, 1));
+    assert_eq!(size("stats"), (4, 8));
+    assert_eq!(
+        obj.maps.len(),
+        corelane_xsk::MAPS.len(),
+        "a map the loader does not know"
+    );
 }

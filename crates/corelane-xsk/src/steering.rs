@@ -10,12 +10,31 @@ use aya::programs::{ProgramError, Xdp, XdpMode};
 
 use corelane_frame::Proto;
 
-use crate::error::{Error, check_interface, check_privileges};
+use crate::caps::check_privileges;
+use crate::error::Error;
+use crate::netdev::check_interface;
 
 /// The compiled steering program (built from `xdp/corelane.bpf.c` by `xdp/build.sh`).
 pub static XDP_OBJECT: &[u8] = include_bytes!("../../../xdp/corelane.bpf.o");
 
-const PROGRAM: &str = "corelane_steer";
+/// The steering program's name in the object.
+pub const PROGRAM: &str = "corelane_steer";
+/// Most addresses of each family the program can own (`MAX_ADDRS` in `xdp/corelane.bpf.c`).
+pub const MAX_ADDRS: u32 = 64;
+/// Most queues the program can redirect to a socket (`MAX_QUEUES`).
+pub const MAX_QUEUES: u32 = 64;
+/// Counter slots of its `stats` map, in [`XdpCounters`] order (`STAT_MAX`).
+pub const STAT_SLOTS: usize = 4;
+/// The maps the loader takes from the object and the entries each has. A test reads the
+/// compiled object and checks every one, so the C program and this crate cannot drift apart.
+pub const MAPS: [(&str, u32); 6] = [
+    ("owned_v4", MAX_ADDRS),
+    ("owned_v6", MAX_ADDRS),
+    ("tcp_ports", 65536),
+    ("udp_ports", 65536),
+    ("xsks", MAX_QUEUES),
+    ("stats", STAT_SLOTS as u32),
+];
 
 /// How to attach the program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -242,7 +261,7 @@ impl Steering {
 
     /// The program's counters, summed over CPUs.
     pub fn counters(&self) -> Result<XdpCounters, Error> {
-        let mut sums = [0u64; 4];
+        let mut sums = [0u64; STAT_SLOTS];
         for (slot, sum) in sums.iter_mut().enumerate() {
             let v = self
                 .stats

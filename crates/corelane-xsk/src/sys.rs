@@ -1,0 +1,169 @@
+//! Raw system calls, each behind a safe function that cannot be handed the wrong thing.
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::RawFd;
+
+use crate::error::Error;
+use crate::netdev::check_interface;
+
+/// Runs an interface ioctl on a throwaway socket. Works in the calling thread's network
+/// namespace (unlike sysfs, which shows the namespace of whoever mounted it).
+pub(crate) fn if_ioctl(
+    ifname: &str,
+    request: libc::c_ulong,
+    req: &mut libc::ifreq,
+) -> Result<(), Error> {
+    check_interface(ifname)?;
+    let name = ifname.as_bytes();
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(Error::NoInterface(ifname.to_string()));
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket creation; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(Error::Io(io::Error::last_os_error()));
+    }
+    // SAFETY: `req` is a valid ifreq for the duration of the call, with the name set; the
+    // kernel reads and writes only within it (and whatever ifru_data points to, which the
+    // caller sets to a live buffer).
+    let r = unsafe { libc::ioctl(fd, request as _, req as *mut libc::ifreq) };
+    let err = io::Error::last_os_error();
+    // SAFETY: `fd` is the socket opened above and is not used after this.
+    unsafe { libc::close(fd) };
+    if r < 0 { Err(Error::Io(err)) } else { Ok(()) }
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct EthtoolChannels {
+    pub(crate) cmd: u32,
+    pub(crate) max_rx: u32,
+    pub(crate) max_tx: u32,
+    pub(crate) max_other: u32,
+    pub(crate) max_combined: u32,
+    pub(crate) rx_count: u32,
+    pub(crate) tx_count: u32,
+    pub(crate) other_count: u32,
+    pub(crate) combined_count: u32,
+}
+
+pub(crate) const ETHTOOL_GDRVINFO: u32 = 0x03;
+pub(crate) const ETHTOOL_GCHANNELS: u32 = 0x3c;
+pub(crate) const ETHTOOL_SCHANNELS: u32 = 0x3d;
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+
+#[repr(C)]
+pub(crate) struct EthtoolDrvinfo {
+    cmd: u32,
+    pub(crate) driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    pub(crate) bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+
+impl EthtoolDrvinfo {
+    pub(crate) fn new(cmd: u32) -> Self {
+        EthtoolDrvinfo {
+            cmd,
+            driver: [0; 32],
+            version: [0; 32],
+            fw_version: [0; 32],
+            bus_info: [0; 32],
+            erom_version: [0; 32],
+            reserved2: [0; 12],
+            n_priv_flags: 0,
+            n_stats: 0,
+            testinfo_len: 0,
+            eedump_len: 0,
+            regdump_len: 0,
+        }
+    }
+}
+
+mod sealed {
+    /// Only the ethtool structs of this module: the kernel writes as many bytes as the
+    /// command's struct has, so the buffer must be that struct and no other type.
+    pub(crate) trait Sealed {}
+    impl Sealed for super::EthtoolChannels {}
+    impl Sealed for super::EthtoolDrvinfo {}
+}
+
+/// An ethtool request the kernel reads and writes in place: a `#[repr(C)]` struct laid out as
+/// `<linux/ethtool.h>` has it, starting with its command. Sealed: implemented for the structs
+/// above only.
+pub(crate) trait EthtoolRequest: sealed::Sealed {}
+impl EthtoolRequest for EthtoolChannels {}
+impl EthtoolRequest for EthtoolDrvinfo {}
+
+/// Runs the ethtool request `data` (SIOCETHTOOL) on `ifname`.
+pub(crate) fn ethtool<T: EthtoolRequest>(ifname: &str, data: &mut T) -> Result<(), Error> {
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    req.ifr_ifru.ifru_data = (data as *mut T).cast();
+    if_ioctl(ifname, SIOCETHTOOL, &mut req)
+}
+
+/// `SOL_XDP` socket option level.
+const SOL_XDP: libc::c_int = 283;
+/// `getsockopt(SOL_XDP, XDP_OPTIONS)`: reports whether the socket is bound in zero-copy mode.
+const XDP_OPTIONS: libc::c_int = 8;
+const XDP_OPTIONS_ZEROCOPY: u32 = 1;
+/// `setsockopt(SOL_XDP, XDP_MAX_TX_SKB_BUDGET)` (Linux 6.16+): frames one copy-mode TX kick may
+/// send. The default of 32 would need several kicks for one batch.
+const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
+
+/// True when the AF_XDP socket `fd` is bound in zero-copy mode.
+pub(crate) fn sockopt_zerocopy(fd: RawFd) -> bool {
+    let mut opts: u32 = 0;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: opts and len are valid for writes of the sizes given; a bad fd is an error return.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            SOL_XDP,
+            XDP_OPTIONS,
+            (&mut opts as *mut u32).cast(),
+            &mut len,
+        )
+    };
+    rc == 0 && opts & XDP_OPTIONS_ZEROCOPY != 0
+}
+
+/// Lets one copy-mode TX kick of the AF_XDP socket `fd` send up to `budget` frames (older
+/// kernels refuse the option, which only means more kicks per batch).
+pub(crate) fn set_tx_budget(fd: RawFd, budget: u32) {
+    let v: u32 = budget;
+    // SAFETY: v is a valid u32 for the size given; a bad fd or option is an error return.
+    let _ = unsafe {
+        libc::setsockopt(
+            fd,
+            SOL_XDP,
+            XDP_MAX_TX_SKB_BUDGET,
+            (&v as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+}
+
+/// Lifts the locked-memory limit for UMEM and maps (kernels with memcg accounting, 5.11+, do
+/// not use it for BPF maps anyway).
+pub(crate) fn raise_memlock() {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid rlimit; failure leaves the limit as it was.
+    let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+}

@@ -1,6 +1,20 @@
 //! Shared parts of corelane's end-to-end experiments: medians, Markdown tables, PNG line plots
 //! and a paced kernel-socket sender.
 
+#![deny(unsafe_code)]
+
+/// The few system calls the experiments make, behind safe functions.
+pub mod sys {
+    #![allow(unsafe_code)]
+
+    /// Clock ticks per second, the unit of /proc/stat's CPU times.
+    pub fn clock_ticks_per_sec() -> f64 {
+        // SAFETY: sysconf has no preconditions and only reads a system constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        hz.max(1) as f64
+    }
+}
+
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;

@@ -33,19 +33,21 @@ fn compare_runs_every_setup_and_writes_reports_with_ratios() {
     let md = std::fs::read_to_string(out.join("compare.md")).expect("compare.md");
     let png = std::fs::read(out.join("compare.png")).expect("compare.png");
     assert_eq!(&png[1..4], b"PNG");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("compare.json parses");
+    let results = json["results"].as_array().expect("a results array");
     for case in ["rr64_c4", "bulk_in", "connect"] {
         for setup in ["kernel", "corelane-server", "corelane-both"] {
-            let key = format!("\"case\":\"{case}\",\"setup\":\"{setup}\"");
-            let line = json
-                .lines()
-                .find(|l| l.contains(&key))
-                .unwrap_or_else(|| panic!("no {key} in\n{json}"));
+            let row = results
+                .iter()
+                .find(|r| r["case"] == case && r["setup"] == setup)
+                .unwrap_or_else(|| panic!("no {case} / {setup} in\n{json:#}"));
             // A rate was measured, and corelane's rows carry a ratio to the kernel's.
-            assert!(!line.contains("\"rate\":0.0000"), "{line}");
+            let rate = row["rate"].as_f64().unwrap_or(0.0);
+            assert!(rate > 0.0, "{row}");
             assert_eq!(
-                line.contains("\"vs_kernel\":{\"rate\":"),
+                row["vs_kernel"]["rate"].as_f64().is_some(),
                 setup != "kernel",
-                "{line}"
+                "{row}"
             );
         }
     }

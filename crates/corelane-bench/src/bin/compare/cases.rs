@@ -1,0 +1,82 @@
+//! What is measured: the cases, the setups, and the addresses and ports they use.
+
+pub(crate) const ECHO: u16 = 7001;
+pub(crate) const SINK: u16 = 7002;
+pub(crate) const SOURCE: u16 = 7003;
+pub(crate) const KERNEL_SERVER: &str = "10.77.0.1";
+pub(crate) const KERNEL_CLIENT: &str = "10.77.0.2";
+pub(crate) const CORELANE_SERVER: &str = "10.77.0.3";
+pub(crate) const CORELANE_CLIENT: &str = "10.77.0.4";
+pub(crate) const CHUNK: usize = 64 * 1024;
+pub(crate) const CONNECT_CONNS: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Rr { size: usize, conns: usize },
+    BulkIn,
+    BulkOut,
+    Connect,
+}
+
+impl Kind {
+    pub(crate) fn name(self) -> String {
+        match self {
+            Kind::Rr { size, conns } => format!("rr {size} B x {conns} conn"),
+            Kind::BulkIn => "bulk in (client to server)".into(),
+            Kind::BulkOut => "bulk out (server to client)".into(),
+            Kind::Connect => format!("connect ({CONNECT_CONNS} at a time)"),
+        }
+    }
+
+    pub(crate) fn id(self) -> String {
+        match self {
+            Kind::Rr { size, conns } => format!("rr{size}_c{conns}"),
+            Kind::BulkIn => "bulk_in".into(),
+            Kind::BulkOut => "bulk_out".into(),
+            Kind::Connect => "connect".into(),
+        }
+    }
+
+    pub(crate) fn bulk(self) -> bool {
+        matches!(self, Kind::BulkIn | Kind::BulkOut)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Setup {
+    Kernel,
+    CorelaneServer,
+    CorelaneBoth,
+    CorelaneClient,
+}
+
+impl Setup {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Setup::Kernel => "kernel",
+            Setup::CorelaneServer => "corelane-server",
+            Setup::CorelaneBoth => "corelane-both",
+            Setup::CorelaneClient => "corelane-client",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Result<Setup, String> {
+        match s {
+            "kernel" => Ok(Setup::Kernel),
+            "corelane-server" => Ok(Setup::CorelaneServer),
+            "corelane-both" => Ok(Setup::CorelaneBoth),
+            "corelane-client" => Ok(Setup::CorelaneClient),
+            o => Err(format!(
+                "--setups: `{o}` is not kernel, corelane-server, corelane-both or corelane-client"
+            )),
+        }
+    }
+
+    pub(crate) fn corelane_server(self) -> bool {
+        matches!(self, Setup::CorelaneServer | Setup::CorelaneBoth)
+    }
+
+    pub(crate) fn corelane_client(self) -> bool {
+        matches!(self, Setup::CorelaneClient | Setup::CorelaneBoth)
+    }
+}

@@ -1,0 +1,254 @@
+//! The hosts of a run: the kernel (tokio) and corelane servers, and the load generator's
+//! threads on either stack.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU8;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corelane::Runtime;
+use corelane_bench::pin;
+use corelane_testnet::VethPair;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::task::spawn_local;
+
+use crate::cases::{
+    CHUNK, CORELANE_CLIENT, CORELANE_SERVER, ECHO, KERNEL_SERVER, Kind, SINK, SOURCE,
+};
+use crate::load::{ClientOut, Corelane, Kernel, load};
+
+/// Serves one accepted connection by the port it came in on.
+pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(port: u16, mut s: S) {
+    let mut buf = vec![0u8; CHUNK];
+    match port {
+        ECHO => {
+            while let Ok(n @ 1..) = s.read(&mut buf).await {
+                if s.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+        SINK => while let Ok(1..) = s.read(&mut buf).await {},
+        _ => {
+            buf.fill(0xa5);
+            while s.write_all(&buf).await.is_ok() {}
+        }
+    }
+}
+
+/// A server running in its namespace, and how to stop it.
+pub(crate) struct Server {
+    pub(crate) stop: Box<dyn FnOnce() + Send>,
+    pub(crate) thread: corelane_testnet::NsThread<Result<(), String>>,
+    pub(crate) addr: &'static str,
+}
+
+impl Server {
+    pub(crate) fn stop(self) -> Result<(), String> {
+        (self.stop)();
+        self.thread.join().map_err(|e| e.to_string())?
+    }
+}
+
+pub(crate) fn kernel_server(net: &VethPair, cpus: &[usize]) -> Result<Server, String> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let cpus = cpus.to_vec();
+    let n = cpus.len();
+    let thread = net
+        .server_ns()
+        .spawn(move || -> Result<(), String> {
+            let mut threads = Vec::new();
+            for cpu in cpus {
+                let (ready, mut stop) = (ready_tx.clone(), stop_rx.clone());
+                threads.push(std::thread::spawn(move || {
+                    pin(cpu);
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => return drop(ready.send(Err(e.to_string()))),
+                    };
+                    let local = tokio::task::LocalSet::new();
+                    local.block_on(&rt, async move {
+                        let mut listeners = Vec::new();
+                        for port in [ECHO, SINK, SOURCE] {
+                            match reuseport_listener(port) {
+                                Ok(l) => listeners.push((port, l)),
+                                Err(e) => {
+                                    let _ = ready.send(Err(format!("port {port}: {e}")));
+                                    return;
+                                }
+                            }
+                        }
+                        for (port, l) in listeners {
+                            spawn_local(async move {
+                                while let Ok((s, _)) = l.accept().await {
+                                    let _ = s.set_nodelay(true);
+                                    spawn_local(serve(port, s));
+                                }
+                            });
+                        }
+                        let _ = ready.send(Ok(()));
+                        let _ = stop.wait_for(|s| *s).await;
+                    });
+                }));
+            }
+            for t in threads {
+                t.join().map_err(|_| "a kernel server thread panicked")?;
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    for _ in 0..n {
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| "the kernel server did not start".to_string())??;
+    }
+    Ok(Server {
+        stop: Box::new(move || {
+            let _ = stop_tx.send(true);
+        }),
+        thread,
+        addr: KERNEL_SERVER,
+    })
+}
+
+pub(crate) fn reuseport_listener(port: u16) -> io::Result<tokio::net::TcpListener> {
+    let s = tokio::net::TcpSocket::new_v4()?;
+    s.set_reuseport(true)?;
+    s.set_reuseaddr(true)?;
+    s.bind(SocketAddr::from(([0, 0, 0, 0], port)))?;
+    s.listen(1024)
+}
+
+pub(crate) fn corelane_server(net: &VethPair, cpus: &[usize]) -> Result<Server, String> {
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let ifname = net.server_if().to_string();
+    let cpus = cpus.to_vec();
+    let n = cpus.len();
+    let thread = net
+        .server_ns()
+        .spawn(move || -> Result<(), String> {
+            let rt = Runtime::builder(&ifname)
+                .addr(
+                    format!("{CORELANE_SERVER}/24")
+                        .parse()
+                        .map_err(|_| "address")?,
+                )
+                .cpus(cpus)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let _ = stop_tx.send(rt.stop_handle());
+            let ready_tx = Mutex::new(ready_tx);
+            rt.run(|_core| {
+                let bound: Result<Vec<_>, String> = [ECHO, SINK, SOURCE]
+                    .into_iter()
+                    .map(|p| {
+                        corelane::net::TcpListener::bind(p)
+                            .map(|l| (p, l))
+                            .map_err(|e| format!("port {p}: {e}"))
+                    })
+                    .collect();
+                let ok = bound.as_ref().map(|_| ()).map_err(Clone::clone);
+                let _ = ready_tx.lock().map(|t| t.send(ok));
+                async move {
+                    let Ok(listeners) = bound else { return };
+                    let mut tasks = Vec::new();
+                    for (port, l) in listeners {
+                        tasks.push(spawn_local(async move {
+                            while let Ok((s, _)) = l.accept().await {
+                                spawn_local(serve(port, s));
+                            }
+                        }));
+                    }
+                    for t in tasks {
+                        let _ = t.await;
+                    }
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        })
+        .map_err(|e| e.to_string())?;
+    let Ok(stop) = stop_rx.recv_timeout(Duration::from_secs(10)) else {
+        return Err(match thread.join() {
+            Ok(Err(e)) => e,
+            _ => "the corelane server did not start".to_string(),
+        });
+    };
+    for _ in 0..n {
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| "the corelane server did not start".to_string())??;
+    }
+    Ok(Server {
+        stop: Box::new(move || stop.stop()),
+        thread,
+        addr: CORELANE_SERVER,
+    })
+}
+
+// ----- clients ------------------------------------------------------------------------------
+
+pub(crate) fn kernel_client(
+    net: &VethPair,
+    cpu: usize,
+    kind: Kind,
+    addr: SocketAddr,
+    phase: Arc<AtomicU8>,
+) -> Result<corelane_testnet::NsThread<Result<ClientOut, String>>, String> {
+    net.client_ns()
+        .spawn(move || {
+            pin(cpu);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            let local = tokio::task::LocalSet::new();
+            Ok(local.block_on(&rt, load::<Kernel>(kind, addr, phase)))
+        })
+        .map_err(|e| e.to_string())
+}
+
+pub(crate) fn corelane_client(
+    net: &VethPair,
+    cpu: usize,
+    kind: Kind,
+    addr: SocketAddr,
+    phase: Arc<AtomicU8>,
+) -> Result<corelane_testnet::NsThread<Result<ClientOut, String>>, String> {
+    let ifname = net.client_if().to_string();
+    net.client_ns()
+        .spawn(move || {
+            let rt = Runtime::builder(&ifname)
+                .addr(
+                    format!("{CORELANE_CLIENT}/24")
+                        .parse()
+                        .map_err(|_| "address")?,
+                )
+                .cpus(vec![cpu])
+                .build()
+                .map_err(|e| format!("corelane client: {e}"))?;
+            let result = Arc::new(Mutex::new(None));
+            let r = result.clone();
+            rt.run(move |_| {
+                let (r, phase) = (r.clone(), phase.clone());
+                async move {
+                    let out = load::<Corelane>(kind, addr, phase).await;
+                    if let Ok(mut g) = r.lock() {
+                        *g = Some(out);
+                    }
+                }
+            })
+            .map_err(|e| format!("corelane client: {e}"))?;
+            let out = result.lock().map_err(|_| "poisoned")?.take();
+            out.ok_or_else(|| "the corelane client returned nothing".to_string())
+        })
+        .map_err(|e| e.to_string())
+}
+
+// ----- CPU accounting -----------------------------------------------------------------------

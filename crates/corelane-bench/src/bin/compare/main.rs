@@ -1,0 +1,234 @@
+//! corelane against the kernel's TCP stack on the same veth pair, the same CPUs and the same
+//! load, in one run.
+//!
+//! Three setups take turns within every repetition of every case:
+//! - `kernel`: the kernel stack on both ends (a tokio server, one current_thread runtime per
+//!   server CPU with SO_REUSEPORT listeners, and the kernel-socket load generator);
+//! - `corelane-server`: the same kernel-socket load generator against a corelane server;
+//! - `corelane-both`: the same load generator running on corelane against a corelane server.
+//!
+//! Cases: request/response with 1-byte and 64-byte messages at 1, 16 and 256 connections
+//! (requests/s, latency p50/p99/p99.9), bulk transfer each way on one connection (Gbit/s), and
+//! new connections per second (connect, 1-byte exchange, reset). For each, the server's CPU
+//! time (busy time of the server CPUs from /proc/stat: user, system, softirq, irq) and the whole
+//! machine's, per million requests or per GB. corelane runs in adaptive poll mode, so idle time
+//! is not spent spinning. The report gives medians over the repetitions and the corelane/kernel
+//! ratios, as Markdown, JSON and PNG.
+//!
+//! ```text
+//! cargo run --release -p corelane-bench --bin compare -- --repeat 3 --seconds 2
+//! ```
+//!
+//! Needs root (network namespaces, XDP, AF_XDP).
+//!
+//! The files: `cases` (what is measured), `load` (the load generator), `hosts` (servers and
+//! client threads on either stack), `runs` (one run and its CPU accounting), `report`
+//! (Markdown, JSON, PNG).
+
+#![forbid(unsafe_code)]
+
+mod cases;
+mod hosts;
+mod load;
+mod report;
+mod runs;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use corelane_testnet::VethPair;
+
+use crate::cases::{KERNEL_CLIENT, KERNEL_SERVER, Kind, Setup};
+use crate::runs::{Ctx, one_run, progress};
+
+#[derive(Parser, Debug)]
+#[command(about = "corelane against the kernel TCP stack on the same veth pair")]
+struct Cli {
+    /// Seconds measured per run (after the warm-up).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Seconds of warm-up per run, not measured.
+    #[arg(long, default_value_t = 0.5)]
+    warmup: f64,
+    /// Repetitions of every case (the setups alternate within each).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Cases: rr1, rr64 (request/response), bulk-in (client to server), bulk-out, connect.
+    #[arg(long, default_value = "rr1,rr64,bulk-in,bulk-out,connect")]
+    cases: String,
+    /// Connection counts for the request/response cases.
+    #[arg(long, default_value = "1,16,256")]
+    conns: String,
+    /// Setups: kernel, corelane-server, corelane-both (and corelane-client: corelane's load
+    /// generator against the kernel server).
+    #[arg(long, default_value = "kernel,corelane-server,corelane-both")]
+    setups: String,
+    /// Server CPUs, comma separated (default: every allowed CPU but the last).
+    #[arg(long)]
+    server_cpus: Option<String>,
+    /// The load generator's CPU (default: the last allowed CPU).
+    #[arg(long)]
+    client_cpu: Option<usize>,
+    /// Leave the veth's offloads (TSO, GSO, GRO, checksum) on; by default they are off on both
+    /// ends, the setting corelane's copy-mode AF_XDP has.
+    #[arg(long)]
+    offloads: bool,
+    /// Where to write compare.md, compare.json and compare.png.
+    #[arg(long, default_value = "target/compare")]
+    out: PathBuf,
+    /// Print every run's figures as well as the progress bar.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("\ncompare: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_list<T>(flag: &str, s: &str, f: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| f(x).ok_or_else(|| format!("{flag}: `{x}` is not understood")))
+        .collect()
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    if !corelane_testnet::is_root() {
+        return Err("needs root: it makes network namespaces and attaches XDP programs".into());
+    }
+    let conns = parse_list("--conns", &cli.conns, |x| {
+        x.parse::<usize>().ok().filter(|&n| n > 0)
+    })?;
+    let mut kinds = Vec::new();
+    for c in parse_list("--cases", &cli.cases, |x| Some(x.to_string()))? {
+        match c.as_str() {
+            "rr1" | "rr64" => {
+                let size = if c == "rr1" { 1 } else { 64 };
+                kinds.extend(conns.iter().map(|&conns| Kind::Rr { size, conns }));
+            }
+            "bulk-in" => kinds.push(Kind::BulkIn),
+            "bulk-out" => kinds.push(Kind::BulkOut),
+            "connect" => kinds.push(Kind::Connect),
+            o => {
+                return Err(format!(
+                    "--cases: `{o}` is not rr1, rr64, bulk-in, bulk-out or connect"
+                ));
+            }
+        }
+    }
+    let setups: Vec<Setup> = cli
+        .setups
+        .split(',')
+        .map(|s| Setup::parse(s.trim()))
+        .collect::<Result<_, _>>()?;
+    let allowed = corelane::allowed_cpus();
+    let client_cpu = cli
+        .client_cpu
+        .or_else(|| allowed.last().copied())
+        .ok_or("no CPU allowed")?;
+    let server_cpus = match &cli.server_cpus {
+        Some(s) => parse_list("--server-cpus", s, |x| x.parse::<usize>().ok())?,
+        None => allowed
+            .iter()
+            .copied()
+            .filter(|&c| c != client_cpu)
+            .collect(),
+    };
+    if server_cpus.is_empty() {
+        return Err("no CPU left for the server: pass --server-cpus".into());
+    }
+    if server_cpus.contains(&client_cpu) {
+        eprintln!("compare: warning: the load generator shares CPU {client_cpu} with the server");
+    }
+    let net = VethPair::builder()
+        .queues(server_cpus.len() as u32)
+        .server_addr(&format!("{KERNEL_SERVER}/24"))
+        .client_addr(&format!("{KERNEL_CLIENT}/24"))
+        .server_tx_checksum_off(true)
+        .build()
+        .map_err(|e| format!("making the veth pair: {e}"))?;
+    if !cli.offloads {
+        for (ns, ifname) in [
+            (net.server_ns(), net.server_if()),
+            (net.client_ns(), net.client_if()),
+        ] {
+            ns.exec(
+                "ethtool",
+                &["-K", ifname, "tso", "off", "gso", "off", "gro", "off"],
+            )
+            .map_err(|e| format!("turning offloads off: {e}"))?;
+        }
+    }
+    let ctx = Ctx {
+        net: &net,
+        server_cpus: server_cpus.clone(),
+        client_cpu,
+        warmup: Duration::from_secs_f64(cli.warmup),
+        seconds: Duration::from_secs_f64(cli.seconds),
+    };
+    println!(
+        "compare: server on CPU(s) {server_cpus:?}, load generator on CPU {client_cpu}; {} case(s) x {} setup(s) x {} repetition(s) of {} s (+{} s warm-up); offloads {}",
+        kinds.len(),
+        setups.len(),
+        cli.repeat,
+        cli.seconds,
+        cli.warmup,
+        if cli.offloads { "on" } else { "off" }
+    );
+    let total = kinds.len() * setups.len() * cli.repeat;
+    let mut samples = vec![vec![Vec::new(); setups.len()]; kinds.len()];
+    let started = Instant::now();
+    let mut done = 0;
+    for rep in 0..cli.repeat {
+        for (ki, kind) in kinds.iter().enumerate() {
+            for (si, setup) in setups.iter().enumerate() {
+                progress(
+                    done,
+                    total,
+                    started,
+                    &format!("{} / {}", kind.name(), setup.name()),
+                );
+                let s = one_run(&ctx, *setup, *kind, cli.verbose)
+                    .map_err(|e| format!("{} / {}: {e}", kind.name(), setup.name()))?;
+                done += 1;
+                if cli.verbose {
+                    eprintln!(
+                        "\r\x1b[2Krep {} {:<30} {:<16} {:>10.0}/s {:>7.3} Gbit/s p99 {:>8.1} us server CPU {:.3} s",
+                        rep + 1,
+                        kind.name(),
+                        setup.name(),
+                        s.rate,
+                        s.gbit,
+                        s.p99_us,
+                        s.server_cpu_s
+                    );
+                }
+                samples[ki][si].push(s);
+            }
+        }
+    }
+    progress(done, total, started, "done");
+    eprintln!();
+    report::write(
+        &cli.out,
+        &report::Meta {
+            server_cpus,
+            client_cpu,
+            offloads: cli.offloads,
+            seconds: cli.seconds,
+            warmup: cli.warmup,
+            repeat: cli.repeat,
+        },
+        &kinds,
+        &setups,
+        &samples,
+    )
+}

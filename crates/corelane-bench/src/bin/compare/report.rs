@@ -1,0 +1,285 @@
+//! The report: medians and corelane/kernel ratios as a Markdown table, JSON (serde) and PNG.
+
+use std::path::Path;
+
+use corelane_bench::{Panel, markdown_table, plot_png};
+use serde::Serialize;
+
+use crate::cases::{Kind, Setup};
+use crate::runs::{Sample, ratio, summary};
+
+/// How the run was set up.
+pub(crate) struct Meta {
+    pub(crate) server_cpus: Vec<usize>,
+    pub(crate) client_cpu: usize,
+    pub(crate) offloads: bool,
+    pub(crate) seconds: f64,
+    pub(crate) warmup: f64,
+    pub(crate) repeat: usize,
+}
+
+/// compare.json.
+#[derive(Serialize)]
+struct Report<'a> {
+    server_cpus: &'a [usize],
+    client_cpu: usize,
+    kernel: String,
+    offloads: bool,
+    seconds: f64,
+    repeat: usize,
+    results: Vec<Row>,
+}
+
+/// One case and setup: medians over the repetitions (non-finite figures become null).
+#[derive(Serialize)]
+struct Row {
+    case: String,
+    setup: &'static str,
+    runs: usize,
+    rate: f64,
+    unit: &'static str,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    server_cpu_s: f64,
+    machine_cpu_s: f64,
+    server_cost: f64,
+    machine_cost: f64,
+    cost_unit: &'static str,
+    /// corelane / kernel; None on the kernel's own rows.
+    vs_kernel: Option<VsKernel>,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct VsKernel {
+    rate: f64,
+    p99: f64,
+    server_cost: f64,
+    machine_cost: f64,
+}
+
+/// Prints the table and writes compare.md, compare.json and compare.png into `out`.
+pub(crate) fn write(
+    out: &Path,
+    meta: &Meta,
+    kinds: &[Kind],
+    setups: &[Setup],
+    samples: &[Vec<Vec<Sample>>],
+) -> Result<(), String> {
+    let mut rows = Vec::new();
+    let mut results = Vec::new();
+    let kernel = setups.iter().position(|s| *s == Setup::Kernel);
+    for (ki, kind) in kinds.iter().enumerate() {
+        let base = kernel.map(|k| summary(&samples[ki][k]));
+        for (si, setup) in setups.iter().enumerate() {
+            let m = summary(&samples[ki][si]);
+            let (rate, unit) = if kind.bulk() {
+                (m.gbit, "Gbit/s")
+            } else if *kind == Kind::Connect {
+                (m.rate, "conn/s")
+            } else {
+                (m.rate, "req/s")
+            };
+            let cost_unit = if kind.bulk() {
+                "CPU s/GB"
+            } else {
+                "CPU s per M"
+            };
+            let vs = base.filter(|_| *setup != Setup::Kernel).map(|b| {
+                let brate = if kind.bulk() { b.gbit } else { b.rate };
+                VsKernel {
+                    rate: ratio(rate, brate),
+                    p99: ratio(m.p99_us, b.p99_us),
+                    server_cost: ratio(m.server_cost, b.server_cost),
+                    machine_cost: ratio(m.machine_cost, b.machine_cost),
+                }
+            });
+            let lat = |x: f64| {
+                if kind.bulk() {
+                    "-".to_string()
+                } else {
+                    format!("{x:.1}")
+                }
+            };
+            let r = |f: fn(&VsKernel) -> f64| {
+                vs.map(|v| f(&v))
+                    .filter(|x| !x.is_nan())
+                    .map_or("-".into(), |x| format!("{x:.2}"))
+            };
+            rows.push(vec![
+                kind.name(),
+                setup.name().to_string(),
+                if kind.bulk() {
+                    format!("{rate:.3} {unit}")
+                } else {
+                    format!("{rate:.0} {unit}")
+                },
+                lat(m.p50_us),
+                lat(m.p99_us),
+                lat(m.p999_us),
+                format!("{:.3} {cost_unit}", m.server_cost),
+                format!("{:.3}", m.machine_cost),
+                r(|v| v.rate),
+                if kind.bulk() {
+                    "-".into()
+                } else {
+                    r(|v| v.p99)
+                },
+                r(|v| v.server_cost),
+                r(|v| v.machine_cost),
+            ]);
+            results.push(Row {
+                case: kind.id(),
+                setup: setup.name(),
+                runs: samples[ki][si].len(),
+                rate,
+                unit,
+                p50_us: m.p50_us,
+                p99_us: m.p99_us,
+                p999_us: m.p999_us,
+                server_cpu_s: m.server_cpu_s,
+                machine_cpu_s: m.machine_cpu_s,
+                server_cost: m.server_cost,
+                machine_cost: m.machine_cost,
+                cost_unit,
+                vs_kernel: vs,
+            });
+        }
+    }
+    let table = markdown_table(
+        &[
+            "case",
+            "setup",
+            "rate",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "server CPU",
+            "machine CPU",
+            "rate / kernel",
+            "p99 / kernel",
+            "server CPU / kernel",
+            "machine CPU / kernel",
+        ],
+        &rows,
+    );
+    println!("\n{table}");
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let kernel_release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let write = |name: &str, text: &str| {
+        let p = out.join(name);
+        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    write("compare.md", &markdown(meta, &kernel_release, &table))?;
+    let report = Report {
+        server_cpus: &meta.server_cpus,
+        client_cpu: meta.client_cpu,
+        kernel: kernel_release,
+        offloads: meta.offloads,
+        seconds: meta.seconds,
+        repeat: meta.repeat,
+        results,
+    };
+    let json = serde_json::to_string_pretty(&report).map_err(|e| format!("compare.json: {e}"))?;
+    write("compare.json", &(json + "\n"))?;
+    let panels = panels(kinds, setups, samples);
+    let png = out.join("compare.png");
+    if !panels.is_empty() {
+        plot_png(&png, &panels)?;
+    }
+    println!(
+        "wrote {}, {}{}",
+        out.join("compare.md").display(),
+        out.join("compare.json").display(),
+        if panels.is_empty() {
+            String::new()
+        } else {
+            format!(" and {}", png.display())
+        }
+    );
+    Ok(())
+}
+
+fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {
+    format!(
+        "# corelane against the kernel TCP stack (same veth, same CPUs)\n\n\
+         Server on CPU(s) {:?}, load generator on CPU {}; kernel {kernel_release}; \
+         veth offloads {}; medians of {} run(s) of {} s after {} s of warm-up; the setups alternate \
+         within every repetition.\n\n\
+         - `kernel`: kernel stack on both ends (tokio, one current_thread runtime per server CPU, \
+         SO_REUSEPORT); `corelane-server`: the same kernel-socket load generator against corelane; \
+         `corelane-both`: the load generator on corelane as well.\n\
+         - Server CPU: busy time (user, system, irq, softirq) of the server CPUs; machine CPU: all \
+         CPUs. Per million requests (or connections), or per GB for bulk. On veth the receive \
+         side's softirq runs on the sender's CPU, so part of each stack's receive work is charged \
+         to the other end's CPU: the machine column counts it wherever it ran.\n\
+         - Ratios are corelane / kernel: above 1 is better for rate, below 1 better for latency \
+         and CPU.\n\n{table}\n\nReproduce: `scripts/compare.sh` (or `cargo run --release -p \
+         corelane-bench --bin compare -- --repeat {} --seconds {}`).\n",
+        meta.server_cpus,
+        meta.client_cpu,
+        if meta.offloads {
+            "on"
+        } else {
+            "off (TSO, GSO, GRO, TX checksum)"
+        },
+        meta.repeat,
+        meta.seconds,
+        meta.warmup,
+        meta.repeat,
+        meta.seconds
+    )
+}
+
+/// Request/response against connections, one line per setup: rate, p99 and server CPU.
+fn panels(kinds: &[Kind], setups: &[Setup], samples: &[Vec<Vec<Sample>>]) -> Vec<Panel> {
+    let mut panels = Vec::new();
+    for size in [1usize, 64] {
+        let pick = |f: &dyn Fn(&Sample) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+            setups
+                .iter()
+                .enumerate()
+                .map(|(si, s)| {
+                    let pts = kinds
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(ki, k)| match k {
+                            Kind::Rr { size: sz, conns } if *sz == size => {
+                                Some((*conns as f64, f(&summary(&samples[ki][si]))))
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    (s.name().to_string(), pts)
+                })
+                .filter(|(_, p): &(String, Vec<_>)| !p.is_empty())
+                .collect()
+        };
+        let rate = pick(&|m| m.rate / 1e3);
+        if rate.is_empty() {
+            continue;
+        }
+        panels.push(Panel {
+            title: format!("{size}-byte request/response"),
+            x: "connections".into(),
+            y: "thousand requests/s".into(),
+            series: rate,
+        });
+        panels.push(Panel {
+            title: format!("{size}-byte p99 latency"),
+            x: "connections".into(),
+            y: "p99 us".into(),
+            series: pick(&|m| m.p99_us),
+        });
+        panels.push(Panel {
+            title: format!("{size}-byte server CPU"),
+            x: "connections".into(),
+            y: "server CPU s per M requests".into(),
+            series: pick(&|m| m.server_cost),
+        });
+    }
+    panels
+}

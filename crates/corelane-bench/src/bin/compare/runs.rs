@@ -1,0 +1,202 @@
+//! One run of one case on one setup, its CPU accounting, and medians over repetitions.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use corelane_bench::median;
+use corelane_testnet::VethPair;
+
+use crate::cases::{ECHO, Kind, Setup};
+use crate::hosts::{corelane_client, corelane_server, kernel_client, kernel_server};
+use crate::load::{MEASURE, STOP, WARM};
+
+/// Busy time per CPU (user, nice, system, irq, softirq, steal) in seconds, from /proc/stat.
+pub(crate) fn cpu_busy() -> Result<Vec<f64>, String> {
+    let stat = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
+    let hz = corelane_bench::sys::clock_ticks_per_sec();
+    let mut out = Vec::new();
+    for line in stat.lines() {
+        let mut f = line.split_whitespace();
+        let Some(name) = f.next() else { continue };
+        let Some(idx) = name
+            .strip_prefix("cpu")
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let v: Vec<f64> = f.filter_map(|x| x.parse().ok()).collect();
+        if v.len() < 8 {
+            return Err(format!("/proc/stat: short line for {name}"));
+        }
+        if out.len() <= idx {
+            out.resize(idx + 1, 0.0);
+        }
+        // user nice system idle iowait irq softirq steal
+        out[idx] = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / hz;
+    }
+    Ok(out)
+}
+
+// ----- one run ------------------------------------------------------------------------------
+
+/// One run's figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sample {
+    /// Requests or connections per second.
+    pub(crate) rate: f64,
+    pub(crate) gbit: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) p999_us: f64,
+    pub(crate) server_cpu_s: f64,
+    pub(crate) machine_cpu_s: f64,
+    /// Server CPU seconds per million operations, or per GB for bulk.
+    pub(crate) server_cost: f64,
+    pub(crate) machine_cost: f64,
+    /// Operations that failed or timed out.
+    pub(crate) errors: f64,
+}
+
+pub(crate) struct Ctx<'a> {
+    pub(crate) net: &'a VethPair,
+    pub(crate) server_cpus: Vec<usize>,
+    pub(crate) client_cpu: usize,
+    pub(crate) warmup: Duration,
+    pub(crate) seconds: Duration,
+}
+
+pub(crate) fn one_run(
+    ctx: &Ctx<'_>,
+    setup: Setup,
+    kind: Kind,
+    verbose: bool,
+) -> Result<Sample, String> {
+    let server = if setup.corelane_server() {
+        corelane_server(ctx.net, &ctx.server_cpus)?
+    } else {
+        kernel_server(ctx.net, &ctx.server_cpus)?
+    };
+    let addr: SocketAddr = format!("{}:{ECHO}", server.addr)
+        .parse()
+        .map_err(|_| "address")?;
+    let phase = Arc::new(AtomicU8::new(WARM));
+    let client = if setup.corelane_client() {
+        corelane_client(ctx.net, ctx.client_cpu, kind, addr, phase.clone())
+    } else {
+        kernel_client(ctx.net, ctx.client_cpu, kind, addr, phase.clone())
+    };
+    let client = match client {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = server.stop();
+            return Err(e);
+        }
+    };
+    std::thread::sleep(ctx.warmup);
+    let before = cpu_busy()?;
+    let t = Instant::now();
+    phase.store(MEASURE, Ordering::SeqCst);
+    std::thread::sleep(ctx.seconds);
+    phase.store(STOP, Ordering::SeqCst);
+    let after = cpu_busy()?;
+    let secs = t.elapsed().as_secs_f64();
+    let out = client.join().map_err(|e| e.to_string());
+    let stopped = server.stop();
+    let mut out = out??;
+    stopped?;
+    if out.ops == 0 && out.bytes == 0 {
+        return Err(format!(
+            "{} / {}: nothing was measured ({} error(s){})",
+            setup.name(),
+            kind.name(),
+            out.errors,
+            out.first_error
+                .map(|e| format!(", first: {e}"))
+                .unwrap_or_default()
+        ));
+    }
+    if let (Some(e), true) = (&out.first_error, verbose) {
+        eprintln!(
+            "\r\x1b[2K{} / {}: {} error(s), first: {e}",
+            setup.name(),
+            kind.name(),
+            out.errors
+        );
+    }
+    let busy = |cpus: &mut dyn Iterator<Item = usize>| -> f64 {
+        cpus.map(|c| after.get(c).unwrap_or(&0.0) - before.get(c).unwrap_or(&0.0))
+            .sum()
+    };
+    let server_cpu_s = busy(&mut ctx.server_cpus.iter().copied());
+    let machine_cpu_s = busy(&mut (0..after.len()));
+    out.lat_ns.sort_unstable();
+    let pct = |q: f64| -> f64 {
+        if out.lat_ns.is_empty() {
+            return 0.0;
+        }
+        let i = ((q * out.lat_ns.len() as f64) as usize).min(out.lat_ns.len() - 1);
+        out.lat_ns[i] as f64 / 1e3
+    };
+    let per = |cpu: f64| {
+        if kind.bulk() {
+            cpu / (out.bytes as f64 / 1e9).max(1e-12)
+        } else {
+            cpu / (out.ops as f64 / 1e6).max(1e-12)
+        }
+    };
+    Ok(Sample {
+        rate: out.ops as f64 / secs,
+        gbit: out.bytes as f64 * 8.0 / secs / 1e9,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        p999_us: pct(0.999),
+        server_cpu_s,
+        machine_cpu_s,
+        server_cost: per(server_cpu_s),
+        machine_cost: per(machine_cpu_s),
+        errors: out.errors as f64,
+    })
+}
+
+// ----- report -------------------------------------------------------------------------------
+
+pub(crate) fn med(v: &[Sample], f: impl Fn(&Sample) -> f64) -> f64 {
+    median(&v.iter().map(f).collect::<Vec<_>>())
+}
+
+pub(crate) fn summary(v: &[Sample]) -> Sample {
+    Sample {
+        rate: med(v, |s| s.rate),
+        gbit: med(v, |s| s.gbit),
+        p50_us: med(v, |s| s.p50_us),
+        p99_us: med(v, |s| s.p99_us),
+        p999_us: med(v, |s| s.p999_us),
+        server_cpu_s: med(v, |s| s.server_cpu_s),
+        machine_cpu_s: med(v, |s| s.machine_cpu_s),
+        server_cost: med(v, |s| s.server_cost),
+        machine_cost: med(v, |s| s.machine_cost),
+        errors: v.iter().map(|s| s.errors).sum(),
+    }
+}
+
+pub(crate) fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { f64::NAN }
+}
+
+pub(crate) fn progress(done: usize, total: usize, started: Instant, what: &str) {
+    let width = 30;
+    let filled = width * done / total.max(1);
+    let eta = if done > 0 {
+        started.elapsed().as_secs_f64() / done as f64 * (total - done) as f64
+    } else {
+        0.0
+    };
+    eprint!(
+        "\r\x1b[2K[{}{}] {done}/{total} eta {:>4.0} s  {what}",
+        "#".repeat(filled),
+        ".".repeat(width - filled),
+        eta
+    );
+}

@@ -223,6 +223,55 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     Ok(())
 }
 
+/// The skeleton every server example shares: the runtime from the common flags, its plan
+/// printed, `bind` run on every core (a core whose bind fails reports it and serves nothing),
+/// one "NAME: serving WHAT on N core(s)" line once every core has bound, the periodic stats,
+/// then `serve` on every core, and the report when the run ends.
+pub(crate) fn serve<T, B, S, Fut>(
+    name: &'static str,
+    c: &Common,
+    what: &str,
+    bind: B,
+    serve: S,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    T: 'static,
+    B: Fn() -> std::io::Result<T> + Sync,
+    S: Fn(corelane::CoreInfo, T) -> Fut + Sync,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let rt = c.builder()?.build()?;
+    println!("{}", rt.describe());
+    let cores = rt.cores();
+    let every = c.stats_every;
+    let ready = Ready::new(cores);
+    let report = rt.run(|core| {
+        let bound = bind();
+        ready.core_ready(|| {
+            println!(
+                "{name}: serving {what} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops",
+                core.bind_mode
+            );
+        });
+        let task = bound.map(|t| serve(core, t));
+        let what = what.to_string();
+        async move {
+            match task {
+                Ok(task) => {
+                    tokio::task::spawn_local(stats_task(every));
+                    task.await;
+                }
+                Err(e) => eprintln!("{name}: error: core {}: {what}: {e}", core.index),
+            }
+        }
+    })?;
+    if report.stopped {
+        println!("{name}: stopping");
+    }
+    print_report(name, &report)?;
+    Ok(())
+}
+
 /// Runs an example's body and turns its outcome into the exit code, with one error line.
 pub(crate) fn exit(name: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
     match r {

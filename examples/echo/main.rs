@@ -35,29 +35,13 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let c = &args.common;
-    let port = c.port_or(7);
-    let rt = c.builder()?.build()?;
-    println!("{}", rt.describe());
-    let cores = rt.cores();
-    let ready = common::Ready::new(cores);
-    let every = c.stats_every;
-    let report = rt.run(|core| {
-        let ready = &ready;
-        let setup = TcpListener::bind(port).and_then(|l| Ok((l, UdpSocket::bind(port)?)));
-        // Announce once every core listens.
-        ready.core_ready(|| {
-            println!("echo: serving TCP and UDP port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", core.bind_mode);
-        });
-        async move {
-            let (listener, udp) = match setup {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("echo: error: core {}: port {port}: {e}", core.index);
-                    return;
-                }
-            };
-            spawn_local(common::stats_task(every));
+    let port = args.common.port_or(7);
+    common::serve(
+        "echo",
+        &args.common,
+        &format!("TCP and UDP port {port}"),
+        || Ok((TcpListener::bind(port)?, UdpSocket::bind(port)?)),
+        |core, (listener, udp)| async move {
             spawn_local(async move {
                 let mut buf = vec![0u8; 65536];
                 while let Ok((n, from)) = udp.recv_from(&mut buf).await {
@@ -81,13 +65,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     }
                 }
             }
-        }
-    })?;
-    if report.stopped {
-        println!("echo: stopping");
-    }
-    common::print_report("echo", &report)?;
-    Ok(())
+        },
+    )
 }
 
 async fn echo(mut s: TcpStream) {

@@ -65,27 +65,13 @@ fn status(code: StatusCode, msg: &'static str) -> Response<Full<Bytes>> {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let c = &args.common;
-    let port = c.port_or(8080);
-    let rt = c.builder()?.build()?;
-    println!("{}", rt.describe());
-    let cores = rt.cores();
-    let every = c.stats_every;
-    let ready = common::Ready::new(cores);
-    let report = rt.run(|core| {
-        let listener = TcpListener::bind(port);
-        ready.core_ready(|| {
-            println!("http: serving port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", core.bind_mode);
-        });
-        async move {
-            let listener = match listener {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("http: error: core {}: port {port}: {e}", core.index);
-                    return;
-                }
-            };
-            tokio::task::spawn_local(common::stats_task(every));
+    let port = args.common.port_or(8080);
+    common::serve(
+        "http",
+        &args.common,
+        &format!("port {port}"),
+        || TcpListener::bind(port),
+        |core, listener| async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let idx = core.index;
                 tokio::task::spawn_local(async move {
@@ -96,8 +82,6 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                         .await;
                 });
             }
-        }
-    })?;
-    common::print_report("http", &report)?;
-    Ok(())
+        },
+    )
 }

@@ -6,6 +6,11 @@
 //! (smoltcp behind an O(1) flow table) and the application's tasks (a single-threaded tokio
 //! executor) on the same core, with no work stealing.
 //!
+//! This crate is the facade; the rooms behind it are `corelane-frame` (frames, no system
+//! dependencies), `corelane-stack` (the sans-IO protocol core and its one pipeline turn),
+//! `corelane-xsk` (XDP and AF_XDP), `corelane-rt` (the per-core runtime and sockets) and
+//! `corelane-topo` (placement). `docs/ARCHITECTURE.md` follows one frame through them.
+//!
 //! ```no_run
 //! use corelane::Runtime;
 //! use corelane::net::TcpListener;
@@ -46,7 +51,9 @@ pub use corelane_rt::{
     bandwidth_delay_product, core_index, core_stats,
 };
 pub use corelane_stack::smoltcp;
-pub use corelane_stack::{DeviceStats, StackConfig, StackError, StackStats};
+pub use corelane_stack::{
+    DeviceStats, PipelineStats, StackConfig, StackError, StackStats, TcpState,
+};
 /// Machine topology and the placement planner (hwloc): plan against this machine or a
 /// described one.
 pub use corelane_topo as topo;

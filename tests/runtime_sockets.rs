@@ -147,9 +147,9 @@ fn runtime_corelane_clients_reach_kernel_servers_both_ways_from_both_cores() {
             "core {}: {} frames handed out, {} taken in at {:.0} ns each; protocol {:.0} ns/frame",
             c.stats.core,
             c.stats.stack.handed_off,
-            c.stats.handoff_in.items,
-            c.stats.handoff_in.ns_per_item(),
-            c.stats.protocol.ns_per_item()
+            c.stats.pipeline.handoff_in.items,
+            c.stats.pipeline.handoff_in.ns_per_item(),
+            c.stats.pipeline.protocol.ns_per_item()
         );
     }
     let injected: u64 = report

@@ -52,7 +52,7 @@ impl Driver {
         }
         stack.take_freed_ports(freed);
         let mut st = core.stats();
-        st.set_pipeline(&self.pipe.stats());
+        st.pipeline = self.pipe.stats();
         if let Some(tu) = &self.pipe.tuner {
             st.batch.current = tu.batch();
             st.batch.settled = tu.settled();

@@ -23,24 +23,10 @@ pub struct CoreStats {
     pub cpu: usize,
     /// Interface queue the core serves.
     pub queue: u32,
-    /// Passes of the pipeline.
-    pub turns: u64,
-    /// Passes that found work.
-    pub busy_turns: u64,
+    /// The pipeline's turns and, per stage, frames (or flows) and time.
+    pub pipeline: PipelineStats,
     /// Times the core went to sleep (adaptive poll mode).
     pub parks: u64,
-    /// RX stage: frames taken from the RX ring.
-    pub rx: Stage,
-    /// Classify stage: frames parsed and checksum-verified.
-    pub classify: Stage,
-    /// Handoff in: frames taken from other cores' rings.
-    pub handoff_in: Stage,
-    /// Flow demux and protocol (ingress) stage: frames processed.
-    pub protocol: Stage,
-    /// Egress stage: flows polled for output.
-    pub egress: Stage,
-    /// TX, recycle and refill stage: frames sent.
-    pub tx: Stage,
     /// Application tasks: time between the driver yielding and running again.
     pub tasks: Stage,
     /// Accept polls that found nothing after being woken (should stay 0: wake-one).
@@ -58,20 +44,6 @@ pub struct CoreStats {
     pub device: DeviceStats,
     /// Protocol counters.
     pub stack: StackStats,
-}
-
-impl CoreStats {
-    /// Takes the pipeline's turn and stage counters.
-    pub(crate) fn set_pipeline(&mut self, p: &PipelineStats) {
-        self.turns = p.turns;
-        self.busy_turns = p.busy_turns;
-        self.rx = p.rx;
-        self.classify = p.classify;
-        self.handoff_in = p.handoff_in;
-        self.protocol = p.protocol;
-        self.egress = p.egress;
-        self.tx = p.tx;
-    }
 }
 
 /// Where a core's batching stands (see [`crate::Builder::adaptive_batch`]).

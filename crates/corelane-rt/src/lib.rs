@@ -52,6 +52,7 @@ mod threads;
 use std::time::Duration;
 
 pub use builder::{Builder, bandwidth_delay_product};
+pub use corelane_stack::PipelineStats;
 pub use corelane_topo::{Lane, Machine, Placement, Plan, Sharing};
 pub use cpu::{allowed_cpus, l2_bytes};
 pub use error::Error;

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 # Release mode: the end-to-end tests push 64 MiB through the stack. `cargo test` on the whole
 # workspace also builds the examples the privileged tests run.
 cargo test --locked --release --workspace

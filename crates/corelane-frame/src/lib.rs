@@ -79,8 +79,11 @@ impl UmemId {
         UmemId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Panics unless `frame` belongs to this UMEM: reading or writing another UMEM's frame
+    /// Checks that `frame` belongs to this UMEM: reading or writing another UMEM's frame
     /// through this one would touch a frame the kernel may own.
+    ///
+    /// # Panics
+    /// When `frame` belongs to another UMEM.
     #[inline]
     #[track_caller]
     pub fn check(self, frame: &impl Frame) {

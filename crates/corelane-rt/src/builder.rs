@@ -133,7 +133,7 @@ impl Builder {
     }
 
     /// How long a core keeps running after its task ends, so closed connections can finish
-    /// (default 200 ms). Stopping with Ctrl-C or a [`StopHandle`] resets them instead.
+    /// (default 200 ms). Stopping with Ctrl-C or a [`StopHandle`](crate::StopHandle) resets them instead.
     pub fn linger(mut self, d: Duration) -> Self {
         self.linger = d;
         self
@@ -142,6 +142,15 @@ impl Builder {
     /// The placement plan [`Builder::build`] would follow, from the machine hwloc reads and the
     /// interface's queues, without attaching anything or changing the interface (needs no
     /// privileges). Prints as an explanation.
+    ///
+    /// ```no_run
+    /// let plan = corelane_rt::Runtime::builder("eth0").cores(2).plan()?;
+    /// println!("{plan}");
+    /// # Ok::<(), corelane_rt::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// No such interface, a machine hwloc cannot read, or a placement that does not fit it.
     pub fn plan(&self) -> Result<Plan, Error> {
         let (mut plan, channels) = self.make_plan()?;
         let nqueues = channels.map_or(1, |c| c.rx_queues());
@@ -194,7 +203,23 @@ impl Builder {
     }
 
     /// Checks the configuration, attaches the XDP program and owns the addresses. The AF_XDP
-    /// sockets are opened by each core when [`Runtime::run`] starts it.
+    /// sockets are opened by each core when [`Runtime::run`](crate::Runtime::run) starts it.
+    ///
+    /// ```no_run
+    /// use corelane_rt::{PollMode, Runtime};
+    /// let rt = Runtime::builder("veth0")
+    ///     .addr("10.0.0.1/24".parse().expect("a CIDR"))
+    ///     .cores(2)
+    ///     .poll_mode(PollMode::Busy)
+    ///     .build()?;
+    /// println!("{}", rt.describe());
+    /// # Ok::<(), corelane_rt::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Each names the cause and the fix: no address, too many addresses, missing privileges, no
+    /// such interface, too few queues for the cores (when the driver cannot raise them), an MTU
+    /// that does not fit a frame, or a driver that refuses the XDP program.
     pub fn build(self) -> Result<Runtime, Error> {
         if self.addrs.is_empty() {
             return Err(Error::Config(

@@ -149,6 +149,25 @@ impl Runtime {
     /// if any core fails to start, none runs and the error names the core. On a lane whose
     /// placement splits protocol and application, `f` runs on a second thread pinned to the
     /// application CPU.
+    ///
+    /// ```no_run
+    /// use corelane_rt::{Runtime, net::UdpSocket};
+    /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse().expect("a CIDR")).build()?;
+    /// let report = rt.run(|core| async move {
+    ///     let sock = UdpSocket::bind(7).expect("port 7");
+    ///     let mut buf = [0; 2048];
+    ///     while let Ok((n, peer)) = sock.recv_from(&mut buf).await {
+    ///         let _ = sock.send_to(&buf[..n], peer).await;
+    ///     }
+    ///     println!("core {} done", core.index);
+    /// })?;
+    /// assert!(report.frames_balanced());
+    /// # Ok::<(), corelane_rt::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Core`] when a core could not start (its AF_XDP socket, its pinning), and
+    /// [`Error::Panicked`] when the future of a core panicked (the core is shut down cleanly).
     pub fn run<F, Fut>(self, f: F) -> Result<RunReport, Error>
     where
         F: Fn(CoreInfo) -> Fut + Send + Sync,

@@ -15,14 +15,14 @@ pub struct CoreReport {
     pub bind_mode: BindMode,
 }
 
-/// What [`Runtime::run`] returns.
+/// What [`Runtime::run`](crate::Runtime::run) returns.
 #[derive(Debug, Clone)]
 pub struct RunReport {
     /// One per core.
     pub cores: Vec<CoreReport>,
     /// The XDP program's counters at the end.
     pub xdp: XdpCounters,
-    /// True when the run ended by Ctrl-C or a [`StopHandle`].
+    /// True when the run ended by Ctrl-C or a [`StopHandle`](crate::StopHandle).
     pub stopped: bool,
 }
 

@@ -26,7 +26,7 @@ pub(crate) fn stop_on_ctrl_c(shared: &Arc<Shared>) {
     });
 }
 
-/// Stops a running [`Runtime`] from any thread: every core resets its connections and ends.
+/// Stops a running [`Runtime`](crate::Runtime) from any thread: every core resets its connections and ends.
 #[derive(Clone)]
 pub struct StopHandle(pub(crate) Arc<Shared>);
 

@@ -5,7 +5,7 @@ use std::io;
 /// First port of the ephemeral range from which connections this side opens take their port.
 pub const EPHEMERAL_START: u16 = 49152;
 
-/// Sizes and limits of a [`Stack`].
+/// Sizes and limits of a [`Stack`](crate::Stack).
 #[derive(Debug, Clone, Copy)]
 pub struct StackConfig {
     /// Receive buffer per TCP connection, in bytes (sets the advertised window and its scale).

@@ -133,9 +133,8 @@ fn runtime_placement_raises_queues_for_the_cores_and_restores_them() {
         .expect("ethtool -L");
     assert_eq!(current_rx_queues(&net), 1);
     let ifname = net.server_if().to_string();
-    let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (go, flag) = tokio::sync::watch::channel(false);
     let (to_test, from_server) = std::sync::mpsc::channel::<String>();
-    let flag = go.clone();
     let server = net
         .server_ns()
         .spawn(move || {
@@ -146,12 +145,10 @@ fn runtime_placement_raises_queues_for_the_cores_and_restores_them() {
                 .expect("runtime");
             to_test.send(rt.plan().to_string()).unwrap();
             rt.run(|_core| {
-                let flag = flag.clone();
+                let mut flag = flag.clone();
                 async move {
                     let _l = TcpListener::bind(7).expect("port 7");
-                    while !flag.load(Ordering::SeqCst) {
-                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                    }
+                    let _ = flag.wait_for(|go| *go).await;
                 }
             })
             .expect("run")
@@ -163,7 +160,7 @@ fn runtime_placement_raises_queues_for_the_cores_and_restores_them() {
         "{plan}"
     );
     assert_eq!(current_rx_queues(&net), 2, "raised while running");
-    go.store(true, Ordering::SeqCst);
+    go.send_replace(true);
     let report = server.join().expect("server");
     assert_eq!(report.cores.len(), 2);
     assert_eq!(current_rx_queues(&net), 1, "restored after the run");

@@ -8,13 +8,14 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
 use corelane::net::{TcpListener, TcpStream};
 use corelane::{RunReport, Runtime};
 use corelane_testnet::{VethPair, require_root};
+use tokio::sync::watch;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Builds a runtime on the server end of `net` (owning 10.77.0.3) and runs `f` on every core,
@@ -37,11 +38,9 @@ where
         .expect("server thread")
 }
 
-/// Waits (on the core) until `flag` is set.
-async fn until(flag: &AtomicBool) {
-    while !flag.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+/// Waits (on the core) until the test thread says it is done (a watch channel, no polling).
+async fn until(done: &mut watch::Receiver<bool>) {
+    let _ = done.wait_for(|d| *d).await;
 }
 
 fn kernel_echo_server(listener: std::net::TcpListener) {
@@ -170,10 +169,9 @@ fn runtime_full_backlog_drops_syns_and_harms_nothing_else() {
         return;
     }
     let net = net(1);
-    let done = Arc::new(AtomicBool::new(false));
-    let d = done.clone();
+    let (done, d) = watch::channel(false);
     let server = serve(&net, 4, move |_core| {
-        let d = d.clone();
+        let mut d = d.clone();
         async move {
             // Port 7000 never accepts; port 7 echoes.
             let stuck = TcpListener::bind(7000).unwrap();
@@ -190,7 +188,7 @@ fn runtime_full_backlog_drops_syns_and_harms_nothing_else() {
                     });
                 }
             });
-            until(&d).await;
+            until(&mut d).await;
             drop(stuck);
         }
     });
@@ -234,7 +232,7 @@ fn runtime_full_backlog_drops_syns_and_harms_nothing_else() {
         .unwrap()
         .expect("echo on the other port");
     assert_eq!(echoed, (sha256(&payload(100_000, 5)), 100_000));
-    done.store(true, Ordering::SeqCst);
+    done.send_replace(true);
     let report = server.join().unwrap();
     assert!(report.cores[0].stats.stack.syn_dropped >= 6, "{report:?}");
     assert!(report.frames_balanced());
@@ -246,11 +244,11 @@ fn runtime_each_connection_wakes_exactly_one_of_many_waiting_accepts() {
         return;
     }
     let net = net(1);
-    let done = Arc::new(AtomicBool::new(false));
+    let (done, d) = watch::channel(false);
     let accepted = Arc::new(AtomicUsize::new(0));
-    let (d, a) = (done.clone(), accepted.clone());
+    let a = accepted.clone();
     let server = serve(&net, 256, move |_core| {
-        let (d, a) = (d.clone(), a.clone());
+        let (mut d, a) = (d.clone(), a.clone());
         async move {
             let l = Rc::new(TcpListener::bind(7).unwrap());
             for _ in 0..50 {
@@ -262,7 +260,7 @@ fn runtime_each_connection_wakes_exactly_one_of_many_waiting_accepts() {
                     }
                 });
             }
-            until(&d).await;
+            until(&mut d).await;
             let s = corelane::core_stats().unwrap();
             assert_eq!(
                 s.stack.accept_wakeups, 20,
@@ -282,7 +280,7 @@ fn runtime_each_connection_wakes_exactly_one_of_many_waiting_accepts() {
             }
         })
         .unwrap();
-    done.store(true, Ordering::SeqCst);
+    done.send_replace(true);
     let report = server
         .join()
         .expect("server (a failed assertion on the core ends it)");
@@ -340,7 +338,7 @@ fn runtime_stream_options_abort_and_connected_udp() {
         let s = r.reunite(w).expect("halves of one stream");
         tokio::time::sleep(Duration::from_millis(100)).await;
         s.abort();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // An abort closes at once (the reset goes out on the next turn).
         assert_eq!(s.state().unwrap().to_string(), "CLOSED");
 
         let u = corelane::net::UdpSocket::bind(0).unwrap();

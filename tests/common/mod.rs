@@ -52,6 +52,8 @@ pub const SERVER_V6: &str = "fd00:77::3";
 pub struct Echo {
     child: Option<Child>,
     out: Arc<Mutex<String>>,
+    /// The threads copying its stdout and stderr; they end when the process exits.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Echo {
@@ -68,7 +70,7 @@ impl Echo {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !e.output().contains(&format!("{name}: serving")) {
             if let Some(status) = e.child.as_mut().unwrap().try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(100));
+                e.join_readers();
                 panic!("{name} exited early ({status}):\n{}", e.output());
             }
             assert!(
@@ -88,22 +90,31 @@ impl Echo {
             .spawn()
             .expect("spawn echo");
         let out = Arc::new(Mutex::new(String::new()));
+        let mut readers = Vec::new();
         for pipe in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
             Box::new(child.stderr.take().unwrap()),
         ] {
             let out = out.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                     let mut o = out.lock().unwrap();
                     o.push_str(&line);
                     o.push('\n');
                 }
-            });
+            }));
         }
         Echo {
             child: Some(child),
             out,
+            readers,
+        }
+    }
+
+    /// Waits until everything the process printed has been read (its pipes closed).
+    fn join_readers(&mut self) {
+        for r in self.readers.drain(..) {
+            let _ = r.join();
         }
     }
 
@@ -129,7 +140,7 @@ impl Echo {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        std::thread::sleep(Duration::from_millis(100));
+        self.join_readers();
         (status, self.output())
     }
 }

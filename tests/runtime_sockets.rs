@@ -15,8 +15,8 @@ use common::*;
 use corelane::net::{TcpListener, TcpStream};
 use corelane::{RunReport, Runtime};
 use corelane_testnet::{VethPair, require_root};
-use tokio::sync::watch;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 
 /// Builds a runtime on the server end of `net` (owning 10.77.0.3) and runs `f` on every core,
 /// from a thread inside the server namespace.

@@ -7,6 +7,23 @@
 //! `tokio::task::spawn_local`). A socket's task is woken only when that socket changes. Sockets
 //! call the core's [`Stack`](corelane_stack::Stack), which queues their output for the core's
 //! next pipeline turn; the driver is woken when there is something to send.
+//!
+//! The compiler refuses to move a socket to another thread:
+//!
+//! ```compile_fail
+//! fn needs_send<T: Send>() {}
+//! needs_send::<corelane_rt::net::TcpStream>();
+//! ```
+//!
+//! ```compile_fail
+//! fn needs_send<T: Send>() {}
+//! needs_send::<corelane_rt::net::UdpSocket>();
+//! ```
+//!
+//! ```compile_fail
+//! fn needs_send<T: Send>() {}
+//! needs_send::<corelane_rt::net::TcpListener>();
+//! ```
 
 pub mod tcp;
 mod udp;

@@ -59,7 +59,7 @@ pub struct FaultStats {
 pub struct FaultInjector<P: FrameIo> {
     inner: P,
     cfg: FaultConfig,
-    rng: u64,
+    dice: Dice,
     stats: FaultStats,
     fresh: VecDeque<P::Frame>,
     spill: Vec<P::Frame>,
@@ -70,7 +70,7 @@ impl<P: FrameIo> FaultInjector<P> {
     pub fn new(inner: P, cfg: FaultConfig) -> Self {
         FaultInjector {
             inner,
-            rng: cfg.seed | 1,
+            dice: Dice(cfg.seed | 1),
             cfg,
             stats: FaultStats::default(),
             fresh: VecDeque::new(),
@@ -97,15 +97,21 @@ impl<P: FrameIo> FaultInjector<P> {
     pub fn stats(&self) -> FaultStats {
         self.stats
     }
+}
 
+/// The generator that decides faults: xorshift64*, small, fast and enough for this.
+#[derive(Debug, Clone, Copy)]
+struct Dice(u64);
+
+impl Dice {
     fn next(&mut self) -> u64 {
-        // xorshift64*: small, fast, and enough for deciding faults.
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
+    /// True with odds of `ppm` in a million.
     fn roll(&mut self, ppm: u32) -> bool {
         ppm > 0 && self.next() % 1_000_000 < u64::from(ppm)
     }
@@ -130,15 +136,15 @@ impl<P: FrameIo> FrameIo for FaultInjector<P> {
         let mut fresh = std::mem::take(&mut self.fresh);
         let n = self.inner.recv(&mut fresh, max);
         while let Some(mut f) = fresh.pop_front() {
-            if self.roll(self.cfg.rx_drop_ppm) {
+            if self.dice.roll(self.cfg.rx_drop_ppm) {
                 self.stats.rx_dropped += 1;
                 self.spill.push(f);
                 continue;
             }
-            if self.roll(self.cfg.corrupt_ppm) {
+            if self.dice.roll(self.cfg.corrupt_ppm) {
                 let len = crate::Frame::len(&f);
                 if len > 0 {
-                    let at = (self.next() % len as u64) as usize;
+                    let at = (self.dice.next() % len as u64) as usize;
                     let bytes = self.inner.bytes_mut(&mut f, len);
                     bytes[at] ^= 0x5a;
                     self.stats.corrupted += 1;
@@ -166,17 +172,12 @@ impl<P: FrameIo> FrameIo for FaultInjector<P> {
     }
 
     fn send(&mut self, frames: &mut Vec<Self::Frame>) -> io::Result<usize> {
-        if self.cfg.tx_drop_ppm > 0 {
-            let mut keep = Vec::with_capacity(frames.len());
-            for f in frames.drain(..) {
-                if self.roll(self.cfg.tx_drop_ppm) {
-                    self.stats.tx_dropped += 1;
-                    self.spill.push(f);
-                } else {
-                    keep.push(f);
-                }
-            }
-            *frames = keep;
+        let ppm = self.cfg.tx_drop_ppm;
+        if ppm > 0 {
+            // The dropped frames leave in order; the rest keep theirs.
+            let dice = &mut self.dice;
+            self.spill.extend(frames.extract_if(.., |_| dice.roll(ppm)));
+            self.stats.tx_dropped += self.spill.len() as u64;
             if !self.spill.is_empty() {
                 self.inner.free(&mut self.spill);
             }

@@ -177,9 +177,7 @@ impl Driver {
     async fn yield_to_tasks(&self) {
         let t = StdInstant::now();
         tokio::task::yield_now().await;
-        let mut st = self.core.stats();
-        st.tasks.items += 1;
-        st.tasks.nanos += t.elapsed().as_nanos() as u64;
+        self.core.stats().tasks.record(1, t);
     }
 
     /// Keeps the pipeline running for at most `linger` so that connections the application

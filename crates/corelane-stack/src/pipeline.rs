@@ -86,7 +86,8 @@ pub struct Stage {
 }
 
 impl Stage {
-    fn add(&mut self, items: usize, since: StdInstant) -> StdInstant {
+    /// Counts `items` and the time since `since`; returns now, the start of the next stage.
+    pub fn record(&mut self, items: usize, since: StdInstant) -> StdInstant {
         let now = StdInstant::now();
         self.items += items as u64;
         self.nanos += (now - since).as_nanos() as u64;
@@ -190,21 +191,21 @@ impl<P: FrameIo> Pipeline<P> {
         }
         let start = StdInstant::now();
         let pulled = dev.recv_batch();
-        let t = st.rx.add(pulled, start);
+        let t = st.rx.record(pulled, start);
         dev.classify_batch();
-        let t = st.classify.add(pulled, t);
+        let t = st.classify.record(pulled, t);
         let injected = peers.take_inbound(MAX_INBOUND, &mut |hops, bytes| {
             dev.inject(bytes, hops);
         });
-        let t = st.handoff_in.add(injected, t);
+        let t = st.handoff_in.record(injected, t);
         let consumed = stack.ingress(now, dev, peers);
-        let t = st.protocol.add(consumed, t);
+        let t = st.protocol.record(consumed, t);
         let polled = stack.egress(now, dev);
-        let t = st.egress.add(polled, t);
+        let t = st.egress.record(polled, t);
         let flushed = dev.flush();
         // Frames written by the protocol and egress stages this turn, sent by this flush.
         let sent = (dev.stats().tx_frames - sent_before) as usize;
-        st.tx.add(sent, t);
+        st.tx.record(sent, t);
         peers.end_turn();
         if let Some(tu) = self.tuner.as_mut() {
             tu.observe(pulled + injected, sent, start.elapsed().as_nanos() as u64);

@@ -198,7 +198,8 @@ impl<P: FrameIo> Pair<P> {
             if self.now >= end {
                 return Ok(false);
             }
-            if !self.step()? && !self.jump(end) && self.now >= end {
+            // Idle with no deadline before the end: the clock is at the end, nothing can change.
+            if !self.step()? && !self.jump(end) {
                 return Ok(done(self));
             }
         }

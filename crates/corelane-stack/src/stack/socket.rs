@@ -210,6 +210,16 @@ impl Stack {
         Ok(r)
     }
 
+    /// [`with_tcp`](Self::with_tcp) for the socket calls that poll: a gone flow is a ready
+    /// error like any other.
+    fn poll_tcp<T>(
+        &mut self,
+        id: FlowId,
+        f: impl FnOnce(&mut tcp::Socket<'static>) -> (Poll<io::Result<T>>, bool),
+    ) -> Poll<io::Result<T>> {
+        self.with_tcp(id, f).unwrap_or_else(|e| Poll::Ready(Err(e)))
+    }
+
     /// This side's and the peer's address of TCP flow `id`.
     pub fn tcp_addrs(&mut self, id: FlowId) -> Option<(SocketAddr, SocketAddr)> {
         let k = self.flow(id)?.key?;
@@ -233,23 +243,19 @@ impl Stack {
         buf: &mut [u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
-        let r = self.with_tcp(id, |s| {
+        self.poll_tcp(id, |s| {
             if s.can_recv() {
-                (Poll::Ready(s.recv_slice(buf).unwrap_or(0)), true)
+                (Poll::Ready(Ok(s.recv_slice(buf).unwrap_or(0))), true)
             } else if !s.may_recv() {
                 // FIN received, or the connection is closed: end of stream.
-                (Poll::Ready(0), false)
+                (Poll::Ready(Ok(0)), false)
             } else {
                 if let Some(w) = waker {
                     s.register_recv_waker(w);
                 }
                 (Poll::Pending, false)
             }
-        });
-        match r {
-            Ok(p) => p.map(Ok),
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        })
     }
 
     /// Queues `buf` (as much as fits) for sending on TCP flow `id`. `Pending` means the send
@@ -264,7 +270,7 @@ impl Stack {
         buf: &[u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
-        let r = self.with_tcp(id, |s| {
+        self.poll_tcp(id, |s| {
             if s.can_send() {
                 (Poll::Ready(Ok(s.send_slice(buf).unwrap_or(0))), true)
             } else if !s.may_send() {
@@ -281,11 +287,7 @@ impl Stack {
                 }
                 (Poll::Pending, false)
             }
-        });
-        match r {
-            Ok(p) => p,
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        })
     }
 
     /// Bytes TCP flow `id` can take into its send buffer now.
@@ -301,28 +303,26 @@ impl Stack {
     /// `ConnectionRefused` when the peer refused or the attempt ended; `NotConnected` when the
     /// flow is gone.
     pub fn tcp_connected(&mut self, id: FlowId, waker: Option<&Waker>) -> Poll<io::Result<()>> {
-        let remote = self.tcp_addrs(id).map(|(_, r)| r);
-        let r = self.with_tcp(id, |s| match s.state() {
+        let refused = io::ErrorKind::ConnectionRefused;
+        match self.poll_tcp(id, |s| match s.state() {
             tcp::State::SynSent | tcp::State::SynReceived => {
                 if let Some(w) = waker {
                     s.register_send_waker(w);
                 }
                 (Poll::Pending, false)
             }
-            tcp::State::Closed => (Poll::Ready(false), false),
-            _ => (Poll::Ready(true), false),
-        });
-        match r {
-            Ok(Poll::Ready(true)) => Poll::Ready(Ok(())),
-            Ok(Poll::Ready(false)) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::ConnectionRefused,
-                match remote {
-                    Some(r) => format!("connection to {r} refused"),
+            tcp::State::Closed => (Poll::Ready(Err(refused.into())), false),
+            _ => (Poll::Ready(Ok(())), false),
+        }) {
+            // Name the peer, looked up only when refusing.
+            Poll::Ready(Err(e)) if e.kind() == refused => {
+                let to = match self.tcp_addrs(id) {
+                    Some((_, remote)) => format!("connection to {remote} refused"),
                     None => "connection refused".into(),
-                },
-            ))),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(e) => Poll::Ready(Err(e)),
+                };
+                Poll::Ready(Err(io::Error::new(refused, to)))
+            }
+            other => other,
         }
     }
 

@@ -164,7 +164,7 @@ fn runtime_corelane_clients_reach_kernel_servers_both_ways_from_both_cores() {
 }
 
 #[test]
-fn runtime_full_backlog_drops_syns_and_harms_nothing_else() {
+fn runtime_full_backlog_never_resets_and_harms_nothing_else() {
     if !require_root("runtime_full_backlog") {
         return;
     }
@@ -218,8 +218,14 @@ fn runtime_full_backlog_drops_syns_and_harms_nothing_else() {
         .iter()
         .filter(|r| matches!(r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused))
         .count();
-    assert_eq!(ok, 4, "the backlog of 4 is filled: {results:?}");
-    assert_eq!(refused, 0, "SYNs past the backlog are dropped, not reset");
+    // Four fill the SYN backlog; SYNs past it get SYN cookies while the accept queue has room
+    // (their handshakes complete on the client, the server keeps nothing until the ACK), and
+    // once the accept queue is full they are dropped: never refused.
+    assert!(ok >= 4, "the backlog of 4 is filled: {results:?}");
+    assert_eq!(
+        refused, 0,
+        "SYNs past the backlog are answered with cookies or dropped, not reset"
+    );
     // The other port is unharmed.
     let echoed = net
         .client_ns()
@@ -234,7 +240,8 @@ fn runtime_full_backlog_drops_syns_and_harms_nothing_else() {
     assert_eq!(echoed, (sha256(&payload(100_000, 5)), 100_000));
     done.send_replace(true);
     let report = server.join().unwrap();
-    assert!(report.cores[0].stats.stack.syn_dropped >= 6, "{report:?}");
+    let st = report.cores[0].stats.stack;
+    assert!(st.syn_dropped + st.tcp.cookies_sent >= 6, "{report:?}");
     assert!(report.frames_balanced());
 }
 

@@ -314,9 +314,14 @@ impl Builder {
             stop: AtomicBool::new(false),
             bells,
         });
+        // One secret for every core: a SYN cookie issued on one core validates on any (the ACK
+        // of a cookie may be answered by whichever core the segment reaches last), and ISNs
+        // and timestamp offsets stay per four-tuple, not per core.
+        let mut cfg = self;
+        cfg.stack.seed = Some(cfg.stack.seed_or_random());
         Ok(Runtime {
             shared,
-            cfg: self,
+            cfg,
             plan,
             nqueues,
             mac,

@@ -8,9 +8,11 @@ pub const EPHEMERAL_START: u16 = 49152;
 /// Sizes and limits of a [`Stack`](crate::Stack).
 #[derive(Debug, Clone, Copy)]
 pub struct StackConfig {
-    /// Receive buffer per TCP connection, in bytes (sets the advertised window and its scale).
+    /// Largest receive window per TCP connection, in bytes (sets the window scale). The
+    /// window starts at [`TcpConfig::rx_initial`](crate::tcp::TcpConfig::rx_initial) and grows
+    /// toward the measured bandwidth-delay product; memory is allocated as data arrives.
     pub tcp_rx_buffer: usize,
-    /// Send buffer per TCP connection, in bytes.
+    /// Largest send buffer per TCP connection, in bytes (allocated as the application writes).
     pub tcp_tx_buffer: usize,
     /// Default most connections per listener that are half-open or waiting to be accepted.
     pub backlog: usize,
@@ -31,6 +33,8 @@ pub struct StackConfig {
     /// Seed of the stack's generators (initial sequence numbers, ephemeral ports). None: a
     /// fresh seed from the OS for each stack; a fixed seed makes a test reproducible.
     pub seed: Option<u64>,
+    /// How TCP connections behave: congestion control, timers, options, SYN cookies.
+    pub tcp: crate::tcp::TcpConfig,
 }
 
 impl Default for StackConfig {
@@ -46,6 +50,7 @@ impl Default for StackConfig {
             core: 0,
             cores: 1,
             seed: None,
+            tcp: crate::tcp::TcpConfig::default(),
         }
     }
 }

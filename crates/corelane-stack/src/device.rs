@@ -178,6 +178,15 @@ impl<P: FrameIo> XdpDevice<P> {
         self.rx_ready.front().map(|p| self.io.bytes(&p.frame))
     }
 
+    /// The protocol stage is done with the next waiting frame (read in place through
+    /// [`XdpDevice::front_bytes`]): it is counted as delivered and returns to the fill ring.
+    pub fn consume(&mut self) {
+        if let Some(p) = self.rx_ready.pop_front() {
+            self.stats.rx_delivered += 1;
+            self.rx_done.push(p.frame);
+        }
+    }
+
     /// Drops the next waiting frame without processing it (it returns to the fill ring).
     pub fn skip(&mut self) {
         if let Some(p) = self.rx_ready.pop_front() {

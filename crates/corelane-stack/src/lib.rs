@@ -28,6 +28,7 @@ pub mod frames;
 mod node;
 mod pipeline;
 mod stack;
+pub mod tcp;
 pub mod tune;
 
 pub use classify::{Class, FlowKey};
@@ -38,7 +39,8 @@ pub use flows::FlowTable;
 pub use node::{Node, Pair};
 pub use pipeline::{Alone, Disposition, Peers, Pipeline, PipelineStats, Stage, Turn, Unclaimed};
 pub use smoltcp;
-pub use stack::{FlowId, Stack, StackStats, TcpState};
+pub use stack::{FlowId, Stack, StackStats, TcpInfo};
+pub use tcp::{Congestion, TcpConfig, TcpState, TcpStats};
 pub use tune::{BatchTuner, LevelStats, TuneConfig};
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::task::Poll;
 use corelane_frame::FrameIo;
 use smoltcp::time::Duration;
 
-use crate::{FlowId, Pair, StackConfig, TcpState};
+use crate::{FlowId, Pair, StackConfig, TcpConfig, TcpState};
 
 /// Fixed seeds: every run of these tests sees the same sequence numbers and ports.
 fn cfg() -> StackConfig {
@@ -135,9 +135,14 @@ fn run(p: &mut Pair, ms: u64, accept: bool) {
 
 #[test]
 fn syns_past_the_backlog_are_dropped_not_reset() {
+    let tcp = TcpConfig {
+        syn_cookies: false,
+        ..TcpConfig::default()
+    };
     let mut p = pair_with(
         StackConfig {
             backlog: 4,
+            tcp,
             ..cfg()
         },
         cfg(),
@@ -166,6 +171,48 @@ fn syns_past_the_backlog_are_dropped_not_reset() {
         .filter(|&&h| p.b.stack.tcp_state(h) == Some(TcpState::Established))
         .count();
     assert!(established >= 8, "{established} of 10 established");
+}
+
+#[test]
+fn syns_past_the_syn_backlog_get_cookies_and_their_acks_open_connections() {
+    let mut p = pair_with(
+        StackConfig {
+            backlog: 4,
+            ..cfg()
+        },
+        cfg(),
+    );
+    p.a.stack.listen_tcp(7, None).unwrap();
+    // Each client speaks first, as an HTTP client does.
+    let conns: Vec<_> = (0..10)
+        .map(|_| {
+            let c = p.b.stack.connect_tcp(server_ep()).unwrap().0;
+            assert_eq!(ready(p.b.stack.tcp_write(c, b"x", None)), Some(1));
+            c
+        })
+        .collect();
+    // Four SYNs fill the SYN backlog; the other six get cookies. The ACKs that come back while
+    // the accept queue is full are dropped, and the clients' retransmitted data opens the
+    // rest once the application has accepted: nothing is reset, nothing was kept for the six.
+    let mut accepted = Vec::new();
+    p.drive_for(Duration::from_secs(3), |p| {
+        while let Some(h) = p.a.stack.accept(7) {
+            accepted.push(h);
+        }
+    })
+    .unwrap();
+    let s = p.a.stack.stats();
+    assert_eq!(accepted.len(), 10);
+    assert_eq!((s.tcp.cookies_sent, s.tcp.cookies_ok), (6, 6));
+    let mut buf = [0u8; 4];
+    for &h in &accepted {
+        assert_eq!(ready(p.a.stack.tcp_read(h, &mut buf, None)), Some(1));
+    }
+    assert!(
+        conns
+            .iter()
+            .all(|&h| p.b.stack.tcp_state(h) == Some(TcpState::Established))
+    );
 }
 
 #[test]

@@ -4,18 +4,18 @@
 use std::cmp::Reverse;
 use std::io;
 
-use corelane_frame::{FrameCounts, FrameIo, Proto};
+use corelane_frame::{FrameCounts, FrameIo};
 use smoltcp::iface::PollResult;
-use smoltcp::socket::tcp;
-use smoltcp::time::Instant;
+use smoltcp::time::{Duration, Instant};
 
-use super::Stack;
+use super::{Sock, Stack};
 use crate::device::XdpDevice;
 
 impl Stack {
     /// Egress stage: polls the flows that received frames, were written to, or whose timer is
     /// due, and schedules each one's next timer. Returns how many flows were polled.
     pub fn egress<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) -> usize {
+        self.clock = self.clock.max(now);
         while let Some(&Reverse((t, index, generation))) = self.timers.peek() {
             if t > now {
                 break;
@@ -44,12 +44,29 @@ impl Stack {
             f.queued = false;
             self.stats.egress_polls += 1;
             let mut emitted = 0;
-            while emitted < budget
-                && self.iface.poll_egress(now, dev, &mut f.set) == PollResult::SocketStateChanged
-            {
-                emitted += 1;
-            }
-            let at = self.iface.poll_at(now, &f.set);
+            let at = match &mut f.sock {
+                Sock::Udp(set, _) => {
+                    while emitted < budget
+                        && self.iface.poll_egress(now, dev, set) == PollResult::SocketStateChanged
+                    {
+                        emitted += 1;
+                    }
+                    self.iface.poll_at(now, set)
+                }
+                Sock::Tcp(c) => {
+                    c.on_time(now);
+                    let unresolved = f.mac.is_none() && c.wants_output();
+                    if unresolved && !self.resolve(now, dev, index) {
+                        // Polled again when the address is learnt, or on this retry timer.
+                        self.arm(index, now + Duration::from_millis(200));
+                        continue;
+                    }
+                    self.tcp_output(now, dev, index, budget, &mut emitted)
+                }
+            };
+            let Some(f) = self.slots[index as usize].flow.as_mut() else {
+                continue;
+            };
             if emitted == budget {
                 f.queued = true;
                 self.egress.push(index);
@@ -64,6 +81,42 @@ impl Stack {
         list.clear();
         self.egress_spare = list;
         polled
+    }
+
+    /// Runs TCP flow `index`'s output into transmit frames; returns when it next needs the
+    /// clock.
+    fn tcp_output<P: FrameIo>(
+        &mut self,
+        now: Instant,
+        dev: &mut XdpDevice<P>,
+        index: u32,
+        budget: usize,
+        emitted: &mut usize,
+    ) -> Option<Instant> {
+        let mac = self.mac;
+        let ip_id = &mut self.ip_id;
+        let f = self.slots[index as usize].flow.as_mut()?;
+        let path = Self::path_of(mac, f);
+        let Sock::Tcp(c) = &mut f.sock else {
+            return None;
+        };
+        if let Some(path) = path {
+            *emitted = c.output(now, budget, &mut |out| {
+                Self::send_segment(dev, ip_id, &path, out)
+            });
+        }
+        c.poll_at()
+    }
+
+    /// Sets flow `index`'s timer to `t` (unless an earlier one is set).
+    fn arm(&mut self, index: u32, t: Instant) {
+        let generation = self.slots[index as usize].generation;
+        if let Some(f) = self.slots[index as usize].flow.as_mut()
+            && f.deadline.is_none_or(|d| t < d)
+        {
+            f.deadline = Some(t);
+            self.timers.push(Reverse((t, index, generation)));
+        }
     }
 
     /// True when flows wait for an egress pass (the application wrote, or a pass ran out of
@@ -90,8 +143,8 @@ impl Stack {
         }
         for i in 0..self.slots.len() as u32 {
             if let Some(f) = self.slots[i as usize].flow.as_mut() {
-                if f.proto == Proto::Tcp {
-                    f.set.get_mut::<tcp::Socket<'static>>(f.handle).abort();
+                if let Some(c) = f.conn() {
+                    c.abort();
                 }
                 self.queue_egress(i);
             }

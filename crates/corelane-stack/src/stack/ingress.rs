@@ -1,12 +1,16 @@
-//! Flow demux and protocol: each classified frame goes to its flow's socket alone.
+//! Flow demux and protocol: each classified frame goes to its flow alone. TCP segments are
+//! parsed once and given to the connection; UDP datagrams to their smoltcp socket; ARP, NDP
+//! and ICMP to smoltcp's interface.
 
 use corelane_frame::{FrameIo, Proto};
 use smoltcp::time::Instant;
 
-use super::{Stack, new_tcp};
+use super::{Flow, Sock, Stack};
 use crate::classify::{Class, FlowKey};
 use crate::device::XdpDevice;
 use crate::pipeline::{Disposition, Peers, Unclaimed};
+use crate::tcp::wire::{self, In, Path};
+use crate::tcp::{Conn, TcpState};
 
 /// Where the demux stage sends one frame.
 enum Route {
@@ -14,9 +18,12 @@ enum Route {
     Flow(u32),
     /// A SYN for a listener with room: a new flow.
     Open(u16, FlowKey),
+    /// A SYN for a listener whose SYN backlog is full but whose accept queue has room: a SYN
+    /// cookie.
+    Cookie,
     /// No flow here: offered to the other cores, else answered here.
     Unclaimed(Proto, u16, bool),
-    /// A SYN past the backlog: dropped, not reset (the peer retries).
+    /// A SYN for a listener whose accept queue is full: dropped, not reset (the peer retries).
     Drop,
     /// ARP or NDP; `true` for a reply the other cores' neighbour caches want too.
     Neighbor(bool),
@@ -24,21 +31,43 @@ enum Route {
     Interface,
 }
 
+/// What the ACK of a SYN cookie came to.
+#[derive(Debug, PartialEq, Eq)]
+enum Cookie {
+    /// Not a valid cookie: a segment for no connection.
+    Invalid,
+    /// Valid, but the accept queue is full: dropped.
+    Full,
+    /// The connection is open.
+    Opened,
+}
+
 impl Stack {
     fn route(&mut self, class: Class) -> Route {
         match class {
             Class::Tcp { key, syn } => {
                 if let Some(i) = self.table.get(&key) {
-                    return Route::Flow(i);
+                    // A new SYN for a four-tuple in TIME-WAIT that nobody holds reopens it
+                    // (RFC 6191's case; the old flow has nothing left to deliver).
+                    if syn && self.reusable(i) {
+                        self.free(i);
+                    } else {
+                        return Route::Flow(i);
+                    }
                 }
                 let port = key.local.port;
                 match self.listeners.get(&port) {
                     Some(l) if syn => {
-                        if l.half_open + l.ready.len() >= l.backlog {
+                        if l.ready.len() >= l.backlog {
                             self.stats.syn_dropped += 1;
                             Route::Drop
-                        } else {
+                        } else if l.half_open + l.ready.len() < l.backlog {
                             Route::Open(port, key)
+                        } else if self.cfg.tcp.syn_cookies {
+                            Route::Cookie
+                        } else {
+                            self.stats.syn_dropped += 1;
+                            Route::Drop
                         }
                     }
                     // Another core may hold this connection: its SYN may have reached that one.
@@ -55,28 +84,202 @@ impl Stack {
         }
     }
 
-    /// Gives the next waiting frame to flow `i`'s socket alone, then settles the flow and queues
-    /// it for egress (its ACK, its reply).
+    /// True for a TCP flow in TIME-WAIT (or closed) that the application no longer holds.
+    fn reusable(&self, i: u32) -> bool {
+        self.slots[i as usize].flow.as_ref().is_some_and(|f| {
+            !f.held
+                && f.listener.is_none()
+                && matches!(&f.sock, Sock::Tcp(c) if matches!(c.state(), TcpState::TimeWait | TcpState::Closed))
+        })
+    }
+
+    /// Gives the next waiting frame to flow `i` alone, then settles the flow and queues it for
+    /// egress (its ACK, its reply).
     fn feed<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, i: u32) {
         let Some(f) = self.slots[i as usize].flow.as_mut() else {
             dev.skip();
             return;
         };
-        self.iface.poll_ingress_single(now, dev, &mut f.set);
+        match &mut f.sock {
+            Sock::Tcp(c) => {
+                match dev.front_bytes().and_then(wire::parse) {
+                    Some(inn) => {
+                        // Replies follow the path the peer's segments came by.
+                        if f.mac != Some(inn.src_mac) {
+                            f.mac = Some(inn.src_mac);
+                        }
+                        c.input(now, &inn.seg);
+                    }
+                    None => self.stats.tcp_malformed += 1,
+                }
+                dev.consume();
+            }
+            Sock::Udp(set, _) => {
+                self.iface.poll_ingress_single(now, dev, set);
+            }
+        }
         self.settle(i);
         self.queue_egress(i);
     }
 
     /// The next waiting frame to smoltcp's interface with no socket: it answers ARP, NDP and
-    /// ICMP echo, resets a segment for no connection, or drops it.
+    /// ICMP echo, or drops it.
     fn answer<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) {
         self.stats.no_flow += 1;
         self.iface.poll_ingress_single(now, dev, &mut self.empty);
     }
 
+    /// A TCP segment no connection here claims and no other core took: the ACK of a SYN
+    /// cookie opens its connection; anything else but a reset is answered with one.
+    fn answer_tcp<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, listening: bool) {
+        self.stats.no_flow += 1;
+        let Some(inn) = dev.front_bytes().and_then(wire::parse) else {
+            self.stats.tcp_malformed += 1;
+            dev.consume();
+            return;
+        };
+        if listening && self.open_from_cookie(now, &inn) != Cookie::Invalid {
+            dev.consume();
+            return;
+        }
+        if let Some(rst) = wire::reset_for(&inn.seg) {
+            let path = Path {
+                src_mac: self.mac,
+                dst_mac: inn.src_mac,
+                local: inn.local,
+                remote: inn.remote,
+            };
+            // The frame is read; the reset is built from copies of what it said.
+            dev.consume();
+            if Self::send_segment(dev, &mut self.ip_id, &path, &rst) {
+                self.tcp_done.resets_out += 1;
+            }
+            return;
+        }
+        dev.consume();
+    }
+
+    /// Opens the connection a valid SYN cookie in this ACK stands for (RFC 4987), if the
+    /// listener's accept queue has room; with the queue full the ACK is dropped (the peer's
+    /// next segment tries again), as a full accept queue drops SYNs.
+    fn open_from_cookie(&mut self, now: Instant, inn: &In<'_>) -> Cookie {
+        let seg = &inn.seg;
+        let (Some(ack), smoltcp::wire::TcpControl::None | smoltcp::wire::TcpControl::Psh) =
+            (seg.ack_number, seg.control)
+        else {
+            return Cookie::Invalid;
+        };
+        let port = inn.local.port;
+        let Some(l) = self.listeners.get(&port) else {
+            return Cookie::Invalid;
+        };
+        let full = l.ready.len() >= l.backlog;
+        let peer_isn = crate::tcp::Seq(seg.seq_number.0 as u32).minus(1);
+        let ours = crate::tcp::Seq(ack.0 as u32).minus(1);
+        let Some(info) = self
+            .secret
+            .check_cookie(inn.local, inn.remote, peer_isn, ours, now)
+        else {
+            return Cookie::Invalid;
+        };
+        if full {
+            self.stats.accept_queue_full += 1;
+            return Cookie::Full;
+        }
+        let sizes = self.sizes(inn.remote.addr);
+        let mut conn = Conn::from_cookie(
+            self.cfg.tcp,
+            &self.secret,
+            (inn.local, inn.remote),
+            seg,
+            info,
+            sizes,
+            now,
+        );
+        conn.input(now, seg);
+        self.tcp_done.cookies_ok += 1;
+        let key = FlowKey {
+            local: inn.local,
+            remote: inn.remote,
+        };
+        let mac = inn.src_mac;
+        let i = self.insert_tcp(conn, |f: &mut Flow| {
+            f.key = Some(key);
+            f.listener = Some(port);
+            f.mac = Some(mac);
+        });
+        self.table.insert(key, i);
+        if let Some(l) = self.listeners.get_mut(&port) {
+            l.half_open += 1;
+        }
+        self.stats.syn_accepted += 1;
+        self.settle(i);
+        self.queue_egress(i);
+        Cookie::Opened
+    }
+
+    /// A SYN past the SYN backlog: a SYN-ACK whose ISN is a cookie, nothing kept.
+    fn send_cookie<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) {
+        let Some(inn) = dev.front_bytes().and_then(wire::parse) else {
+            self.stats.tcp_malformed += 1;
+            dev.consume();
+            return;
+        };
+        let sizes = self.sizes(inn.remote.addr);
+        let out = crate::tcp::cookie_syn_ack(
+            &self.cfg.tcp,
+            &self.secret,
+            (inn.local, inn.remote),
+            &inn.seg,
+            sizes,
+            now,
+        );
+        let path = Path {
+            src_mac: self.mac,
+            dst_mac: inn.src_mac,
+            local: inn.local,
+            remote: inn.remote,
+        };
+        dev.consume();
+        if Self::send_segment(dev, &mut self.ip_id, &path, &out) {
+            self.tcp_done.cookies_sent += 1;
+        }
+    }
+
+    /// A SYN for a listener with room: a connection in SYN-RECEIVED in a new flow.
+    fn open<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, port: u16, key: FlowKey) {
+        let Some(inn) = dev.front_bytes().and_then(wire::parse) else {
+            self.stats.tcp_malformed += 1;
+            dev.consume();
+            return;
+        };
+        let sizes = self.sizes(inn.remote.addr);
+        let conn = Conn::accept(
+            self.cfg.tcp,
+            &self.secret,
+            (inn.local, inn.remote),
+            &inn.seg,
+            sizes,
+            now,
+        );
+        let mac = inn.src_mac;
+        dev.consume();
+        let i = self.insert_tcp(conn, |f| {
+            f.key = Some(key);
+            f.listener = Some(port);
+            f.mac = Some(mac);
+        });
+        self.table.insert(key, i);
+        if let Some(l) = self.listeners.get_mut(&port) {
+            l.half_open += 1;
+        }
+        self.stats.syn_accepted += 1;
+        self.queue_egress(i);
+    }
+
     /// Flow demux and protocol stages over the frames `dev` has classified: each frame goes to
-    /// its flow's socket alone. A frame no flow here claims is offered to `peers` (the other
-    /// cores) before it is answered here, and a neighbour reply is shown to them too. Returns how
+    /// its flow alone. A frame no flow here claims is offered to `peers` (the other cores)
+    /// before it is answered here, and a neighbour reply is shown to them too. Returns how
     /// many frames were consumed.
     pub fn ingress<P: FrameIo>(
         &mut self,
@@ -84,6 +287,7 @@ impl Stack {
         dev: &mut XdpDevice<P>,
         peers: &mut dyn Peers,
     ) -> usize {
+        self.clock = self.clock.max(now);
         let mut n = 0;
         while let Some((class, hops)) = dev.peek() {
             n += 1;
@@ -92,24 +296,19 @@ impl Stack {
                     self.stats.demux_hits += 1;
                     self.feed(now, dev, i);
                 }
-                Route::Open(port, key) => {
-                    let mut s = new_tcp(&self.cfg);
-                    if s.listen(port).is_err() {
-                        dev.skip();
+                Route::Open(port, key) => self.open(now, dev, port, key),
+                Route::Cookie => self.send_cookie(now, dev),
+                Route::Unclaimed(proto, local_port, listening) => {
+                    // A cookie's ACK is opened on the core that got it: every core shares
+                    // the secret.
+                    if proto == Proto::Tcp
+                        && listening
+                        && let Some(inn) = dev.front_bytes().and_then(wire::parse)
+                        && self.open_from_cookie(now, &inn) != Cookie::Invalid
+                    {
+                        dev.consume();
                         continue;
                     }
-                    let i = self.insert(s, Proto::Tcp, port, |f| {
-                        f.key = Some(key);
-                        f.listener = Some(port);
-                    });
-                    self.table.insert(key, i);
-                    if let Some(l) = self.listeners.get_mut(&port) {
-                        l.half_open += 1;
-                    }
-                    self.stats.syn_accepted += 1;
-                    self.feed(now, dev, i);
-                }
-                Route::Unclaimed(proto, local_port, listening) => {
                     let disposition = dev.front_bytes().map_or(Disposition::Answer, |bytes| {
                         peers.unclaimed(Unclaimed {
                             proto,
@@ -120,6 +319,9 @@ impl Stack {
                         })
                     });
                     match disposition {
+                        Disposition::Answer if proto == Proto::Tcp => {
+                            self.answer_tcp(now, dev, false)
+                        }
                         Disposition::Answer => self.answer(now, dev),
                         Disposition::HandedOff => {
                             self.stats.handed_off += 1;
@@ -134,19 +336,18 @@ impl Stack {
                 Route::Drop => dev.skip(),
                 Route::Interface => self.answer(now, dev),
                 Route::Neighbor(reply) => {
+                    let learnt = dev
+                        .front_bytes()
+                        .is_some_and(|bytes| self.neigh.snoop(bytes, now));
                     if reply && let Some(bytes) = dev.front_bytes() {
                         let (handed, dropped) = peers.neighbor_reply(bytes, hops);
                         self.stats.handed_off += handed;
                         self.stats.handoff_dropped += dropped;
                     }
                     self.answer(now, dev);
-                    // Flows waiting for this neighbour have a timer; poll them now.
-                    for i in 0..self.slots.len() as u32 {
-                        if self.slots[i as usize]
-                            .flow
-                            .as_ref()
-                            .is_some_and(|f| f.deadline.is_some())
-                        {
+                    if learnt {
+                        // Flows waiting for a next hop's address: poll them now.
+                        for i in std::mem::take(&mut self.unresolved) {
                             self.queue_egress(i);
                         }
                     }

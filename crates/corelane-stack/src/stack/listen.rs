@@ -4,7 +4,6 @@ use std::collections::VecDeque;
 use std::task::Waker;
 
 use corelane_frame::Proto;
-use smoltcp::socket::tcp;
 
 use super::{FlowId, Stack};
 use crate::config::StackError;
@@ -62,7 +61,9 @@ impl Stack {
                 continue;
             };
             f.listener = None;
-            f.set.get_mut::<tcp::Socket<'static>>(f.handle).abort();
+            if let Some(c) = f.conn() {
+                c.abort();
+            }
             self.queue_egress(i);
         }
     }

@@ -1,16 +1,18 @@
 //! The protocol stage behind an O(1) flow table.
 //!
-//! smoltcp finds the socket for a segment by scanning its whole `SocketSet`, and finds work to
-//! send by scanning it again. Here every flow owns a `SocketSet` holding exactly one socket, and
-//! a hash table from the connection's addresses to the flow picks the set for each frame, so
-//! smoltcp only ever looks at the one socket a frame is for. Egress polls only the flows that
-//! received something, that the application wrote to, or whose timer is due (a heap of
-//! deadlines), so the per-frame cost does not grow with the number of open connections.
+//! A hash table from a connection's addresses to its flow picks the TCP connection (corelane's
+//! own engine, [`crate::tcp`]) or UDP socket (smoltcp's, in a set of its own, so smoltcp never
+//! scans) for each frame. TCP segments go straight from the frame to the connection and from
+//! the connection into a transmit frame; smoltcp's interface answers ARP, NDP, ICMP and UDP.
+//! Egress polls only the flows that received something, that the application wrote to, or
+//! whose timer is due (a heap of deadlines), so the per-frame cost does not grow with the
+//! number of open connections.
 //!
-//! Listeners give TCP a backlog: a SYN for a listening port gets a fresh listening socket in a
-//! new flow (up to the backlog, counting half-open and not-yet-accepted connections; past it the
-//! SYN is dropped, not reset); once established the flow joins the accept queue and exactly one
-//! waiting accept is woken.
+//! Listeners give TCP a backlog: a SYN for a listening port opens a connection in a new flow
+//! while fewer than the backlog are half-open or waiting to be accepted; past that it is
+//! answered with a SYN cookie (nothing kept) while the accept queue has room, and dropped (not
+//! reset) when the accept queue is full. Once established the flow joins the accept queue and
+//! exactly one waiting accept is woken.
 //!
 //! With several cores, each has its own [`Stack`]. A frame this stack's table does not claim is
 //! offered to the caller's [`Peers`](crate::Peers) (the runtime knows the other cores and which
@@ -18,14 +20,15 @@
 //!
 //! The files: `mod.rs` the flow slots and their life cycle (`settle`), `ingress.rs` demux and
 //! protocol, `egress.rs` output and timers, `listen.rs` listeners and accept, `socket.rs` what
-//! the application's sockets call.
+//! the application's sockets call, `neigh.rs` the next hops' hardware addresses.
 
 mod egress;
 mod ingress;
 mod listen;
+mod neigh;
 mod socket;
 
-pub use socket::TcpState;
+pub use socket::TcpInfo;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -33,15 +36,19 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use corelane_frame::{FrameIo, Proto};
 use rustc_hash::FxBuildHasher;
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
-use smoltcp::socket::{AnySocket, tcp};
-use smoltcp::time::{Duration, Instant};
-use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
+use smoltcp::phy::Device;
+use smoltcp::socket::udp;
+use smoltcp::time::Instant;
+use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 
 use crate::classify::FlowKey;
 use crate::config::StackConfig;
 use crate::device::XdpDevice;
 use crate::flows::FlowTable;
+use crate::tcp::wire::{Out, Path};
+use crate::tcp::{Conn, Secret, TcpState, TcpStats};
 use listen::Listener;
+use neigh::Neighbors;
 
 /// Names a flow (a TCP connection or a UDP socket) of a [`Stack`]. A stale id (its flow was
 /// freed and the slot reused) is recognised and refused.
@@ -77,11 +84,25 @@ pub struct StackStats {
     pub timers_fired: u64,
     /// Flows open now.
     pub flows: u64,
+    /// TCP frames for a listener refused because its accept queue was full.
+    pub accept_queue_full: u64,
+    /// TCP segments that did not parse (what the classify stage passed but the TCP parser
+    /// refused: a SYN with FIN, a zero port, a bad option).
+    pub tcp_malformed: u64,
+    /// Transmissions held back because the next hop's hardware address is not known yet.
+    pub neighbor_waits: u64,
+    /// TCP counters, summed over every connection this stack has had.
+    pub tcp: TcpStats,
+}
+
+/// What a flow holds: a TCP connection, or a UDP socket in a set of its own.
+enum Sock {
+    Tcp(Box<Conn>),
+    Udp(SocketSet<'static>, SocketHandle),
 }
 
 struct Flow {
-    set: SocketSet<'static>,
-    handle: SocketHandle,
+    sock: Sock,
     proto: Proto,
     /// TCP: the key under which the table holds this flow.
     key: Option<FlowKey>,
@@ -94,6 +115,17 @@ struct Flow {
     ephemeral: bool,
     deadline: Option<Instant>,
     queued: bool,
+    /// TCP: the next hop's hardware address, once known.
+    mac: Option<[u8; 6]>,
+}
+
+impl Flow {
+    fn conn(&mut self) -> Option<&mut Conn> {
+        match &mut self.sock {
+            Sock::Tcp(c) => Some(c),
+            Sock::Udp(..) => None,
+        }
+    }
 }
 
 struct Slot {
@@ -101,10 +133,22 @@ struct Slot {
     flow: Option<Flow>,
 }
 
-/// One core's protocol state: smoltcp's interface, the flow table, listeners and timers. The
-/// device is passed in to each call, so the same stack runs over AF_XDP or an in-memory link.
+/// One core's protocol state: smoltcp's interface, the flow table, TCP connections,
+/// listeners and timers. The device is passed in to each call, so the same stack runs over
+/// AF_XDP or an in-memory link.
 pub struct Stack {
     iface: Interface,
+    mac: [u8; 6],
+    mtu: usize,
+    secret: Secret,
+    neigh: Neighbors,
+    /// TCP flows waiting for a next hop's hardware address.
+    unresolved: Vec<u32>,
+    ip_id: u16,
+    /// Counters of connections already freed, and of what no connection did (cookies, resets).
+    tcp_done: TcpStats,
+    /// The latest time the caller gave (for the application's calls, which carry none).
+    clock: Instant,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
     table: FlowTable,
@@ -132,23 +176,6 @@ impl std::fmt::Debug for Stack {
     }
 }
 
-fn new_tcp(cfg: &StackConfig) -> tcp::Socket<'static> {
-    let rx = tcp::SocketBuffer::new(vec![0u8; cfg.tcp_rx_buffer]);
-    let tx = tcp::SocketBuffer::new(vec![0u8; cfg.tcp_tx_buffer]);
-    let mut s = tcp::Socket::new(rx, tx);
-    s.set_nagle_enabled(false);
-    s.set_ack_delay(Some(Duration::from_millis(1)));
-    s
-}
-
-/// True for the TCP states in which a passive open has completed its handshake.
-fn established(s: tcp::State) -> bool {
-    !matches!(
-        s,
-        tcp::State::Listen | tcp::State::SynReceived | tcp::State::SynSent | tcp::State::Closed
-    )
-}
-
 impl Stack {
     /// A stack with hardware address `mac` and the given IP addresses, for frames moved by `dev`
     /// (whose capabilities it reads). The generators (initial sequence numbers, ephemeral ports)
@@ -162,6 +189,7 @@ impl Stack {
         let seed = cfg.seed_or_random();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(mac)));
         config.random_seed = seed;
+        let mtu = dev.capabilities().max_transmission_unit.saturating_sub(14);
         let mut iface = Interface::new(config, dev, Instant::ZERO);
         iface.update_ip_addrs(|a| {
             for c in addrs {
@@ -177,6 +205,14 @@ impl Stack {
         };
         Stack {
             iface,
+            mac,
+            mtu,
+            secret: Secret::new(seed),
+            neigh: Neighbors::default(),
+            unresolved: Vec::new(),
+            ip_id: (seed >> 17) as u16,
+            tcp_done: TcpStats::default(),
+            clock: Instant::ZERO,
             slots: Vec::with_capacity(cfg.flows),
             free_slots: Vec::new(),
             table: FlowTable::with_capacity(cfg.flows),
@@ -202,8 +238,18 @@ impl Stack {
 
     /// Counters so far.
     pub fn stats(&self) -> StackStats {
+        let mut tcp = self.tcp_done;
+        for slot in &self.slots {
+            if let Some(Flow {
+                sock: Sock::Tcp(c), ..
+            }) = &slot.flow
+            {
+                tcp += c.stats;
+            }
+        }
         StackStats {
             flows: (self.slots.len() - self.free_slots.len()) as u64,
+            tcp,
             ..self.stats
         }
     }
@@ -225,18 +271,26 @@ impl Stack {
         }
     }
 
+    fn insert_tcp(&mut self, conn: Conn, setup: impl FnOnce(&mut Flow)) -> u32 {
+        let port = conn.local().port;
+        self.insert(Sock::Tcp(Box::new(conn)), Proto::Tcp, port, setup)
+    }
+
+    fn insert_udp(&mut self, socket: udp::Socket<'static>, port: u16) -> u32 {
+        let mut set = SocketSet::new(Vec::with_capacity(1));
+        let handle = set.add(socket);
+        self.insert(Sock::Udp(set, handle), Proto::Udp, port, |f| f.held = true)
+    }
+
     fn insert(
         &mut self,
-        socket: impl AnySocket<'static>,
+        sock: Sock,
         proto: Proto,
         local_port: u16,
         setup: impl FnOnce(&mut Flow),
     ) -> u32 {
-        let mut set = SocketSet::new(Vec::with_capacity(1));
-        let handle = set.add(socket);
         let mut flow = Flow {
-            set,
-            handle,
+            sock,
             proto,
             key: None,
             local_port,
@@ -245,6 +299,7 @@ impl Stack {
             ephemeral: false,
             deadline: None,
             queued: false,
+            mac: None,
         };
         setup(&mut flow);
         match self.free_slots.pop() {
@@ -268,7 +323,12 @@ impl Stack {
             return;
         };
         slot.generation = slot.generation.wrapping_add(1);
-        if let Some(key) = flow.key {
+        if let Sock::Tcp(c) = &flow.sock {
+            self.tcp_done += c.stats;
+        }
+        if let Some(key) = flow.key
+            && self.table.get(&key) == Some(index)
+        {
             self.table.remove(&key);
         }
         if flow.proto == Proto::Udp {
@@ -290,9 +350,93 @@ impl Stack {
         }
     }
 
-    fn state_of(&self, index: u32) -> Option<tcp::State> {
-        let f = self.slots[index as usize].flow.as_ref()?;
-        (f.proto == Proto::Tcp).then(|| f.set.get::<tcp::Socket<'static>>(f.handle).state())
+    fn state_of(&self, index: u32) -> Option<TcpState> {
+        match &self.slots[index as usize].flow.as_ref()?.sock {
+            Sock::Tcp(c) => Some(c.state()),
+            Sock::Udp(..) => None,
+        }
+    }
+
+    /// The frame path of TCP flow `f`, once its next hop's hardware address is known.
+    fn path_of(mac: [u8; 6], f: &Flow) -> Option<Path> {
+        let key = f.key?;
+        Some(Path {
+            src_mac: mac,
+            dst_mac: f.mac?,
+            local: key.local,
+            remote: key.remote,
+        })
+    }
+
+    /// Writes segment `out` on `path` into a transmit frame. False when no frame is free.
+    fn send_segment<P: FrameIo>(
+        dev: &mut XdpDevice<P>,
+        ip_id: &mut u16,
+        path: &Path,
+        out: &Out<'_>,
+    ) -> bool {
+        let len = out.frame_len(path);
+        let Some(tx) = dev.transmit(Instant::ZERO) else {
+            return false;
+        };
+        *ip_id = ip_id.wrapping_add(1);
+        let id = *ip_id;
+        smoltcp::phy::TxToken::consume(tx, len, |buf| {
+            crate::tcp::wire::write(buf, path, id, out);
+        });
+        true
+    }
+
+    /// The next hop toward `remote`: itself when on a link of this interface, else the
+    /// default gateway of its family, if one is set.
+    fn next_hop(&self, remote: IpAddress) -> IpAddress {
+        if self
+            .iface
+            .ip_addrs()
+            .iter()
+            .any(|c| c.contains_addr(&remote))
+        {
+            return remote;
+        }
+        let route = match remote {
+            IpAddress::Ipv4(_) => self.iface.routes().get_default_ipv4_route(),
+            IpAddress::Ipv6(_) => self.iface.routes().get_default_ipv6_route(),
+        };
+        route.map_or(remote, |r| r.via_router)
+    }
+
+    /// Finds the hardware address of TCP flow `index`'s next hop, asking for it if unknown.
+    /// Returns false while it is unknown (the flow is polled again when it is learnt, or on
+    /// its timer).
+    fn resolve<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, index: u32) -> bool {
+        let Some(f) = self.slots[index as usize].flow.as_ref() else {
+            return false;
+        };
+        if f.mac.is_some() {
+            return true;
+        }
+        let Some(key) = f.key else {
+            return false;
+        };
+        let hop = self.next_hop(key.remote.addr);
+        if let Some(mac) = self.neigh.lookup(hop, now) {
+            if let Some(f) = self.slots[index as usize].flow.as_mut() {
+                f.mac = Some(mac);
+            }
+            return true;
+        }
+        self.stats.neighbor_waits += 1;
+        if !self.unresolved.contains(&index) {
+            self.unresolved.push(index);
+        }
+        if !neigh::unspecified(key.local.addr)
+            && self.neigh.may_ask(hop, now)
+            && let Some(frame) = neigh::request(self.mac, key.local.addr, hop)
+            && let Some(tx) = dev.transmit(now)
+        {
+            smoltcp::phy::TxToken::consume(tx, frame.len(), |buf| buf.copy_from_slice(&frame));
+        }
+        false
     }
 
     /// After a flow was polled: promote a finished handshake to the accept queue, free what is
@@ -306,7 +450,10 @@ impl Stack {
             return;
         };
         if let Some(port) = f.listener {
-            if established(state) {
+            if !matches!(
+                state,
+                TcpState::Listen | TcpState::SynReceived | TcpState::SynSent | TcpState::Closed
+            ) {
                 f.listener = None;
                 f.held = true;
                 if let Some(l) = self.listeners.get_mut(&port) {
@@ -318,21 +465,22 @@ impl Stack {
                         w.wake();
                     }
                 }
-            } else if matches!(state, tcp::State::Closed | tcp::State::Listen) {
+            } else if matches!(state, TcpState::Closed | TcpState::Listen) {
                 // Reset or timed out during the handshake.
                 if let Some(l) = self.listeners.get_mut(&port) {
                     l.half_open -= 1;
                 }
                 self.free(index);
             }
-        } else if state == tcp::State::Closed {
+        } else if state == TcpState::Closed {
             if !f.held && !f.queued {
                 // Not while queued for egress: an aborted connection still owes its peer the
                 // reset, which the egress pass sends before it settles the flow again.
                 self.free(index);
-            } else if let Some(key) = f.key.take() {
-                // Closed but still held: a new connection on the same addresses and ports (a
-                // peer reusing its port) must open a new flow, not meet this one.
+            } else if let Some(key) = f.key {
+                // Closed but still held (or owing a reset): a new connection on the same
+                // addresses and ports (a peer reusing its port) must open a new flow, not meet
+                // this one. The key stays: it is also the flow's path.
                 if self.table.get(&key) == Some(index) {
                     self.table.remove(&key);
                 }

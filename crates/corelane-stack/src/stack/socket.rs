@@ -1,5 +1,5 @@
 //! What the application's sockets call. Every call that changes what a flow has to send queues
-//! the flow for the next egress pass itself; callers never touch smoltcp types.
+//! the flow for the next egress pass itself; callers never touch engine or smoltcp types.
 
 use std::io;
 use std::net::SocketAddr;
@@ -7,75 +7,43 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use corelane_frame::Proto;
-use smoltcp::socket::{tcp, udp};
+use smoltcp::socket::udp;
 use smoltcp::wire::{IpAddress, IpEndpoint};
 
-use super::{FlowId, Stack, new_tcp};
+use super::{FlowId, Sock, Stack};
 use crate::classify::FlowKey;
 use crate::config::{EPHEMERAL_START, StackError};
+use crate::tcp::{Congestion, Conn, Sizes, TcpState};
 
-/// The state of a TCP connection (RFC 9293's names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What [`Stack::tcp_info`] reports of one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum TcpState {
-    /// No connection.
-    Closed,
-    /// Waiting for a SYN.
-    Listen,
-    /// SYN sent, waiting for the SYN-ACK.
-    SynSent,
-    /// SYN received and answered, waiting for the ACK.
-    SynReceived,
-    /// Open both ways.
-    Established,
-    /// This side sent FIN, not yet acknowledged.
-    FinWait1,
-    /// This side's FIN acknowledged; waiting for the peer's.
-    FinWait2,
-    /// The peer sent FIN; this side may still send.
-    CloseWait,
-    /// Both sent FIN at once.
-    Closing,
-    /// The peer closed first and this side's FIN waits for its ACK.
-    LastAck,
-    /// Both closed; waiting out old segments.
-    TimeWait,
+pub struct TcpInfo {
+    /// The state.
+    pub state: TcpState,
+    /// Smoothed round-trip time, once measured.
+    pub srtt: Option<Duration>,
+    /// Congestion window, bytes.
+    pub cwnd: usize,
+    /// The peer's receive window, bytes.
+    pub snd_window: usize,
+    /// This side's receive window (grows with auto-tuning), bytes.
+    pub rcv_window: usize,
+    /// The congestion controller.
+    pub congestion: Congestion,
+    /// The connection's counters.
+    pub stats: crate::tcp::TcpStats,
 }
 
-impl std::fmt::Display for TcpState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TcpState::Closed => "CLOSED",
-            TcpState::Listen => "LISTEN",
-            TcpState::SynSent => "SYN-SENT",
-            TcpState::SynReceived => "SYN-RECEIVED",
-            TcpState::Established => "ESTABLISHED",
-            TcpState::FinWait1 => "FIN-WAIT-1",
-            TcpState::FinWait2 => "FIN-WAIT-2",
-            TcpState::CloseWait => "CLOSE-WAIT",
-            TcpState::Closing => "CLOSING",
-            TcpState::LastAck => "LAST-ACK",
-            TcpState::TimeWait => "TIME-WAIT",
-        })
-    }
-}
-
-impl From<tcp::State> for TcpState {
-    fn from(s: tcp::State) -> TcpState {
-        match s {
-            tcp::State::Closed => TcpState::Closed,
-            tcp::State::Listen => TcpState::Listen,
-            tcp::State::SynSent => TcpState::SynSent,
-            tcp::State::SynReceived => TcpState::SynReceived,
-            tcp::State::Established => TcpState::Established,
-            tcp::State::FinWait1 => TcpState::FinWait1,
-            tcp::State::FinWait2 => TcpState::FinWait2,
-            tcp::State::CloseWait => TcpState::CloseWait,
-            tcp::State::Closing => TcpState::Closing,
-            tcp::State::LastAck => TcpState::LastAck,
-            tcp::State::TimeWait => TcpState::TimeWait,
-        }
-    }
+/// The error a socket call returns once the connection ended with `kind`.
+fn ended(kind: io::ErrorKind) -> io::Error {
+    let what = match kind {
+        io::ErrorKind::TimedOut => "the connection timed out",
+        io::ErrorKind::ConnectionRefused => "the connection was refused",
+        io::ErrorKind::ConnectionAborted => "the connection was aborted",
+        _ => "the connection was reset by the peer",
+    };
+    io::Error::new(kind, what)
 }
 
 fn gone() -> io::Error {
@@ -125,23 +93,41 @@ impl Stack {
         })
     }
 
+    /// The sizes a TCP connection to `remote` opens with.
+    pub(super) fn sizes(&self, remote: IpAddress) -> Sizes {
+        let headers = match remote {
+            IpAddress::Ipv4(_) => 40,
+            IpAddress::Ipv6(_) => 60,
+        };
+        Sizes {
+            mss: self.mtu.saturating_sub(headers).clamp(536, 65535) as u16,
+            rx_max: self.cfg.tcp_rx_buffer.max(1),
+            tx_max: self.cfg.tcp_tx_buffer.max(1),
+        }
+    }
+
     /// Opens a TCP connection to `remote` from a port of this stack's share of the ephemeral
     /// range, so that the runtime can tell which core the peer's segments belong to. Returns the
     /// flow and its local port (which the caller must steer to this interface).
     ///
     /// # Errors
-    /// No owned address of the remote's family, no free port, or a remote smoltcp refuses
-    /// (port 0, an unspecified address).
+    /// No owned address of the remote's family, no free port, or a remote that cannot be
+    /// connected to (port 0, an unspecified or multicast address).
     pub fn connect_tcp(&mut self, remote: SocketAddr) -> Result<(FlowId, u16), StackError> {
+        let now = self.clock;
+        if remote.port() == 0 || remote.ip().is_unspecified() || remote.ip().is_multicast() {
+            return Err(StackError::Refused(format!(
+                "cannot connect to {remote}: not a unicast address and port"
+            )));
+        }
         let remote = IpEndpoint::from(remote);
         let local_addr = self.local_addr_for(remote.addr)?;
         let port = self.ephemeral_port(Proto::Tcp)?;
         let local = IpEndpoint::new(local_addr, port);
-        let mut s = new_tcp(&self.cfg);
-        s.connect(self.iface.context(), remote, local)
-            .map_err(|e| StackError::Refused(format!("connect to {remote}: {e}")))?;
+        let sizes = self.sizes(remote.addr);
+        let conn = Conn::connect(self.cfg.tcp, &self.secret, local, remote, sizes, now);
         let key = FlowKey { local, remote };
-        let i = self.insert(s, Proto::Tcp, port, |f| {
+        let i = self.insert_tcp(conn, |f| {
             f.key = Some(key);
             f.held = true;
             f.ephemeral = true;
@@ -172,38 +158,29 @@ impl Stack {
         let mut s = udp::Socket::new(rx, tx);
         s.bind(port)
             .map_err(|e| StackError::Refused(format!("bind UDP {port}: {e}")))?;
-        let i = self.insert(s, Proto::Udp, port, |f| f.held = true);
+        let i = self.insert_udp(s, port);
         self.udp.insert(port, i);
         self.ports.insert((Proto::Udp, port));
         Ok((self.id_of(i), port))
     }
 
-    /// The TCP socket of flow `id` (None if the id is stale or not TCP).
-    pub(crate) fn tcp(&mut self, id: FlowId) -> Option<&mut tcp::Socket<'static>> {
-        let f = self.flow(id)?;
-        if f.proto != Proto::Tcp {
-            return None;
-        }
-        Some(f.set.get_mut::<tcp::Socket<'static>>(f.handle))
+    /// The TCP connection of flow `id` (None if the id is stale or not TCP).
+    pub(crate) fn conn(&mut self, id: FlowId) -> Option<&mut Conn> {
+        self.flow(id)?.conn()
     }
 
     /// The UDP socket of flow `id` (None if the id is stale or not UDP).
     fn udp(&mut self, id: FlowId) -> Option<&mut udp::Socket<'static>> {
-        let f = self.flow(id)?;
-        if f.proto != Proto::Udp {
-            return None;
+        match &mut self.flow(id)?.sock {
+            Sock::Udp(set, handle) => Some(set.get_mut::<udp::Socket<'static>>(*handle)),
+            Sock::Tcp(_) => None,
         }
-        Some(f.set.get_mut::<udp::Socket<'static>>(f.handle))
     }
 
-    /// Runs `f` on TCP flow `id`'s socket, then queues the flow for egress when `f` says its
-    /// output may have changed.
-    fn with_tcp<R>(
-        &mut self,
-        id: FlowId,
-        f: impl FnOnce(&mut tcp::Socket<'static>) -> (R, bool),
-    ) -> io::Result<R> {
-        let (r, changed) = self.tcp(id).map(f).ok_or_else(gone)?;
+    /// Runs `f` on TCP flow `id`'s connection, then queues the flow for egress when `f` says
+    /// its output may have changed.
+    fn with_tcp<R>(&mut self, id: FlowId, f: impl FnOnce(&mut Conn) -> (R, bool)) -> io::Result<R> {
+        let (r, changed) = self.conn(id).map(f).ok_or_else(gone)?;
         if changed {
             self.queue_egress(id.index);
         }
@@ -215,7 +192,7 @@ impl Stack {
     fn poll_tcp<T>(
         &mut self,
         id: FlowId,
-        f: impl FnOnce(&mut tcp::Socket<'static>) -> (Poll<io::Result<T>>, bool),
+        f: impl FnOnce(&mut Conn) -> (Poll<io::Result<T>>, bool),
     ) -> Poll<io::Result<T>> {
         self.with_tcp(id, f).unwrap_or_else(|e| Poll::Ready(Err(e)))
     }
@@ -228,30 +205,33 @@ impl Stack {
 
     /// The state of TCP flow `id` (None if the id is stale).
     pub fn tcp_state(&mut self, id: FlowId) -> Option<TcpState> {
-        self.tcp(id).map(|s| s.state().into())
+        self.conn(id).map(|c| c.state())
     }
 
     /// Reads what TCP flow `id` received into `buf`. `Ready(Ok(0))` with a non-empty `buf` is
     /// the end of the stream; `Pending` means nothing yet, and `waker` (if given) is woken when
-    /// something arrives. Reading opens the window, so the flow is queued for egress.
+    /// something arrives. A read that opens the window enough queues a window update.
     ///
     /// # Errors
-    /// `NotConnected` when the flow is gone.
+    /// `NotConnected` when the flow is gone; `ConnectionReset` (or the error that ended the
+    /// connection: `TimedOut`, `ConnectionRefused`) once it ended abnormally.
     pub fn tcp_read(
         &mut self,
         id: FlowId,
         buf: &mut [u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
-        self.poll_tcp(id, |s| {
-            if s.can_recv() {
-                (Poll::Ready(Ok(s.recv_slice(buf).unwrap_or(0))), true)
-            } else if !s.may_recv() {
-                // FIN received, or the connection is closed: end of stream.
+        self.poll_tcp(id, |c| {
+            if c.readable() > 0 && !buf.is_empty() {
+                let (n, update) = c.read(buf);
+                (Poll::Ready(Ok(n)), update)
+            } else if let Some(kind) = c.error() {
+                (Poll::Ready(Err(ended(kind))), false)
+            } else if c.at_eof() || buf.is_empty() {
                 (Poll::Ready(Ok(0)), false)
             } else {
                 if let Some(w) = waker {
-                    s.register_recv_waker(w);
+                    c.set_rx_waker(w);
                 }
                 (Poll::Pending, false)
             }
@@ -262,28 +242,35 @@ impl Stack {
     /// buffer is full, and `waker` (if given) is woken when room frees up.
     ///
     /// # Errors
-    /// `NotConnected` when the flow is gone; `ConnectionReset` after a reset, `BrokenPipe`
-    /// after this side shut down writing.
+    /// `NotConnected` when the flow is gone; `ConnectionReset` (or the error that ended the
+    /// connection) after it ended abnormally, `BrokenPipe` after this side shut down writing
+    /// or the connection closed.
     pub fn tcp_write(
         &mut self,
         id: FlowId,
         buf: &[u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
-        self.poll_tcp(id, |s| {
-            if s.can_send() {
-                (Poll::Ready(Ok(s.send_slice(buf).unwrap_or(0))), true)
-            } else if !s.may_send() {
-                let kind = if s.state() == tcp::State::Closed {
-                    io::ErrorKind::ConnectionReset
-                } else {
-                    io::ErrorKind::BrokenPipe
-                };
-                let e = io::Error::new(kind, "the connection is closed for writing");
-                (Poll::Ready(Err(e)), false)
+        self.poll_tcp(id, |c| {
+            if let Some(kind) = c.error() {
+                return (Poll::Ready(Err(ended(kind))), false);
+            }
+            if !c.may_send() {
+                let e = io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the connection is closed for writing",
+                );
+                return (Poll::Ready(Err(e)), false);
+            }
+            if buf.is_empty() {
+                return (Poll::Ready(Ok(0)), false);
+            }
+            let n = c.write(buf);
+            if n > 0 {
+                (Poll::Ready(Ok(n)), true)
             } else {
                 if let Some(w) = waker {
-                    s.register_send_waker(w);
+                    c.set_tx_waker(w);
                 }
                 (Poll::Pending, false)
             }
@@ -292,35 +279,42 @@ impl Stack {
 
     /// Bytes TCP flow `id` can take into its send buffer now.
     pub fn tcp_send_room(&mut self, id: FlowId) -> usize {
-        self.tcp(id)
-            .map_or(0, |s| s.send_capacity().saturating_sub(s.send_queue()))
+        self.conn(id).map_or(0, |c| c.send_room())
     }
 
     /// Whether the handshake of TCP flow `id` is done: `Pending` while it runs (`waker`, if
     /// given, is woken when it ends).
     ///
     /// # Errors
-    /// `ConnectionRefused` when the peer refused or the attempt ended; `NotConnected` when the
-    /// flow is gone.
+    /// `ConnectionRefused` when the peer refused, `TimedOut` when it never answered;
+    /// `NotConnected` when the flow is gone.
     pub fn tcp_connected(&mut self, id: FlowId, waker: Option<&Waker>) -> Poll<io::Result<()>> {
-        let refused = io::ErrorKind::ConnectionRefused;
-        match self.poll_tcp(id, |s| match s.state() {
-            tcp::State::SynSent | tcp::State::SynReceived => {
+        let r = self.poll_tcp(id, |c| match c.state() {
+            TcpState::SynSent | TcpState::SynReceived => {
                 if let Some(w) = waker {
-                    s.register_send_waker(w);
+                    c.set_tx_waker(w);
                 }
                 (Poll::Pending, false)
             }
-            tcp::State::Closed => (Poll::Ready(Err(refused.into())), false),
+            TcpState::Closed => {
+                let kind = c.error().unwrap_or(io::ErrorKind::ConnectionRefused);
+                (Poll::Ready(Err(kind.into())), false)
+            }
             _ => (Poll::Ready(Ok(())), false),
-        }) {
-            // Name the peer, looked up only when refusing.
-            Poll::Ready(Err(e)) if e.kind() == refused => {
-                let to = match self.tcp_addrs(id) {
-                    Some((_, remote)) => format!("connection to {remote} refused"),
-                    None => "connection refused".into(),
+        });
+        match r {
+            // Name the peer, looked up only when failing.
+            Poll::Ready(Err(e)) if e.kind() != io::ErrorKind::NotConnected => {
+                let what = match e.kind() {
+                    io::ErrorKind::TimedOut => "timed out",
+                    io::ErrorKind::ConnectionRefused => "refused",
+                    _ => "failed",
                 };
-                Poll::Ready(Err(io::Error::new(refused, to)))
+                let to = match self.tcp_addrs(id) {
+                    Some((_, remote)) => format!("connection to {remote} {what}"),
+                    None => format!("connection {what}"),
+                };
+                Poll::Ready(Err(io::Error::new(e.kind(), to)))
             }
             other => other,
         }
@@ -331,7 +325,7 @@ impl Stack {
     /// # Errors
     /// `NotConnected` when the flow is gone.
     pub fn tcp_shutdown(&mut self, id: FlowId) -> io::Result<()> {
-        self.with_tcp(id, |s| (s.close(), true))
+        self.with_tcp(id, |c| (c.close(), true))
     }
 
     /// Sends small writes at once (true) or coalesces them (Nagle) on TCP flow `id`.
@@ -339,7 +333,7 @@ impl Stack {
     /// # Errors
     /// `NotConnected` when the flow is gone.
     pub fn tcp_set_nodelay(&mut self, id: FlowId, nodelay: bool) -> io::Result<()> {
-        self.with_tcp(id, |s| (s.set_nagle_enabled(!nodelay), false))
+        self.with_tcp(id, |c| (c.set_nodelay(nodelay), true))
     }
 
     /// Whether small writes on TCP flow `id` go out at once.
@@ -347,15 +341,43 @@ impl Stack {
     /// # Errors
     /// `NotConnected` when the flow is gone.
     pub fn tcp_nodelay(&mut self, id: FlowId) -> io::Result<bool> {
-        self.with_tcp(id, |s| (!s.nagle_enabled(), false))
+        self.with_tcp(id, |c| (c.nodelay(), false))
     }
 
-    /// Sends keep-alive probes on TCP flow `id` after `interval` of silence (None: off).
+    /// Sends keep-alive probes on TCP flow `id` after `interval` of silence (None: off); after
+    /// [`TcpConfig::keepalive_probes`](crate::tcp::TcpConfig::keepalive_probes) unanswered
+    /// probes the connection ends with `TimedOut`.
     ///
     /// # Errors
     /// `NotConnected` when the flow is gone.
     pub fn tcp_set_keepalive(&mut self, id: FlowId, interval: Option<Duration>) -> io::Result<()> {
-        self.with_tcp(id, |s| (s.set_keep_alive(interval.map(Into::into)), true))
+        let now = self.clock;
+        self.with_tcp(id, |c| {
+            (c.set_keepalive(interval.map(Into::into), now), true)
+        })
+    }
+
+    /// Switches the congestion controller of TCP flow `id`.
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn tcp_set_congestion(&mut self, id: FlowId, cc: Congestion) -> io::Result<()> {
+        self.with_tcp(id, |c| (c.set_congestion(cc), false))
+    }
+
+    /// What TCP flow `id` knows of its path: smoothed RTT, congestion window, the peer's
+    /// window and its own receive window, and its counters.
+    pub fn tcp_info(&mut self, id: FlowId) -> Option<TcpInfo> {
+        let c = self.conn(id)?;
+        Some(TcpInfo {
+            state: c.state(),
+            srtt: c.srtt().map(Into::into),
+            cwnd: c.cwnd(),
+            snd_window: c.snd_window(),
+            rcv_window: c.rcv_window(),
+            congestion: c.congestion(),
+            stats: c.stats,
+        })
     }
 
     /// Queues one datagram from UDP flow `id` to `to`. `Pending` means the send buffer is full
@@ -434,23 +456,25 @@ impl Stack {
 
     /// Aborts TCP flow `id` (a reset is sent on the next egress pass).
     pub fn abort(&mut self, id: FlowId) {
-        if let Some(s) = self.tcp(id) {
-            s.abort();
+        if let Some(c) = self.conn(id) {
+            c.abort();
             self.queue_egress(id.index);
         }
     }
 
     /// The application lets go of flow `id`. A TCP connection is closed (FIN after the data
-    /// still queued) and freed once closed; a UDP socket is freed at once.
+    /// still queued; a reset if received data was left unread) and freed once closed, never
+    /// later than the FIN-WAIT-2 and TIME-WAIT timers allow; a UDP socket is freed at once.
     pub fn release(&mut self, id: FlowId) {
+        let now = self.clock;
         let Some(f) = self.flow(id) else {
             return;
         };
         f.held = false;
-        match f.proto {
-            Proto::Udp => self.free(id.index),
-            Proto::Tcp => {
-                f.set.get_mut::<tcp::Socket<'static>>(f.handle).close();
+        match &mut f.sock {
+            Sock::Udp(..) => self.free(id.index),
+            Sock::Tcp(c) => {
+                c.release(now);
                 self.queue_egress(id.index);
                 self.settle(id.index);
             }

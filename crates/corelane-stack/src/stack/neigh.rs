@@ -1,0 +1,257 @@
+//! The TCP engine's neighbour table: which hardware address each next hop has. It learns from
+//! every ARP packet and NDP solicitation or advertisement that arrives (smoltcp's interface
+//! still answers them for UDP and ICMP), asks with an ARP request or a neighbour solicitation
+//! when a connection needs an address it does not know, and keeps at most `MAX` entries.
+
+use std::collections::HashMap;
+
+use rustc_hash::FxBuildHasher;
+use smoltcp::time::{Duration, Instant};
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, IpAddress,
+    IpProtocol, Ipv4Address, Ipv6Address, Ipv6Packet,
+};
+
+use crate::tcp::wire::checksum;
+
+/// Most entries kept.
+const MAX: usize = 16 * 1024;
+/// An entry is asked for again after this long.
+const STALE: Duration = Duration::from_secs(300);
+/// At most one request per address per this long.
+const RETRY: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Default)]
+pub(super) struct Neighbors {
+    known: HashMap<IpAddress, ([u8; 6], Instant), FxBuildHasher>,
+    asked: HashMap<IpAddress, Instant, FxBuildHasher>,
+}
+
+impl Neighbors {
+    /// The hardware address of `ip`, if known and fresh.
+    pub(super) fn lookup(&self, ip: IpAddress, now: Instant) -> Option<[u8; 6]> {
+        self.known
+            .get(&ip)
+            .filter(|(_, at)| now - *at < STALE)
+            .map(|(m, _)| *m)
+    }
+
+    /// Remembers that `ip` is at `mac`. Returns true if this was news.
+    pub(super) fn learn(&mut self, ip: IpAddress, mac: [u8; 6], now: Instant) -> bool {
+        if mac[0] & 1 == 1 || mac == [0; 6] {
+            return false;
+        }
+        self.asked.remove(&ip);
+        let full = self.known.len() >= MAX;
+        match self.known.get_mut(&ip) {
+            Some(e) => {
+                let news = e.0 != mac;
+                *e = (mac, now);
+                news
+            }
+            None if !full => {
+                self.known.insert(ip, (mac, now));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// True when a request for `ip` may go out now (none in the last `RETRY`).
+    pub(super) fn may_ask(&mut self, ip: IpAddress, now: Instant) -> bool {
+        if self.asked.len() > MAX {
+            self.asked.retain(|_, t| now - *t < RETRY);
+        }
+        match self.asked.get(&ip) {
+            Some(t) if now - *t < RETRY => false,
+            _ => {
+                self.asked.insert(ip, now);
+                true
+            }
+        }
+    }
+
+    /// Learns what an ARP or NDP frame tells. Returns true if something new was learnt.
+    pub(super) fn snoop(&mut self, frame: &[u8], now: Instant) -> bool {
+        let Ok(eth) = EthernetFrame::new_checked(frame) else {
+            return false;
+        };
+        match eth.ethertype() {
+            EthernetProtocol::Arp => {
+                let Ok(p) = ArpPacket::new_checked(eth.payload()) else {
+                    return false;
+                };
+                match ArpRepr::parse(&p) {
+                    Ok(ArpRepr::EthernetIpv4 {
+                        source_hardware_addr,
+                        source_protocol_addr,
+                        ..
+                    }) => self.learn(
+                        IpAddress::Ipv4(source_protocol_addr),
+                        source_hardware_addr.0,
+                        now,
+                    ),
+                    _ => false,
+                }
+            }
+            EthernetProtocol::Ipv6 => {
+                let Ok(ip) = Ipv6Packet::new_checked(eth.payload()) else {
+                    return false;
+                };
+                if ip.next_header() != IpProtocol::Icmpv6 {
+                    return false;
+                }
+                let src = ip.src_addr();
+                let icmp = ip.payload();
+                if checksum(&src.octets(), &ip.dst_addr().octets(), 58, icmp) != 0 {
+                    return false;
+                }
+                // 135: a solicitation names its sender's address (option 1); 136: an
+                // advertisement names the target's (option 2).
+                let (ip_of, want) = match icmp.first() {
+                    Some(135) => (src, 1u8),
+                    Some(136) => match icmp.get(8..24) {
+                        Some(t) => (Ipv6Address::from_octets(t.try_into().unwrap_or([0; 16])), 2),
+                        None => return false,
+                    },
+                    _ => return false,
+                };
+                if ip_of.is_unspecified() {
+                    return false;
+                }
+                let mut opts = icmp.get(24..).unwrap_or(&[]);
+                while opts.len() >= 8 {
+                    let len = usize::from(opts[1]) * 8;
+                    if len == 0 || len > opts.len() {
+                        break;
+                    }
+                    if opts[0] == want {
+                        let mut mac = [0u8; 6];
+                        mac.copy_from_slice(&opts[2..8]);
+                        return self.learn(IpAddress::Ipv6(ip_of), mac, now);
+                    }
+                    opts = &opts[len..];
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The frame asking for `target`'s hardware address: an ARP request (IPv4) or a neighbour
+/// solicitation to the solicited-node group (IPv6). `from` is this side's address of the same
+/// family.
+pub(super) fn request(mac: [u8; 6], from: IpAddress, target: IpAddress) -> Option<Vec<u8>> {
+    match (from, target) {
+        (IpAddress::Ipv4(f), IpAddress::Ipv4(t)) => {
+            let repr = ArpRepr::EthernetIpv4 {
+                operation: ArpOperation::Request,
+                source_hardware_addr: EthernetAddress(mac),
+                source_protocol_addr: f,
+                target_hardware_addr: EthernetAddress([0; 6]),
+                target_protocol_addr: t,
+            };
+            let mut buf = vec![0u8; 14 + repr.buffer_len()];
+            buf[..6].copy_from_slice(&[0xff; 6]);
+            buf[6..12].copy_from_slice(&mac);
+            buf[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+            repr.emit(&mut ArpPacket::new_unchecked(&mut buf[14..]));
+            Some(buf)
+        }
+        (IpAddress::Ipv6(f), IpAddress::Ipv6(t)) => {
+            let o = t.octets();
+            let mut group = [0u8; 16];
+            group[0] = 0xff;
+            group[1] = 0x02;
+            group[11] = 1;
+            group[12] = 0xff;
+            group[13..].copy_from_slice(&o[13..]);
+            let mut buf = vec![0u8; 14 + 40 + 32];
+            buf[..6].copy_from_slice(&[0x33, 0x33, 0xff, o[13], o[14], o[15]]);
+            buf[6..12].copy_from_slice(&mac);
+            buf[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+            let ip = &mut buf[14..54];
+            ip[..4].copy_from_slice(&0x6000_0000u32.to_be_bytes());
+            ip[4..6].copy_from_slice(&32u16.to_be_bytes());
+            ip[6] = 58;
+            ip[7] = 255;
+            ip[8..24].copy_from_slice(&f.octets());
+            ip[24..40].copy_from_slice(&group);
+            let icmp = &mut buf[54..];
+            icmp[0] = 135;
+            icmp[8..24].copy_from_slice(&o);
+            icmp[24] = 1;
+            icmp[25] = 1;
+            icmp[26..32].copy_from_slice(&mac);
+            let c = checksum(&f.octets(), &group, 58, icmp);
+            icmp[2..4].copy_from_slice(&c.to_ne_bytes());
+            Some(buf)
+        }
+        _ => None,
+    }
+}
+
+/// True when `a` is one of the unspecified addresses.
+pub(super) fn unspecified(a: IpAddress) -> bool {
+    match a {
+        IpAddress::Ipv4(v) => v == Ipv4Address::UNSPECIFIED,
+        IpAddress::Ipv6(v) => v.is_unspecified(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_from_its_own_requests_seen_by_a_peer() {
+        let now = Instant::from_secs(1);
+        let mac = [2, 0, 0, 0, 0, 9];
+        let mut n = Neighbors::default();
+        let v4 = request(
+            mac,
+            "10.0.0.9".parse::<std::net::IpAddr>().expect("ip").into(),
+            "10.0.0.1".parse::<std::net::IpAddr>().expect("ip").into(),
+        )
+        .expect("frame");
+        assert!(n.snoop(&v4, now));
+        assert_eq!(
+            n.lookup(
+                "10.0.0.9".parse::<std::net::IpAddr>().expect("ip").into(),
+                now
+            ),
+            Some(mac)
+        );
+        let v6 = request(
+            mac,
+            "fd00::9".parse::<std::net::IpAddr>().expect("ip").into(),
+            "fd00::1".parse::<std::net::IpAddr>().expect("ip").into(),
+        )
+        .expect("frame");
+        assert!(
+            matches!(
+                crate::classify::classify(&v6),
+                crate::Class::Neighbor { .. }
+            ),
+            "a valid solicitation"
+        );
+        assert!(n.snoop(&v6, now));
+        assert_eq!(
+            n.lookup(
+                "fd00::9".parse::<std::net::IpAddr>().expect("ip").into(),
+                now
+            ),
+            Some(mac)
+        );
+        assert!(n.may_ask(IpAddress::Ipv4(Ipv4Address::new(10, 0, 0, 1)), now));
+        assert!(!n.may_ask(IpAddress::Ipv4(Ipv4Address::new(10, 0, 0, 1)), now));
+        assert!(
+            n.lookup(
+                "fd00::9".parse::<std::net::IpAddr>().expect("ip").into(),
+                now + STALE
+            )
+            .is_none()
+        );
+    }
+}

@@ -1,0 +1,905 @@
+//! A connection: its state, its buffers and timers, and what the application calls on it.
+
+use std::io;
+use std::task::Waker;
+
+use smoltcp::time::{Duration, Instant};
+use smoltcp::wire::{IpAddress, IpEndpoint, TcpRepr};
+
+use super::TcpConfig;
+use super::board::Board;
+use super::cc::{Cc, Congestion};
+use super::ring::Ring;
+use super::rtt::Rtt;
+use super::secret::{CookieInfo, Secret};
+use super::seq::Seq;
+
+/// The state of a TCP connection (RFC 9293's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TcpState {
+    /// No connection.
+    Closed,
+    /// Waiting for a SYN.
+    Listen,
+    /// SYN sent, waiting for the SYN-ACK.
+    SynSent,
+    /// SYN received and answered, waiting for the ACK.
+    SynReceived,
+    /// Open both ways.
+    Established,
+    /// This side sent FIN, not yet acknowledged.
+    FinWait1,
+    /// This side's FIN acknowledged; waiting for the peer's.
+    FinWait2,
+    /// The peer sent FIN; this side may still send.
+    CloseWait,
+    /// Both sent FIN at once.
+    Closing,
+    /// The peer closed first and this side's FIN waits for its ACK.
+    LastAck,
+    /// Both closed; waiting out old segments.
+    TimeWait,
+}
+
+impl std::fmt::Display for TcpState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TcpState::Closed => "CLOSED",
+            TcpState::Listen => "LISTEN",
+            TcpState::SynSent => "SYN-SENT",
+            TcpState::SynReceived => "SYN-RECEIVED",
+            TcpState::Established => "ESTABLISHED",
+            TcpState::FinWait1 => "FIN-WAIT-1",
+            TcpState::FinWait2 => "FIN-WAIT-2",
+            TcpState::CloseWait => "CLOSE-WAIT",
+            TcpState::Closing => "CLOSING",
+            TcpState::LastAck => "LAST-ACK",
+            TcpState::TimeWait => "TIME-WAIT",
+        })
+    }
+}
+
+/// TCP counters, per connection and summed per stack.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TcpStats {
+    /// Segments sent.
+    pub segs_out: u64,
+    /// Segments received.
+    pub segs_in: u64,
+    /// Payload bytes sent for the first time.
+    pub bytes_out: u64,
+    /// Payload bytes received in order.
+    pub bytes_in: u64,
+    /// Segments sent again.
+    pub retrans_segs: u64,
+    /// Payload bytes sent again.
+    pub retrans_bytes: u64,
+    /// Retransmission timeouts.
+    pub rto_expiries: u64,
+    /// Fast recoveries entered (SACK or duplicate ACKs).
+    pub fast_recoveries: u64,
+    /// Tail loss probes sent.
+    pub tail_probes: u64,
+    /// Challenge ACKs sent (RFC 5961).
+    pub challenge_acks: u64,
+    /// Segments dropped by PAWS (RFC 7323).
+    pub paws_dropped: u64,
+    /// Segments outside the receive window.
+    pub out_of_window: u64,
+    /// Resets sent.
+    pub resets_out: u64,
+    /// Resets received that closed a connection.
+    pub resets_in: u64,
+    /// SYN-ACKs sent as SYN cookies.
+    pub cookies_sent: u64,
+    /// Connections opened from a valid cookie.
+    pub cookies_ok: u64,
+    /// Connections dropped by a timer (SYN retries, user timeout, keep-alive).
+    pub timeouts: u64,
+}
+
+impl std::ops::AddAssign for TcpStats {
+    fn add_assign(&mut self, o: TcpStats) {
+        self.segs_out += o.segs_out;
+        self.segs_in += o.segs_in;
+        self.bytes_out += o.bytes_out;
+        self.bytes_in += o.bytes_in;
+        self.retrans_segs += o.retrans_segs;
+        self.retrans_bytes += o.retrans_bytes;
+        self.rto_expiries += o.rto_expiries;
+        self.fast_recoveries += o.fast_recoveries;
+        self.tail_probes += o.tail_probes;
+        self.challenge_acks += o.challenge_acks;
+        self.paws_dropped += o.paws_dropped;
+        self.out_of_window += o.out_of_window;
+        self.resets_out += o.resets_out;
+        self.resets_in += o.resets_in;
+        self.cookies_sent += o.cookies_sent;
+        self.cookies_ok += o.cookies_ok;
+        self.timeouts += o.timeouts;
+    }
+}
+
+/// Loss recovery in progress.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Recovery {
+    /// Recovery ends when this is acknowledged (RFC 6675's RecoveryPoint).
+    pub recover: Seq,
+    /// After a timeout the window slow-starts; after a fast retransmit PRR sets it.
+    pub timeout: bool,
+    pub prr_delivered: usize,
+    pub prr_out: usize,
+    pub recover_fs: usize,
+}
+
+/// What one side learnt from the other's SYN.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Peer {
+    pub mss: Option<u16>,
+    pub wscale: Option<u8>,
+    pub sack: bool,
+    pub ts: Option<u32>,
+}
+
+impl Peer {
+    pub(super) fn of(seg: &TcpRepr<'_>) -> Peer {
+        Peer {
+            mss: seg.max_seg_size,
+            wscale: seg.window_scale,
+            sack: seg.sack_permitted,
+            ts: seg.timestamp.map(|t| t.tsval),
+        }
+    }
+}
+
+/// Sizes a connection is opened with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizes {
+    /// MSS this side can receive (its MTU less the headers).
+    pub mss: u16,
+    /// Largest receive window.
+    pub rx_max: usize,
+    /// Largest send buffer.
+    pub tx_max: usize,
+}
+
+/// A connection.
+pub(crate) struct Conn {
+    pub(super) state: TcpState,
+    pub(super) cfg: TcpConfig,
+    pub(super) local: IpEndpoint,
+    pub(super) remote: IpEndpoint,
+    pub(super) sizes: Sizes,
+    // Send side.
+    pub(super) iss: Seq,
+    pub(super) snd_una: Seq,
+    pub(super) snd_nxt: Seq,
+    pub(super) snd_wnd: usize,
+    pub(super) max_snd_wnd: usize,
+    pub(super) snd_wl1: Seq,
+    pub(super) snd_wl2: Seq,
+    pub(super) snd: Ring,
+    pub(super) close_requested: bool,
+    pub(super) fin_seq: Option<Seq>,
+    pub(super) smss: usize,
+    pub(super) snd_wscale: u8,
+    // Receive side.
+    pub(super) irs: Seq,
+    pub(super) rcv_nxt: Seq,
+    pub(super) rcv: Ring,
+    pub(super) rcv_cap: usize,
+    pub(super) rcv_adv: Seq,
+    pub(super) rcv_wscale: u8,
+    pub(super) ooo: Vec<(Seq, Seq)>,
+    pub(super) last_ooo: Seq,
+    pub(super) peer_fin: Option<Seq>,
+    pub(super) fin_rcvd: bool,
+    pub(super) last_ack_sent: Seq,
+    // Options.
+    pub(super) sack_ok: bool,
+    pub(super) wscale_ok: bool,
+    pub(super) ts_ok: bool,
+    pub(super) ts_recent: u32,
+    pub(super) ts_recent_at: Instant,
+    pub(super) ts_offset: u32,
+    // What to send.
+    pub(super) syn_due: bool,
+    pub(super) rst_due: bool,
+    /// A bare reset owed for an unacceptable ACK, with this sequence number.
+    pub(super) rst_due_for: Option<Seq>,
+    pub(super) ack_now: bool,
+    pub(super) dupacks_owed: u8,
+    pub(super) unacked_segs: u32,
+    pub(super) tlp_due: bool,
+    pub(super) win_probe_due: bool,
+    pub(super) keep_probe_due: bool,
+    // Timers.
+    pub(super) rtt: Rtt,
+    pub(super) rto_at: Option<Instant>,
+    pub(super) tlp_at: Option<Instant>,
+    pub(super) reo_at: Option<Instant>,
+    pub(super) ack_at: Option<Instant>,
+    pub(super) keep_at: Option<Instant>,
+    pub(super) end_at: Option<Instant>,
+    pub(super) pace_ns: u64,
+    pub(super) pace_blocked: bool,
+    pub(super) syn_sent_at: Option<Instant>,
+    pub(super) syn_tries: u32,
+    pub(super) last_progress: Instant,
+    pub(super) keepalive: Option<Duration>,
+    pub(super) keep_probes: u32,
+    pub(super) challenge_at: Instant,
+    pub(super) challenges: u32,
+    // Congestion and loss recovery.
+    pub(super) board: Board,
+    pub(super) cc: Cc,
+    pub(super) recovery: Option<Recovery>,
+    pub(super) rack: Option<(Instant, Seq)>,
+    pub(super) rack_rtt: Duration,
+    pub(super) reordering: bool,
+    pub(super) dupacks: u32,
+    pub(super) tlp_out: bool,
+    pub(super) peak_flight: usize,
+    // Receive window auto-tuning.
+    pub(super) rcv_space: usize,
+    pub(super) rcv_space_at: Instant,
+    pub(super) rcv_rtt_ms: u32,
+    // The application.
+    pub(super) nodelay: bool,
+    pub(super) orphan: bool,
+    pub(super) error: Option<io::ErrorKind>,
+    pub(super) rx_waker: Option<Waker>,
+    pub(super) tx_waker: Option<Waker>,
+    pub(crate) stats: TcpStats,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("state", &self.state)
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .field("snd_una", &self.snd_una)
+            .field("snd_nxt", &self.snd_nxt)
+            .field("rcv_nxt", &self.rcv_nxt)
+            .field("cwnd", &self.cc.cwnd)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The smallest window scale that lets `window` bytes be advertised.
+pub(super) fn scale_for(window: usize) -> u8 {
+    let mut s = 0u8;
+    while s < 14 && (window >> s) > 0xffff {
+        s += 1;
+    }
+    s
+}
+
+/// The MSS assumed when the peer sends none (RFC 9293 section 3.7.1, RFC 8200 section 5).
+pub(super) fn default_mss(remote: IpAddress) -> u16 {
+    match remote {
+        IpAddress::Ipv4(_) => 536,
+        IpAddress::Ipv6(_) => 1220,
+    }
+}
+
+impl Conn {
+    fn new(
+        cfg: TcpConfig,
+        secret: &Secret,
+        local: IpEndpoint,
+        remote: IpEndpoint,
+        sizes: Sizes,
+        now: Instant,
+    ) -> Conn {
+        let iss = secret.isn(local, remote, now);
+        let rcv_cap = cfg.rx_initial.clamp(1, sizes.rx_max.max(1));
+        Conn {
+            state: TcpState::Closed,
+            cfg,
+            local,
+            remote,
+            sizes,
+            iss,
+            snd_una: iss,
+            snd_nxt: iss,
+            snd_wnd: 0,
+            max_snd_wnd: 0,
+            snd_wl1: Seq(0),
+            snd_wl2: Seq(0),
+            snd: Ring::default(),
+            close_requested: false,
+            fin_seq: None,
+            smss: usize::from(default_mss(remote.addr)),
+            snd_wscale: 0,
+            irs: Seq(0),
+            rcv_nxt: Seq(0),
+            rcv: Ring::default(),
+            rcv_cap,
+            rcv_adv: Seq(0),
+            rcv_wscale: scale_for(sizes.rx_max),
+            ooo: Vec::new(),
+            last_ooo: Seq(0),
+            peer_fin: None,
+            fin_rcvd: false,
+            last_ack_sent: Seq(0),
+            sack_ok: false,
+            wscale_ok: false,
+            ts_ok: false,
+            ts_recent: 0,
+            ts_recent_at: now,
+            ts_offset: secret.ts_offset(local, remote),
+            syn_due: false,
+            rst_due: false,
+            rst_due_for: None,
+            ack_now: false,
+            dupacks_owed: 0,
+            unacked_segs: 0,
+            tlp_due: false,
+            win_probe_due: false,
+            keep_probe_due: false,
+            rtt: Rtt::new(cfg.rto_min, cfg.rto_max, cfg.rto_initial),
+            rto_at: None,
+            tlp_at: None,
+            reo_at: None,
+            ack_at: None,
+            keep_at: None,
+            end_at: None,
+            pace_ns: 0,
+            pace_blocked: false,
+            syn_sent_at: None,
+            syn_tries: 0,
+            last_progress: now,
+            keepalive: None,
+            keep_probes: 0,
+            challenge_at: now,
+            challenges: 0,
+            board: Board::default(),
+            cc: Cc::new(cfg.congestion, usize::from(default_mss(remote.addr))),
+            recovery: None,
+            rack: None,
+            rack_rtt: Duration::ZERO,
+            reordering: false,
+            dupacks: 0,
+            tlp_out: false,
+            peak_flight: 0,
+            rcv_space: 0,
+            rcv_space_at: now,
+            rcv_rtt_ms: 0,
+            nodelay: true,
+            orphan: false,
+            error: None,
+            rx_waker: None,
+            tx_waker: None,
+            stats: TcpStats::default(),
+        }
+    }
+
+    /// An active open: SYN-SENT, the SYN due.
+    pub(crate) fn connect(
+        cfg: TcpConfig,
+        secret: &Secret,
+        local: IpEndpoint,
+        remote: IpEndpoint,
+        sizes: Sizes,
+        now: Instant,
+    ) -> Conn {
+        let mut c = Conn::new(cfg, secret, local, remote, sizes, now);
+        c.state = TcpState::SynSent;
+        c.syn_due = true;
+        c.snd_nxt = c.iss;
+        c
+    }
+
+    /// A passive open from a SYN: SYN-RECEIVED, the SYN-ACK due.
+    pub(crate) fn accept(
+        cfg: TcpConfig,
+        secret: &Secret,
+        inn: (IpEndpoint, IpEndpoint),
+        syn: &TcpRepr<'_>,
+        sizes: Sizes,
+        now: Instant,
+    ) -> Conn {
+        let mut c = Conn::new(cfg, secret, inn.0, inn.1, sizes, now);
+        c.state = TcpState::SynReceived;
+        c.irs = Seq(syn.seq_number.0 as u32);
+        c.rcv_nxt = c.irs.plus(1);
+        c.rcv_adv = c.rcv_nxt;
+        c.negotiate(Peer::of(syn), now);
+        c.snd_wnd = usize::from(syn.window_len);
+        c.max_snd_wnd = c.snd_wnd;
+        c.snd_wl1 = c.irs;
+        c.syn_due = true;
+        c
+    }
+
+    /// A connection rebuilt from the ACK of a SYN cookie: ESTABLISHED at once. The ACK itself
+    /// is then fed to [`Conn::input`] (it may carry data).
+    pub(crate) fn from_cookie(
+        cfg: TcpConfig,
+        secret: &Secret,
+        inn: (IpEndpoint, IpEndpoint),
+        ack: &TcpRepr<'_>,
+        info: CookieInfo,
+        sizes: Sizes,
+        now: Instant,
+    ) -> Conn {
+        let mut c = Conn::new(cfg, secret, inn.0, inn.1, sizes, now);
+        let seq = Seq(ack.seq_number.0 as u32);
+        c.irs = seq.minus(1);
+        c.rcv_nxt = seq;
+        c.rcv_adv = seq;
+        c.iss = Seq(ack.ack_number.map_or(0, |a| a.0 as u32)).minus(1);
+        c.snd_una = c.iss.plus(1);
+        c.snd_nxt = c.snd_una;
+        c.snd_wl1 = c.irs;
+        c.snd_wl2 = c.snd_una;
+        // The SYN's options rode in the timestamp this side sent (see `Secret::cookie`).
+        let opts = ack.timestamp.map(|t| t.tsecr & 0x1f);
+        let peer = Peer {
+            mss: Some(info.mss),
+            wscale: opts.and_then(|o| (o & 0xf != 0xf).then_some((o & 0xf) as u8)),
+            sack: opts.is_some_and(|o| o & 0x10 != 0),
+            ts: ack.timestamp.map(|t| t.tsval),
+        };
+        if peer.wscale.is_none() {
+            c.rcv_wscale = 0;
+        }
+        c.negotiate(peer, now);
+        c.snd_wnd = usize::from(ack.window_len) << c.snd_wscale;
+        c.max_snd_wnd = c.snd_wnd;
+        c.state = TcpState::Established;
+        c
+    }
+
+    /// Applies the options of the peer's SYN.
+    pub(super) fn negotiate(&mut self, peer: Peer, now: Instant) {
+        self.wscale_ok = peer.wscale.is_some();
+        match peer.wscale {
+            Some(s) => self.snd_wscale = s.min(14),
+            None => {
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+            }
+        }
+        self.sack_ok = self.cfg.sack && peer.sack;
+        self.ts_ok = self.cfg.timestamps && peer.ts.is_some();
+        if let Some(ts) = peer.ts {
+            self.ts_recent = ts;
+            self.ts_recent_at = now;
+        }
+        let peer_mss = usize::from(peer.mss.unwrap_or_else(|| default_mss(self.remote.addr)));
+        let mss = peer_mss.min(usize::from(self.sizes.mss)).max(64);
+        self.smss = mss - if self.ts_ok { 12 } else { 0 };
+        self.cc.set_mss(self.smss);
+        if self.rcv_wscale == 0 {
+            self.rcv_cap = self.rcv_cap.min(0xffff);
+        }
+    }
+
+    /// Something is due to be sent (then an unknown next hop must be resolved first).
+    pub(crate) fn wants_output(&self) -> bool {
+        self.syn_due
+            || self.rst_due
+            || self.rst_due_for.is_some()
+            || self.ack_now
+            || self.dupacks_owed > 0
+            || self.unsent() > 0
+            || (self.close_requested && self.fin_seq.is_none())
+            || self.board.lost() > 0
+            || self.tlp_due
+            || self.keep_probe_due
+            || self.win_probe_due
+    }
+
+    /// This side's endpoint.
+    pub(crate) fn local(&self) -> IpEndpoint {
+        self.local
+    }
+
+    /// The state.
+    pub(crate) fn state(&self) -> TcpState {
+        self.state
+    }
+
+    /// The error that ended the connection, if one did.
+    pub(crate) fn error(&self) -> Option<io::ErrorKind> {
+        self.error
+    }
+
+    /// The smoothed RTT.
+    pub(crate) fn srtt(&self) -> Option<Duration> {
+        self.rtt.srtt()
+    }
+
+    /// The congestion window, bytes.
+    pub(crate) fn cwnd(&self) -> usize {
+        self.cc.cwnd
+    }
+
+    /// The congestion controller.
+    pub(crate) fn congestion(&self) -> Congestion {
+        self.cc.algo()
+    }
+
+    /// Switches congestion controller.
+    pub(crate) fn set_congestion(&mut self, c: Congestion) {
+        self.cc.set_algo(c);
+    }
+
+    /// The receive window in force (it grows with auto-tuning).
+    pub(crate) fn rcv_window(&self) -> usize {
+        self.rcv_cap
+    }
+
+    /// The peer's window, bytes.
+    pub(crate) fn snd_window(&self) -> usize {
+        self.snd_wnd
+    }
+
+    // ----- the application's calls ----------------------------------------------------------
+
+    /// Bytes ready to read.
+    pub(crate) fn readable(&self) -> usize {
+        self.rcv.len()
+    }
+
+    /// No more data will arrive (FIN received, or the connection ended).
+    pub(crate) fn at_eof(&self) -> bool {
+        self.fin_rcvd || self.state == TcpState::Closed || self.state == TcpState::TimeWait
+    }
+
+    /// Reads into `buf`. Returns the count and whether a window update is worth sending.
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> (usize, bool) {
+        let n = self.rcv.read(buf);
+        if n == 0 {
+            return (0, false);
+        }
+        // Receiver-side silly window avoidance (RFC 9293 3.8.6.2.2): announce the window once
+        // it has grown by a segment or half the buffer.
+        let right = self.rcv_nxt.plus(self.rcv_cap - self.rcv.len());
+        let grown = right.since(self.rcv_adv);
+        let update = grown >= self.smss.min(self.rcv_cap / 2).max(1);
+        if update {
+            self.ack_now = true;
+        }
+        (n, update)
+    }
+
+    /// Room in the send buffer.
+    pub(crate) fn send_room(&self) -> usize {
+        if !self.may_send() {
+            return 0;
+        }
+        self.sizes.tx_max.saturating_sub(self.snd.len())
+    }
+
+    /// The application may still send.
+    pub(crate) fn may_send(&self) -> bool {
+        !self.close_requested
+            && matches!(
+                self.state,
+                TcpState::SynSent
+                    | TcpState::SynReceived
+                    | TcpState::Established
+                    | TcpState::CloseWait
+            )
+    }
+
+    /// Queues as much of `data` as fits. Returns the count.
+    pub(crate) fn write(&mut self, data: &[u8]) -> usize {
+        let n = data.len().min(self.send_room());
+        if n == 0 {
+            return 0;
+        }
+        self.snd
+            .reserve_total(self.snd.len() + n, self.sizes.tx_max);
+        self.snd.push(&data[..n]);
+        n
+    }
+
+    /// Closes for writing: a FIN follows the queued data.
+    pub(crate) fn close(&mut self) {
+        match self.state {
+            TcpState::SynSent => self.set_closed(None),
+            TcpState::SynReceived | TcpState::Established | TcpState::CloseWait => {
+                self.close_requested = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// The application let go: close, and never wait forever for a peer that went quiet. With
+    /// unread data the connection is reset instead (RFC 2525 section 2.17).
+    pub(crate) fn release(&mut self, now: Instant) {
+        self.orphan = true;
+        self.rx_waker = None;
+        self.tx_waker = None;
+        if !self.rcv.is_empty() && !self.at_eof() {
+            return self.abort();
+        }
+        self.close();
+        if self.state == TcpState::FinWait2 {
+            self.end_at = Some(now + self.cfg.fin_wait_2);
+        }
+    }
+
+    /// Resets the connection: a RST is sent, everything dropped.
+    pub(crate) fn abort(&mut self) {
+        if matches!(
+            self.state,
+            TcpState::Closed | TcpState::Listen | TcpState::TimeWait
+        ) {
+            self.set_closed(None);
+            return;
+        }
+        let synsent = self.state == TcpState::SynSent;
+        self.set_closed(Some(io::ErrorKind::ConnectionAborted));
+        // A SYN-SENT connection has nothing to reset.
+        self.rst_due = !synsent;
+    }
+
+    /// Small writes go out at once (true) or wait for what is in flight (Nagle).
+    pub(crate) fn set_nodelay(&mut self, on: bool) {
+        self.nodelay = on;
+    }
+
+    /// Whether small writes go out at once.
+    pub(crate) fn nodelay(&self) -> bool {
+        self.nodelay
+    }
+
+    /// Probes the peer after `interval` of silence (None: off).
+    pub(crate) fn set_keepalive(&mut self, interval: Option<Duration>, now: Instant) {
+        self.keepalive = interval;
+        self.keep_probes = 0;
+        self.keep_at = interval.map(|i| now + i);
+    }
+
+    /// Registers the waker of a reader.
+    pub(crate) fn set_rx_waker(&mut self, w: &Waker) {
+        match &mut self.rx_waker {
+            Some(old) => old.clone_from(w),
+            None => self.rx_waker = Some(w.clone()),
+        }
+    }
+
+    /// Registers the waker of a writer (or of a connect).
+    pub(crate) fn set_tx_waker(&mut self, w: &Waker) {
+        match &mut self.tx_waker {
+            Some(old) => old.clone_from(w),
+            None => self.tx_waker = Some(w.clone()),
+        }
+    }
+
+    pub(super) fn wake_rx(&mut self) {
+        if let Some(w) = self.rx_waker.take() {
+            w.wake();
+        }
+    }
+
+    pub(super) fn wake_tx(&mut self) {
+        if let Some(w) = self.tx_waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Ends the connection with `error` (None: an orderly end). Buffers are given back.
+    pub(super) fn set_closed(&mut self, error: Option<io::ErrorKind>) {
+        if error.is_some() && self.error.is_none() {
+            self.error = error;
+        }
+        self.state = TcpState::Closed;
+        self.free_buffers();
+        self.clear_timers();
+        self.wake_rx();
+        self.wake_tx();
+    }
+
+    pub(super) fn free_buffers(&mut self) {
+        self.snd.free();
+        self.rcv.free();
+        self.ooo = Vec::new();
+        self.board.clear();
+    }
+
+    fn clear_timers(&mut self) {
+        self.rto_at = None;
+        self.tlp_at = None;
+        self.reo_at = None;
+        self.ack_at = None;
+        self.keep_at = None;
+        self.end_at = None;
+        self.syn_due = false;
+        self.tlp_due = false;
+        self.win_probe_due = false;
+        self.keep_probe_due = false;
+        self.ack_now = false;
+        self.dupacks_owed = 0;
+    }
+
+    /// TIME-WAIT: short when PAWS guards against old duplicates; no buffers kept.
+    pub(super) fn enter_time_wait(&mut self, now: Instant) {
+        self.state = TcpState::TimeWait;
+        self.free_buffers();
+        self.rto_at = None;
+        self.tlp_at = None;
+        self.reo_at = None;
+        self.keep_at = None;
+        let wait = if self.ts_ok {
+            self.cfg.time_wait
+        } else {
+            self.cfg.time_wait_no_ts
+        };
+        self.end_at = Some(now + wait);
+        self.wake_rx();
+        self.wake_tx();
+    }
+
+    /// The earliest time this connection needs the clock.
+    pub(crate) fn poll_at(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        for x in [
+            self.rto_at,
+            self.tlp_at,
+            self.reo_at,
+            self.ack_at,
+            self.keep_at,
+            self.end_at,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            t = Some(t.map_or(x, |t| t.min(x)));
+        }
+        if self.pace_blocked {
+            let p = Instant::from_micros((self.pace_ns / 1000) as i64 + 1);
+            t = Some(t.map_or(p, |t| t.min(p)));
+        }
+        t
+    }
+
+    /// This side's timestamp clock (RFC 7323: milliseconds, offset per four-tuple).
+    pub(super) fn ts_now(&self, now: Instant) -> u32 {
+        (now.total_millis() as u32).wrapping_add(self.ts_offset)
+    }
+
+    /// The window the receive side can take from `RCV.NXT` on.
+    pub(super) fn rcv_room(&self) -> usize {
+        self.rcv_cap.saturating_sub(self.rcv.len())
+    }
+
+    /// A challenge ACK (RFC 5961 section 3.2), at most 10 per second per connection.
+    pub(super) fn challenge(&mut self, now: Instant) {
+        if now - self.challenge_at >= Duration::from_secs(1) {
+            self.challenge_at = now;
+            self.challenges = 0;
+        }
+        if self.challenges < 10 {
+            self.challenges += 1;
+            self.ack_now = true;
+            self.stats.challenge_acks += 1;
+        }
+    }
+
+    /// Deals with the timers that are due; what they want sent is flagged for `output`.
+    pub(crate) fn on_time(&mut self, now: Instant) {
+        if self.rto_at.is_some_and(|t| t <= now) {
+            self.rto_at = None;
+            self.on_rto(now);
+        }
+        if self.tlp_at.is_some_and(|t| t <= now) {
+            self.tlp_at = None;
+            if self.recovery.is_none() && !self.board.is_empty() {
+                self.tlp_due = true;
+            }
+        }
+        if self.reo_at.is_some_and(|t| t <= now) {
+            self.reo_at = None;
+            self.detect_losses(now);
+        }
+        if self.ack_at.is_some_and(|t| t <= now) {
+            self.ack_at = None;
+            self.ack_now = true;
+        }
+        if self.keep_at.is_some_and(|t| t <= now) {
+            self.keep_at = None;
+            self.on_keepalive(now);
+        }
+        if self.end_at.is_some_and(|t| t <= now) {
+            self.end_at = None;
+            if matches!(self.state, TcpState::TimeWait | TcpState::FinWait2) {
+                self.set_closed(None);
+            }
+        }
+    }
+
+    fn on_rto(&mut self, now: Instant) {
+        match self.state {
+            TcpState::SynSent | TcpState::SynReceived => {
+                if self.syn_tries > self.cfg.syn_retries {
+                    self.stats.timeouts += 1;
+                    let synsent = self.state == TcpState::SynSent;
+                    self.set_closed(Some(io::ErrorKind::TimedOut));
+                    self.rst_due = !synsent;
+                    return;
+                }
+                self.rtt.back_off();
+                self.syn_due = true;
+            }
+            TcpState::Closed | TcpState::Listen | TcpState::TimeWait => {}
+            _ => {
+                if self.board.is_empty() {
+                    // The persist timer: probe a zero window.
+                    if self.snd_wnd < self.smss && self.unsent() > 0 {
+                        self.rtt.back_off();
+                        self.win_probe_due = true;
+                    }
+                    return;
+                }
+                if now - self.last_progress >= self.cfg.user_timeout {
+                    self.stats.timeouts += 1;
+                    self.set_closed(Some(io::ErrorKind::TimedOut));
+                    self.rst_due = true;
+                    return;
+                }
+                self.stats.rto_expiries += 1;
+                self.rtt.back_off();
+                self.cc.on_rto(self.board.in_flight() + self.board.lost());
+                self.board.mark_all_lost();
+                self.recovery = Some(Recovery {
+                    recover: self.snd_nxt,
+                    timeout: true,
+                    prr_delivered: 0,
+                    prr_out: 0,
+                    recover_fs: 0,
+                });
+                self.tlp_at = None;
+                self.tlp_out = false;
+                self.dupacks = 0;
+            }
+        }
+    }
+
+    fn on_keepalive(&mut self, now: Instant) {
+        let Some(interval) = self.keepalive else {
+            return;
+        };
+        if !matches!(self.state, TcpState::Established | TcpState::CloseWait) {
+            return;
+        }
+        if !self.board.is_empty() {
+            // Data in flight: the retransmission timer watches the peer.
+            self.keep_at = Some(now + interval);
+            return;
+        }
+        if self.keep_probes >= self.cfg.keepalive_probes {
+            self.stats.timeouts += 1;
+            self.set_closed(Some(io::ErrorKind::TimedOut));
+            self.rst_due = true;
+            return;
+        }
+        self.keep_probes += 1;
+        self.keep_probe_due = true;
+        self.keep_at = Some(now + interval);
+    }
+
+    /// The sequence number of the first byte in the send ring: `SND.UNA`, or the byte after
+    /// the SYN while the SYN is unacknowledged.
+    pub(super) fn data_base(&self) -> Seq {
+        self.snd_una.max(self.iss.plus(1))
+    }
+
+    /// Data queued and never sent.
+    pub(super) fn unsent(&self) -> usize {
+        if self.fin_seq.is_some() {
+            return 0;
+        }
+        self.snd
+            .len()
+            .saturating_sub(self.snd_nxt.since(self.data_base()))
+    }
+}

@@ -1,0 +1,606 @@
+//! Segment arrival (RFC 9293 section 3.10.7), with RFC 5961's checks on resets, SYNs and ACKs,
+//! PAWS (RFC 7323), SACK and RACK loss detection, and out-of-order reassembly in place.
+
+use std::io;
+
+use smoltcp::time::{Duration, Instant};
+use smoltcp::wire::{TcpControl, TcpRepr};
+
+use super::board::Delivered;
+use super::conn::{Conn, Peer, Recovery, TcpState};
+use super::seq::Seq;
+
+/// At most this many out-of-order ranges are remembered; a segment that would make another is
+/// dropped (the peer sends it again).
+const MAX_OOO: usize = 64;
+
+/// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
+const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
+
+impl Conn {
+    /// A segment for this connection arrived.
+    pub(crate) fn input(&mut self, now: Instant, seg: &TcpRepr<'_>) {
+        self.stats.segs_in += 1;
+        match self.state {
+            TcpState::Closed | TcpState::Listen => return,
+            TcpState::SynSent => return self.input_syn_sent(now, seg),
+            _ => {}
+        }
+        let rst = seg.control == TcpControl::Rst;
+        let syn = seg.control == TcpControl::Syn;
+        let fin = seg.control == TcpControl::Fin;
+        let seq = Seq(seg.seq_number.0 as u32);
+        let len = seg.payload.len() + usize::from(syn) + usize::from(fin);
+
+        // PAWS (RFC 7323 section 5.3).
+        if self.ts_ok
+            && !rst
+            && let Some(ts) = seg.timestamp
+            && Seq(ts.tsval).lt(Seq(self.ts_recent))
+            && now - self.ts_recent_at < PAWS_IDLE
+        {
+            self.stats.paws_dropped += 1;
+            self.ack_now = true;
+            return;
+        }
+
+        // Is the segment acceptable (RFC 9293 section 3.10.7.4, first check)?
+        let wnd = self.rcv_room().max(self.rcv_adv.since(self.rcv_nxt));
+        let inside = |s: Seq| s.ge(self.rcv_nxt) && s.lt(self.rcv_nxt.plus(wnd));
+        let acceptable = match (len, wnd) {
+            (0, 0) => seq == self.rcv_nxt,
+            (0, _) => inside(seq),
+            (_, 0) => false,
+            _ => inside(seq) || inside(seq.plus(len - 1)),
+        };
+        let mut ack_only = false;
+        if !acceptable {
+            if rst {
+                return;
+            }
+            self.ack_now = true;
+            self.stats.out_of_window += 1;
+            // With the window shut, the ACK of a segment at RCV.NXT still counts.
+            if !(wnd == 0 && seq == self.rcv_nxt) {
+                return;
+            }
+            ack_only = true;
+        }
+
+        // RST (RFC 5961 section 3.2): exactly at RCV.NXT resets, elsewhere in the window only
+        // earns a challenge ACK.
+        if rst {
+            if seq == self.rcv_nxt {
+                self.stats.resets_in += 1;
+                let kind = if self.state == TcpState::SynReceived {
+                    io::ErrorKind::ConnectionRefused
+                } else {
+                    io::ErrorKind::ConnectionReset
+                };
+                self.set_closed(Some(kind));
+            } else {
+                self.challenge(now);
+            }
+            return;
+        }
+
+        // SYN in a synchronized state (RFC 5961 section 4.2).
+        if syn {
+            if self.state == TcpState::SynReceived && seq == self.irs {
+                // Our SYN-ACK was lost: the peer sent its SYN again.
+                self.syn_due = true;
+            } else {
+                self.challenge(now);
+            }
+            return;
+        }
+
+        let Some(ack) = seg.ack_number else {
+            return;
+        };
+        let ack = Seq(ack.0 as u32);
+
+        // TS.Recent (RFC 7323 section 4.3).
+        if self.ts_ok
+            && let Some(ts) = seg.timestamp
+            && Seq(ts.tsval).ge(Seq(self.ts_recent))
+            && seq.le(self.last_ack_sent)
+        {
+            self.ts_recent = ts.tsval;
+            self.ts_recent_at = now;
+        }
+
+        if self.state == TcpState::SynReceived {
+            if ack.gt(self.snd_una) && ack.le(self.snd_nxt) {
+                self.state = TcpState::Established;
+                self.syn_due = false;
+                if self.syn_tries <= 1
+                    && let Some(t) = self.syn_sent_at
+                {
+                    self.rtt.sample(now - t);
+                }
+                self.rto_at = None;
+                self.last_progress = now;
+                self.snd_wl1 = seq;
+                self.snd_wl2 = ack;
+                self.snd_wnd = usize::from(seg.window_len) << self.snd_wscale;
+                self.max_snd_wnd = self.snd_wnd;
+                self.wake_tx();
+            } else {
+                // RFC 9293: an unacceptable ACK in SYN-RECEIVED earns a reset.
+                self.rst_due_for = Some(ack);
+                return;
+            }
+        }
+
+        // The ACK field (RFC 5961 section 5.2).
+        if ack.gt(self.snd_nxt) {
+            self.ack_now = true;
+            return;
+        }
+        if ack.lt(self.snd_una.minus(self.max_snd_wnd.max(self.smss))) {
+            self.challenge(now);
+            return;
+        }
+        self.process_ack(now, seg, seq, ack);
+        if matches!(self.state, TcpState::Closed) || ack_only {
+            return;
+        }
+        if self.state == TcpState::TimeWait {
+            // A retransmitted FIN: ACK it and wait again.
+            if fin {
+                self.ack_now = true;
+                self.enter_time_wait(now);
+            }
+            return;
+        }
+
+        if !seg.payload.is_empty()
+            && matches!(
+                self.state,
+                TcpState::Established | TcpState::FinWait1 | TcpState::FinWait2
+            )
+        {
+            if let Some(ts) = seg.timestamp {
+                self.sample_rcv_rtt(now, ts.tsecr);
+            }
+            self.receive(now, seq, seg.payload);
+        }
+        if fin {
+            let at = seq.plus(seg.payload.len());
+            if at.ge(self.rcv_nxt) {
+                self.peer_fin = Some(at);
+            }
+            self.ack_now = true;
+        }
+        self.take_fin(now);
+        if let Some(i) = self.keepalive {
+            self.keep_probes = 0;
+            self.keep_at = Some(now + i);
+        }
+    }
+
+    /// SYN-SENT (RFC 9293 section 3.10.7.3).
+    fn input_syn_sent(&mut self, now: Instant, seg: &TcpRepr<'_>) {
+        let ack = seg.ack_number.map(|a| Seq(a.0 as u32));
+        if let Some(a) = ack
+            && (a.le(self.iss) || a.gt(self.snd_nxt))
+        {
+            // Not for this attempt: a reset for it, unless it is one.
+            if seg.control != TcpControl::Rst {
+                self.rst_due_for = Some(a);
+            }
+            return;
+        }
+        if seg.control == TcpControl::Rst {
+            if ack.is_some() {
+                self.stats.resets_in += 1;
+                self.set_closed(Some(io::ErrorKind::ConnectionRefused));
+            }
+            return;
+        }
+        if seg.control != TcpControl::Syn {
+            return;
+        }
+        self.irs = Seq(seg.seq_number.0 as u32);
+        self.rcv_nxt = self.irs.plus(1);
+        self.rcv_adv = self.rcv_nxt;
+        self.negotiate(Peer::of(seg), now);
+        self.snd_wl1 = self.irs;
+        match ack {
+            Some(a) => {
+                self.snd_una = a;
+                self.snd_wl2 = a;
+                self.snd_wnd = usize::from(seg.window_len) << self.snd_wscale;
+                self.max_snd_wnd = self.snd_wnd;
+                if self.syn_tries <= 1
+                    && let Some(t) = self.syn_sent_at
+                {
+                    self.rtt.sample(now - t);
+                }
+                self.rto_at = None;
+                self.last_progress = now;
+                self.state = TcpState::Established;
+                self.ack_now = true;
+                self.wake_tx();
+            }
+            None => {
+                // Simultaneous open: answer with a SYN-ACK.
+                self.snd_wnd = usize::from(seg.window_len);
+                self.max_snd_wnd = self.snd_wnd;
+                self.state = TcpState::SynReceived;
+                self.snd_nxt = self.iss;
+                self.syn_due = true;
+            }
+        }
+    }
+
+    /// The receiver's RTT from the timestamp a data segment echoes (RFC 7323 section 4.1), in
+    /// milliseconds, for receive-window auto-tuning. A sender that was idle echoes an old
+    /// value, so the estimate follows a smaller sample at once and a larger one slowly.
+    fn sample_rcv_rtt(&mut self, now: Instant, tsecr: u32) {
+        if !self.ts_ok || tsecr == 0 {
+            return;
+        }
+        let ms = self.ts_now(now).wrapping_sub(tsecr);
+        if ms > 60_000 {
+            return;
+        }
+        let ms = ms.max(1);
+        self.rcv_rtt_ms = if self.rcv_rtt_ms == 0 || ms < self.rcv_rtt_ms {
+            ms
+        } else {
+            (7 * self.rcv_rtt_ms + ms) / 8
+        };
+    }
+
+    /// The ACK, the window and the SACK blocks of an acceptable segment.
+    fn process_ack(&mut self, now: Instant, seg: &TcpRepr<'_>, seq: Seq, ack: Seq) {
+        let mut d = Delivered::default();
+        let mut acked = 0;
+        if ack.gt(self.snd_una) {
+            self.board.ack(ack, now, &mut d);
+            let base = self.data_base();
+            let fin_acked = self.fin_seq.is_some_and(|f| ack.gt(f));
+            let mut data = ack.since(base);
+            if fin_acked {
+                data -= 1;
+            }
+            acked = ack.since(self.snd_una);
+            self.snd.consume(data);
+            self.snd_una = ack;
+            self.last_progress = now;
+            self.dupacks = 0;
+            self.tlp_out = false;
+            if self.snd.len() < self.sizes.tx_max {
+                self.wake_tx();
+            }
+            if fin_acked {
+                self.our_fin_acked(now);
+                if self.state == TcpState::Closed || self.state == TcpState::TimeWait {
+                    return;
+                }
+            }
+        } else if ack == self.snd_una
+            && seg.payload.is_empty()
+            && seg.control == TcpControl::None
+            && !self.board.is_empty()
+            && (usize::from(seg.window_len) << self.snd_wscale) == self.snd_wnd
+        {
+            self.dupacks += 1;
+        }
+
+        // The send window (RFC 9293 section 3.10.7.4, the fifth check).
+        if self.snd_wl1.lt(seq) || (self.snd_wl1 == seq && self.snd_wl2.le(ack)) {
+            let wnd = usize::from(seg.window_len) << self.snd_wscale;
+            if wnd > self.snd_wnd {
+                self.wake_tx();
+            }
+            if wnd == 0 && self.snd_wnd == 0 {
+                // The peer answers our zero-window probes: it is alive.
+                self.last_progress = now;
+            }
+            self.snd_wnd = wnd;
+            self.max_snd_wnd = self.max_snd_wnd.max(wnd);
+            self.snd_wl1 = seq;
+            self.snd_wl2 = ack;
+        }
+
+        if self.sack_ok {
+            for &(l, r) in seg.sack_ranges.iter().flatten() {
+                let (l, r) = (Seq(l), Seq(r));
+                if l.gt(self.snd_una) && r.gt(l) && r.le(self.snd_nxt) {
+                    self.board.sack(l, r, self.snd_una, now, &mut d);
+                } else if r.le(self.snd_una) {
+                    // A D-SACK (RFC 2883): a retransmission was not needed; reordering.
+                    self.reordering = true;
+                }
+            }
+        }
+        if let Some(r) = d.rtt {
+            self.rtt.sample(r);
+        }
+        if let Some(n) = d.newest {
+            let newer = self
+                .rack
+                .is_none_or(|(t, e)| n.0 > t || (n.0 == t && n.1.gt(e)));
+            if newer {
+                self.rack = Some(n);
+                self.rack_rtt = now - n.0;
+            }
+        }
+        self.detect_losses(now);
+
+        // The window: PRR in fast recovery, slow start after a timeout, the controller
+        // otherwise.
+        let mss = self.smss;
+        if let Some(rec) = &mut self.recovery
+            && self.snd_una.ge(rec.recover)
+        {
+            if !rec.timeout {
+                self.cc.cwnd = self.cc.ssthresh.max(2 * mss);
+            }
+            self.recovery = None;
+        }
+        match &mut self.recovery {
+            Some(rec) if !rec.timeout => {
+                rec.prr_delivered += d.bytes;
+                let pipe = self.board.in_flight();
+                let ssthresh = self.cc.ssthresh;
+                let sndcnt = if pipe > ssthresh {
+                    (rec.prr_delivered * ssthresh)
+                        .div_ceil(rec.recover_fs.max(1))
+                        .saturating_sub(rec.prr_out)
+                } else {
+                    // Slow start reduction bound (RFC 6937 section 3.1).
+                    let limit = rec.prr_delivered.saturating_sub(rec.prr_out).max(d.bytes) + mss;
+                    (ssthresh - pipe).min(limit)
+                };
+                self.cc.cwnd = (pipe + sndcnt).max(mss);
+            }
+            _ => {
+                let srtt = self.rtt.srtt().unwrap_or(Duration::from_millis(1));
+                let limited = if self.cc.slow_start() {
+                    2 * self.peak_flight < self.cc.cwnd
+                } else {
+                    self.peak_flight + 3 * mss < self.cc.cwnd
+                };
+                self.cc.on_ack(now, d.bytes, srtt, limited);
+                self.peak_flight = self.board.in_flight();
+            }
+        }
+
+        // Timers (RFC 6298 section 5.2 and 5.3).
+        if self.board.is_empty() {
+            self.rto_at = None;
+            self.tlp_at = None;
+            self.reo_at = None;
+        } else if acked > 0 {
+            self.rto_at = Some(now + self.rtt.rto());
+            self.arm_tlp(now);
+        }
+    }
+
+    /// Loss detection on the board: RACK with SACK, three duplicate ACKs or a partial ACK
+    /// without. A loss starts recovery.
+    pub(super) fn detect_losses(&mut self, now: Instant) {
+        if self.sack_ok {
+            if let Some(rack) = self.rack {
+                let (_, timer) = self
+                    .board
+                    .rack_detect(rack, self.rack_rtt, self.reo_wnd(), now);
+                self.reo_at = timer;
+            }
+        } else if self.dupacks >= 3 || (self.recovery.is_some() && self.dupacks == 0) {
+            // RFC 5681's third duplicate ACK, or RFC 6582's partial ACK: the first hole.
+            if self.dupacks >= 3 {
+                self.dupacks = 0;
+            }
+            self.board.mark_first_lost();
+        }
+        if self.board.lost() > 0 && self.recovery.is_none() {
+            let flight = self.board.in_flight() + self.board.lost();
+            self.cc.on_loss(flight);
+            self.recovery = Some(Recovery {
+                recover: self.snd_nxt,
+                timeout: false,
+                prr_delivered: 0,
+                prr_out: 0,
+                recover_fs: self.snd_nxt.since(self.snd_una),
+            });
+            self.stats.fast_recoveries += 1;
+            self.tlp_at = None;
+        }
+    }
+
+    /// RACK's reordering window (RFC 8985 section 6.2, step 4): none in recovery unless
+    /// reordering was seen, else a quarter of the minimum RTT, never more than SRTT.
+    fn reo_wnd(&self) -> Duration {
+        if !self.reordering && (self.recovery.is_some() || self.board.sacked() >= 3 * self.smss) {
+            return Duration::ZERO;
+        }
+        let min = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
+        let q = Duration::from_micros(min.total_micros() / 4);
+        self.rtt.srtt().map_or(q, |s| q.min(s))
+    }
+
+    /// Arms the tail loss probe (RFC 8985 section 7.2): 2 SRTT, plus the peer's worst
+    /// delayed ACK when a single segment is in flight, never later than the RTO.
+    pub(super) fn arm_tlp(&mut self, now: Instant) {
+        if !self.sack_ok || self.recovery.is_some() || self.tlp_out {
+            return;
+        }
+        let Some(srtt) = self.rtt.srtt() else {
+            return;
+        };
+        let mut pto = srtt * 2;
+        if self.board.len() == 1 {
+            pto += Duration::from_millis(200);
+        }
+        let pto = pto.max(Duration::from_millis(10)).min(self.rtt.rto());
+        self.tlp_at = Some(now + pto);
+    }
+
+    /// Our FIN was acknowledged.
+    fn our_fin_acked(&mut self, now: Instant) {
+        match self.state {
+            TcpState::FinWait1 => {
+                self.state = TcpState::FinWait2;
+                if self.orphan {
+                    self.end_at = Some(now + self.cfg.fin_wait_2);
+                }
+            }
+            TcpState::Closing => self.enter_time_wait(now),
+            TcpState::LastAck => self.set_closed(None),
+            _ => {}
+        }
+        self.rto_at = None;
+        self.tlp_at = None;
+    }
+
+    /// In-window data at `seq`: placed where it belongs in the receive ring; `RCV.NXT` moves
+    /// over what is now contiguous.
+    fn receive(&mut self, now: Instant, seq: Seq, payload: &[u8]) {
+        let (mut seq, mut data) = (seq, payload);
+        if seq.lt(self.rcv_nxt) {
+            let cut = self.rcv_nxt.since(seq);
+            if cut >= data.len() {
+                self.ack_now = true;
+                return;
+            }
+            data = &data[cut..];
+            seq = self.rcv_nxt;
+        }
+        let room = self.rcv_room();
+        let off = seq.since(self.rcv_nxt);
+        if off >= room {
+            self.ack_now = true;
+            return;
+        }
+        let n = data.len().min(room - off);
+        let (start, end) = (seq, seq.plus(n));
+        if off > 0
+            && self.ooo.len() >= MAX_OOO
+            && !self.ooo.iter().any(|&(s, e)| s.le(end) && e.ge(start))
+        {
+            self.ack_now = true;
+            return;
+        }
+        let at = self.rcv.len() + off;
+        self.rcv.reserve_total(at + n, self.rcv_cap);
+        self.rcv.write_at(at, &data[..n]);
+        if off == 0 {
+            let had_holes = !self.ooo.is_empty();
+            self.advance(now, n);
+            if had_holes {
+                self.ack_now = true;
+            } else {
+                self.unacked_segs += 1;
+                if self.unacked_segs >= 2 {
+                    self.ack_now = true;
+                } else if self.ack_at.is_none() {
+                    self.ack_at = Some(now + self.cfg.ack_delay);
+                }
+            }
+            self.wake_rx();
+        } else {
+            self.insert_ooo(start, end);
+            self.last_ooo = start;
+            self.ack_now = true;
+            if !self.sack_ok {
+                self.dupacks_owed = (self.dupacks_owed + 1).min(3);
+            }
+        }
+    }
+
+    /// Moves `RCV.NXT` over `n` bytes written at it, then over the out-of-order ranges that
+    /// now touch it.
+    fn advance(&mut self, now: Instant, n: usize) {
+        let mut moved = n;
+        self.rcv.extend(n);
+        self.rcv_nxt = self.rcv_nxt.plus(n);
+        while let Some(&(s, e)) = self.ooo.first() {
+            if s.gt(self.rcv_nxt) {
+                break;
+            }
+            if e.gt(self.rcv_nxt) {
+                let k = e.since(self.rcv_nxt);
+                self.rcv.extend(k);
+                self.rcv_nxt = e;
+                moved += k;
+            }
+            self.ooo.remove(0);
+        }
+        self.stats.bytes_in += moved as u64;
+        self.autotune(now, moved);
+    }
+
+    fn insert_ooo(&mut self, start: Seq, end: Seq) {
+        let i = self
+            .ooo
+            .partition_point(|&(s, _)| s.since(self.rcv_nxt) < start.since(self.rcv_nxt));
+        self.ooo.insert(i, (start, end));
+        // Merge with neighbours.
+        let mut j = i.saturating_sub(1);
+        while j + 1 < self.ooo.len() {
+            let (a, b) = (self.ooo[j], self.ooo[j + 1]);
+            if b.0.le(a.1) {
+                self.ooo[j].1 = a.1.max(b.1);
+                self.ooo.remove(j + 1);
+            } else if j >= i {
+                break;
+            } else {
+                j += 1;
+            }
+        }
+    }
+
+    /// Receive-window auto-tuning: once per receiver RTT, let the window reach twice what
+    /// arrived in that RTT plus room for the sender's slow start, up to the configured most.
+    fn autotune(&mut self, now: Instant, n: usize) {
+        self.rcv_space += n;
+        let rtt = if self.rcv_rtt_ms > 0 {
+            Duration::from_millis(u64::from(self.rcv_rtt_ms))
+        } else {
+            self.rtt.srtt().unwrap_or(Duration::from_millis(1))
+        };
+        if now - self.rcv_space_at < rtt {
+            return;
+        }
+        let target = 2 * self.rcv_space + 16 * self.smss;
+        let max = if self.rcv_wscale == 0 {
+            self.sizes.rx_max.min(0xffff)
+        } else {
+            self.sizes.rx_max
+        };
+        if target > self.rcv_cap {
+            self.rcv_cap = target.min(max);
+        }
+        self.rcv_space = 0;
+        self.rcv_space_at = now;
+    }
+
+    /// The peer's FIN, once everything before it arrived.
+    fn take_fin(&mut self, now: Instant) {
+        let Some(f) = self.peer_fin else {
+            return;
+        };
+        if f != self.rcv_nxt || self.fin_rcvd {
+            return;
+        }
+        self.peer_fin = None;
+        self.fin_rcvd = true;
+        self.rcv_nxt = self.rcv_nxt.plus(1);
+        self.ack_now = true;
+        self.wake_rx();
+        match self.state {
+            TcpState::SynReceived | TcpState::Established => self.state = TcpState::CloseWait,
+            TcpState::FinWait1 => {
+                // Our FIN is not yet acknowledged (else we would be in FIN-WAIT-2).
+                self.state = TcpState::Closing;
+            }
+            TcpState::FinWait2 => self.enter_time_wait(now),
+            _ => {}
+        }
+    }
+}

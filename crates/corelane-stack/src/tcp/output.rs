@@ -1,0 +1,395 @@
+//! What a connection sends now: a reset, a SYN, the holes the scoreboard marks lost, a tail
+//! loss probe, new data within the congestion and peer windows (paced), a FIN, and ACKs
+//! carrying the window, timestamps and SACK blocks.
+
+use smoltcp::time::Instant;
+use smoltcp::wire::{IpEndpoint, TcpRepr};
+
+use super::TcpConfig;
+use super::conn::{Conn, Sizes, TcpState, default_mss, scale_for};
+use super::secret::Secret;
+use super::seq::Seq;
+use super::wire::{FIN, Out, PSH, RST, SYN};
+
+fn now_ns(now: Instant) -> u64 {
+    now.total_micros().max(0) as u64 * 1000
+}
+
+impl Conn {
+    /// The fields every segment after the handshake carries: the ACK, the window, the
+    /// timestamps and the SACK blocks. Sending them settles any ACK owed.
+    fn header(&mut self, now: Instant) -> Out<'static> {
+        let ws = self.rcv_wscale;
+        let room = self.rcv_room();
+        let right = self.rcv_nxt.plus(room).max(self.rcv_adv);
+        let win = right.since(self.rcv_nxt);
+        let mut field = win >> ws;
+        if (field << ws) < self.rcv_adv.since(self.rcv_nxt) {
+            // Never move the right edge back (RFC 9293 section 3.8.6.2.2).
+            field += 1;
+        }
+        let field = field.min(0xffff);
+        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt.plus(field << ws));
+        self.last_ack_sent = self.rcv_nxt;
+        self.ack_now = false;
+        self.ack_at = None;
+        self.unacked_segs = 0;
+        let mut o = Out {
+            seq: self.snd_nxt,
+            ack: Some(self.rcv_nxt),
+            window: field as u16,
+            ..Out::default()
+        };
+        if self.ts_ok {
+            o.ts = Some((self.ts_now(now), self.ts_recent));
+        }
+        if self.sack_ok && !self.ooo.is_empty() {
+            // The block holding the newest arrival first (RFC 2018 section 4), then the
+            // highest.
+            let last = self.last_ooo;
+            let mut k = 0;
+            if let Some(&b) = self.ooo.iter().find(|(s, e)| s.le(last) && e.gt(last)) {
+                o.sack[0] = b;
+                k = 1;
+            }
+            for &b in self.ooo.iter().rev() {
+                if k == 3 {
+                    break;
+                }
+                if k == 1 && b == o.sack[0] {
+                    continue;
+                }
+                o.sack[k] = b;
+                k += 1;
+            }
+            o.nsack = k;
+        }
+        o
+    }
+
+    fn pace_ok(&self, now: Instant) -> bool {
+        !self.cfg.pacing || self.pace_ns <= now_ns(now)
+    }
+
+    /// Moves the pacing clock past `bytes` at twice (slow start) or 1.2 times (congestion
+    /// avoidance) the rate of one window per SRTT, allowing bursts of `burst` segments.
+    fn paced(&mut self, now: Instant, bytes: usize) {
+        if !self.cfg.pacing {
+            return;
+        }
+        let Some(srtt) = self.rtt.srtt() else {
+            return;
+        };
+        let factor = if self.cc.slow_start() { 2.0 } else { 1.2 };
+        let rate = self.cc.cwnd as f64 * factor / (srtt.total_micros().max(1) as f64 * 1000.0);
+        let gap = (bytes as f64 / rate) as u64;
+        let burst = ((self.cfg.burst.max(1) * self.smss) as f64 / rate) as u64;
+        let t = now_ns(now);
+        self.pace_ns = self.pace_ns.max(t.saturating_sub(burst)) + gap;
+    }
+
+    /// Sends the data (and FIN) of `[start, end)` from the send ring.
+    fn send_range(
+        &mut self,
+        now: Instant,
+        start: Seq,
+        end: Seq,
+        fin: bool,
+        emit: &mut dyn FnMut(&Out<'_>) -> bool,
+    ) -> bool {
+        let len = end.since(start) - usize::from(fin);
+        let off = start.since(self.data_base());
+        let mut o = self.header(now);
+        o.seq = start;
+        o.flags = if fin { FIN } else { 0 };
+        if off + len == self.snd.len() && len > 0 {
+            o.flags |= PSH;
+        }
+        o.payload = self.snd.slices(off, len);
+        let ok = emit(&o);
+        if ok {
+            self.stats.segs_out += 1;
+            self.paced(now, len + 64);
+        } else {
+            self.ack_now = true;
+        }
+        ok
+    }
+
+    fn send_syn(&mut self, now: Instant, emit: &mut dyn FnMut(&Out<'_>) -> bool) -> bool {
+        let active = self.state == TcpState::SynSent;
+        let o = Out {
+            seq: self.iss,
+            ack: (!active).then_some(self.rcv_nxt),
+            flags: SYN,
+            window: self.rcv_cap.min(0xffff) as u16,
+            mss: Some(self.sizes.mss),
+            wscale: (active || self.wscale_ok).then_some(self.rcv_wscale),
+            sack_perm: if active { self.cfg.sack } else { self.sack_ok },
+            ts: if active && self.cfg.timestamps {
+                Some((self.ts_now(now), 0))
+            } else if self.ts_ok {
+                Some((self.ts_now(now), self.ts_recent))
+            } else {
+                None
+            },
+            ..Out::default()
+        };
+        if !emit(&o) {
+            return false;
+        }
+        self.stats.segs_out += 1;
+        self.syn_due = false;
+        self.syn_tries += 1;
+        self.syn_sent_at = Some(now);
+        self.snd_nxt = self.iss.plus(1);
+        self.rto_at = Some(now + self.rtt.rto());
+        true
+    }
+
+    /// Sends what is due now, at most `budget` segments; `emit` writes one into a frame and
+    /// returns false when no frame is free. Returns the segments sent.
+    pub(crate) fn output(
+        &mut self,
+        now: Instant,
+        budget: usize,
+        emit: &mut dyn FnMut(&Out<'_>) -> bool,
+    ) -> usize {
+        let mut n = 0;
+        self.pace_blocked = false;
+        if let Some(seq) = self.rst_due_for.take() {
+            let o = Out {
+                seq,
+                flags: RST,
+                ..Out::default()
+            };
+            if emit(&o) {
+                n += 1;
+                self.stats.resets_out += 1;
+            }
+        }
+        if self.rst_due {
+            self.rst_due = false;
+            let o = Out {
+                seq: self.snd_nxt,
+                ack: Some(self.rcv_nxt),
+                flags: RST,
+                ..Out::default()
+            };
+            if emit(&o) {
+                n += 1;
+                self.stats.resets_out += 1;
+            }
+            return n;
+        }
+        match self.state {
+            TcpState::Closed | TcpState::Listen => return n,
+            TcpState::SynSent | TcpState::SynReceived => {
+                if self.syn_due && self.send_syn(now, emit) {
+                    n += 1;
+                }
+                return n;
+            }
+            TcpState::TimeWait => {
+                if self.ack_now {
+                    let o = self.header(now);
+                    if emit(&o) {
+                        self.stats.segs_out += 1;
+                        n += 1;
+                    }
+                }
+                return n;
+            }
+            _ => {}
+        }
+
+        // The holes first.
+        while n < budget {
+            let Some((i, s)) = self.board.next_lost() else {
+                break;
+            };
+            let flight = self.board.in_flight();
+            if flight > 0 && flight + s.len() > self.cc.cwnd {
+                break;
+            }
+            if !self.pace_ok(now) {
+                self.pace_blocked = true;
+                break;
+            }
+            if !self.send_range(now, s.start, s.end, s.fin, emit) {
+                return n;
+            }
+            self.board.resent(i, now);
+            self.sent_again(s.len() - usize::from(s.fin));
+            if self.rto_at.is_none() {
+                self.rto_at = Some(now + self.rtt.rto());
+            }
+            n += 1;
+        }
+
+        // A tail loss probe: new data if there is some, else the last segment again.
+        let mut force = false;
+        if self.tlp_due && n < budget {
+            self.tlp_due = false;
+            self.tlp_out = true;
+            self.stats.tail_probes += 1;
+            if self.unsent() > 0 && self.snd_una.plus(self.snd_wnd).gt(self.snd_nxt) {
+                force = true;
+            } else if let Some(s) = self.board.back().copied() {
+                if !self.send_range(now, s.start, s.end, s.fin, emit) {
+                    return n;
+                }
+                self.board.probe_last(now);
+                self.sent_again(s.len() - usize::from(s.fin));
+                n += 1;
+            }
+            self.rto_at = Some(now + self.rtt.rto());
+        }
+
+        // New data.
+        while n < budget {
+            let unsent = self.unsent();
+            let fin_ready = self.close_requested
+                && self.fin_seq.is_none()
+                && matches!(self.state, TcpState::Established | TcpState::CloseWait);
+            if unsent == 0 && !fin_ready {
+                break;
+            }
+            let wnd_room = self.snd_una.plus(self.snd_wnd).since(self.snd_nxt);
+            let flight = self.board.in_flight();
+            let cwnd_room = if force {
+                self.smss
+            } else {
+                self.cc.cwnd.saturating_sub(flight)
+            };
+            let want = unsent.min(self.smss);
+            let mut len = want.min(wnd_room).min(cwnd_room);
+            if len < want {
+                if wnd_room == 0 && self.win_probe_due {
+                    // The persist timer fired: one byte past the closed window.
+                    self.win_probe_due = false;
+                    len = 1;
+                } else if cwnd_room < want && len < self.smss {
+                    // Wait for ACKs rather than send a runt.
+                    break;
+                } else if len == 0 || len < self.max_snd_wnd / 2 {
+                    // Sender silly window avoidance (RFC 9293 section 3.8.6.2.1): wait for
+                    // the window to open; the persist timer probes a closed one.
+                    if self.board.is_empty() && self.rto_at.is_none() {
+                        self.rto_at = Some(now + self.rtt.rto());
+                    }
+                    break;
+                }
+            }
+            // Nagle (RFC 896): a short tail waits for what is in flight, unless nodelay.
+            if len > 0 && len < self.smss && len == unsent && !self.nodelay && flight > 0 {
+                break;
+            }
+            let fin = fin_ready && len == unsent;
+            if len == 0 && !fin {
+                break;
+            }
+            if !force && !self.pace_ok(now) {
+                self.pace_blocked = true;
+                break;
+            }
+            let start = self.snd_nxt;
+            let end = start.plus(len + usize::from(fin));
+            if !self.send_range(now, start, end, fin, emit) {
+                return n;
+            }
+            self.board.push(start, end, fin, now);
+            self.snd_nxt = end;
+            self.stats.bytes_out += len as u64;
+            if let Some(rec) = &mut self.recovery {
+                rec.prr_out += len;
+            }
+            if fin {
+                self.fin_seq = Some(start.plus(len));
+                self.state = match self.state {
+                    TcpState::CloseWait => TcpState::LastAck,
+                    _ => TcpState::FinWait1,
+                };
+            }
+            if self.rto_at.is_none() {
+                self.rto_at = Some(now + self.rtt.rto());
+            }
+            if !force {
+                self.arm_tlp(now);
+            }
+            self.peak_flight = self.peak_flight.max(self.board.in_flight());
+            n += 1;
+            if fin || force {
+                break;
+            }
+        }
+
+        if self.keep_probe_due {
+            // A keep-alive probe: an old sequence number the peer must ACK (RFC 1122 4.2.3.6).
+            self.keep_probe_due = false;
+            let mut o = self.header(now);
+            o.seq = self.snd_una.minus(1);
+            if emit(&o) {
+                self.stats.segs_out += 1;
+                n += 1;
+            }
+        }
+        if self.ack_now || self.dupacks_owed > 0 {
+            // Without SACK, each out-of-order segment earns its own duplicate ACK.
+            let k = self.dupacks_owed.max(1);
+            self.dupacks_owed = 0;
+            for _ in 0..k {
+                let o = self.header(now);
+                if !emit(&o) {
+                    self.ack_now = true;
+                    break;
+                }
+                self.stats.segs_out += 1;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn sent_again(&mut self, bytes: usize) {
+        self.stats.retrans_segs += 1;
+        self.stats.retrans_bytes += bytes as u64;
+        if let Some(rec) = &mut self.recovery {
+            rec.prr_out += bytes;
+        }
+    }
+}
+
+/// The SYN-ACK of a listener whose SYN backlog is full: its ISN is a SYN cookie, and when the
+/// SYN had timestamps the low bits of this side's TSval carry the peer's window scale and
+/// SACK-permitted, so nothing need be kept (RFC 4987 section 3.6). Without timestamps the
+/// connection does without window scaling and SACK.
+pub(crate) fn cookie_syn_ack(
+    cfg: &TcpConfig,
+    secret: &Secret,
+    (local, remote): (IpEndpoint, IpEndpoint),
+    syn: &TcpRepr<'_>,
+    sizes: Sizes,
+    now: Instant,
+) -> Out<'static> {
+    let peer_isn = Seq(syn.seq_number.0 as u32);
+    let peer_mss = syn.max_seg_size.unwrap_or_else(|| default_mss(remote.addr));
+    let isn = secret.cookie(local, remote, peer_isn, peer_mss.min(sizes.mss), now);
+    let ts = syn.timestamp.filter(|_| cfg.timestamps).map(|t| {
+        let ws = syn.window_scale.map_or(0xf, |w| u32::from(w.min(14)));
+        let sack = u32::from(cfg.sack && syn.sack_permitted);
+        let clock = (now.total_millis() as u32).wrapping_add(secret.ts_offset(local, remote));
+        ((clock & !0x1f) | ws | sack << 4, t.tsval)
+    });
+    Out {
+        seq: isn,
+        ack: Some(peer_isn.plus(1)),
+        flags: SYN,
+        window: cfg.rx_initial.min(sizes.rx_max).min(0xffff) as u16,
+        mss: Some(sizes.mss),
+        wscale: ts.and(syn.window_scale).map(|_| scale_for(sizes.rx_max)),
+        sack_perm: ts.is_some() && cfg.sack && syn.sack_permitted,
+        ts,
+        ..Out::default()
+    }
+}

@@ -1,4 +1,5 @@
-//! Test hosts for corelane: uniquely named network namespaces joined by a veth pair.
+//! Test hosts for corelane: uniquely named network namespaces joined by a veth pair, or by a
+//! router that drops, duplicates and rate-limits ([`LossyPath`]).
 //!
 //! ```no_run
 //! use corelane_testnet::VethPair;
@@ -17,6 +18,10 @@
 //! when the [`VethPair`] (or a lone [`Netns`]) is dropped, including while a test panics. Names
 //! carry the creating process id; namespaces left by a process that no longer exists (one killed
 //! with SIGKILL, say) are removed the next time a namespace is created.
+
+mod lossy;
+
+pub use lossy::{Loss, LossyBuilder, LossyPath, PathCounters};
 
 use std::ffi::CString;
 use std::fs::File;

@@ -52,7 +52,8 @@ pub use corelane_rt::{
 };
 pub use corelane_stack::smoltcp;
 pub use corelane_stack::{
-    DeviceStats, PipelineStats, StackConfig, StackError, StackStats, TcpState,
+    Congestion, DeviceStats, PipelineStats, StackConfig, StackError, StackStats, TcpConfig,
+    TcpInfo, TcpState, TcpStats,
 };
 /// Machine topology and the placement planner (hwloc): plan against this machine or a
 /// described one.

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corelane_stack::{FlowId, Proto, TcpState};
+use corelane_stack::{Congestion, FlowId, Proto, TcpInfo, TcpState};
 
 use super::{Conn, OwnedReadHalf, OwnedWriteHalf, async_read, async_write};
 use crate::lane::{Core, current};
@@ -151,6 +151,28 @@ impl TcpStream {
             .stack()
             .tcp_state(self.conn.id)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "the connection is gone"))
+    }
+
+    /// What the connection knows of its path and what it did: smoothed RTT, congestion and
+    /// peer windows, the receive window auto-tuning reached, retransmissions and timeouts.
+    ///
+    /// # Errors
+    /// `NotConnected` once the connection is gone.
+    pub fn info(&self) -> io::Result<TcpInfo> {
+        self.conn
+            .core
+            .stack()
+            .tcp_info(self.conn.id)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "the connection is gone"))
+    }
+
+    /// Switches this connection's congestion controller (every new connection starts with
+    /// [`TcpConfig::congestion`](corelane_stack::TcpConfig::congestion), CUBIC by default).
+    ///
+    /// # Errors
+    /// `NotConnected` once the connection is gone.
+    pub fn set_congestion(&self, cc: Congestion) -> io::Result<()> {
+        self.conn.core.stack().tcp_set_congestion(self.conn.id, cc)
     }
 
     /// Splits into a read half and a write half that can move to different tasks (of this

@@ -1,0 +1,423 @@
+//! corelane's TCP against the kernel's through a lossy router, in the same run.
+//!
+//! Client namespace - router namespace (a bridge that drops a share of the frames each way and
+//! can duplicate some) - server namespace, where a kernel server and a corelane server each
+//! send the same `--mib` MiB to a kernel client that hashes what arrives. For each scenario
+//! (loss in the data direction, loss on the ACK path, loss with duplication) and each setup it
+//! reports goodput, the longest stall between two reads that brought data, the sender's
+//! retransmitted segments against the data frames the router dropped, and whether the SHA-256
+//! of what arrived matches.
+//!
+//! ```text
+//! cargo run --release -p corelane-bench --bin lossy -- --mib 64 --loss 0,0.1,1,2,5,10
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use corelane::Runtime;
+use corelane_bench::{markdown_table, pin};
+use corelane_testnet::{Loss, LossyPath};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const KERNEL: &str = "10.81.0.1";
+const CORELANE: &str = "10.81.0.3";
+const PORT: u16 = 5010;
+const PATTERN: usize = 1 << 20;
+
+#[derive(Parser, Debug)]
+#[command(about = "corelane's TCP against the kernel's through a lossy router")]
+struct Args {
+    /// MiB sent per transfer.
+    #[arg(long, default_value_t = 64)]
+    mib: usize,
+    /// Loss rates in the data direction, percent.
+    #[arg(long, value_delimiter = ',', default_value = "0,0.1,1,2,5,10")]
+    loss: Vec<f64>,
+    /// Loss on the ACK path for the ACK-loss scenario, percent (0: no such scenario).
+    #[arg(long, default_value_t = 5.0)]
+    ack_loss: f64,
+    /// Duplication in the data direction for the duplication scenario (with 1% loss), percent
+    /// (0: no such scenario).
+    #[arg(long, default_value_t = 2.0)]
+    dup: f64,
+    /// A bottleneck toward the client, Mbit/s (none by default).
+    #[arg(long)]
+    rate: Option<u32>,
+    /// Repetitions of each scenario and setup (the median goodput is reported).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Seconds a transfer may take before it counts as failed.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+    /// Setups: kernel, corelane.
+    #[arg(long, value_delimiter = ',', default_value = "kernel,corelane")]
+    setups: Vec<String>,
+    /// Where lossy.md and lossy.json go.
+    #[arg(long, default_value = "target/lossy")]
+    out: PathBuf,
+}
+
+/// The bytes every server sends: a repeating 1 MiB pattern.
+fn pattern() -> Vec<u8> {
+    (0..PATTERN)
+        .map(|i| (i.wrapping_mul(31) ^ (i >> 9)) as u8)
+        .collect()
+}
+
+fn expected_hash(total: usize, pat: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(pat.len());
+        h.update(&pat[..n]);
+        left -= n;
+    }
+    h.finalize().into()
+}
+
+/// What the sender reports after a transfer.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+struct Sent {
+    retrans_segs: u64,
+    rto: u64,
+}
+
+/// One transfer's figures.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct Run {
+    setup: String,
+    data_loss: f64,
+    ack_loss: f64,
+    dup: f64,
+    ok: bool,
+    error: Option<String>,
+    mbit: f64,
+    seconds: f64,
+    max_stall_ms: f64,
+    retrans_segs: u64,
+    rto: u64,
+    dropped_data_frames: u64,
+    dropped_ack_frames: u64,
+}
+
+fn kernel_server(net: &LossyPath, total: usize, tx: mpsc::Sender<Sent>) -> Result<(), String> {
+    let l = net
+        .server_ns()
+        .run(|| TcpListener::bind((KERNEL, PORT)))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("kernel server: {e}"))?;
+    net.server_ns()
+        .spawn(move || {
+            pin(0);
+            let pat = pattern();
+            while let Ok((mut s, _)) = l.accept() {
+                let mut left = total;
+                while left > 0 {
+                    let n = left.min(pat.len());
+                    if s.write_all(&pat[..n]).is_err() {
+                        break;
+                    }
+                    left -= n;
+                }
+                let _ = s.shutdown(Shutdown::Write);
+                let _ = s.read(&mut [0u8; 64]);
+                let _ = tx.send(kernel_retrans(&s));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// The kernel's retransmission counters of `s` (TCP_INFO).
+fn kernel_retrans(s: &TcpStream) -> Sent {
+    use std::os::fd::AsRawFd;
+    // SAFETY: tcp_info is plain data; zeroed is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the descriptor is open for the call; info and len are valid for writes of the
+    // sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Sent::default();
+    }
+    Sent {
+        retrans_segs: u64::from(info.tcpi_total_retrans),
+        rto: 0,
+    }
+}
+
+fn corelane_server(
+    net: &LossyPath,
+    total: usize,
+    tx: mpsc::Sender<Sent>,
+) -> Result<corelane::StopHandle, String> {
+    let ifname = net.server_if().to_string();
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    net.server_ns()
+        .spawn(move || -> Result<(), String> {
+            let rt = Runtime::builder(&ifname)
+                .addr(format!("{CORELANE}/24").parse().map_err(|_| "address")?)
+                .cpus(vec![0])
+                .build()
+                .map_err(|e| e.to_string())?;
+            let _ = stop_tx.send(rt.stop_handle());
+            let ready_tx = std::sync::Mutex::new(ready_tx);
+            let tx = std::sync::Mutex::new(tx);
+            rt.run(|_| {
+                let l = corelane::net::TcpListener::bind(PORT).map_err(|e| e.to_string());
+                let _ = ready_tx
+                    .lock()
+                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+                let tx = tx.lock().map(|t| t.clone()).ok();
+                async move {
+                    let (Ok(l), Some(tx)) = (l, tx) else { return };
+                    let pat = std::rc::Rc::new(pattern());
+                    while let Ok((mut s, _)) = l.accept().await {
+                        let (pat, tx) = (pat.clone(), tx.clone());
+                        tokio::task::spawn_local(async move {
+                            let mut left = total;
+                            while left > 0 {
+                                let n = left.min(pat.len());
+                                if s.write_all(&pat[..n]).await.is_err() {
+                                    break;
+                                }
+                                left -= n;
+                            }
+                            let _ = s.shutdown().await;
+                            let _ = s.read(&mut [0u8; 64]).await;
+                            let sent = s.info().map_or(Sent::default(), |i| Sent {
+                                retrans_segs: i.stats.retrans_segs,
+                                rto: i.stats.rto_expiries,
+                            });
+                            let _ = tx.send(sent);
+                        });
+                    }
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        })
+        .map_err(|e| e.to_string())?;
+    let stop = stop_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the corelane server did not start")?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the corelane server did not start")??;
+    Ok(stop)
+}
+
+/// Receives one transfer from `addr`: bytes, seconds, longest stall, hash.
+fn receive(addr: SocketAddr, timeout: Duration) -> Result<(usize, f64, f64, [u8; 32]), String> {
+    pin(1);
+    let start = Instant::now();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let (mut total, mut last, mut stall) = (0usize, Instant::now(), Duration::ZERO);
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                h.update(&buf[..n]);
+                total += n;
+                stall = stall.max(last.elapsed());
+                last = Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if start.elapsed() > timeout {
+                    return Err(format!("{total} bytes after {timeout:?}: gave up"));
+                }
+            }
+            Err(e) => return Err(format!("after {total} bytes: {e}")),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    Ok((total, secs, stall.as_secs_f64() * 1e3, h.finalize().into()))
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("lossy: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    if !corelane_testnet::is_root() {
+        return Err("needs root (network namespaces, XDP)".into());
+    }
+    let total = args.mib << 20;
+    let want = expected_hash(total, &pattern());
+    let net = LossyPath::builder()
+        .server_addr(&format!("{KERNEL}/24"))
+        .client_addr("10.81.0.2/24")
+        .build()
+        .map_err(|e| e.to_string())?;
+    net.set_rate(None, args.rate).map_err(|e| e.to_string())?;
+    let (ktx, krx) = mpsc::channel();
+    let (ctx, crx) = mpsc::channel();
+    kernel_server(&net, total, ktx)?;
+    let stop = corelane_server(&net, total, ctx)?;
+    let mut scenarios: Vec<(f64, f64, f64)> = args.loss.iter().map(|&p| (p, 0.0, 0.0)).collect();
+    if args.ack_loss > 0.0 {
+        scenarios.push((0.0, args.ack_loss, 0.0));
+    }
+    if args.dup > 0.0 {
+        scenarios.push((1.0, 0.0, args.dup));
+    }
+    let mut runs = Vec::new();
+    for &(data, ack, dup) in &scenarios {
+        for rep in 0..args.repeat {
+            for setup in &args.setups {
+                let (ip, rx) = match setup.as_str() {
+                    "kernel" => (KERNEL, &krx),
+                    "corelane" => (CORELANE, &crx),
+                    other => return Err(format!("unknown setup {other:?} (kernel, corelane)")),
+                };
+                net.set_loss(Loss::percent(ack), Loss::percent(data))
+                    .map_err(|e| e.to_string())?;
+                net.set_duplicate(Loss::NONE, Loss::percent(dup))
+                    .map_err(|e| e.to_string())?;
+                let addr: SocketAddr = format!("{ip}:{PORT}").parse().map_err(|_| "address")?;
+                let timeout = Duration::from_secs(args.timeout);
+                let got = net
+                    .client_ns()
+                    .run(move || receive(addr, timeout))
+                    .map_err(|e| e.to_string())?;
+                let sent = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+                let c = net.counters().map_err(|e| e.to_string())?;
+                let mut r = Run {
+                    setup: setup.clone(),
+                    data_loss: data,
+                    ack_loss: ack,
+                    dup,
+                    retrans_segs: sent.retrans_segs,
+                    rto: sent.rto,
+                    dropped_data_frames: c.dropped_to_client,
+                    dropped_ack_frames: c.dropped_to_server,
+                    ..Run::default()
+                };
+                match got {
+                    Ok((n, secs, stall, hash)) => {
+                        r.ok = n == total && hash == want;
+                        if !r.ok {
+                            r.error = Some(format!("{n} bytes, hash match {}", hash == want));
+                        }
+                        r.seconds = secs;
+                        r.mbit = n as f64 * 8.0 / secs / 1e6;
+                        r.max_stall_ms = stall;
+                    }
+                    Err(e) => r.error = Some(e),
+                }
+                println!(
+                    "rep {} data {data}% ack {ack}% dup {dup}% {:<9} {:>8.1} Mbit/s {:>6.2} s stall {:>6.1} ms retrans {} (dropped {}) rto {} {}",
+                    rep + 1,
+                    r.setup,
+                    r.mbit,
+                    r.seconds,
+                    r.max_stall_ms,
+                    r.retrans_segs,
+                    r.dropped_data_frames,
+                    r.rto,
+                    if r.ok { "sha256 ok".to_string() } else { format!("FAILED: {:?}", r.error) }
+                );
+                runs.push(r);
+            }
+        }
+    }
+    stop.stop();
+    report(args, &scenarios, &runs)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+fn report(args: &Args, scenarios: &[(f64, f64, f64)], runs: &[Run]) -> Result<(), String> {
+    let mut rows = Vec::new();
+    for &(data, ack, dup) in scenarios {
+        let of = |setup: &str| -> Vec<&Run> {
+            runs.iter()
+                .filter(|r| r.setup == setup && r.data_loss == data && r.ack_loss == ack && r.dup == dup)
+                .collect()
+        };
+        let (k, c) = (of("kernel"), of("corelane"));
+        let rate = |v: &[&Run]| median(&mut v.iter().map(|r| if r.ok { r.mbit } else { 0.0 }).collect::<Vec<_>>());
+        let stall = |v: &[&Run]| v.iter().map(|r| r.max_stall_ms).fold(0.0, f64::max);
+        let retx = |v: &[&Run]| {
+            let (r, d): (u64, u64) = v.iter().fold((0, 0), |a, x| (a.0 + x.retrans_segs, a.1 + x.dropped_data_frames));
+            if d == 0 { format!("{r} / 0") } else { format!("{r} / {d} ({:.2})", r as f64 / d as f64) }
+        };
+        let ok = |v: &[&Run]| v.iter().all(|r| r.ok);
+        let (kr, cr) = (rate(&k), rate(&c));
+        rows.push(vec![
+            format!("{data}%"),
+            format!("{ack}%"),
+            format!("{dup}%"),
+            format!("{kr:.0}"),
+            format!("{cr:.0}"),
+            if kr > 0.0 { format!("{:.2}", cr / kr) } else { "-".into() },
+            format!("{:.0} / {:.0}", stall(&k), stall(&c)),
+            retx(&k),
+            retx(&c),
+            format!("{} / {}", ok(&k), ok(&c)),
+        ]);
+    }
+    let table = markdown_table(
+        &[
+            "data loss",
+            "ACK loss",
+            "dup",
+            "kernel Mbit/s",
+            "corelane Mbit/s",
+            "corelane / kernel",
+            "max stall ms (kernel / corelane)",
+            "kernel retrans / dropped",
+            "corelane retrans / dropped",
+            "sha256 ok (kernel / corelane)",
+        ],
+        &rows,
+    );
+    let md = format!(
+        "# corelane against the kernel through a lossy router\n\n{} MiB per transfer from a \
+         server in the server namespace to a kernel client, through a bridge that drops the \
+         given share of frames (data: toward the client; ACK: toward the server){}; median of \
+         {} run(s). Retransmissions are the sender's segments; dropped are the data frames the \
+         router dropped.\n\n{table}\n\nReproduce: `cargo run --release -p corelane-bench --bin \
+         lossy -- --mib {} --loss {}`\n",
+        args.mib,
+        args.rate.map_or(String::new(), |r| format!(", a {r} Mbit/s bottleneck")),
+        args.repeat,
+        args.mib,
+        args.loss.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(","),
+    );
+    println!("\n{md}");
+    std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;
+    std::fs::write(args.out.join("lossy.md"), &md).map_err(|e| e.to_string())?;
+    let json = serde_json::to_string_pretty(runs).map_err(|e| e.to_string())?;
+    std::fs::write(args.out.join("lossy.json"), json).map_err(|e| e.to_string())?;
+    println!("wrote {}/lossy.md, lossy.json", args.out.display());
+    Ok(())
+}

@@ -55,6 +55,10 @@ struct Args {
     /// Seconds a transfer may take before it counts as failed.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// The kernel server's congestion control (TCP_CONGESTION on its listener): corelane runs
+    /// CUBIC, so CUBIC is the like-for-like baseline; `default` keeps the machine's own.
+    #[arg(long, default_value = "cubic")]
+    kernel_cc: String,
     /// Setups: kernel, corelane.
     #[arg(long, value_delimiter = ',', default_value = "kernel,corelane")]
     setups: Vec<String>,
@@ -106,12 +110,20 @@ struct Run {
     dropped_ack_frames: u64,
 }
 
-fn kernel_server(net: &LossyPath, total: usize, tx: mpsc::Sender<Sent>) -> Result<(), String> {
+fn kernel_server(
+    net: &LossyPath,
+    total: usize,
+    cc: &str,
+    tx: mpsc::Sender<Sent>,
+) -> Result<(), String> {
     let l = net
         .server_ns()
         .run(|| TcpListener::bind((KERNEL, PORT)))
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("kernel server: {e}"))?;
+    if cc != "default" {
+        set_congestion(&l, cc)?;
+    }
     net.server_ns()
         .spawn(move || {
             pin(0);
@@ -131,6 +143,28 @@ fn kernel_server(net: &LossyPath, total: usize, tx: mpsc::Sender<Sent>) -> Resul
             }
         })
         .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Sets the congestion control of a kernel socket (inherited by what a listener accepts).
+fn set_congestion(l: &TcpListener, cc: &str) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open; the option value is the bytes of `cc` with their length.
+    let rc = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "kernel congestion control {cc:?}: {} (is the module loaded? see /proc/sys/net/ipv4/tcp_available_congestion_control)",
+            std::io::Error::last_os_error()
+        ));
+    }
     Ok(())
 }
 
@@ -225,9 +259,11 @@ fn corelane_server(
 /// Receives one transfer from `addr`: bytes, seconds, longest stall, hash.
 fn receive(addr: SocketAddr, timeout: Duration) -> Result<(usize, f64, f64, [u8; 32]), String> {
     pin(1);
-    let start = Instant::now();
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|e| format!("connect {addr}: {e}"))?;
+    // Goodput counts from the end of the handshake: a SYN the path dropped costs both stacks
+    // the same second.
+    let start = Instant::now();
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
     let mut h = Sha256::new();
@@ -243,7 +279,12 @@ fn receive(addr: SocketAddr, timeout: Duration) -> Result<(usize, f64, f64, [u8;
                 last = Instant::now();
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 if start.elapsed() > timeout {
                     return Err(format!("{total} bytes after {timeout:?}: gave up"));
                 }
@@ -277,7 +318,7 @@ fn run(args: &Args) -> Result<(), String> {
     net.set_rate(None, args.rate).map_err(|e| e.to_string())?;
     let (ktx, krx) = mpsc::channel();
     let (ctx, crx) = mpsc::channel();
-    kernel_server(&net, total, ktx)?;
+    kernel_server(&net, total, &args.kernel_cc, ktx)?;
     let stop = corelane_server(&net, total, ctx)?;
     let mut scenarios: Vec<(f64, f64, f64)> = args.loss.iter().map(|&p| (p, 0.0, 0.0)).collect();
     if args.ack_loss > 0.0 {
@@ -340,7 +381,11 @@ fn run(args: &Args) -> Result<(), String> {
                     r.retrans_segs,
                     r.dropped_data_frames,
                     r.rto,
-                    if r.ok { "sha256 ok".to_string() } else { format!("FAILED: {:?}", r.error) }
+                    if r.ok {
+                        "sha256 ok".to_string()
+                    } else {
+                        format!("FAILED: {:?}", r.error)
+                    }
                 );
                 runs.push(r);
             }
@@ -360,15 +405,30 @@ fn report(args: &Args, scenarios: &[(f64, f64, f64)], runs: &[Run]) -> Result<()
     for &(data, ack, dup) in scenarios {
         let of = |setup: &str| -> Vec<&Run> {
             runs.iter()
-                .filter(|r| r.setup == setup && r.data_loss == data && r.ack_loss == ack && r.dup == dup)
+                .filter(|r| {
+                    r.setup == setup && r.data_loss == data && r.ack_loss == ack && r.dup == dup
+                })
                 .collect()
         };
         let (k, c) = (of("kernel"), of("corelane"));
-        let rate = |v: &[&Run]| median(&mut v.iter().map(|r| if r.ok { r.mbit } else { 0.0 }).collect::<Vec<_>>());
+        let rate = |v: &[&Run]| {
+            median(
+                &mut v
+                    .iter()
+                    .map(|r| if r.ok { r.mbit } else { 0.0 })
+                    .collect::<Vec<_>>(),
+            )
+        };
         let stall = |v: &[&Run]| v.iter().map(|r| r.max_stall_ms).fold(0.0, f64::max);
         let retx = |v: &[&Run]| {
-            let (r, d): (u64, u64) = v.iter().fold((0, 0), |a, x| (a.0 + x.retrans_segs, a.1 + x.dropped_data_frames));
-            if d == 0 { format!("{r} / 0") } else { format!("{r} / {d} ({:.2})", r as f64 / d as f64) }
+            let (r, d): (u64, u64) = v.iter().fold((0, 0), |a, x| {
+                (a.0 + x.retrans_segs, a.1 + x.dropped_data_frames)
+            });
+            if d == 0 {
+                format!("{r} / 0")
+            } else {
+                format!("{r} / {d} ({:.2})", r as f64 / d as f64)
+            }
         };
         let ok = |v: &[&Run]| v.iter().all(|r| r.ok);
         let (kr, cr) = (rate(&k), rate(&c));
@@ -378,7 +438,11 @@ fn report(args: &Args, scenarios: &[(f64, f64, f64)], runs: &[Run]) -> Result<()
             format!("{dup}%"),
             format!("{kr:.0}"),
             format!("{cr:.0}"),
-            if kr > 0.0 { format!("{:.2}", cr / kr) } else { "-".into() },
+            if kr > 0.0 {
+                format!("{:.2}", cr / kr)
+            } else {
+                "-".into()
+            },
             format!("{:.0} / {:.0}", stall(&k), stall(&c)),
             retx(&k),
             retx(&c),
@@ -404,14 +468,22 @@ fn report(args: &Args, scenarios: &[(f64, f64, f64)], runs: &[Run]) -> Result<()
         "# corelane against the kernel through a lossy router\n\n{} MiB per transfer from a \
          server in the server namespace to a kernel client, through a bridge that drops the \
          given share of frames (data: toward the client; ACK: toward the server){}; median of \
-         {} run(s). Retransmissions are the sender's segments; dropped are the data frames the \
-         router dropped.\n\n{table}\n\nReproduce: `cargo run --release -p corelane-bench --bin \
-         lossy -- --mib {} --loss {}`\n",
+         {} run(s). The kernel server runs {}, corelane CUBIC. Retransmissions are the sender's \
+         segments; dropped are the data frames the router dropped.\n\n{table}\n\nReproduce: \
+         `cargo run --release -p corelane-bench --bin lossy -- --mib {} --loss {}{} --kernel-cc {}`\n",
         args.mib,
-        args.rate.map_or(String::new(), |r| format!(", a {r} Mbit/s bottleneck")),
+        args.rate
+            .map_or(String::new(), |r| format!(", a {r} Mbit/s bottleneck")),
         args.repeat,
+        args.kernel_cc,
         args.mib,
-        args.loss.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(","),
+        args.loss
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        args.rate.map_or(String::new(), |r| format!(" --rate {r}")),
+        args.kernel_cc,
     );
     println!("\n{md}");
     std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;

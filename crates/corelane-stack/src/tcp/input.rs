@@ -32,6 +32,13 @@ impl Conn {
         let seq = Seq(seg.seq_number.0 as u32);
         let len = seg.payload.len() + usize::from(syn) + usize::from(fin);
 
+        // Our SYN-ACK was lost: the peer sent its SYN again (before the window check, which
+        // a SYN below RCV.NXT fails).
+        if syn && self.state == TcpState::SynReceived && seq == self.irs {
+            self.syn_due = true;
+            return;
+        }
+
         // PAWS (RFC 7323 section 5.3).
         if self.ts_ok
             && !rst
@@ -86,12 +93,7 @@ impl Conn {
 
         // SYN in a synchronized state (RFC 5961 section 4.2).
         if syn {
-            if self.state == TcpState::SynReceived && seq == self.irs {
-                // Our SYN-ACK was lost: the peer sent its SYN again.
-                self.syn_due = true;
-            } else {
-                self.challenge(now);
-            }
+            self.challenge(now);
             return;
         }
 

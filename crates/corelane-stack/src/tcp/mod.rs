@@ -18,6 +18,8 @@
 
 mod board;
 mod cc;
+#[cfg(test)]
+mod conformance;
 mod conn;
 mod input;
 mod output;

@@ -139,6 +139,9 @@ impl Conn {
             return false;
         }
         self.stats.segs_out += 1;
+        if !active {
+            self.last_ack_sent = self.rcv_nxt;
+        }
         self.syn_due = false;
         self.syn_tries += 1;
         self.syn_sent_at = Some(now);

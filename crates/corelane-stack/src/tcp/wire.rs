@@ -108,38 +108,37 @@ fn ip_header_len(path: &Path) -> usize {
     }
 }
 
-/// Ones' complement sum of `data` as native-order 16-bit words (RFC 1071: the order of the
-/// bytes in a word does not matter as long as it is the same throughout), not folded.
+/// Ones' complement sum of `data` as native-order words (RFC 1071: the order of the bytes in
+/// a word does not matter as long as it is the same throughout), not folded. 32-bit words into
+/// a 64-bit accumulator: a multiple of 65536 is 1 modulo 65535, so folding gives the 16-bit sum.
 #[inline]
 fn sum(data: &[u8]) -> u64 {
+    let (words, rest) = data.as_chunks::<4>();
     let mut acc = 0u64;
-    let mut chunks = data.chunks_exact(8);
-    for c in &mut chunks {
-        let w = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        acc += (w & 0xffff_ffff) + (w >> 32);
+    for w in words {
+        acc += u64::from(u32::from_ne_bytes(*w));
     }
-    let rest = chunks.remainder();
     if !rest.is_empty() {
-        let mut last = [0u8; 8];
+        let mut last = [0u8; 4];
         last[..rest.len()].copy_from_slice(rest);
-        let w = u64::from_ne_bytes(last);
-        acc += (w & 0xffff_ffff) + (w >> 32);
+        acc += u64::from(u32::from_ne_bytes(last));
     }
     acc
 }
 
-/// Copies `src` into `dst` (same length) and returns the sum of the bytes copied, in one pass.
+/// Copies `src` into `dst` (same length) and returns the sum of the bytes copied, in one pass
+/// over 32-byte blocks (each block is summed from the registers it was copied through).
 #[inline]
 fn copy_sum(dst: &mut [u8], src: &[u8]) -> u64 {
+    let (dc, dr) = dst.as_chunks_mut::<32>();
+    let (sc, sr) = src.as_chunks::<32>();
     let mut acc = 0u64;
-    let mut d = dst.chunks_exact_mut(8);
-    let mut s = src.chunks_exact(8);
-    for (d, c) in (&mut d).zip(&mut s) {
-        let w = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        d.copy_from_slice(&w.to_ne_bytes());
-        acc += (w & 0xffff_ffff) + (w >> 32);
+    for (d, s) in dc.iter_mut().zip(sc) {
+        *d = *s;
+        for w in s.as_chunks::<4>().0 {
+            acc += u64::from(u32::from_ne_bytes(*w));
+        }
     }
-    let (dr, sr) = (d.into_remainder(), s.remainder());
     dr.copy_from_slice(sr);
     acc + sum(sr)
 }

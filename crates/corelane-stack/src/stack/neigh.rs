@@ -204,31 +204,21 @@ pub(super) fn unspecified(a: IpAddress) -> bool {
 mod tests {
     use super::*;
 
+    type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    fn ip(s: &str) -> std::result::Result<IpAddress, std::net::AddrParseError> {
+        Ok(s.parse::<std::net::IpAddr>()?.into())
+    }
+
     #[test]
-    fn learns_from_its_own_requests_seen_by_a_peer() {
+    fn learns_from_its_own_requests_seen_by_a_peer() -> Result {
         let now = Instant::from_secs(1);
         let mac = [2, 0, 0, 0, 0, 9];
         let mut n = Neighbors::default();
-        let v4 = request(
-            mac,
-            "10.0.0.9".parse::<std::net::IpAddr>().expect("ip").into(),
-            "10.0.0.1".parse::<std::net::IpAddr>().expect("ip").into(),
-        )
-        .expect("frame");
+        let v4 = request(mac, ip("10.0.0.9")?, ip("10.0.0.1")?).ok_or("an ARP request")?;
         assert!(n.snoop(&v4, now));
-        assert_eq!(
-            n.lookup(
-                "10.0.0.9".parse::<std::net::IpAddr>().expect("ip").into(),
-                now
-            ),
-            Some(mac)
-        );
-        let v6 = request(
-            mac,
-            "fd00::9".parse::<std::net::IpAddr>().expect("ip").into(),
-            "fd00::1".parse::<std::net::IpAddr>().expect("ip").into(),
-        )
-        .expect("frame");
+        assert_eq!(n.lookup(ip("10.0.0.9")?, now), Some(mac));
+        let v6 = request(mac, ip("fd00::9")?, ip("fd00::1")?).ok_or("a solicitation")?;
         assert!(
             matches!(
                 crate::classify::classify(&v6),
@@ -237,21 +227,15 @@ mod tests {
             "a valid solicitation"
         );
         assert!(n.snoop(&v6, now));
-        assert_eq!(
-            n.lookup(
-                "fd00::9".parse::<std::net::IpAddr>().expect("ip").into(),
-                now
-            ),
-            Some(mac)
-        );
-        assert!(n.may_ask(IpAddress::Ipv4(Ipv4Address::new(10, 0, 0, 1)), now));
-        assert!(!n.may_ask(IpAddress::Ipv4(Ipv4Address::new(10, 0, 0, 1)), now));
-        assert!(
-            n.lookup(
-                "fd00::9".parse::<std::net::IpAddr>().expect("ip").into(),
-                now + STALE
-            )
-            .is_none()
-        );
+        assert_eq!(n.lookup(ip("fd00::9")?, now), Some(mac));
+        // A corrupted solicitation teaches nothing.
+        let mut bad = v6.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        assert!(!Neighbors::default().snoop(&bad, now));
+        assert!(n.may_ask(ip("10.0.0.1")?, now));
+        assert!(!n.may_ask(ip("10.0.0.1")?, now));
+        assert!(n.lookup(ip("fd00::9")?, now + STALE).is_none());
+        Ok(())
     }
 }

@@ -365,11 +365,12 @@ mod tests {
     }
 
     #[test]
-    fn rack_marks_what_was_sent_before_the_newest_delivery_once_its_time_is_up() {
+    fn rack_marks_what_was_sent_before_the_newest_delivery_once_its_time_is_up()
+    -> Result<(), &'static str> {
         let mut b = board();
         let mut d = Delivered::default();
         b.sack(Seq(1500), Seq(1600), Seq(1000), t(30), &mut d);
-        let rack = d.newest.expect("delivered");
+        let rack = d.newest.ok_or("nothing delivered")?;
         // At 30 ms, with an RTT of 25 ms: segments sent at 0..=4 ms are due at 25..=29.
         let (lost, timer) = b.rack_detect(rack, Duration::from_millis(25), Duration::ZERO, t(30));
         assert_eq!(lost, 500);
@@ -379,7 +380,7 @@ mod tests {
         let mut d = Delivered::default();
         b.sack(Seq(1500), Seq(1600), Seq(1000), t(30), &mut d);
         let (lost, timer) = b.rack_detect(
-            d.newest.expect("delivered"),
+            d.newest.ok_or("nothing delivered")?,
             Duration::from_millis(25),
             Duration::from_millis(3),
             t(30),
@@ -393,6 +394,7 @@ mod tests {
         b.resent(0, t(30));
         assert_eq!(b.next_lost().map(|(i, _)| i), Some(1));
         assert_eq!((b.lost(), b.in_flight()), (200, 700));
+        Ok(())
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Conformance scripts for the engine, in the manner of packetdrill: one connection, segments
 //! scripted in, the segments it sends checked field by field, the clock moved by hand. No
-//! frames, no stack: what the RFCs say a TCP does, case by case. Then a seeded fuzzer throws
-//! random segments at connections in every state: nothing may panic.
+//! frames, no stack: what the RFCs say a TCP does, case by case. `fuzz.rs` drives the same
+//! scripts with random segments.
 
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{IpEndpoint, TcpControl, TcpRepr, TcpSeqNumber, TcpTimestampRepr};
@@ -14,12 +14,12 @@ use super::{Congestion, TcpConfig};
 
 /// A segment the connection sent, kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Sent {
+pub(super) struct Sent {
     seq: u32,
     ack: Option<u32>,
     flags: u8,
     window: u16,
-    len: usize,
+    pub(super) len: usize,
     sack: Vec<(u32, u32)>,
     ts: Option<(u32, u32)>,
     mss: Option<u16>,
@@ -46,18 +46,18 @@ impl Sent {
 
 /// A segment to script in.
 #[derive(Debug, Clone, Copy)]
-struct Seg {
-    seq: u32,
-    ack: Option<u32>,
-    ctl: TcpControl,
-    window: u16,
-    len: usize,
-    ts: Option<(u32, u32)>,
-    sack: [Option<(u32, u32)>; 3],
-    syn_opts: bool,
+pub(super) struct Seg {
+    pub(super) seq: u32,
+    pub(super) ack: Option<u32>,
+    pub(super) ctl: TcpControl,
+    pub(super) window: u16,
+    pub(super) len: usize,
+    pub(super) ts: Option<(u32, u32)>,
+    pub(super) sack: [Option<(u32, u32)>; 3],
+    pub(super) syn_opts: bool,
 }
 
-fn seg(seq: u32, ack: u32) -> Seg {
+pub(super) fn seg(seq: u32, ack: u32) -> Seg {
     Seg {
         seq,
         ack: Some(ack),
@@ -70,16 +70,16 @@ fn seg(seq: u32, ack: u32) -> Seg {
     }
 }
 
-const PEER_ISN: u32 = 5000;
-const PAYLOAD: [u8; 4096] = [7u8; 4096];
+pub(super) const PEER_ISN: u32 = 5000;
+pub(super) const PAYLOAD: [u8; 4096] = [7u8; 4096];
 
 /// One connection and its clock.
-struct Script {
-    c: Conn,
-    now: Instant,
+pub(super) struct Script {
+    pub(super) c: Conn,
+    pub(super) now: Instant,
 }
 
-fn cfg() -> TcpConfig {
+pub(super) fn cfg() -> TcpConfig {
     TcpConfig {
         // Keep the tests about the protocol, not the pacing clock.
         pacing: false,
@@ -87,7 +87,7 @@ fn cfg() -> TcpConfig {
     }
 }
 
-fn sizes() -> Sizes {
+pub(super) fn sizes() -> Sizes {
     Sizes {
         mss: 1000,
         rx_max: 64 * 1024,
@@ -95,7 +95,7 @@ fn sizes() -> Sizes {
     }
 }
 
-fn ends() -> (IpEndpoint, IpEndpoint) {
+pub(super) fn ends() -> (IpEndpoint, IpEndpoint) {
     let ep = |s: &str| IpEndpoint::from(s.parse::<std::net::SocketAddr>().expect("endpoint"));
     (ep("10.0.0.1:80"), ep("10.0.0.2:40000"))
 }
@@ -137,7 +137,7 @@ impl Script {
     }
 
     /// A passive open carried to ESTABLISHED. Returns the script and our ISN + 1.
-    fn established(ts: bool) -> (Script, u32) {
+    pub(super) fn established(ts: bool) -> (Script, u32) {
         let (mut s, synack) = Script::passive(ts);
         let una = synack.seq.wrapping_add(1);
         let mut ack = seg(PEER_ISN + 1, una);
@@ -147,13 +147,13 @@ impl Script {
         (s, una)
     }
 
-    fn input(&mut self, s: Seg) {
+    pub(super) fn input(&mut self, s: Seg) {
         let r = Script::repr(&s);
         self.c.input(self.now, &r);
     }
 
     /// Timers due by now, then everything the connection sends.
-    fn out(&mut self) -> Vec<Sent> {
+    pub(super) fn out(&mut self) -> Vec<Sent> {
         self.c.on_time(self.now);
         let mut v = Vec::new();
         self.c.output(self.now, 1000, &mut |o| {
@@ -163,7 +163,7 @@ impl Script {
         v
     }
 
-    fn advance(&mut self, d: Duration) {
+    pub(super) fn advance(&mut self, d: Duration) {
         self.now += d;
     }
 
@@ -591,89 +591,4 @@ fn isns_of_one_four_tuple_move_with_the_clock() {
     );
     // RFC 6528: M ticks every 4 µs.
     assert_eq!(b.iss.diff(a.iss), 250_000);
-}
-
-/// A seeded generator (xorshift) for the fuzzer.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-#[test]
-fn random_segments_never_panic_in_any_state() {
-    let mut rng = Rng(0x5eed_1234_abcd_0001);
-    for round in 0..300 {
-        let (mut s, una) = if round % 3 == 0 {
-            let now = Instant::from_secs(5);
-            let c = Conn::connect(cfg(), &Secret::new(round), ends().0, ends().1, sizes(), now);
-            let mut s = Script { c, now };
-            s.out();
-            let iss = s.c.iss.0;
-            (s, iss.wrapping_add(1))
-        } else {
-            Script::established(round % 2 == 0)
-        };
-        if round % 5 == 0 {
-            s.c.write(&[4u8; 20_000]);
-        }
-        if round % 7 == 0 {
-            s.c.close();
-        }
-        for _ in 0..400 {
-            let near = |rng: &mut Rng, base: u32| -> u32 {
-                match rng.below(4) {
-                    0 => rng.next() as u32,
-                    _ => base
-                        .wrapping_add(rng.below(40_000) as u32)
-                        .wrapping_sub(20_000),
-                }
-            };
-            let mut g = seg(near(&mut rng, PEER_ISN + 1), near(&mut rng, una));
-            g.ctl = match rng.below(10) {
-                0 => TcpControl::Syn,
-                1 => TcpControl::Fin,
-                2 => TcpControl::Rst,
-                3 => TcpControl::Psh,
-                _ => TcpControl::None,
-            };
-            if rng.below(8) == 0 {
-                g.ack = None;
-            }
-            g.window = rng.next() as u16;
-            g.len = rng.below(PAYLOAD.len() as u64 + 1) as usize;
-            if rng.below(2) == 0 {
-                g.ts = Some((rng.next() as u32, rng.next() as u32));
-            }
-            for b in 0..rng.below(4) as usize {
-                let l = near(&mut rng, una);
-                g.sack[b] = Some((l, l.wrapping_add(rng.below(20_000) as u32)));
-            }
-            g.syn_opts = rng.below(4) == 0;
-            s.input(g);
-            match rng.below(6) {
-                0 => s.advance(Duration::from_millis(rng.below(3000))),
-                1 => {
-                    let mut buf = [0u8; 3000];
-                    s.c.read(&mut buf);
-                }
-                2 => {
-                    s.c.write(&[5u8; 3000]);
-                }
-                _ => {}
-            }
-            let out = s.out();
-            // Whatever it sends is well formed: payload within the send window's bounds.
-            assert!(out.iter().all(|o| o.len <= 1000), "{out:?}");
-        }
-    }
 }

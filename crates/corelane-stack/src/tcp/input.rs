@@ -10,10 +10,6 @@ use super::board::Delivered;
 use super::conn::{Conn, Peer, Recovery, TcpState};
 use super::seq::Seq;
 
-/// At most this many out-of-order ranges are remembered; a segment that would make another is
-/// dropped (the peer sends it again).
-const MAX_OOO: usize = 64;
-
 /// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
 
@@ -237,25 +233,6 @@ impl Conn {
         }
     }
 
-    /// The receiver's RTT from the timestamp a data segment echoes (RFC 7323 section 4.1), in
-    /// milliseconds, for receive-window auto-tuning. A sender that was idle echoes an old
-    /// value, so the estimate follows a smaller sample at once and a larger one slowly.
-    fn sample_rcv_rtt(&mut self, now: Instant, tsecr: u32) {
-        if !self.ts_ok || tsecr == 0 {
-            return;
-        }
-        let ms = self.ts_now(now).wrapping_sub(tsecr);
-        if ms > 60_000 {
-            return;
-        }
-        let ms = ms.max(1);
-        self.rcv_rtt_ms = if self.rcv_rtt_ms == 0 || ms < self.rcv_rtt_ms {
-            ms
-        } else {
-            (7 * self.rcv_rtt_ms + ms) / 8
-        };
-    }
-
     /// The ACK, the window and the SACK blocks of an acceptable segment.
     fn process_ack(&mut self, now: Instant, seg: &TcpRepr<'_>, seq: Seq, ack: Seq) {
         let mut d = Delivered::default();
@@ -458,151 +435,5 @@ impl Conn {
         }
         self.rto_at = None;
         self.tlp_at = None;
-    }
-
-    /// In-window data at `seq`: placed where it belongs in the receive ring; `RCV.NXT` moves
-    /// over what is now contiguous.
-    fn receive(&mut self, now: Instant, seq: Seq, payload: &[u8]) {
-        let (mut seq, mut data) = (seq, payload);
-        if seq.lt(self.rcv_nxt) {
-            let cut = self.rcv_nxt.since(seq);
-            if cut >= data.len() {
-                self.ack_now = true;
-                return;
-            }
-            data = &data[cut..];
-            seq = self.rcv_nxt;
-        }
-        let room = self.rcv_room();
-        let off = seq.since(self.rcv_nxt);
-        if off >= room {
-            self.ack_now = true;
-            return;
-        }
-        let n = data.len().min(room - off);
-        let (start, end) = (seq, seq.plus(n));
-        if off > 0
-            && self.ooo.len() >= MAX_OOO
-            && !self.ooo.iter().any(|&(s, e)| s.le(end) && e.ge(start))
-        {
-            self.ack_now = true;
-            return;
-        }
-        let at = self.rcv.len() + off;
-        self.rcv.reserve_total(at + n, self.rcv_cap);
-        self.rcv.write_at(at, &data[..n]);
-        if off == 0 {
-            let had_holes = !self.ooo.is_empty();
-            self.advance(now, n);
-            if had_holes {
-                self.ack_now = true;
-            } else {
-                self.unacked_segs += 1;
-                if self.unacked_segs >= 2 {
-                    self.ack_now = true;
-                } else if self.ack_at.is_none() {
-                    self.ack_at = Some(now + self.cfg.ack_delay);
-                }
-            }
-            self.wake_rx();
-        } else {
-            self.insert_ooo(start, end);
-            self.last_ooo = start;
-            self.ack_now = true;
-            if !self.sack_ok {
-                self.dupacks_owed = (self.dupacks_owed + 1).min(3);
-            }
-        }
-    }
-
-    /// Moves `RCV.NXT` over `n` bytes written at it, then over the out-of-order ranges that
-    /// now touch it.
-    fn advance(&mut self, now: Instant, n: usize) {
-        let mut moved = n;
-        self.rcv.extend(n);
-        self.rcv_nxt = self.rcv_nxt.plus(n);
-        while let Some(&(s, e)) = self.ooo.first() {
-            if s.gt(self.rcv_nxt) {
-                break;
-            }
-            if e.gt(self.rcv_nxt) {
-                let k = e.since(self.rcv_nxt);
-                self.rcv.extend(k);
-                self.rcv_nxt = e;
-                moved += k;
-            }
-            self.ooo.remove(0);
-        }
-        self.stats.bytes_in += moved as u64;
-        self.autotune(now, moved);
-    }
-
-    fn insert_ooo(&mut self, start: Seq, end: Seq) {
-        let i = self
-            .ooo
-            .partition_point(|&(s, _)| s.since(self.rcv_nxt) < start.since(self.rcv_nxt));
-        self.ooo.insert(i, (start, end));
-        // Merge with neighbours.
-        let mut j = i.saturating_sub(1);
-        while j + 1 < self.ooo.len() {
-            let (a, b) = (self.ooo[j], self.ooo[j + 1]);
-            if b.0.le(a.1) {
-                self.ooo[j].1 = a.1.max(b.1);
-                self.ooo.remove(j + 1);
-            } else if j >= i {
-                break;
-            } else {
-                j += 1;
-            }
-        }
-    }
-
-    /// Receive-window auto-tuning: once per receiver RTT, let the window reach twice what
-    /// arrived in that RTT plus room for the sender's slow start, up to the configured most.
-    fn autotune(&mut self, now: Instant, n: usize) {
-        self.rcv_space += n;
-        let rtt = if self.rcv_rtt_ms > 0 {
-            Duration::from_millis(u64::from(self.rcv_rtt_ms))
-        } else {
-            self.rtt.srtt().unwrap_or(Duration::from_millis(1))
-        };
-        if now - self.rcv_space_at < rtt {
-            return;
-        }
-        let target = 2 * self.rcv_space + 16 * self.smss;
-        let max = if self.rcv_wscale == 0 {
-            self.sizes.rx_max.min(0xffff)
-        } else {
-            self.sizes.rx_max
-        };
-        if target > self.rcv_cap {
-            self.rcv_cap = target.min(max);
-        }
-        self.rcv_space = 0;
-        self.rcv_space_at = now;
-    }
-
-    /// The peer's FIN, once everything before it arrived.
-    fn take_fin(&mut self, now: Instant) {
-        let Some(f) = self.peer_fin else {
-            return;
-        };
-        if f != self.rcv_nxt || self.fin_rcvd {
-            return;
-        }
-        self.peer_fin = None;
-        self.fin_rcvd = true;
-        self.rcv_nxt = self.rcv_nxt.plus(1);
-        self.ack_now = true;
-        self.wake_rx();
-        match self.state {
-            TcpState::SynReceived | TcpState::Established => self.state = TcpState::CloseWait,
-            TcpState::FinWait1 => {
-                // Our FIN is not yet acknowledged (else we would be in FIN-WAIT-2).
-                self.state = TcpState::Closing;
-            }
-            TcpState::FinWait2 => self.enter_time_wait(now),
-            _ => {}
-        }
     }
 }

@@ -12,21 +12,27 @@
 //! - `seq`: wrapping sequence numbers; `ring`: the lazily allocated byte rings;
 //! - `rtt`: the RFC 6298 estimator; `cc`: CUBIC and NewReno; `board`: the send scoreboard and
 //!   RACK; `secret`: SipHash-keyed ISNs, timestamp offsets and SYN cookies;
-//! - `conn`: a connection's state and what the application calls; `input`: segment arrival;
-//!   `output`: what to send now; `wire`: segments to and from frames, checksum fused with the
-//!   copy.
+//! - `conn`: a connection's state; `types`: `TcpState` and `TcpStats`; `user`: what the
+//!   application calls; `input`: segment arrival; `output`: what to send now; `timers`: the
+//!   deadlines; `wire`: segments to and from frames, checksum fused with the copy.
 
 mod board;
 mod cc;
 #[cfg(test)]
 mod conformance;
 mod conn;
+#[cfg(test)]
+mod fuzz;
 mod input;
 mod output;
+mod recv;
 mod ring;
 mod rtt;
 mod secret;
 mod seq;
+mod timers;
+mod types;
+mod user;
 pub(crate) mod wire;
 
 pub use cc::Congestion;

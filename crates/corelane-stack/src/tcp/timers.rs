@@ -1,0 +1,154 @@
+//! A connection's timers: retransmission (with the persist probe of a zero window), the tail
+//! loss probe, RACK's reordering timer, the delayed ACK, keep-alive, TIME-WAIT and the orphan
+//! FIN-WAIT-2 limit. Each is a deadline; `poll_at` is the earliest, `on_time` runs the due ones.
+
+use std::io;
+
+use smoltcp::time::Instant;
+
+use super::conn::{Conn, Recovery, TcpState};
+
+impl Conn {
+    /// TIME-WAIT: short when PAWS guards against old duplicates; no buffers kept.
+    pub(super) fn enter_time_wait(&mut self, now: Instant) {
+        self.state = TcpState::TimeWait;
+        self.free_buffers();
+        self.rto_at = None;
+        self.tlp_at = None;
+        self.reo_at = None;
+        self.keep_at = None;
+        let wait = if self.ts_ok {
+            self.cfg.time_wait
+        } else {
+            self.cfg.time_wait_no_ts
+        };
+        self.end_at = Some(now + wait);
+        self.wake_rx();
+        self.wake_tx();
+    }
+
+    /// The earliest time this connection needs the clock.
+    pub(crate) fn poll_at(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        for x in [
+            self.rto_at,
+            self.tlp_at,
+            self.reo_at,
+            self.ack_at,
+            self.keep_at,
+            self.end_at,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            t = Some(t.map_or(x, |t| t.min(x)));
+        }
+        if self.pace_blocked {
+            let p = Instant::from_micros((self.pace_ns / 1000) as i64 + 1);
+            t = Some(t.map_or(p, |t| t.min(p)));
+        }
+        t
+    }
+
+    /// Deals with the timers that are due; what they want sent is flagged for `output`.
+    pub(crate) fn on_time(&mut self, now: Instant) {
+        if self.rto_at.is_some_and(|t| t <= now) {
+            self.rto_at = None;
+            self.on_rto(now);
+        }
+        if self.tlp_at.is_some_and(|t| t <= now) {
+            self.tlp_at = None;
+            if self.recovery.is_none() && !self.board.is_empty() {
+                self.tlp_due = true;
+            }
+        }
+        if self.reo_at.is_some_and(|t| t <= now) {
+            self.reo_at = None;
+            self.detect_losses(now);
+        }
+        if self.ack_at.is_some_and(|t| t <= now) {
+            self.ack_at = None;
+            self.ack_now = true;
+        }
+        if self.keep_at.is_some_and(|t| t <= now) {
+            self.keep_at = None;
+            self.on_keepalive(now);
+        }
+        if self.end_at.is_some_and(|t| t <= now) {
+            self.end_at = None;
+            if matches!(self.state, TcpState::TimeWait | TcpState::FinWait2) {
+                self.set_closed(None);
+            }
+        }
+    }
+
+    fn on_rto(&mut self, now: Instant) {
+        match self.state {
+            TcpState::SynSent | TcpState::SynReceived => {
+                if self.syn_tries > self.cfg.syn_retries {
+                    self.stats.timeouts += 1;
+                    let synsent = self.state == TcpState::SynSent;
+                    self.set_closed(Some(io::ErrorKind::TimedOut));
+                    self.rst_due = !synsent;
+                    return;
+                }
+                self.rtt.back_off();
+                self.syn_due = true;
+            }
+            TcpState::Closed | TcpState::Listen | TcpState::TimeWait => {}
+            _ => {
+                if self.board.is_empty() {
+                    // The persist timer: probe a zero window.
+                    if self.snd_wnd < self.smss && self.unsent() > 0 {
+                        self.rtt.back_off();
+                        self.win_probe_due = true;
+                    }
+                    return;
+                }
+                if now - self.last_progress >= self.cfg.user_timeout {
+                    self.stats.timeouts += 1;
+                    self.set_closed(Some(io::ErrorKind::TimedOut));
+                    self.rst_due = true;
+                    return;
+                }
+                self.stats.rto_expiries += 1;
+                self.rtt.back_off();
+                self.cc.on_rto(self.board.in_flight() + self.board.lost());
+                self.board.mark_all_lost();
+                self.recovery = Some(Recovery {
+                    recover: self.snd_nxt,
+                    timeout: true,
+                    prr_delivered: 0,
+                    prr_out: 0,
+                    recover_fs: 0,
+                });
+                self.tlp_at = None;
+                self.tlp_out = false;
+                self.dupacks = 0;
+            }
+        }
+    }
+
+    fn on_keepalive(&mut self, now: Instant) {
+        let Some(interval) = self.keepalive else {
+            return;
+        };
+        if !matches!(self.state, TcpState::Established | TcpState::CloseWait) {
+            return;
+        }
+        if !self.board.is_empty() {
+            // Data in flight: the retransmission timer watches the peer.
+            self.keep_at = Some(now + interval);
+            return;
+        }
+        if self.keep_probes >= self.cfg.keepalive_probes {
+            self.stats.timeouts += 1;
+            self.set_closed(Some(io::ErrorKind::TimedOut));
+            self.rst_due = true;
+            return;
+        }
+        self.keep_probes += 1;
+        self.keep_probe_due = true;
+        self.keep_at = Some(now + interval);
+    }
+}

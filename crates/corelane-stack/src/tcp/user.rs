@@ -1,0 +1,143 @@
+//! What the application calls on a connection: read, write, close, release, abort, options.
+
+use std::io;
+use std::task::Waker;
+
+use smoltcp::time::{Duration, Instant};
+
+use super::conn::{Conn, TcpState};
+
+impl Conn {
+    /// Bytes ready to read.
+    pub(crate) fn readable(&self) -> usize {
+        self.rcv.len()
+    }
+
+    /// No more data will arrive (FIN received, or the connection ended).
+    pub(crate) fn at_eof(&self) -> bool {
+        self.fin_rcvd || self.state == TcpState::Closed || self.state == TcpState::TimeWait
+    }
+
+    /// Reads into `buf`. Returns the count and whether a window update is worth sending.
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> (usize, bool) {
+        let n = self.rcv.read(buf);
+        if n == 0 {
+            return (0, false);
+        }
+        // Receiver-side silly window avoidance (RFC 9293 3.8.6.2.2): announce the window once
+        // it has grown by a segment or half the buffer.
+        let right = self.rcv_nxt.plus(self.rcv_cap - self.rcv.len());
+        let grown = right.since(self.rcv_adv);
+        let update = grown >= self.smss.min(self.rcv_cap / 2).max(1);
+        if update {
+            self.ack_now = true;
+        }
+        (n, update)
+    }
+
+    /// Room in the send buffer.
+    pub(crate) fn send_room(&self) -> usize {
+        if !self.may_send() {
+            return 0;
+        }
+        self.sizes.tx_max.saturating_sub(self.snd.len())
+    }
+
+    /// The application may still send.
+    pub(crate) fn may_send(&self) -> bool {
+        !self.close_requested
+            && matches!(
+                self.state,
+                TcpState::SynSent
+                    | TcpState::SynReceived
+                    | TcpState::Established
+                    | TcpState::CloseWait
+            )
+    }
+
+    /// Queues as much of `data` as fits. Returns the count.
+    pub(crate) fn write(&mut self, data: &[u8]) -> usize {
+        let n = data.len().min(self.send_room());
+        if n == 0 {
+            return 0;
+        }
+        self.snd
+            .reserve_total(self.snd.len() + n, self.sizes.tx_max);
+        self.snd.push(&data[..n]);
+        n
+    }
+
+    /// Closes for writing: a FIN follows the queued data.
+    pub(crate) fn close(&mut self) {
+        match self.state {
+            TcpState::SynSent => self.set_closed(None),
+            TcpState::SynReceived | TcpState::Established | TcpState::CloseWait => {
+                self.close_requested = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// The application let go: close, and never wait forever for a peer that went quiet. With
+    /// unread data the connection is reset instead (RFC 2525 section 2.17).
+    pub(crate) fn release(&mut self, now: Instant) {
+        self.orphan = true;
+        self.rx_waker = None;
+        self.tx_waker = None;
+        if !self.rcv.is_empty() && !self.at_eof() {
+            return self.abort();
+        }
+        self.close();
+        if self.state == TcpState::FinWait2 {
+            self.end_at = Some(now + self.cfg.fin_wait_2);
+        }
+    }
+
+    /// Resets the connection: a RST is sent, everything dropped.
+    pub(crate) fn abort(&mut self) {
+        if matches!(
+            self.state,
+            TcpState::Closed | TcpState::Listen | TcpState::TimeWait
+        ) {
+            self.set_closed(None);
+            return;
+        }
+        let synsent = self.state == TcpState::SynSent;
+        self.set_closed(Some(io::ErrorKind::ConnectionAborted));
+        // A SYN-SENT connection has nothing to reset.
+        self.rst_due = !synsent;
+    }
+
+    /// Small writes go out at once (true) or wait for what is in flight (Nagle).
+    pub(crate) fn set_nodelay(&mut self, on: bool) {
+        self.nodelay = on;
+    }
+
+    /// Whether small writes go out at once.
+    pub(crate) fn nodelay(&self) -> bool {
+        self.nodelay
+    }
+
+    /// Probes the peer after `interval` of silence (None: off).
+    pub(crate) fn set_keepalive(&mut self, interval: Option<Duration>, now: Instant) {
+        self.keepalive = interval;
+        self.keep_probes = 0;
+        self.keep_at = interval.map(|i| now + i);
+    }
+
+    /// Registers the waker of a reader.
+    pub(crate) fn set_rx_waker(&mut self, w: &Waker) {
+        match &mut self.rx_waker {
+            Some(old) => old.clone_from(w),
+            None => self.rx_waker = Some(w.clone()),
+        }
+    }
+
+    /// Registers the waker of a writer (or of a connect).
+    pub(crate) fn set_tx_waker(&mut self, w: &Waker) {
+        match &mut self.tx_waker {
+            Some(old) => old.clone_from(w),
+            None => self.tx_waker = Some(w.clone()),
+        }
+    }
+}

@@ -188,7 +188,7 @@ impl Driver {
         while StdInstant::now() < until && !self.core.shared.stop.load(Ordering::Relaxed) {
             self.turn(&mut freed);
             self.release_ports(&mut freed);
-            if self.core.stack().stats().flows == 0 {
+            if self.core.stack().flow_count() == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_micros(200)).await;

@@ -387,14 +387,7 @@ impl VethBuilder {
             (&server_ns, &server_if, &self.server_addrs),
             (&client_ns, &client_if, &self.client_addrs),
         ] {
-            for a in addrs {
-                if a.contains(':') {
-                    ns.ip(&["addr", "add", a, "dev", ifname, "nodad"])?;
-                } else {
-                    ns.ip(&["addr", "add", a, "dev", ifname])?;
-                }
-            }
-            ns.ip(&["link", "set", ifname, "up"])?;
+            up_with_addrs(ns, ifname, addrs)?;
         }
         set_tx_csum(&client_ns, &client_if, false)?;
         if self.server_tx_csum_off {
@@ -408,6 +401,20 @@ impl VethBuilder {
             server_ns,
         })
     }
+}
+
+/// Adds `addrs` (CIDRs; IPv6 ones skip duplicate address detection so they are usable at once)
+/// to `ifname` in `ns` and sets it up.
+fn up_with_addrs(ns: &Netns, ifname: &str, addrs: &[String]) -> Result<()> {
+    for a in addrs {
+        if a.contains(':') {
+            ns.ip(&["addr", "add", a, "dev", ifname, "nodad"])?;
+        } else {
+            ns.ip(&["addr", "add", a, "dev", ifname])?;
+        }
+    }
+    ns.ip(&["link", "set", ifname, "up"])?;
+    Ok(())
 }
 
 fn set_tx_csum(ns: &Netns, ifname: &str, on: bool) -> Result<()> {

@@ -23,7 +23,7 @@ use std::process::Stdio;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use crate::{Error, Netns, Result, SEQ, ip};
+use crate::{Error, Netns, Result, SEQ, ip, up_with_addrs};
 
 /// A fraction of frames, in units of 1/100 000 (so 0.001% steps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -155,14 +155,7 @@ impl LossyBuilder {
             (&server_ns, &server_if, &self.server_addrs),
             (&client_ns, &client_if, &self.client_addrs),
         ] {
-            for a in addrs {
-                if a.contains(':') {
-                    ns.ip(&["addr", "add", a, "dev", ifname, "nodad"])?;
-                } else {
-                    ns.ip(&["addr", "add", a, "dev", ifname])?;
-                }
-            }
-            ns.ip(&["link", "set", ifname, "up"])?;
+            up_with_addrs(ns, ifname, addrs)?;
             offloads_off(ns, ifname, true)?;
         }
         let path = LossyPath {

@@ -84,6 +84,16 @@ impl Stack {
         }
     }
 
+    /// The way back to whoever sent `inn`: to the hardware address it came from.
+    fn reply_path(&self, inn: &In<'_>) -> Path {
+        Path {
+            src_mac: self.mac,
+            dst_mac: inn.src_mac,
+            local: inn.local,
+            remote: inn.remote,
+        }
+    }
+
     /// True for a TCP flow in TIME-WAIT (or closed) that the application no longer holds.
     fn reusable(&self, i: u32) -> bool {
         self.slots[i as usize].flow.as_ref().is_some_and(|f| {
@@ -143,12 +153,7 @@ impl Stack {
             return;
         }
         if let Some(rst) = wire::reset_for(&inn.seg) {
-            let path = Path {
-                src_mac: self.mac,
-                dst_mac: inn.src_mac,
-                local: inn.local,
-                remote: inn.remote,
-            };
+            let path = self.reply_path(&inn);
             // The frame is read; the reset is built from copies of what it said.
             dev.consume();
             if Self::send_segment(dev, &mut self.ip_id, &path, &rst) {
@@ -234,12 +239,7 @@ impl Stack {
             sizes,
             now,
         );
-        let path = Path {
-            src_mac: self.mac,
-            dst_mac: inn.src_mac,
-            local: inn.local,
-            remote: inn.remote,
-        };
+        let path = self.reply_path(&inn);
         dev.consume();
         if Self::send_segment(dev, &mut self.ip_id, &path, &out) {
             self.tcp_done.cookies_sent += 1;

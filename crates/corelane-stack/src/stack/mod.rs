@@ -236,6 +236,11 @@ impl Stack {
         &self.cfg
     }
 
+    /// Flows open now (cheap; [`Stack::stats`] also sums every connection's counters).
+    pub fn flow_count(&self) -> usize {
+        self.slots.len() - self.free_slots.len()
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> StackStats {
         let mut tcp = self.tcp_done;
@@ -248,7 +253,7 @@ impl Stack {
             }
         }
         StackStats {
-            flows: (self.slots.len() - self.free_slots.len()) as u64,
+            flows: self.flow_count() as u64,
             tcp,
             ..self.stats
         }

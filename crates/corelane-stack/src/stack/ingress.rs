@@ -17,7 +17,7 @@ enum Route {
     /// To the flow in this slot.
     Flow(u32),
     /// A SYN for a listener with room: a new flow.
-    Open(u16, FlowKey),
+    Open,
     /// A SYN for a listener whose SYN backlog is full but whose accept queue has room: a SYN
     /// cookie.
     Cookie,
@@ -62,7 +62,7 @@ impl Stack {
                             self.stats.syn_dropped += 1;
                             Route::Drop
                         } else if l.half_open + l.ready.len() < l.backlog {
-                            Route::Open(port, key)
+                            Route::Open
                         } else if self.cfg.tcp.syn_cookies {
                             Route::Cookie
                         } else {
@@ -203,11 +203,20 @@ impl Stack {
         );
         conn.input(now, seg);
         self.tcp_done.cookies_ok += 1;
+        let i = self.adopt(conn, inn.src_mac);
+        // Already established: straight to the accept queue.
+        self.settle(i);
+        Cookie::Opened
+    }
+
+    /// A passive open's connection in a new flow of its listener, counted as half-open until
+    /// `settle` sees it established, and queued for its first output.
+    fn adopt(&mut self, conn: Conn, mac: [u8; 6]) -> u32 {
         let key = FlowKey {
-            local: inn.local,
-            remote: inn.remote,
+            local: conn.local(),
+            remote: conn.remote(),
         };
-        let mac = inn.src_mac;
+        let port = key.local.port;
         let i = self.insert_tcp(conn, |f: &mut Flow| {
             f.key = Some(key);
             f.listener = Some(port);
@@ -218,9 +227,8 @@ impl Stack {
             l.half_open += 1;
         }
         self.stats.syn_accepted += 1;
-        self.settle(i);
         self.queue_egress(i);
-        Cookie::Opened
+        i
     }
 
     /// A SYN past the SYN backlog: a SYN-ACK whose ISN is a cookie, nothing kept.
@@ -247,7 +255,7 @@ impl Stack {
     }
 
     /// A SYN for a listener with room: a connection in SYN-RECEIVED in a new flow.
-    fn open<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, port: u16, key: FlowKey) {
+    fn open<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) {
         let Some(inn) = dev.front_bytes().and_then(wire::parse) else {
             self.stats.tcp_malformed += 1;
             dev.consume();
@@ -264,17 +272,7 @@ impl Stack {
         );
         let mac = inn.src_mac;
         dev.consume();
-        let i = self.insert_tcp(conn, |f| {
-            f.key = Some(key);
-            f.listener = Some(port);
-            f.mac = Some(mac);
-        });
-        self.table.insert(key, i);
-        if let Some(l) = self.listeners.get_mut(&port) {
-            l.half_open += 1;
-        }
-        self.stats.syn_accepted += 1;
-        self.queue_egress(i);
+        self.adopt(conn, mac);
     }
 
     /// Flow demux and protocol stages over the frames `dev` has classified: each frame goes to
@@ -296,7 +294,7 @@ impl Stack {
                     self.stats.demux_hits += 1;
                     self.feed(now, dev, i);
                 }
-                Route::Open(port, key) => self.open(now, dev, port, key),
+                Route::Open => self.open(now, dev),
                 Route::Cookie => self.send_cookie(now, dev),
                 Route::Unclaimed(proto, local_port, listening) => {
                     // A cookie's ACK is opened on the core that got it: every core shares

@@ -368,9 +368,7 @@ impl Conn {
         let mss = peer_mss.min(usize::from(self.sizes.mss)).max(64);
         self.smss = mss - if self.ts_ok { 12 } else { 0 };
         self.cc.set_mss(self.smss);
-        if self.rcv_wscale == 0 {
-            self.rcv_cap = self.rcv_cap.min(0xffff);
-        }
+        self.rcv_cap = self.rcv_cap.min(self.rcv_max());
     }
 
     /// Something is due to be sent (then an unknown next hop must be resolved first).
@@ -391,6 +389,21 @@ impl Conn {
     /// This side's endpoint.
     pub(crate) fn local(&self) -> IpEndpoint {
         self.local
+    }
+
+    /// The peer's endpoint.
+    pub(crate) fn remote(&self) -> IpEndpoint {
+        self.remote
+    }
+
+    /// The largest receive window this connection may advertise: the configured most, or
+    /// what fits 16 bits when window scaling is off.
+    pub(super) fn rcv_max(&self) -> usize {
+        if self.rcv_wscale == 0 {
+            self.sizes.rx_max.min(0xffff)
+        } else {
+            self.sizes.rx_max
+        }
     }
 
     /// The state.

@@ -141,13 +141,8 @@ impl Conn {
             return;
         }
         let target = 2 * self.rcv_space + 16 * self.smss;
-        let max = if self.rcv_wscale == 0 {
-            self.sizes.rx_max.min(0xffff)
-        } else {
-            self.sizes.rx_max
-        };
         if target > self.rcv_cap {
-            self.rcv_cap = target.min(max);
+            self.rcv_cap = target.min(self.rcv_max());
         }
         self.rcv_space = 0;
         self.rcv_space_at = now;

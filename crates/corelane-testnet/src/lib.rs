@@ -20,6 +20,8 @@
 //! with SIGKILL, say) are removed the next time a namespace is created.
 
 mod lossy;
+mod packet;
+mod reorder;
 
 pub use lossy::{Loss, LossyBuilder, LossyPath, PathCounters};
 
@@ -59,6 +61,14 @@ pub enum Error {
         /// The namespace.
         name: String,
         /// The setns or open error.
+        source: std::io::Error,
+    },
+    /// A system call made for a test host failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
         source: std::io::Error,
     },
     /// The closure run inside a namespace panicked.

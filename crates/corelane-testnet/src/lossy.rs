@@ -1,6 +1,8 @@
 //! A lossy path: client namespace - router namespace - server namespace. The router bridges
 //! its two ports; an nftables `bridge` forward hook drops a chosen fraction of frames in either
-//! direction, an nftables `netdev` ingress hook duplicates a fraction, and a `tbf` qdisc on a
+//! direction, an nftables `netdev` ingress hook duplicates a fraction and sends a fraction on a
+//! detour through a stage that holds each frame for a set delay (reordering it behind the frames
+//! that follow), and a `tbf` qdisc on a
 //! router port makes a rate-limited bottleneck. Segmentation offloads are off on every port so
 //! each frame on the wire is one segment (a 64 KB GSO super-packet dropped whole would not be
 //! a 1% loss). The server end serves a kernel server and a corelane server side by side.
@@ -22,7 +24,9 @@ use std::io::Write;
 use std::process::Stdio;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use crate::reorder::Stage;
 use crate::{Error, Netns, Result, SEQ, ip, up_with_addrs};
 
 /// A fraction of frames, in units of 1/100 000 (so 0.001% steps).
@@ -59,6 +63,14 @@ pub struct PathCounters {
     pub duplicated_to_server: u64,
     /// Frames duplicated toward the client.
     pub duplicated_to_client: u64,
+    /// Frames sent on the reordering detour toward the server.
+    pub reordered_to_server: u64,
+    /// Frames sent on the reordering detour toward the client.
+    pub reordered_to_client: u64,
+    /// Frames the reordering stage put back on the bridge (both ways).
+    pub reorder_released: u64,
+    /// Frames the reordering stage dropped (it holds at most 65 536 at once).
+    pub reorder_dropped: u64,
 }
 
 /// How to build a [`LossyPath`].
@@ -115,6 +127,7 @@ impl LossyBuilder {
         let tag = format!("{}{}", std::process::id() % 100_000, seq % 1000);
         let (server_if, client_if) = (format!("cls{tag}"), format!("clc{tag}"));
         let (rs, rc) = (format!("clrs{tag}"), format!("clrc{tag}"));
+        let (ro, ri) = (format!("clro{tag}"), format!("clri{tag}"));
         let q = self.queues.to_string();
         let mtu = self.mtu.to_string();
         for (end, end_ns, port, queues) in [
@@ -150,6 +163,35 @@ impl LossyBuilder {
             router_ns.ip(&["link", "set", port, "up"])?;
             offloads_off(&router_ns, port, true)?;
         }
+        // The reordering detour: `ro` is a bridge port that neither learns nor floods, so it
+        // carries only the frames the rules send into it; the stage reads them on `ri`.
+        router_ns.ip(&[
+            "link", "add", &ro, "mtu", &mtu, "type", "veth", "peer", "name", &ri, "mtu", &mtu,
+        ])?;
+        for port in [&ro, &ri] {
+            // No link-local address, so the kernel sends nothing of its own on the detour.
+            router_ns.ip(&["link", "set", "dev", port, "addrgenmode", "none"])?;
+        }
+        router_ns.ip(&["link", "set", &ro, "master", "br0"])?;
+        router_ns.exec(
+            "bridge",
+            &[
+                "link",
+                "set",
+                "dev",
+                &ro,
+                "learning",
+                "off",
+                "flood",
+                "off",
+                "mcast_flood",
+                "off",
+            ],
+        )?;
+        for port in [&ro, &ri] {
+            router_ns.ip(&["link", "set", port, "up"])?;
+            offloads_off(&router_ns, port, true)?;
+        }
         router_ns.ip(&["link", "set", "br0", "up"])?;
         for (ns, ifname, addrs) in [
             (&server_ns, &server_if, &self.server_addrs),
@@ -163,8 +205,11 @@ impl LossyBuilder {
             client_if,
             rs,
             rc,
+            ro,
+            ri,
             queues: self.queues,
             settings: Mutex::new(Settings::default()),
+            stage: Mutex::new(None),
             client_ns,
             router_ns,
             server_ns,
@@ -205,6 +250,7 @@ fn offloads_off(ns: &Netns, ifname: &str, csum: bool) -> Result<()> {
 struct Settings {
     loss: (Loss, Loss),
     dup: (Loss, Loss),
+    reorder: (Loss, Loss),
 }
 
 /// Three namespaces: the server end (where corelane and a kernel server run), a router that
@@ -215,8 +261,11 @@ pub struct LossyPath {
     client_if: String,
     rs: String,
     rc: String,
+    ro: String,
+    ri: String,
     queues: u32,
     settings: Mutex<Settings>,
+    stage: Mutex<Option<Stage>>,
     // Field order: client, then router, then server namespace are removed.
     client_ns: Netns,
     router_ns: Netns,
@@ -271,6 +320,23 @@ impl LossyPath {
         self.update(|s| s.dup = (to_server, to_client))
     }
 
+    /// Sends `to_server` of the frames going to the server and `to_client` of those going to
+    /// the client on a detour that holds each for `delay`, so frames sent after it overtake
+    /// it (at 1 Gbit/s, 100 us is about 8 full-size frames). Resets the counters.
+    pub fn set_reorder(&self, to_server: Loss, to_client: Loss, delay: Duration) -> Result<()> {
+        {
+            let mut stage = self.stage.lock().unwrap_or_else(|p| p.into_inner());
+            match stage.as_ref() {
+                Some(s) => s.set_delay(delay),
+                None if to_server != Loss::NONE || to_client != Loss::NONE => {
+                    *stage = Some(Stage::start(&self.router_ns, &self.ri, delay)?);
+                }
+                None => {}
+            }
+        }
+        self.update(|s| s.reorder = (to_server, to_client))
+    }
+
     fn update(&self, f: impl FnOnce(&mut Settings)) -> Result<()> {
         let mut s = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut s);
@@ -281,7 +347,7 @@ impl LossyPath {
     /// Writes the router's nftables rules for the current settings (replacing the old ones).
     fn apply(&self) -> Result<()> {
         let s = *self.settings.lock().unwrap_or_else(|p| p.into_inner());
-        let (rs, rc) = (&self.rs, &self.rc);
+        let (rs, rc, ro) = (&self.rs, &self.rc, &self.ro);
         let mut rules = String::new();
         for t in ["bridge corelane_loss", "netdev corelane_dup"] {
             // Deleting a table that does not exist fails; create it first so the script runs.
@@ -295,22 +361,31 @@ impl LossyPath {
     type filter hook forward priority 0; policy accept;
     iifname \"{rc}\" numgen random mod 100000 < {} counter name \"to_server\" drop
     iifname \"{rs}\" numgen random mod 100000 < {} counter name \"to_client\" drop
+    oifname \"{ro}\" drop
+  }}
+  chain output {{
+    type filter hook output priority 0; policy accept;
+    oifname \"{ro}\" drop
   }}
 }}
 table netdev corelane_dup {{
   counter to_server {{}}
   counter to_client {{}}
+  counter reorder_to_server {{}}
+  counter reorder_to_client {{}}
   chain from_client {{
     type filter hook ingress device \"{rc}\" priority 0; policy accept;
     numgen random mod 100000 < {} counter name \"to_server\" dup to \"{rs}\"
+    ether type {{ ip, ip6 }} numgen random mod 100000 < {} counter name \"reorder_to_server\" fwd to \"{ro}\"
   }}
   chain from_server {{
     type filter hook ingress device \"{rs}\" priority 0; policy accept;
     numgen random mod 100000 < {} counter name \"to_client\" dup to \"{rc}\"
+    ether type {{ ip, ip6 }} numgen random mod 100000 < {} counter name \"reorder_to_client\" fwd to \"{ro}\"
   }}
 }}
 ",
-            s.loss.0.0, s.loss.1.0, s.dup.0.0, s.dup.1.0
+            s.loss.0.0, s.loss.1.0, s.dup.0.0, s.reorder.0.0, s.dup.1.0, s.reorder.1.0
         );
         let mut child = self
             .router_ns
@@ -395,6 +470,15 @@ table netdev corelane_dup {{
         let (dc, dcb) = read("bridge corelane_loss", "to_client")?;
         let (us, _) = read("netdev corelane_dup", "to_server")?;
         let (uc, _) = read("netdev corelane_dup", "to_client")?;
+        let (rs, _) = read("netdev corelane_dup", "reorder_to_server")?;
+        let (rc, _) = read("netdev corelane_dup", "reorder_to_client")?;
+        let stage = self.stage.lock().unwrap_or_else(|p| p.into_inner());
+        let (released, lost) = stage.as_ref().map_or((0, 0), |s| {
+            (
+                s.counters.released.load(Ordering::Relaxed),
+                s.counters.dropped.load(Ordering::Relaxed),
+            )
+        });
         Ok(PathCounters {
             dropped_to_server: ds,
             dropped_to_server_bytes: dsb,
@@ -402,6 +486,10 @@ table netdev corelane_dup {{
             dropped_to_client_bytes: dcb,
             duplicated_to_server: us,
             duplicated_to_client: uc,
+            reordered_to_server: rs,
+            reordered_to_client: rc,
+            reorder_released: released,
+            reorder_dropped: lost,
         })
     }
 }

@@ -57,3 +57,67 @@ fn the_router_drops_the_chosen_share_one_way_and_tcp_still_delivers() {
         .expect("dup");
     net.set_rate(None, None).expect("no rate");
 }
+
+#[test]
+fn the_reordering_stage_delays_the_chosen_share_and_loses_none() {
+    if !require_root("lossy path") {
+        return;
+    }
+    let net = LossyPath::builder()
+        .server_addr("10.79.1.1/24")
+        .client_addr("10.79.1.2/24")
+        .build()
+        .expect("path");
+    net.set_reorder(
+        Loss::NONE,
+        Loss::percent(10.0),
+        std::time::Duration::from_millis(2),
+    )
+    .expect("reorder");
+    let count = 2000u32;
+    let rx = net
+        .client_ns()
+        .run(|| std::net::UdpSocket::bind("10.79.1.2:5001"))
+        .expect("ns")
+        .expect("bind");
+    rx.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .expect("timeout");
+    // The receiver reads while the sender sends (2000 datagrams overflow a default buffer).
+    let sender = net
+        .server_ns()
+        .spawn(move || {
+            let tx = std::net::UdpSocket::bind("10.79.1.1:0").expect("bind");
+            for i in 0..count {
+                tx.send_to(&i.to_be_bytes(), "10.79.1.2:5001")
+                    .expect("send");
+                if i % 20 == 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+            }
+        })
+        .expect("sender");
+    let (mut seen, mut late, mut max) = (vec![false; count as usize], 0u64, None::<u32>);
+    let mut buf = [0u8; 16];
+    while let Ok(n) = rx.recv(&mut buf) {
+        assert_eq!(n, 4);
+        let i = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        seen[i as usize] = true;
+        if max.is_some_and(|m| i < m) {
+            late += 1;
+        }
+        max = max.max(Some(i));
+    }
+    sender.join().expect("sender thread");
+    let c = net.counters().expect("counters");
+    let missing = seen.iter().filter(|&&s| !s).count();
+    assert_eq!(missing, 0, "every datagram arrives: {c:?}");
+    assert_eq!(c.reordered_to_server, 0, "{c:?}");
+    // About 10% of 2000 took the detour, and each arrived behind datagrams sent after it.
+    assert!((100..=320).contains(&c.reordered_to_client), "{c:?}");
+    assert_eq!(c.reorder_released, c.reordered_to_client, "{c:?}");
+    assert_eq!(c.reorder_dropped, 0, "{c:?}");
+    assert!(
+        late * 10 >= c.reordered_to_client * 9 && late <= c.reordered_to_client,
+        "{late} arrived late of {c:?}"
+    );
+}

@@ -3,7 +3,8 @@
 //! Client namespace - router namespace (a bridge that drops a share of the frames each way and
 //! can duplicate some) - server namespace, where a kernel server and a corelane server each
 //! send the same `--mib` MiB to a kernel client that hashes what arrives. For each scenario
-//! (loss in the data direction, loss on the ACK path, loss with duplication) and each setup it
+//! (loss in the data direction, loss on the ACK path, loss with duplication, reordering) and
+//! each setup it
 //! reports goodput, the longest stall between two reads that brought data, the sender's
 //! retransmitted segments against the data frames the router dropped, and whether the SHA-256
 //! of what arrived matches.
@@ -46,6 +47,14 @@ struct Args {
     /// (0: no such scenario).
     #[arg(long, default_value_t = 2.0)]
     dup: f64,
+    /// Share of data frames held back by the router for the reordering scenario, percent (0:
+    /// no such scenario).
+    #[arg(long, default_value_t = 2.0)]
+    reorder: f64,
+    /// How long the router holds a reordered frame, microseconds (at 1 Gbit/s, 100 us is about
+    /// 8 full-size frames).
+    #[arg(long, default_value_t = 200)]
+    reorder_delay_us: u64,
     /// A bottleneck toward the client, Mbit/s (none by default).
     #[arg(long)]
     rate: Option<u32>,
@@ -99,6 +108,7 @@ struct Run {
     data_loss: f64,
     ack_loss: f64,
     dup: f64,
+    reorder: f64,
     ok: bool,
     error: Option<String>,
     mbit: f64,
@@ -320,15 +330,42 @@ fn run(args: &Args) -> Result<(), String> {
     let (ctx, crx) = mpsc::channel();
     kernel_server(&net, total, &args.kernel_cc, ktx)?;
     let stop = corelane_server(&net, total, ctx)?;
-    let mut scenarios: Vec<(f64, f64, f64)> = args.loss.iter().map(|&p| (p, 0.0, 0.0)).collect();
+    let mut scenarios: Vec<Scenario> = args
+        .loss
+        .iter()
+        .map(|&p| Scenario {
+            data: p,
+            ..Scenario::default()
+        })
+        .collect();
     if args.ack_loss > 0.0 {
-        scenarios.push((0.0, args.ack_loss, 0.0));
+        scenarios.push(Scenario {
+            ack: args.ack_loss,
+            ..Scenario::default()
+        });
     }
     if args.dup > 0.0 {
-        scenarios.push((1.0, 0.0, args.dup));
+        scenarios.push(Scenario {
+            data: 1.0,
+            dup: args.dup,
+            ..Scenario::default()
+        });
     }
+    if args.reorder > 0.0 {
+        scenarios.push(Scenario {
+            reorder: args.reorder,
+            ..Scenario::default()
+        });
+    }
+    let delay = Duration::from_micros(args.reorder_delay_us);
     let mut runs = Vec::new();
-    for &(data, ack, dup) in &scenarios {
+    for sc in &scenarios {
+        let Scenario {
+            data,
+            ack,
+            dup,
+            reorder,
+        } = *sc;
         for rep in 0..args.repeat {
             for setup in &args.setups {
                 let (ip, rx) = match setup.as_str() {
@@ -339,6 +376,8 @@ fn run(args: &Args) -> Result<(), String> {
                 net.set_loss(Loss::percent(ack), Loss::percent(data))
                     .map_err(|e| e.to_string())?;
                 net.set_duplicate(Loss::NONE, Loss::percent(dup))
+                    .map_err(|e| e.to_string())?;
+                net.set_reorder(Loss::NONE, Loss::percent(reorder), delay)
                     .map_err(|e| e.to_string())?;
                 let addr: SocketAddr = format!("{ip}:{PORT}").parse().map_err(|_| "address")?;
                 let timeout = Duration::from_secs(args.timeout);
@@ -353,6 +392,7 @@ fn run(args: &Args) -> Result<(), String> {
                     data_loss: data,
                     ack_loss: ack,
                     dup,
+                    reorder,
                     retrans_segs: sent.retrans_segs,
                     rto: sent.rto,
                     dropped_data_frames: c.dropped_to_client,
@@ -372,7 +412,7 @@ fn run(args: &Args) -> Result<(), String> {
                     Err(e) => r.error = Some(e),
                 }
                 println!(
-                    "rep {} data {data}% ack {ack}% dup {dup}% {:<9} {:>8.1} Mbit/s {:>6.2} s stall {:>6.1} ms retrans {} (dropped {}) rto {} {}",
+                    "rep {} data {data}% ack {ack}% dup {dup}% reorder {reorder}% {:<9} {:>8.1} Mbit/s {:>6.2} s stall {:>6.1} ms retrans {} (dropped {}) rto {} {}",
                     rep + 1,
                     r.setup,
                     r.mbit,
@@ -400,13 +440,26 @@ fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
-fn report(args: &Args, scenarios: &[(f64, f64, f64)], runs: &[Run]) -> Result<(), String> {
+/// One path condition: loss each way, duplication and reordering toward the client, percent.
+#[derive(Debug, Clone, Copy, Default)]
+struct Scenario {
+    data: f64,
+    ack: f64,
+    dup: f64,
+    reorder: f64,
+}
+
+fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), String> {
     let mut rows = Vec::new();
-    for &(data, ack, dup) in scenarios {
+    for sc in scenarios {
         let of = |setup: &str| -> Vec<&Run> {
             runs.iter()
                 .filter(|r| {
-                    r.setup == setup && r.data_loss == data && r.ack_loss == ack && r.dup == dup
+                    r.setup == setup
+                        && r.data_loss == sc.data
+                        && r.ack_loss == sc.ack
+                        && r.dup == sc.dup
+                        && r.reorder == sc.reorder
                 })
                 .collect()
         };
@@ -433,9 +486,10 @@ fn report(args: &Args, scenarios: &[(f64, f64, f64)], runs: &[Run]) -> Result<()
         let ok = |v: &[&Run]| v.iter().all(|r| r.ok);
         let (kr, cr) = (rate(&k), rate(&c));
         rows.push(vec![
-            format!("{data}%"),
-            format!("{ack}%"),
-            format!("{dup}%"),
+            format!("{}%", sc.data),
+            format!("{}%", sc.ack),
+            format!("{}%", sc.dup),
+            format!("{}%", sc.reorder),
             format!("{kr:.0}"),
             format!("{cr:.0}"),
             if kr > 0.0 {
@@ -454,6 +508,7 @@ fn report(args: &Args, scenarios: &[(f64, f64, f64)], runs: &[Run]) -> Result<()
             "data loss",
             "ACK loss",
             "dup",
+            "reordered",
             "kernel Mbit/s",
             "corelane Mbit/s",
             "corelane / kernel",
@@ -467,13 +522,14 @@ fn report(args: &Args, scenarios: &[(f64, f64, f64)], runs: &[Run]) -> Result<()
     let md = format!(
         "# corelane against the kernel through a lossy router\n\n{} MiB per transfer from a \
          server in the server namespace to a kernel client, through a bridge that drops the \
-         given share of frames (data: toward the client; ACK: toward the server){}; median of \
-         {} run(s). The kernel server runs {}, corelane CUBIC. Retransmissions are the sender's \
+         given share of frames (data: toward the client; ACK: toward the server){}; reordered \
+         frames are held {} us; median of {} run(s). The kernel server runs {}, corelane CUBIC. Retransmissions are the sender's \
          segments; dropped are the data frames the router dropped.\n\n{table}\n\nReproduce: \
          `cargo run --release -p corelane-bench --bin lossy -- --mib {} --loss {}{} --kernel-cc {}`\n",
         args.mib,
         args.rate
             .map_or(String::new(), |r| format!(", a {r} Mbit/s bottleneck")),
+        args.reorder_delay_us,
         args.repeat,
         args.kernel_cc,
         args.mib,

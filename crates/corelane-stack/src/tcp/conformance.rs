@@ -15,7 +15,7 @@ use super::{Congestion, TcpConfig};
 /// A segment the connection sent, kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Sent {
-    seq: u32,
+    pub(super) seq: u32,
     ack: Option<u32>,
     flags: u8,
     window: u16,
@@ -168,7 +168,7 @@ impl Script {
     }
 
     /// Moves the clock to the connection's next deadline.
-    fn jump(&mut self) -> Duration {
+    pub(super) fn jump(&mut self) -> Duration {
         let t = self.c.poll_at().expect("a timer");
         let d = t - self.now;
         self.now = self.now.max(t);
@@ -369,78 +369,6 @@ fn out_of_order_data_is_sacked_newest_block_first_and_filled_in_place() {
     assert_eq!(out[0].sack, vec![(PEER_ISN + 3001, PEER_ISN + 4001)]);
     let mut buf = [0u8; 4096];
     assert_eq!(s.c.read(&mut buf).0, 2000);
-}
-
-/// Ten full segments sent from an established connection; returns the script and SND.UNA.
-fn ten_in_flight() -> (Script, u32) {
-    let (mut s, una) = Script::established(false);
-    // The handshake's RTT sample: one second (the clock did not move), floor 200 ms.
-    s.c.write(&[9u8; 10_000]);
-    let out = s.out();
-    assert_eq!(out.len(), 10);
-    assert!(out.iter().all(|o| o.len == 1000));
-    (s, una)
-}
-
-#[test]
-fn sack_recovery_resends_only_the_holes() {
-    let (mut s, una) = ten_in_flight();
-    s.advance(Duration::from_millis(10));
-    // Segments 0 and 1 lost; 2..10 arrive: the peer's ACKs say so.
-    let mut ack = seg(PEER_ISN + 1, una);
-    ack.sack[0] = Some((una + 2000, una + 10_000));
-    s.input(ack);
-    let out = s.out();
-    let resent: Vec<(u32, usize)> = out.iter().map(|o| (o.seq, o.len)).collect();
-    assert_eq!(resent, vec![(una, 1000), (una + 1000, 1000)]);
-    assert_eq!(s.c.stats.fast_recoveries, 1);
-    assert_eq!(s.c.stats.retrans_segs, 2);
-    // Both arrive: everything is acknowledged, recovery ends, nothing else is sent.
-    s.advance(Duration::from_millis(10));
-    s.input(seg(PEER_ISN + 1, una + 10_000));
-    assert!(s.out().is_empty());
-    assert!(s.c.recovery.is_none());
-    assert!(s.c.cwnd() >= 2 * 1000);
-}
-
-#[test]
-fn a_tail_loss_is_probed_before_the_retransmission_timer() {
-    let (mut s, una) = ten_in_flight();
-    s.advance(Duration::from_millis(10));
-    // Everything but the last two segments arrives (with one segment left, the probe would
-    // wait for the peer's delayed ACK as long as the RTO).
-    s.input(seg(PEER_ISN + 1, una + 8000));
-    assert!(s.out().is_empty());
-    let d = s.jump();
-    let out = s.out();
-    assert_eq!(out.len(), 1, "{out:?}");
-    assert_eq!(
-        (out[0].seq, out[0].len),
-        (una + 9000, 1000),
-        "the last segment again"
-    );
-    assert_eq!(s.c.stats.tail_probes, 1);
-    assert!(d < s.c.rtt.rto(), "the probe ({d}) came before the RTO");
-}
-
-#[test]
-fn the_retransmission_timer_backs_off_from_a_200_ms_floor() {
-    let (mut s, una) = ten_in_flight();
-    // A fast path: SRTT far below the floor.
-    s.c.rtt.sample(Duration::from_micros(50));
-    s.c.tlp_at = None;
-    s.c.tlp_out = true;
-    s.c.rto_at = Some(s.now + s.c.rtt.rto());
-    let mut gaps = Vec::new();
-    for _ in 0..4 {
-        let d = s.jump();
-        let out = s.out();
-        assert_eq!(out[0].seq, una, "go back to the first unacknowledged byte");
-        gaps.push(d.total_millis());
-    }
-    assert_eq!(gaps, vec![200, 400, 800, 1600]);
-    assert_eq!(s.c.cwnd(), 1000, "one segment after a timeout");
-    assert_eq!(s.c.stats.rto_expiries, 4);
 }
 
 #[test]

@@ -27,6 +27,28 @@ pub(super) struct Recovery {
     pub recover_fs: usize,
 }
 
+/// The controller as it was before a fast recovery, and that episode's retransmissions not
+/// yet reported as duplicates: when the last is, every retransmission was spurious and the
+/// reduction is undone (RFC 2883 section 5, in the manner of RFC 3708's detection).
+#[derive(Debug, Clone)]
+pub(super) struct Undo {
+    pub prior: Cc,
+    pub left: u32,
+    /// SND.UNA when the episode began: D-SACKs below it are of older segments.
+    pub from: Seq,
+}
+
+impl Conn {
+    /// Puts the controller back as it was before the spurious episode (keeping a window
+    /// that has grown since).
+    pub(super) fn apply_undo(&mut self, u: Undo) {
+        let cwnd = self.cc.cwnd;
+        self.cc = u.prior;
+        self.cc.cwnd = self.cc.cwnd.max(cwnd);
+        self.stats.undos += 1;
+    }
+}
+
 /// What one side learnt from the other's SYN.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Peer {
@@ -132,6 +154,14 @@ pub(crate) struct Conn {
     pub(super) rack: Option<(Instant, Seq)>,
     pub(super) rack_rtt: Duration,
     pub(super) reordering: bool,
+    /// RACK's reordering window in quarters of the minimum RTT (RFC 8985 section 6.2).
+    pub(super) reo_mult: u32,
+    /// The round a D-SACK last widened the window in: widened again once this is acked.
+    pub(super) reo_round: Option<Seq>,
+    /// Recoveries since the last D-SACK; after 16 the window is back to one quarter.
+    pub(super) reo_quiet: u32,
+    /// What undoes the last fast recovery's reduction if it proves spurious.
+    pub(super) undo: Option<Undo>,
     pub(super) dupacks: u32,
     pub(super) tlp_out: bool,
     pub(super) peak_flight: usize,
@@ -256,6 +286,10 @@ impl Conn {
             rack: None,
             rack_rtt: Duration::ZERO,
             reordering: false,
+            reo_mult: 1,
+            reo_round: None,
+            reo_quiet: 0,
+            undo: None,
             dupacks: 0,
             tlp_out: false,
             peak_flight: 0,

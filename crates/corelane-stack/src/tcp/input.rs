@@ -7,7 +7,7 @@ use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{TcpControl, TcpRepr};
 
 use super::board::Delivered;
-use super::conn::{Conn, Peer, Recovery, TcpState};
+use super::conn::{Conn, Peer, Recovery, TcpState, Undo};
 use super::seq::Seq;
 
 /// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
@@ -292,7 +292,7 @@ impl Conn {
                     self.board.sack(l, r, self.snd_una, now, &mut d);
                 } else if r.le(self.snd_una) {
                     // A D-SACK (RFC 2883): a retransmission was not needed; reordering.
-                    self.reordering = true;
+                    self.on_dsack(l);
                 }
             }
         }
@@ -316,10 +316,17 @@ impl Conn {
         if let Some(rec) = &mut self.recovery
             && self.snd_una.ge(rec.recover)
         {
-            if !rec.timeout {
-                self.cc.cwnd = self.cc.ssthresh.max(2 * mss);
-            }
+            let timeout = rec.timeout;
             self.recovery = None;
+            if !timeout {
+                match self.undo.take() {
+                    Some(u) if u.left == 0 => self.apply_undo(u),
+                    other => {
+                        self.undo = other;
+                        self.cc.cwnd = self.cc.ssthresh.max(2 * mss);
+                    }
+                }
+            }
         }
         match &mut self.recovery {
             Some(rec) if !rec.timeout => {
@@ -379,6 +386,11 @@ impl Conn {
         }
         if self.board.lost() > 0 && self.recovery.is_none() {
             let flight = self.board.in_flight() + self.board.lost();
+            self.undo = Some(Undo {
+                prior: self.cc.clone(),
+                left: 0,
+                from: self.snd_una,
+            });
             self.cc.on_loss(flight);
             self.recovery = Some(Recovery {
                 recover: self.snd_nxt,
@@ -389,17 +401,47 @@ impl Conn {
             });
             self.stats.fast_recoveries += 1;
             self.tlp_at = None;
+            self.reo_quiet += 1;
+            if self.reo_quiet >= 16 {
+                self.reo_mult = 1;
+                self.reo_quiet = 0;
+            }
+        }
+    }
+
+    /// A D-SACK: the path reorders more than the window allowed for; widen it by a quarter
+    /// of the minimum RTT, at most once per round trip (RFC 8985 section 6.2, step 4).
+    fn on_dsack(&mut self, left_edge: Seq) {
+        self.stats.dsacks += 1;
+        self.reordering = true;
+        if let Some(u) = &mut self.undo
+            && u.left > 0
+            && left_edge.ge(u.from)
+        {
+            u.left -= 1;
+            // In recovery, the undo waits for its end (PRR still sets the window until then).
+            if u.left == 0
+                && self.recovery.is_none()
+                && let Some(u) = self.undo.take()
+            {
+                self.apply_undo(u);
+            }
+        }
+        self.reo_quiet = 0;
+        if self.reo_round.is_none_or(|r| self.snd_una.gt(r)) {
+            self.reo_mult = (self.reo_mult + 1).min(64);
+            self.reo_round = Some(self.snd_nxt);
         }
     }
 
     /// RACK's reordering window (RFC 8985 section 6.2, step 4): none in recovery unless
-    /// reordering was seen, else a quarter of the minimum RTT, never more than SRTT.
+    /// reordering was seen, else `reo_mult` quarters of the minimum RTT, never more than SRTT.
     fn reo_wnd(&self) -> Duration {
         if !self.reordering && (self.recovery.is_some() || self.board.sacked() >= 3 * self.smss) {
             return Duration::ZERO;
         }
         let min = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
-        let q = Duration::from_micros(min.total_micros() / 4);
+        let q = Duration::from_micros(min.total_micros() / 4 * u64::from(self.reo_mult));
         self.rtt.srtt().map_or(q, |s| q.min(s))
     }
 

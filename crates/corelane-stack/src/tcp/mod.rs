@@ -20,6 +20,8 @@ mod board;
 mod cc;
 #[cfg(test)]
 mod conformance;
+#[cfg(test)]
+mod conformance_recovery;
 mod conn;
 #[cfg(test)]
 mod fuzz;

@@ -360,6 +360,9 @@ impl Conn {
         if let Some(rec) = &mut self.recovery {
             rec.prr_out += bytes;
         }
+        if let Some(u) = &mut self.undo {
+            u.left += 1;
+        }
     }
 }
 

@@ -114,6 +114,8 @@ impl Conn {
                 self.stats.rto_expiries += 1;
                 self.rtt.back_off();
                 self.cc.on_rto(self.board.in_flight() + self.board.lost());
+                // After a timeout nothing is undone.
+                self.undo = None;
                 self.board.mark_all_lost();
                 self.recovery = Some(Recovery {
                     recover: self.snd_nxt,

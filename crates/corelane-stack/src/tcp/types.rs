@@ -84,6 +84,11 @@ pub struct TcpStats {
     pub cookies_ok: u64,
     /// Connections dropped by a timer (SYN retries, user timeout, keep-alive).
     pub timeouts: u64,
+    /// D-SACKs received (RFC 2883): segments the peer got twice, so a retransmission was
+    /// spurious (reordering, or a duplicating path).
+    pub dsacks: u64,
+    /// Window reductions undone because every retransmission of the episode was D-SACKed.
+    pub undos: u64,
 }
 
 impl std::ops::AddAssign for TcpStats {
@@ -105,5 +110,7 @@ impl std::ops::AddAssign for TcpStats {
         self.cookies_sent += o.cookies_sent;
         self.cookies_ok += o.cookies_ok;
         self.timeouts += o.timeouts;
+        self.dsacks += o.dsacks;
+        self.undos += o.undos;
     }
 }

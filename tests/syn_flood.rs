@@ -1,0 +1,188 @@
+//! A SYN flood against a corelane listener: spoofed SYNs from random sources for a bounded
+//! time while a real client keeps connecting. The listener's SYN queue fills with the flood,
+//! SYN cookies take over, every real connection completes and echoes, the flow table stays
+//! bounded by the backlog and the process's memory does not grow with the flood. A short
+//! slice of the `synflood` benchmark.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use corelane::{Runtime, StackStats};
+use corelane_testnet::{SynFlood, VethPair, require_root};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const CORELANE: &str = "10.84.0.3";
+const BACKLOG: usize = 64;
+
+/// Resident memory of this process, KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Connects, sends a line and reads it back.
+fn echo_once(addr: SocketAddr) -> Result<Duration, String> {
+    let t = Instant::now();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+        .map_err(|e| format!("connect: {e}"))?;
+    let took = t.elapsed();
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"ping\n").map_err(|e| format!("write: {e}"))?;
+    let mut buf = [0u8; 5];
+    s.read_exact(&mut buf).map_err(|e| format!("read: {e}"))?;
+    if &buf != b"ping\n" {
+        return Err(format!("echoed {buf:?}"));
+    }
+    Ok(took)
+}
+
+#[test]
+fn a_syn_flood_leaves_the_listener_serving_with_bounded_memory() -> Result<(), String> {
+    if !require_root("syn flood") {
+        return Ok(());
+    }
+    let net = VethPair::builder()
+        .server_addr("10.84.0.1/24")
+        .client_addr("10.84.0.2/24")
+        .build()
+        .map_err(|e| e.to_string())?;
+    let seen: Arc<Mutex<Vec<StackStats>>> = Arc::default();
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let ifname = net.server_if().to_string();
+    let samples = seen.clone();
+    let server = net
+        .server_ns()
+        .spawn(move || -> Result<(), String> {
+            let rt = Runtime::builder(&ifname)
+                .addr(format!("{CORELANE}/24").parse().map_err(|_| "cidr")?)
+                .cpus(vec![0])
+                .backlog(BACKLOG)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let _ = stop_tx.send(rt.stop_handle());
+            let ready_tx = Mutex::new(ready_tx);
+            let samples = Mutex::new(samples);
+            rt.run(|_| {
+                let l = corelane::net::TcpListener::bind(7).map_err(|e| e.to_string());
+                let _ = ready_tx
+                    .lock()
+                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+                let samples = samples.lock().map(|s| s.clone()).ok();
+                async move {
+                    let (Ok(l), Some(samples)) = (l, samples) else {
+                        return;
+                    };
+                    // Every 20 ms, what the stack holds.
+                    tokio::task::spawn_local(async move {
+                        loop {
+                            if let (Some(s), Ok(mut v)) = (corelane::core_stats(), samples.lock()) {
+                                v.push(s.stack);
+                            }
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    });
+                    while let Ok((mut s, _)) = l.accept().await {
+                        tokio::task::spawn_local(async move {
+                            let mut buf = [0u8; 64];
+                            while let Ok(n) = s.read(&mut buf).await {
+                                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                    }
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        })
+        .map_err(|e| e.to_string())?;
+    let stop = stop_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the server did not start")?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the server did not start")??;
+    let addr: SocketAddr = format!("{CORELANE}:7").parse().map_err(|_| "addr")?;
+    let target = format!("{CORELANE}:7").parse().map_err(|_| "addr")?;
+    net.client_ns()
+        .run(move || echo_once(addr))
+        .map_err(|e| e.to_string())??;
+    let rss_before = rss_kib();
+    let mac = net
+        .server_ns()
+        .mac(net.server_if())
+        .map_err(|e| e.to_string())?;
+    // Bounded: at most 3 seconds and 2 million SYNs; stopped once the client is done.
+    let flood = SynFlood::builder(target, mac)
+        .limit(2_000_000, Duration::from_secs(3))
+        .start(net.client_ns(), net.client_if())
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(200));
+    // Ten real connections during the flood, one every 50 ms.
+    let tries = net
+        .client_ns()
+        .run(move || {
+            (0..10)
+                .map(|_| {
+                    let r = echo_once(addr);
+                    std::thread::sleep(Duration::from_millis(50));
+                    r
+                })
+                .collect::<Vec<_>>()
+        })
+        .map_err(|e| e.to_string())?;
+    let report = flood.stop().map_err(|e| e.to_string())?;
+    let (took, failures): (Vec<_>, Vec<_>) = tries.into_iter().partition(Result::is_ok);
+    let took: Vec<Duration> = took.into_iter().flatten().collect();
+    let rss_after = rss_kib();
+    // After the flood the listener still serves.
+    let after = net.client_ns().run(move || echo_once(addr));
+    std::thread::sleep(Duration::from_millis(50));
+    stop.stop();
+    server.join().map_err(|e| e.to_string())??;
+    let samples = seen.lock().map_err(|_| "poisoned")?.clone();
+    let max_flows = samples.iter().map(|s| s.flows).max().unwrap_or(0);
+    let last = samples.last().cloned().unwrap_or_default();
+    eprintln!(
+        "flood: {} SYNs in {:?} ({:.0}/s, {} refused); connects during it: {:?}; flows at most {max_flows}; cookies sent {}, SYNs dropped {}; RSS {rss_before} -> {rss_after} KiB",
+        report.sent,
+        report.elapsed,
+        report.rate(),
+        report.refused,
+        took,
+        last.tcp.cookies_sent,
+        last.syn_dropped,
+    );
+    assert!(failures.is_empty(), "real connections failed: {failures:?}");
+    assert_eq!(took.len(), 10);
+    after
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("after the flood: {e}"))?;
+    assert!(report.sent >= 20_000, "the flood sent only {report:?}");
+    // The flood filled the SYN queue and was answered with cookies, which hold nothing.
+    assert!(
+        last.tcp.cookies_sent >= 10_000,
+        "cookies sent: {}",
+        last.tcp.cookies_sent
+    );
+    assert!(
+        max_flows <= BACKLOG as u64 + 16,
+        "{max_flows} flows held for a backlog of {BACKLOG}"
+    );
+    assert!(
+        rss_after < rss_before + 32 * 1024,
+        "memory grew from {rss_before} to {rss_after} KiB"
+    );
+    Ok(())
+}

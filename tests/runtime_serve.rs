@@ -191,10 +191,20 @@ fn runtime_bulk_sink_counts_what_a_kernel_client_sends() {
     assert_clean_exit(status, &out);
     assert!(out.contains("Gbit/s"), "{out}");
     // Model-T: a bulk push fills the receive batches, so the adaptive batch grows past its
-    // smallest size on the core that carried the stream.
-    let settled: Vec<usize> = out
-        .match_indices("settled at ")
-        .filter_map(|(i, m)| out[i + m.len()..].split(' ').next()?.parse().ok())
+    // smallest size on the core that carried the stream (it may settle back there when the
+    // core keeps up with the stream; then it still changed size on the way).
+    let after = |key: &str| -> Vec<usize> {
+        out.match_indices(key)
+            .filter_map(|(i, m)| out[i + m.len()..].split(' ').next()?.parse().ok())
+            .collect()
+    };
+    let settled = after("settled at ");
+    let changes: Vec<usize> = out
+        .match_indices(" changes)")
+        .filter_map(|(i, _)| out[..i].rsplit(' ').next()?.parse().ok())
         .collect();
-    assert!(settled.iter().any(|&b| b > 4), "{out}");
+    assert!(
+        settled.iter().any(|&b| b > 4) || changes.iter().any(|&c| c > 0),
+        "{out}"
+    );
 }

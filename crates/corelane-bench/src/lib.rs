@@ -184,6 +184,63 @@ pub fn pin(cpu: usize) -> bool {
     core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
 }
 
+/// Starts a one-core corelane runtime (CPU 0) on `ifname` in `ns`, owning `cidr` and listening
+/// on `port` (with `backlog`, or the default); every accepted connection is given to `serve`
+/// as a task of its own. Returns once the listener is bound, with the handle that stops it.
+pub fn corelane_server<F, Fut>(
+    ns: &corelane_testnet::Netns,
+    ifname: &str,
+    cidr: &str,
+    port: u16,
+    backlog: Option<usize>,
+    serve: F,
+) -> Result<corelane::StopHandle, String>
+where
+    F: Fn(corelane::net::TcpStream) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    use std::sync::{Mutex, mpsc};
+    use std::time::Duration;
+    let ifname = ifname.to_string();
+    let addr = cidr
+        .parse()
+        .map_err(|_| format!("{cidr} is not an address/prefix"))?;
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    ns.spawn(move || -> Result<(), String> {
+        let mut b = corelane::Runtime::builder(&ifname).addr(addr).cpus(vec![0]);
+        if let Some(n) = backlog {
+            b = b.backlog(n);
+        }
+        let rt = b.build().map_err(|e| e.to_string())?;
+        let _ = stop_tx.send(rt.stop_handle());
+        let ready_tx = Mutex::new(ready_tx);
+        rt.run(|_| {
+            let l = corelane::net::TcpListener::bind(port).map_err(|e| e.to_string());
+            let _ = ready_tx
+                .lock()
+                .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+            let serve = serve.clone();
+            async move {
+                let Ok(l) = l else { return };
+                while let Ok((s, _)) = l.accept().await {
+                    tokio::task::spawn_local(serve(s));
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    })
+    .map_err(|e| e.to_string())?;
+    let stop = stop_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the corelane server did not start")?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the corelane server did not start")??;
+    Ok(stop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

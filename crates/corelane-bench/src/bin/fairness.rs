@@ -22,7 +22,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use corelane::Runtime;
 use corelane_bench::markdown_table;
 use corelane_testnet::LossyPath;
 use tokio::io::AsyncWriteExt;
@@ -104,44 +103,17 @@ fn set_cubic(l: &TcpListener) -> Result<(), String> {
 }
 
 fn corelane_server(net: &LossyPath) -> Result<corelane::StopHandle, String> {
-    let ifname = net.server_if().to_string();
-    let (stop_tx, stop_rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-    net.server_ns()
-        .spawn(move || -> Result<(), String> {
-            let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24").parse().map_err(|_| "address")?)
-                .cpus(vec![0])
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = stop_tx.send(rt.stop_handle());
-            let ready_tx = std::sync::Mutex::new(ready_tx);
-            rt.run(|_| {
-                let l = corelane::net::TcpListener::bind(PORT).map_err(|e| e.to_string());
-                let _ = ready_tx
-                    .lock()
-                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
-                async move {
-                    let Ok(l) = l else { return };
-                    while let Ok((mut s, _)) = l.accept().await {
-                        tokio::task::spawn_local(async move {
-                            let buf = vec![0x5au8; 64 * 1024];
-                            while s.write_all(&buf).await.is_ok() {}
-                        });
-                    }
-                }
-            })
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-        })
-        .map_err(|e| e.to_string())?;
-    let stop = stop_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the corelane server did not start")?;
-    ready_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the corelane server did not start")??;
-    Ok(stop)
+    corelane_bench::corelane_server(
+        net.server_ns(),
+        net.server_if(),
+        &format!("{CORELANE}/24"),
+        PORT,
+        None,
+        |mut s| async move {
+            let buf = vec![0x5au8; 64 * 1024];
+            while s.write_all(&buf).await.is_ok() {}
+        },
+    )
 }
 
 /// A receiving flow: its byte counter, and a flag that ends it.

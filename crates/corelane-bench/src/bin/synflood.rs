@@ -12,11 +12,9 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use corelane::Runtime;
 use corelane_bench::{markdown_table, pin};
 use corelane_testnet::{SynFlood, VethPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -130,49 +128,21 @@ fn kernel_server(net: &VethPair, backlog: usize) -> Result<(), String> {
 }
 
 fn corelane_server(net: &VethPair, backlog: usize) -> Result<corelane::StopHandle, String> {
-    let ifname = net.server_if().to_string();
-    let (stop_tx, stop_rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-    net.server_ns()
-        .spawn(move || -> Result<(), String> {
-            let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24").parse().map_err(|_| "address")?)
-                .cpus(vec![0])
-                .backlog(backlog)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = stop_tx.send(rt.stop_handle());
-            let ready_tx = std::sync::Mutex::new(ready_tx);
-            rt.run(|_| {
-                let l = corelane::net::TcpListener::bind(PORT).map_err(|e| e.to_string());
-                let _ = ready_tx
-                    .lock()
-                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
-                async move {
-                    let Ok(l) = l else { return };
-                    while let Ok((mut s, _)) = l.accept().await {
-                        tokio::task::spawn_local(async move {
-                            let mut buf = [0u8; 64];
-                            while let Ok(n) = s.read(&mut buf).await {
-                                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                                    break;
-                                }
-                            }
-                        });
-                    }
+    corelane_bench::corelane_server(
+        net.server_ns(),
+        net.server_if(),
+        &format!("{CORELANE}/24"),
+        PORT,
+        Some(backlog),
+        |mut s| async move {
+            let mut buf = [0u8; 64];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                    break;
                 }
-            })
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-        })
-        .map_err(|e| e.to_string())?;
-    let stop = stop_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the corelane server did not start")?;
-    ready_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the corelane server did not start")??;
-    Ok(stop)
+            }
+        },
+    )
 }
 
 /// Floods `ip` while a real client connects to it; returns the figures.

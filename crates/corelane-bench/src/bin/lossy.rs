@@ -20,7 +20,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use corelane::Runtime;
 use corelane_bench::{markdown_table, pin};
 use corelane_testnet::{Loss, LossyPath};
 use sha2::{Digest, Sha256};
@@ -209,61 +208,34 @@ fn corelane_server(
     total: usize,
     tx: mpsc::Sender<Sent>,
 ) -> Result<corelane::StopHandle, String> {
-    let ifname = net.server_if().to_string();
-    let (stop_tx, stop_rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-    net.server_ns()
-        .spawn(move || -> Result<(), String> {
-            let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24").parse().map_err(|_| "address")?)
-                .cpus(vec![0])
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = stop_tx.send(rt.stop_handle());
-            let ready_tx = std::sync::Mutex::new(ready_tx);
-            let tx = std::sync::Mutex::new(tx);
-            rt.run(|_| {
-                let l = corelane::net::TcpListener::bind(PORT).map_err(|e| e.to_string());
-                let _ = ready_tx
-                    .lock()
-                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
-                let tx = tx.lock().map(|t| t.clone()).ok();
-                async move {
-                    let (Ok(l), Some(tx)) = (l, tx) else { return };
-                    let pat = std::rc::Rc::new(pattern());
-                    while let Ok((mut s, _)) = l.accept().await {
-                        let (pat, tx) = (pat.clone(), tx.clone());
-                        tokio::task::spawn_local(async move {
-                            let mut left = total;
-                            while left > 0 {
-                                let n = left.min(pat.len());
-                                if s.write_all(&pat[..n]).await.is_err() {
-                                    break;
-                                }
-                                left -= n;
-                            }
-                            let _ = s.shutdown().await;
-                            let _ = s.read(&mut [0u8; 64]).await;
-                            let sent = s.info().map_or(Sent::default(), |i| Sent {
-                                retrans_segs: i.stats.retrans_segs,
-                                rto: i.stats.rto_expiries,
-                            });
-                            let _ = tx.send(sent);
-                        });
+    let pat = std::sync::Arc::new(pattern());
+    corelane_bench::corelane_server(
+        net.server_ns(),
+        net.server_if(),
+        &format!("{CORELANE}/24"),
+        PORT,
+        None,
+        move |mut s| {
+            let (pat, tx) = (pat.clone(), tx.clone());
+            async move {
+                let mut left = total;
+                while left > 0 {
+                    let n = left.min(pat.len());
+                    if s.write_all(&pat[..n]).await.is_err() {
+                        break;
                     }
+                    left -= n;
                 }
-            })
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-        })
-        .map_err(|e| e.to_string())?;
-    let stop = stop_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the corelane server did not start")?;
-    ready_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the corelane server did not start")??;
-    Ok(stop)
+                let _ = s.shutdown().await;
+                let _ = s.read(&mut [0u8; 64]).await;
+                let sent = s.info().map_or(Sent::default(), |i| Sent {
+                    retrans_segs: i.stats.retrans_segs,
+                    rto: i.stats.rto_expiries,
+                });
+                let _ = tx.send(sent);
+            }
+        },
+    )
 }
 
 /// Receives one transfer from `addr`: bytes, seconds, longest stall, hash.

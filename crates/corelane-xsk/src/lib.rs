@@ -2,7 +2,8 @@
 //! frames are accounted for one by one, and the interface facts the runtime needs.
 //!
 //! One module per kernel object: `steering` (the XDP program and its maps), `socket` (an
-//! AF_XDP socket and its UMEM), `ethtool` (queues, driver), `netdev` (index, MAC, MTU), `caps`
+//! AF_XDP socket and its UMEM), `ethtool` (queues, driver), `netdev` (index, MAC, MTU), `routes` (the kernel's routes, over
+//! rtnetlink), `caps`
 //! (privileges); `sys` holds the raw system calls. The frame interface, the ledger and the
 //! in-memory link live in `corelane_frame` (re-exported here).
 //!
@@ -23,6 +24,7 @@ mod caps;
 mod error;
 mod ethtool;
 mod netdev;
+mod routes;
 mod socket;
 mod steering;
 mod sys;
@@ -35,6 +37,7 @@ pub use corelane_frame::{
 pub use error::Error;
 pub use ethtool::{Channels, DriverInfo, channels, driver_info, rx_queue_count, set_channels};
 pub use netdev::{check_interface, mac_address, mtu};
+pub use routes::{KernelRoute, kernel_routes};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};
 pub use steering::{
     AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,

@@ -1,0 +1,212 @@
+//! The kernel's routes through an interface, read over rtnetlink: what a corelane host on that
+//! interface should use when the application gives no routes of its own.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use netlink_packet_core::{
+    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_sys::protocols::NETLINK_ROUTE;
+use netlink_sys::{Socket, SocketAddr};
+
+use crate::error::Error;
+use crate::netdev::check_interface;
+
+/// A unicast route of the kernel's main table whose way out is a given interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelRoute {
+    /// The destination prefix's address (`0.0.0.0` or `::` for a default route).
+    pub dst: IpAddr,
+    /// The destination prefix's length.
+    pub prefix: u8,
+    /// The gateway, or None for a destination on the link itself.
+    pub via: Option<IpAddr>,
+    /// The route's metric (lower wins among equal prefixes).
+    pub metric: u32,
+}
+
+impl KernelRoute {
+    /// True for a default route (prefix length 0).
+    pub fn is_default(&self) -> bool {
+        self.prefix == 0
+    }
+}
+
+impl fmt::Display for KernelRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_default() {
+            f.write_str("default")?;
+        } else {
+            write!(f, "{}/{}", self.dst, self.prefix)?;
+        }
+        match self.via {
+            Some(g) => write!(f, " via {g}"),
+            None => f.write_str(" on-link"),
+        }
+    }
+}
+
+/// The unicast routes (IPv4 and IPv6) of the kernel's main table that leave through `ifname`,
+/// in the kernel's order. Link-local and multicast prefixes are left out.
+///
+/// ```no_run
+/// for r in corelane_xsk::kernel_routes("eth0")? {
+///     println!("{r}");
+/// }
+/// # Ok::<(), corelane_xsk::Error>(())
+/// ```
+///
+/// # Errors
+/// No such interface, or the netlink socket failed (a process without a network namespace
+/// it may read, say).
+pub fn kernel_routes(ifname: &str) -> Result<Vec<KernelRoute>, Error> {
+    let index = check_interface(ifname)?;
+    let mut routes = Vec::new();
+    for msg in dump_routes()? {
+        if let Some(r) = route_of(&msg, index) {
+            routes.push(r);
+        }
+    }
+    Ok(routes)
+}
+
+fn netlink_err(what: &str, e: impl fmt::Display) -> Error {
+    Error::Io(std::io::Error::other(format!(
+        "reading the kernel's routes over netlink: {what}: {e}"
+    )))
+}
+
+/// Every route of every table, as the kernel answers a dump.
+fn dump_routes() -> Result<Vec<RouteMessage>, Error> {
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| netlink_err("socket", e))?;
+    socket.bind_auto().map_err(|e| netlink_err("bind", e))?;
+    socket
+        .connect(&SocketAddr::new(0, 0))
+        .map_err(|e| netlink_err("connect", e))?;
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    header.sequence_number = 1;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(RouteNetlinkMessage::GetRoute(RouteMessage::default())),
+    );
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf[..]);
+    socket.send(&buf, 0).map_err(|e| netlink_err("send", e))?;
+    let mut out = Vec::new();
+    let mut rx = vec![0u8; 64 * 1024];
+    loop {
+        let size = socket
+            .recv(&mut &mut rx[..], 0)
+            .map_err(|e| netlink_err("recv", e))?;
+        let mut offset = 0;
+        while offset < size {
+            let msg = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&rx[offset..size])
+                .map_err(|e| netlink_err("a malformed answer", e))?;
+            let len = msg.header.length as usize;
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(out),
+                NetlinkPayload::Error(e) => return Err(netlink_err("the kernel refused", e)),
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) => out.push(r),
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            offset += len;
+        }
+    }
+}
+
+/// The route `msg` describes, if it is a unicast route of the main table out of interface
+/// `index`.
+fn route_of(msg: &RouteMessage, index: u32) -> Option<KernelRoute> {
+    let h = &msg.header;
+    if h.kind != RouteType::Unicast || h.table != RouteHeader::RT_TABLE_MAIN {
+        return None;
+    }
+    let mut dst = None;
+    let mut via = None;
+    let mut oif = None;
+    let mut metric = 0;
+    for a in &msg.attributes {
+        match a {
+            RouteAttribute::Destination(d) => dst = ip_of(d),
+            RouteAttribute::Gateway(g) => via = ip_of(g),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Priority(p) => metric = *p,
+            _ => {}
+        }
+    }
+    if oif != Some(index) {
+        return None;
+    }
+    let dst = match (dst, h.address_family) {
+        (Some(d), _) => d,
+        (None, AddressFamily::Inet) => IpAddr::from([0u8; 4]),
+        (None, AddressFamily::Inet6) => IpAddr::from([0u8; 16]),
+        _ => return None,
+    };
+    let skip = match dst {
+        IpAddr::V4(a) => a.is_multicast() || a.is_link_local(),
+        IpAddr::V6(a) => a.is_multicast() || a.is_unicast_link_local(),
+    };
+    if skip {
+        return None;
+    }
+    Some(KernelRoute {
+        dst,
+        prefix: h.destination_prefix_length,
+        via,
+        metric,
+    })
+}
+
+fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v) => Some(IpAddr::V4(*v)),
+        RouteAddress::Inet6(v) => Some(IpAddr::V6(*v)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_print_like_ip_route() -> Result<(), std::net::AddrParseError> {
+        let r = KernelRoute {
+            dst: "0.0.0.0".parse()?,
+            prefix: 0,
+            via: Some("10.1.0.1".parse()?),
+            metric: 0,
+        };
+        assert_eq!(r.to_string(), "default via 10.1.0.1");
+        let r = KernelRoute {
+            dst: "fd00:2::".parse()?,
+            prefix: 64,
+            via: None,
+            metric: 256,
+        };
+        assert_eq!(r.to_string(), "fd00:2::/64 on-link");
+        Ok(())
+    }
+
+    #[test]
+    fn the_loopback_has_no_unicast_route_of_the_main_table() -> Result<(), Error> {
+        // lo's routes live in the local table; an unknown interface is an error that names it.
+        assert!(kernel_routes("lo")?.iter().all(|r| !r.is_default()));
+        match kernel_routes("no-such-if0") {
+            Err(Error::NoInterface(n)) => assert_eq!(n, "no-such-if0"),
+            other => panic!("expected NoInterface, got {other:?}"),
+        }
+        Ok(())
+    }
+}

@@ -1,5 +1,6 @@
-//! Test hosts for corelane: uniquely named network namespaces joined by a veth pair, or by a
-//! router that drops, duplicates and rate-limits ([`LossyPath`]).
+//! Test hosts for corelane: uniquely named network namespaces joined by a veth pair, by a
+//! bridge that drops, duplicates, reorders and rate-limits ([`LossyPath`]), or by a router
+//! between two subnets ([`RoutedNet`]).
 //!
 //! ```no_run
 //! use corelane_testnet::VethPair;
@@ -23,9 +24,11 @@ mod flood;
 mod lossy;
 mod packet;
 mod reorder;
+mod routed;
 
 pub use flood::{FloodReport, SynFlood, SynFloodBuilder};
 pub use lossy::{Loss, LossyBuilder, LossyPath, PathCounters};
+pub use routed::{RoutedBuilder, RoutedNet, Side};
 
 use std::ffi::CString;
 use std::fs::File;
@@ -183,6 +186,43 @@ impl Netns {
         full.extend_from_slice(args);
         let out = ip(&full)?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs many `ip` commands at once in this namespace (`ip -n NS -batch -`), one per line of
+    /// `commands` (e.g. `addr add 10.0.0.5/32 dev eth0`).
+    pub fn ip_batch(&self, commands: &str) -> Result<()> {
+        use std::io::Write;
+        let cmd = format!("ip -n {} -batch -", self.name);
+        let mut child = Command::new("ip")
+            .args(["-n", &self.name, "-batch", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|source| Error::MissingTool {
+                tool: "ip".into(),
+                package: "iproute2".into(),
+                source,
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(commands.as_bytes())
+                .map_err(|source| Error::Io {
+                    what: format!("writing to `{cmd}`"),
+                    source,
+                })?;
+        }
+        let out = child.wait_with_output().map_err(|source| Error::Io {
+            what: format!("waiting for `{cmd}`"),
+            source,
+        })?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                cmd,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// The hardware address of `ifname` in this namespace.

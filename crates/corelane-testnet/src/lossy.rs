@@ -221,7 +221,7 @@ impl LossyBuilder {
 
 /// Segmentation offloads (and, with `csum`, transmit checksum offload) off, so frames are
 /// segments with their checksums filled in.
-fn offloads_off(ns: &Netns, ifname: &str, csum: bool) -> Result<()> {
+pub(crate) fn offloads_off(ns: &Netns, ifname: &str, csum: bool) -> Result<()> {
     let mut args = vec![
         "-K",
         ifname,

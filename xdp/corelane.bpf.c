@@ -4,9 +4,10 @@
 //
 // Frames for an address AND port the application owns go to the AF_XDP socket of the queue they
 // arrived on; ARP for owned IPv4 addresses and NDP (neighbour solicitation/advertisement) for owned
-// IPv6 addresses go there too, and so do IPv4 fragments addressed to an owned address (the stack
-// reassembles them). Everything else passes to the kernel untouched, so ping, ssh and kernel
-// listeners on the same interface keep working. Frames too short for the headers they announce
+// IPv6 addresses go there too, and so do ICMP and ICMPv6 and IPv4 fragments addressed to an owned
+// address (the stack answers echo requests, acts on errors and reassembles fragments).
+// Everything else passes to the kernel untouched, so ping, ssh and kernel listeners on the
+// kernel's own addresses keep working. Frames too short for the headers they announce
 // are counted as malformed and passed: the kernel drops them as it always would.
 //
 // Build (the committed object is what corelane embeds; see xdp/build.sh):
@@ -133,9 +134,13 @@ static __always_inline int v6_owned(const __u8 *addr)
 	return v && *v;
 }
 
-// Steer a TCP or UDP segment whose destination port is owned; pass everything else.
+// Steer a TCP or UDP segment whose destination port is owned, and ICMP (echo requests, and the
+// errors that tell a flow its path's MTU or that a peer is unreachable) for an owned address;
+// pass everything else.
 static __always_inline int l4_steer(struct xdp_md *ctx, __u8 proto, void *l4, void *end)
 {
+	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)
+		return steer(ctx);
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = l4;
 		if ((void *)(th + 1) > end)
@@ -214,9 +219,10 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 		struct icmp6hdr *icmp = l4;
 		if ((void *)(icmp + 1) > end)
 			return malformed();
-		// 135: neighbour solicitation, 136: neighbour advertisement.
+		// 135: neighbour solicitation, 136: neighbour advertisement. The rest (echo,
+		// errors) is the stack's when addressed to an owned address.
 		if (icmp->icmp6_type != 135 && icmp->icmp6_type != 136)
-			return pass();
+			return v6_owned(ip6->daddr.in6_u.u6_addr8) ? steer(ctx) : pass();
 		struct nd_target *nd = (void *)(icmp + 1);
 		if ((void *)(nd + 1) > end)
 			return malformed();

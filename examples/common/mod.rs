@@ -20,6 +20,17 @@ pub(crate) struct Common {
     /// not hold on the interface.
     #[arg(long = "addr", value_parser = parse_cidr)]
     pub(crate) addrs: Vec<IpCidr>,
+    /// Default gateway (IPv4 or IPv6, on an owned subnet); may repeat, once per family.
+    /// Replaces the kernel's default route of that family.
+    #[arg(long = "gateway")]
+    pub(crate) gateways: Vec<std::net::IpAddr>,
+    /// A route: PREFIX via GATEWAY, written PREFIX=GATEWAY (e.g. 192.168.0.0/16=10.0.0.254);
+    /// may repeat.
+    #[arg(long = "route", value_parser = parse_route)]
+    pub(crate) routes: Vec<(IpCidr, std::net::IpAddr)>,
+    /// Do not start from the kernel's routes through the interface.
+    #[arg(long)]
+    pub(crate) no_kernel_routes: bool,
     /// Port to serve (each example has its default).
     #[arg(long)]
     pub(crate) port: Option<u16>,
@@ -64,6 +75,16 @@ fn parse_placement(s: &str) -> Result<Placement, String> {
 fn parse_cidr(s: &str) -> Result<IpCidr, String> {
     s.parse::<IpCidr>()
         .map_err(|_| format!("`{s}` is not an address with prefix, like 10.0.0.1/24 or fd00::1/64"))
+}
+
+fn parse_route(s: &str) -> Result<(IpCidr, std::net::IpAddr), String> {
+    let (prefix, via) = s.split_once('=').ok_or_else(|| {
+        format!("`{s}`: write a route as PREFIX=GATEWAY, like 10.9.0.0/16=10.0.0.254")
+    })?;
+    let via = via
+        .parse()
+        .map_err(|_| format!("`{via}` in --route {s} is not an address"))?;
+    Ok((parse_cidr(prefix)?, via))
 }
 
 impl Common {
@@ -122,7 +143,13 @@ impl Common {
         for a in &self.addrs {
             b = b.addr(*a);
         }
-        Ok(b)
+        for g in &self.gateways {
+            b = b.gateway(*g);
+        }
+        for (prefix, via) in &self.routes {
+            b = b.route(*prefix, *via);
+        }
+        Ok(b.kernel_routes(!self.no_kernel_routes))
     }
 }
 

@@ -30,6 +30,8 @@ pub struct Builder {
     pub(crate) handoff_slots: usize,
     pub(crate) linger: Duration,
     pub(crate) adaptive_batch: bool,
+    pub(crate) routes: Vec<crate::routing::Wanted>,
+    pub(crate) kernel_routes: bool,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
@@ -39,11 +41,49 @@ pub fn bandwidth_delay_product(bits_per_sec: u64, rtt: Duration) -> usize {
 }
 
 impl Builder {
-    /// An address (with prefix) the runtime owns. May repeat (IPv4 and IPv6, up to 4). Use an
+    /// An address (with prefix) the runtime owns. May repeat (IPv4 and IPv6, up to
+    /// [`corelane_stack::MAX_ADDRS`]). Use an
     /// address the kernel does not also hold on this interface: frames for it, and ARP or NDP
     /// for it, go to corelane only.
     pub fn addr(mut self, cidr: IpCidr) -> Self {
         self.addrs.push(cidr);
+        self
+    }
+
+    /// The default gateway of its family (IPv4 or IPv6; may be given once for each): every
+    /// destination on none of the owned subnets is reached through it. Same as
+    /// `route("0.0.0.0/0", gw)` or `route("::/0", gw)`. The gateway must be on an owned
+    /// subnet. Replaces the kernel's default route of that family.
+    ///
+    /// ```no_run
+    /// let rt = corelane_rt::Runtime::builder("eth0")
+    ///     .addr("10.1.0.5/24".parse().expect("a CIDR"))
+    ///     .gateway("10.1.0.1".parse().expect("an address"))
+    ///     .build()?;
+    /// # Ok::<(), corelane_rt::Error>(())
+    /// ```
+    pub fn gateway(self, gw: std::net::IpAddr) -> Self {
+        let any = match gw {
+            std::net::IpAddr::V4(_) => IpCidr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0),
+            std::net::IpAddr::V6(_) => IpCidr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0),
+        };
+        self.route(any, gw)
+    }
+
+    /// Destinations in `prefix` are reached through gateway `via` (on an owned subnet); the
+    /// longest matching prefix wins. Replaces a kernel route for the same prefix.
+    pub fn route(mut self, prefix: IpCidr, via: std::net::IpAddr) -> Self {
+        self.routes
+            .push(crate::routing::Wanted { dst: prefix, via });
+        self
+    }
+
+    /// Whether to start from the kernel's routes through the interface (default on): its
+    /// default gateway and other unicast routes of the main table, read over netlink when the
+    /// runtime is built, as `ip route show dev IF` lists them. [`Runtime::describe`] prints
+    /// the routes in use.
+    pub fn kernel_routes(mut self, on: bool) -> Self {
+        self.kernel_routes = on;
         self
     }
 
@@ -227,11 +267,17 @@ impl Builder {
                     .into(),
             ));
         }
-        if self.addrs.len() > 4 {
-            return Err(Error::Config("at most 4 addresses".into()));
+        if self.addrs.len() > corelane_stack::MAX_ADDRS {
+            return Err(Error::Config(format!(
+                "{} addresses: at most {} per runtime",
+                self.addrs.len(),
+                corelane_stack::MAX_ADDRS
+            )));
         }
         corelane_xsk::check_privileges()?;
         let (mut plan, channels) = self.make_plan()?;
+        let routes =
+            crate::routing::resolve(&self.ifname, &self.addrs, self.kernel_routes, &self.routes)?;
         let nqueues = channels.map_or(1, |c| c.rx_queues());
         let need = queues_needed(&plan);
         let mut restore = None;
@@ -326,6 +372,7 @@ impl Builder {
             nqueues,
             mac,
             mtu,
+            routes,
             _restore: restore,
         })
     }

@@ -41,6 +41,7 @@ pub struct Runtime {
     pub(crate) nqueues: u32,
     pub(crate) mac: [u8; 6],
     pub(crate) mtu: usize,
+    pub(crate) routes: corelane_stack::route::RouteTable,
     // Dropped after `shared` (and with it the XDP program).
     pub(crate) _restore: RestoreQueues,
 }
@@ -87,6 +88,8 @@ impl Runtime {
             handoff_slots: 1024,
             linger: Duration::from_millis(200),
             adaptive_batch: true,
+            routes: Vec::new(),
+            kernel_routes: true,
         }
     }
 
@@ -107,7 +110,7 @@ impl Runtime {
     }
 
     /// One line per fact: interface, XDP mode (and why, after a fallback), queues and cores,
-    /// addresses, buffers and poll mode.
+    /// addresses, routes, buffers and poll mode.
     pub fn describe(&self) -> String {
         let st = self
             .shared
@@ -134,6 +137,12 @@ impl Runtime {
         }
         let addrs: Vec<String> = self.cfg.addrs.iter().map(|a| a.to_string()).collect();
         s.push_str(&format!("\naddresses: {}", addrs.join(", ")));
+        let routes: Vec<String> = self.routes.routes().iter().map(|r| r.to_string()).collect();
+        if routes.is_empty() {
+            s.push_str("\nroutes: none (only peers on the owned subnets are reachable)");
+        } else {
+            s.push_str(&format!("\nroutes: {}", routes.join(", ")));
+        }
         s.push_str(&format!(
             "\nTCP buffers {} KiB each way, backlog {}, batch {}, poll mode {:?}",
             self.cfg.stack.tcp_rx_buffer / 1024,

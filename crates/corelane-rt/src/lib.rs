@@ -46,6 +46,7 @@ pub mod net;
 mod peers;
 mod queues;
 mod report;
+mod routing;
 mod stop;
 mod threads;
 

@@ -166,7 +166,7 @@ impl Runtime {
             .unwrap_or_else(|p| p.into_inner())
             .register(info.queue, q.fd())?;
         let mut dev = XdpDevice::new(q, self.mtu, self.cfg.stack.batch);
-        let stack = Stack::new(
+        let mut stack = Stack::new(
             &mut dev,
             self.mac,
             &self.cfg.addrs,
@@ -176,6 +176,12 @@ impl Runtime {
                 ..self.cfg.stack
             },
         );
+        for r in self.routes.routes() {
+            // Checked when the runtime was built; the stack's table has the same size.
+            stack
+                .add_route(r.dst, r.via)
+                .map_err(|e| Error::Config(e.to_string()))?;
+        }
         let exec = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;

@@ -5,6 +5,10 @@ use std::io;
 /// First port of the ephemeral range from which connections this side opens take their port.
 pub const EPHEMERAL_START: u16 = 49152;
 
+/// Most addresses a stack owns (the size of smoltcp's interface address list, which answers
+/// ARP, NDP and UDP for them).
+pub const MAX_ADDRS: usize = 8;
+
 /// Sizes and limits of a [`Stack`](crate::Stack).
 #[derive(Debug, Clone, Copy)]
 pub struct StackConfig {
@@ -82,6 +86,12 @@ pub enum StackError {
     /// No owned address of the remote's family to connect from.
     #[error("no local {0} address to connect from: add one with .addr()")]
     NoAddress(&'static str),
+    /// The remote is on none of the interface's links and no route leads to it.
+    #[error(
+        "no route to {0}: it is on none of this interface's subnets; add a gateway \
+         (Builder::gateway) or a route (Builder::route), or let the runtime read the kernel's"
+    )]
+    NoRoute(std::net::IpAddr),
     /// smoltcp refused an operation.
     #[error("{0}")]
     Refused(String),
@@ -92,6 +102,7 @@ impl From<StackError> for io::Error {
         let kind = match e {
             StackError::InUse { .. } => io::ErrorKind::AddrInUse,
             StackError::NoPort { .. } | StackError::NoAddress(_) => io::ErrorKind::AddrNotAvailable,
+            StackError::NoRoute(_) => io::ErrorKind::NetworkUnreachable,
             StackError::Refused(_) => io::ErrorKind::InvalidInput,
         };
         io::Error::new(kind, e)

@@ -27,19 +27,20 @@ pub mod flows;
 pub mod frames;
 mod node;
 mod pipeline;
+pub mod route;
 mod stack;
 pub mod tcp;
 pub mod tune;
 
 pub use classify::{Class, FlowKey};
-pub use config::{EPHEMERAL_START, StackConfig, StackError};
+pub use config::{EPHEMERAL_START, MAX_ADDRS, StackConfig, StackError};
 pub use corelane_frame::Proto;
 pub use device::{DeviceStats, RxToken, TxToken, XdpDevice};
 pub use flows::FlowTable;
 pub use node::{Node, Pair};
 pub use pipeline::{Alone, Disposition, Peers, Pipeline, PipelineStats, Stage, Turn, Unclaimed};
 pub use smoltcp;
-pub use stack::{FlowId, Stack, StackStats, TcpInfo};
+pub use stack::{AcceptOptions, FlowId, Stack, StackStats, TcpInfo};
 pub use tcp::{Congestion, TcpConfig, TcpState, TcpStats};
 pub use tune::{BatchTuner, LevelStats, TuneConfig};
 

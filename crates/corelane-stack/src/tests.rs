@@ -364,3 +364,37 @@ fn a_peer_that_never_answers_costs_a_few_turns_not_a_million() {
         "{steps} steps for a minute of retransmissions"
     );
 }
+
+#[test]
+fn an_off_link_peer_needs_a_route_and_is_reached_through_the_gateway()
+-> Result<(), Box<dyn std::error::Error>> {
+    let any = |s: &str| {
+        s.parse::<smoltcp::wire::IpCidr>()
+            .map_err(|()| format!("{s}"))
+    };
+    let mut p = pair();
+    let off: std::net::SocketAddr = "192.0.2.7:80".parse()?;
+    let e = p.b.stack.connect_tcp(off).err().ok_or("refused")?;
+    assert!(e.to_string().contains("no route to 192.0.2.7"), "{e}");
+    assert_eq!(
+        std::io::Error::from(e).kind(),
+        std::io::ErrorKind::NetworkUnreachable
+    );
+    // Node A is the gateway: the SYN goes to its hardware address (after asking for it), and
+    // A, which has no such connection, resets it.
+    let gw = server_ep().ip();
+    p.b.stack.add_route(any("0.0.0.0/0")?, Some(gw.into()))?;
+    assert_eq!(p.b.stack.routes()[0].to_string(), "default via 10.9.0.1");
+    let (c, _) = p.b.stack.connect_tcp(off)?;
+    let refused = p.drive(Duration::from_secs(5), |p| {
+        matches!(p.b.stack.tcp_connected(c, None), Poll::Ready(Err(_)))
+    })?;
+    assert!(refused, "the gateway's reset ends the attempt");
+    assert_eq!(p.a.stack.stats().tcp.resets_out, 1);
+    // Without the route, new connections are refused again; the longest prefix wins.
+    assert!(p.b.stack.remove_route(any("0.0.0.0/0")?).is_some());
+    assert!(p.b.stack.connect_tcp(off).is_err());
+    p.b.stack.add_route(any("192.0.2.0/24")?, Some(gw.into()))?;
+    assert!(p.b.stack.connect_tcp(off).is_ok());
+    Ok(())
+}

@@ -332,7 +332,11 @@ impl Stack {
                     }
                 }
                 Route::Drop => dev.skip(),
-                Route::Interface => self.answer(now, dev),
+                Route::Interface => {
+                    if !self.echo(dev) {
+                        self.answer(now, dev);
+                    }
+                }
                 Route::Neighbor(reply) => {
                     let learnt = dev
                         .front_bytes()

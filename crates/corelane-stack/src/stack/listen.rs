@@ -1,7 +1,9 @@
 //! Listeners: a SYN queue and an accept queue per port, and wake-one accept.
 
 use std::collections::VecDeque;
+use std::io;
 use std::task::Waker;
+use std::time::Duration;
 
 use corelane_frame::Proto;
 
@@ -15,6 +17,17 @@ pub(super) struct Listener {
     pub(super) half_open: usize,
     pub(super) ready: VecDeque<FlowId>,
     pub(super) waiters: VecDeque<(u64, Waker)>,
+    /// What every accepted connection starts with.
+    pub(super) options: AcceptOptions,
+}
+
+/// Socket options a listener gives each connection it accepts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AcceptOptions {
+    /// Keep-alive interval (None: off).
+    pub keepalive: Option<Duration>,
+    /// User timeout (None: the configured default).
+    pub user_timeout: Option<Duration>,
 }
 
 impl Stack {
@@ -31,6 +44,7 @@ impl Stack {
                 half_open: 0,
                 ready: VecDeque::new(),
                 waiters: VecDeque::new(),
+                options: AcceptOptions::default(),
             },
         );
         Ok(())
@@ -65,6 +79,38 @@ impl Stack {
                 c.abort();
             }
             self.queue_egress(i);
+        }
+    }
+
+    /// Sets the options every connection the listener on `port` accepts from now on starts
+    /// with (those already in the accept queue included).
+    ///
+    /// # Errors
+    /// `NotConnected` when `port` has no listener.
+    pub fn set_accept_options(&mut self, port: u16, options: AcceptOptions) -> io::Result<()> {
+        let l = self.listeners.get_mut(&port).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("no listener on port {port}"),
+            )
+        })?;
+        l.options = options;
+        for id in l.ready.clone() {
+            self.apply_options(id, options);
+        }
+        Ok(())
+    }
+
+    /// Gives accepted connection `id` the listener's options.
+    pub(super) fn apply_options(&mut self, id: FlowId, options: AcceptOptions) {
+        let now = self.clock;
+        if let Some(c) = self.flow(id).and_then(|f| f.conn()) {
+            if let Some(k) = options.keepalive {
+                c.set_keepalive(Some(k.into()), now);
+            }
+            if let Some(u) = options.user_timeout {
+                c.set_user_timeout(u.into());
+            }
         }
     }
 

@@ -20,14 +20,17 @@
 //!
 //! The files: `mod.rs` the flow slots and their life cycle (`settle`), `ingress.rs` demux and
 //! protocol, `egress.rs` output and timers, `listen.rs` listeners and accept, `socket.rs` what
-//! the application's sockets call, `neigh.rs` the next hops' hardware addresses.
+//! the application's sockets call, `neigh.rs` the next hops' hardware addresses, `icmp.rs`
+//! echo replies.
 
 mod egress;
+mod icmp;
 mod ingress;
 mod listen;
 mod neigh;
 mod socket;
 
+pub use listen::AcceptOptions;
 pub use socket::TcpInfo;
 
 use std::cmp::Reverse;
@@ -42,9 +45,10 @@ use smoltcp::time::Instant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 
 use crate::classify::FlowKey;
-use crate::config::StackConfig;
+use crate::config::{StackConfig, StackError};
 use crate::device::XdpDevice;
 use crate::flows::FlowTable;
+use crate::route::{Route, RouteTable};
 use crate::tcp::wire::{Out, Path};
 use crate::tcp::{Conn, Secret, TcpState, TcpStats};
 use listen::Listener;
@@ -89,6 +93,8 @@ pub struct StackStats {
     /// TCP segments that did not parse (what the classify stage passed but the TCP parser
     /// refused: a SYN with FIN, a zero port, a bad option).
     pub tcp_malformed: u64,
+    /// ICMP and ICMPv6 echo requests answered.
+    pub icmp_echoes: u64,
     /// Transmissions held back because the next hop's hardware address is not known yet.
     pub neighbor_waits: u64,
     /// TCP counters, summed over every connection this stack has had.
@@ -142,6 +148,7 @@ pub struct Stack {
     mtu: usize,
     secret: Secret,
     neigh: Neighbors,
+    routes: RouteTable,
     /// TCP flows waiting for a next hop's hardware address.
     unresolved: Vec<u32>,
     ip_id: u16,
@@ -209,6 +216,7 @@ impl Stack {
             mtu,
             secret: Secret::new(seed),
             neigh: Neighbors::default(),
+            routes: RouteTable::default(),
             unresolved: Vec::new(),
             ip_id: (seed >> 17) as u16,
             tcp_done: TcpStats::default(),
@@ -392,22 +400,66 @@ impl Stack {
         true
     }
 
-    /// The next hop toward `remote`: itself when on a link of this interface, else the
-    /// default gateway of its family, if one is set.
-    fn next_hop(&self, remote: IpAddress) -> IpAddress {
+    /// The next hop toward `remote`: itself when on a link of this interface, else by the
+    /// route table; None without a route.
+    fn next_hop(&self, remote: IpAddress) -> Option<IpAddress> {
         if self
             .iface
             .ip_addrs()
             .iter()
             .any(|c| c.contains_addr(&remote))
         {
-            return remote;
+            return Some(remote);
         }
-        let route = match remote {
-            IpAddress::Ipv4(_) => self.iface.routes().get_default_ipv4_route(),
-            IpAddress::Ipv6(_) => self.iface.routes().get_default_ipv6_route(),
-        };
-        route.map_or(remote, |r| r.via_router)
+        self.routes.next_hop(remote)
+    }
+
+    /// Adds a route: destinations in `dst` are reached through gateway `via` (on one of this
+    /// interface's links), or directly on the link when `via` is None. A route for the same
+    /// prefix is replaced. Connections already open keep the next hop they found.
+    ///
+    /// # Errors
+    /// A gateway of the wrong family or not unicast, or a full table.
+    pub fn add_route(&mut self, dst: IpCidr, via: Option<IpAddress>) -> Result<(), StackError> {
+        self.routes.add(dst, via)?;
+        // smoltcp's interface (UDP, ICMP) routes by gateway only; an on-link route needs none
+        // there as long as it is also an owned address's subnet.
+        let dst = crate::route::canonical(dst);
+        let mut full = false;
+        self.iface.routes_mut().update(|table| {
+            table.retain(|r| r.cidr != dst);
+            if let Some(g) = via {
+                full = table
+                    .push(smoltcp::iface::Route {
+                        cidr: dst,
+                        via_router: g,
+                        preferred_until: None,
+                        expires_at: None,
+                    })
+                    .is_err();
+            }
+        });
+        if full {
+            self.routes.remove(dst);
+            return Err(StackError::Refused(format!(
+                "route {dst}: the interface's table is full"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Removes the route for prefix `dst`; returns it if there was one.
+    pub fn remove_route(&mut self, dst: IpCidr) -> Option<Route> {
+        let r = self.routes.remove(dst)?;
+        self.iface
+            .routes_mut()
+            .update(|table| table.retain(|x| x.cidr != r.dst));
+        Some(r)
+    }
+
+    /// The routes in force, in the order they were added.
+    pub fn routes(&self) -> &[Route] {
+        self.routes.routes()
     }
 
     /// Finds the hardware address of TCP flow `index`'s next hop, asking for it if unknown.
@@ -423,10 +475,15 @@ impl Stack {
         let Some(key) = f.key else {
             return false;
         };
-        let hop = self.next_hop(key.remote.addr);
-        if let Some(mac) = self.neigh.lookup(hop, now) {
+        // A route removed since the connection opened: ask on the link.
+        let hop = self.next_hop(key.remote.addr).unwrap_or(key.remote.addr);
+        if let Some((mac, fresh)) = self.neigh.lookup(hop, now) {
             if let Some(f) = self.slots[index as usize].flow.as_mut() {
                 f.mac = Some(mac);
+            }
+            if !fresh {
+                // Used as it is; the answer refreshes it for the flows that come later.
+                self.ask(now, dev, key.local.addr, hop);
             }
             return true;
         }
@@ -434,14 +491,26 @@ impl Stack {
         if !self.unresolved.contains(&index) {
             self.unresolved.push(index);
         }
-        if !neigh::unspecified(key.local.addr)
+        self.ask(now, dev, key.local.addr, hop);
+        false
+    }
+
+    /// Sends an ARP request or a neighbour solicitation for `hop` from `from`, unless one went
+    /// out lately.
+    fn ask<P: FrameIo>(
+        &mut self,
+        now: Instant,
+        dev: &mut XdpDevice<P>,
+        from: IpAddress,
+        hop: IpAddress,
+    ) {
+        if !neigh::unspecified(from)
             && self.neigh.may_ask(hop, now)
-            && let Some(frame) = neigh::request(self.mac, key.local.addr, hop)
+            && let Some(frame) = neigh::request(self.mac, from, hop)
             && let Some(tx) = dev.transmit(now)
         {
             smoltcp::phy::TxToken::consume(tx, frame.len(), |buf| buf.copy_from_slice(&frame));
         }
-        false
     }
 
     /// After a flow was polled: promote a finished handshake to the accept queue, free what is
@@ -461,6 +530,12 @@ impl Stack {
             ) {
                 f.listener = None;
                 f.held = true;
+                let options = self.listeners.get(&port).map(|l| l.options);
+                if let Some(o) = options
+                    && o != listen::AcceptOptions::default()
+                {
+                    self.apply_options(id, o);
+                }
                 if let Some(l) = self.listeners.get_mut(&port) {
                     l.half_open -= 1;
                     l.ready.push_back(id);

@@ -1,7 +1,9 @@
 //! The TCP engine's neighbour table: which hardware address each next hop has. It learns from
 //! every ARP packet and NDP solicitation or advertisement that arrives (smoltcp's interface
 //! still answers them for UDP and ICMP), asks with an ARP request or a neighbour solicitation
-//! when a connection needs an address it does not know, and keeps at most `MAX` entries.
+//! when a connection needs an address it does not know, and keeps at most `MAX` entries. An
+//! entry older than `STALE` is still used while a new request goes out, so a flow never waits
+//! for a refresh; when the table is full the oldest eighth makes room.
 
 use std::collections::HashMap;
 
@@ -16,8 +18,10 @@ use crate::tcp::wire::checksum;
 
 /// Most entries kept.
 const MAX: usize = 16 * 1024;
-/// An entry is asked for again after this long.
+/// An entry is asked for again after this long (and still used meanwhile).
 const STALE: Duration = Duration::from_secs(300);
+/// An entry no longer used after this long without news.
+const EXPIRE: Duration = Duration::from_secs(1200);
 /// At most one request per address per this long.
 const RETRY: Duration = Duration::from_millis(200);
 
@@ -28,12 +32,13 @@ pub(super) struct Neighbors {
 }
 
 impl Neighbors {
-    /// The hardware address of `ip`, if known and fresh.
-    pub(super) fn lookup(&self, ip: IpAddress, now: Instant) -> Option<[u8; 6]> {
+    /// The hardware address of `ip`, if known, and whether it is fresh (a stale one is
+    /// usable, but should be asked for again).
+    pub(super) fn lookup(&self, ip: IpAddress, now: Instant) -> Option<([u8; 6], bool)> {
         self.known
             .get(&ip)
-            .filter(|(_, at)| now - *at < STALE)
-            .map(|(m, _)| *m)
+            .filter(|(_, at)| now - *at < EXPIRE)
+            .map(|(m, at)| (*m, now - *at < STALE))
     }
 
     /// Remembers that `ip` is at `mac`. Returns true if this was news.
@@ -42,19 +47,25 @@ impl Neighbors {
             return false;
         }
         self.asked.remove(&ip);
-        let full = self.known.len() >= MAX;
-        match self.known.get_mut(&ip) {
-            Some(e) => {
-                let news = e.0 != mac;
-                *e = (mac, now);
-                news
-            }
-            None if !full => {
-                self.known.insert(ip, (mac, now));
-                true
-            }
-            None => false,
+        if let Some(e) = self.known.get_mut(&ip) {
+            let news = e.0 != mac;
+            *e = (mac, now);
+            return news;
         }
+        if self.known.len() >= MAX {
+            self.make_room();
+        }
+        self.known.insert(ip, (mac, now));
+        true
+    }
+
+    /// Forgets the oldest eighth of the entries (O(n), once per `MAX / 8` new entries).
+    fn make_room(&mut self) {
+        let mut ages: Vec<Instant> = self.known.values().map(|(_, t)| *t).collect();
+        let nth = ages.len() / 8;
+        let (_, cut, _) = ages.select_nth_unstable(nth);
+        let cut = *cut;
+        self.known.retain(|_, (_, t)| *t > cut);
     }
 
     /// True when a request for `ip` may go out now (none in the last `RETRY`).
@@ -217,7 +228,7 @@ mod tests {
         let mut n = Neighbors::default();
         let v4 = request(mac, ip("10.0.0.9")?, ip("10.0.0.1")?).ok_or("an ARP request")?;
         assert!(n.snoop(&v4, now));
-        assert_eq!(n.lookup(ip("10.0.0.9")?, now), Some(mac));
+        assert_eq!(n.lookup(ip("10.0.0.9")?, now), Some((mac, true)));
         let v6 = request(mac, ip("fd00::9")?, ip("fd00::1")?).ok_or("a solicitation")?;
         assert!(
             matches!(
@@ -227,7 +238,7 @@ mod tests {
             "a valid solicitation"
         );
         assert!(n.snoop(&v6, now));
-        assert_eq!(n.lookup(ip("fd00::9")?, now), Some(mac));
+        assert_eq!(n.lookup(ip("fd00::9")?, now), Some((mac, true)));
         // A corrupted solicitation teaches nothing.
         let mut bad = v6.clone();
         let last = bad.len() - 1;
@@ -235,7 +246,26 @@ mod tests {
         assert!(!Neighbors::default().snoop(&bad, now));
         assert!(n.may_ask(ip("10.0.0.1")?, now));
         assert!(!n.may_ask(ip("10.0.0.1")?, now));
-        assert!(n.lookup(ip("fd00::9")?, now + STALE).is_none());
+        // Stale: still used, but asked for again; expired: gone.
+        assert_eq!(n.lookup(ip("fd00::9")?, now + STALE), Some((mac, false)));
+        assert!(n.lookup(ip("fd00::9")?, now + EXPIRE).is_none());
         Ok(())
+    }
+
+    #[test]
+    fn a_full_table_forgets_its_oldest_and_keeps_learning() {
+        let mut n = Neighbors::default();
+        let mac = [2, 0, 0, 0, 0, 1];
+        let total = MAX + MAX / 2;
+        for i in 0..total as u32 {
+            let a = IpAddress::Ipv4(Ipv4Address::from_bits(0x0a00_0000 + i));
+            assert!(n.learn(a, mac, Instant::from_millis(i64::from(i))));
+        }
+        assert!(n.known.len() <= MAX);
+        let newest = IpAddress::Ipv4(Ipv4Address::from_bits(0x0a00_0000 + total as u32 - 1));
+        let oldest = IpAddress::Ipv4(Ipv4Address::from_bits(0x0a00_0000));
+        let now = Instant::from_millis(total as i64);
+        assert!(n.lookup(newest, now).is_some());
+        assert!(n.lookup(oldest, now).is_none());
     }
 }

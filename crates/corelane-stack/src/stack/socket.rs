@@ -111,8 +111,8 @@ impl Stack {
     /// flow and its local port (which the caller must steer to this interface).
     ///
     /// # Errors
-    /// No owned address of the remote's family, no free port, or a remote that cannot be
-    /// connected to (port 0, an unspecified or multicast address).
+    /// No owned address of the remote's family, no route to it, no free port, or a remote
+    /// that cannot be connected to (port 0, an unspecified or multicast address).
     pub fn connect_tcp(&mut self, remote: SocketAddr) -> Result<(FlowId, u16), StackError> {
         let now = self.clock;
         if remote.port() == 0 || remote.ip().is_unspecified() || remote.ip().is_multicast() {
@@ -122,6 +122,9 @@ impl Stack {
         }
         let remote = IpEndpoint::from(remote);
         let local_addr = self.local_addr_for(remote.addr)?;
+        if self.next_hop(remote.addr).is_none() {
+            return Err(StackError::NoRoute(remote.addr.into()));
+        }
         let port = self.ephemeral_port(Proto::Tcp)?;
         let local = IpEndpoint::new(local_addr, port);
         let sizes = self.sizes(remote.addr);
@@ -355,6 +358,24 @@ impl Stack {
         self.with_tcp(id, |c| {
             (c.set_keepalive(interval.map(Into::into), now), true)
         })
+    }
+
+    /// Sets the user timeout of TCP flow `id` (RFC 5482): when data it sent stays
+    /// unacknowledged this long, the connection is reset and ends with `TimedOut`. At least one
+    /// second; the default is [`TcpConfig::user_timeout`](crate::tcp::TcpConfig::user_timeout).
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn tcp_set_user_timeout(&mut self, id: FlowId, timeout: Duration) -> io::Result<()> {
+        self.with_tcp(id, |c| (c.set_user_timeout(timeout.into()), true))
+    }
+
+    /// The user timeout of TCP flow `id`.
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn tcp_user_timeout(&mut self, id: FlowId) -> io::Result<Duration> {
+        self.with_tcp(id, |c| (c.user_timeout().into(), false))
     }
 
     /// Switches the congestion controller of TCP flow `id`.

@@ -459,38 +459,6 @@ fn a_half_close_still_delivers_data_the_other_way() {
 }
 
 #[test]
-fn keepalive_probes_a_quiet_peer_and_gives_up() {
-    let (mut s, _) = Script::established(false);
-    s.c.set_keepalive(Some(Duration::from_secs(10)), s.now);
-    let mut probes = 0;
-    while s.c.state() != TcpState::Closed {
-        s.jump();
-        probes += s.out().iter().filter(|o| o.len == 0).count();
-        assert!(probes < 100);
-    }
-    assert_eq!(
-        probes,
-        cfg().keepalive_probes as usize + 1,
-        "probes then a reset"
-    );
-    assert_eq!(s.c.error(), Some(std::io::ErrorKind::TimedOut));
-}
-
-#[test]
-fn unacknowledged_data_ends_the_connection_after_the_user_timeout() {
-    let (mut s, _) = Script::established(false);
-    s.c.write(&[1u8; 100]);
-    s.out();
-    let start = s.now;
-    while s.c.state() != TcpState::Closed {
-        s.jump();
-        s.out();
-    }
-    assert!(s.now - start >= cfg().user_timeout);
-    assert_eq!(s.c.error(), Some(std::io::ErrorKind::TimedOut));
-}
-
-#[test]
 fn newreno_is_selectable_per_connection() {
     let (mut s, _) = Script::established(false);
     assert_eq!(s.c.congestion(), Congestion::Cubic);

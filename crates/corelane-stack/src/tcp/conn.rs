@@ -144,6 +144,9 @@ pub(crate) struct Conn {
     pub(super) syn_tries: u32,
     pub(super) last_progress: Instant,
     pub(super) keepalive: Option<Duration>,
+    /// How long sent data may go unacknowledged (RFC 5482); from the configuration, or set on
+    /// the socket.
+    pub(super) user_timeout: Duration,
     pub(super) keep_probes: u32,
     pub(super) challenge_at: Instant,
     pub(super) challenges: u32,
@@ -277,6 +280,7 @@ impl Conn {
             syn_tries: 0,
             last_progress: now,
             keepalive: None,
+            user_timeout: cfg.user_timeout,
             keep_probes: 0,
             challenge_at: now,
             challenges: 0,

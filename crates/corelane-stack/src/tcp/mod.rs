@@ -22,6 +22,8 @@ mod cc;
 mod conformance;
 #[cfg(test)]
 mod conformance_recovery;
+#[cfg(test)]
+mod conformance_timeouts;
 mod conn;
 #[cfg(test)]
 mod fuzz;

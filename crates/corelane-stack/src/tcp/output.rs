@@ -301,6 +301,11 @@ impl Conn {
             if !self.send_range(now, start, end, fin, emit) {
                 return n;
             }
+            if self.board.is_empty() {
+                // The user timeout counts from the oldest unacknowledged data, not from an
+                // idle spell before it.
+                self.last_progress = now;
+            }
             self.board.push(start, end, fin, now);
             self.snd_nxt = end;
             self.stats.bytes_out += len as u64;

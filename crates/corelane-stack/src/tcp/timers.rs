@@ -43,6 +43,9 @@ impl Conn {
         {
             t = Some(t.map_or(x, |t| t.min(x)));
         }
+        if let Some(u) = self.user_deadline() {
+            t = Some(t.map_or(u, |t| t.min(u)));
+        }
         if self.pace_blocked {
             let p = Instant::from_micros((self.pace_ns / 1000) as i64 + 1);
             t = Some(t.map_or(p, |t| t.min(p)));
@@ -50,8 +53,31 @@ impl Conn {
         t
     }
 
+    /// When the user timeout ends this connection: data is in flight and unacknowledged.
+    fn user_deadline(&self) -> Option<Instant> {
+        if self.board.is_empty() {
+            return None;
+        }
+        match self.state {
+            TcpState::Established
+            | TcpState::CloseWait
+            | TcpState::FinWait1
+            | TcpState::Closing
+            | TcpState::LastAck => Some(self.last_progress + self.user_timeout),
+            _ => None,
+        }
+    }
+
     /// Deals with the timers that are due; what they want sent is flagged for `output`.
     pub(crate) fn on_time(&mut self, now: Instant) {
+        if self.user_deadline().is_some_and(|t| t <= now) {
+            // The peer acknowledged nothing for the user timeout, however far the
+            // retransmission timer has backed off.
+            self.stats.timeouts += 1;
+            self.set_closed(Some(io::ErrorKind::TimedOut));
+            self.rst_due = true;
+            return;
+        }
         if self.rto_at.is_some_and(|t| t <= now) {
             self.rto_at = None;
             self.on_rto(now);
@@ -105,7 +131,7 @@ impl Conn {
                     }
                     return;
                 }
-                if now - self.last_progress >= self.cfg.user_timeout {
+                if now - self.last_progress >= self.user_timeout {
                     self.stats.timeouts += 1;
                     self.set_closed(Some(io::ErrorKind::TimedOut));
                     self.rst_due = true;

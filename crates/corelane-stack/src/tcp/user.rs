@@ -125,6 +125,17 @@ impl Conn {
         self.keep_at = interval.map(|i| now + i);
     }
 
+    /// Sets how long sent data may go unacknowledged before the connection is reset
+    /// (RFC 5482's user timeout; at least one second).
+    pub(crate) fn set_user_timeout(&mut self, d: Duration) {
+        self.user_timeout = d.max(Duration::from_secs(1));
+    }
+
+    /// The user timeout in force.
+    pub(crate) fn user_timeout(&self) -> Duration {
+        self.user_timeout
+    }
+
     /// Registers the waker of a reader.
     pub(crate) fn set_rx_waker(&mut self, w: &Waker) {
         match &mut self.rx_waker {

@@ -152,6 +152,12 @@ fn fold(mut s: u64) -> u16 {
     s as u16
 }
 
+/// The Internet checksum of `data` alone (an IPv4 header, an ICMP message), ready to store
+/// with `to_ne_bytes`; 0 over data whose checksum field is right.
+pub(crate) fn inet_checksum(data: &[u8]) -> u16 {
+    !fold(sum(data))
+}
+
 /// The Internet checksum of an upper-layer `data` (its checksum field zero) between `src` and
 /// `dst` (4 or 16 bytes each) with protocol `proto`, ready to store with `to_ne_bytes`.
 pub(crate) fn checksum(src: &[u8], dst: &[u8], proto: u8, data: &[u8]) -> u16 {

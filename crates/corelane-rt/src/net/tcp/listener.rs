@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
+use std::time::Duration;
 
-use corelane_stack::Proto;
+use corelane_stack::{AcceptOptions, Proto};
 
 use super::TcpStream;
 use crate::lane::{Core, current};
@@ -78,6 +79,34 @@ impl TcpListener {
             port,
             _not_send: NotSend::default(),
         })
+    }
+
+    /// Keep-alive and user timeout for every connection this listener accepts on this core
+    /// from now on (and those waiting to be accepted): the same as calling
+    /// [`TcpStream::set_keepalive`] and [`TcpStream::set_user_timeout`] on each.
+    ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use std::time::Duration;
+    /// let l = corelane_rt::net::TcpListener::bind(80)?;
+    /// l.set_accept_options(Some(Duration::from_secs(60)), Some(Duration::from_secs(30)))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `NotConnected` when the listener was closed.
+    pub fn set_accept_options(
+        &self,
+        keepalive: Option<Duration>,
+        user_timeout: Option<Duration>,
+    ) -> io::Result<()> {
+        self.core.stack().set_accept_options(
+            self.port,
+            AcceptOptions {
+                keepalive,
+                user_timeout,
+            },
+        )
     }
 
     /// The port.

@@ -135,6 +135,30 @@ impl TcpStream {
         Ok(())
     }
 
+    /// Sets the user timeout (RFC 5482, like Linux's `TCP_USER_TIMEOUT`): when data sent on
+    /// this connection stays unacknowledged this long, because the peer vanished or the path
+    /// died, the connection is reset, its memory freed, and reads and writes fail with
+    /// `TimedOut`. At least one second; the default is `TcpConfig::user_timeout` (120 s).
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn set_user_timeout(&self, timeout: Duration) -> io::Result<()> {
+        self.conn
+            .core
+            .stack()
+            .tcp_set_user_timeout(self.conn.id, timeout)?;
+        self.conn.core.wake_driver();
+        Ok(())
+    }
+
+    /// The user timeout in force.
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn user_timeout(&self) -> io::Result<Duration> {
+        self.conn.core.stack().tcp_user_timeout(self.conn.id)
+    }
+
     /// Closes the connection with a reset (no FIN, unsent data dropped).
     pub fn abort(&self) {
         self.conn.core.stack().abort(self.conn.id);

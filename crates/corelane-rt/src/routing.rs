@@ -1,0 +1,122 @@
+//! The routes a runtime uses: the kernel's for its interface (read over netlink at build time,
+//! unless turned off), then the builder's, which replace a kernel route for the same prefix.
+
+use std::net::IpAddr;
+
+use corelane_stack::route::RouteTable;
+use corelane_stack::smoltcp::wire::{IpAddress, IpCidr};
+
+use crate::Error;
+
+/// A route the application asked for with [`Builder::gateway`](crate::Builder::gateway) or
+/// [`Builder::route`](crate::Builder::route).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Wanted {
+    pub(crate) dst: IpCidr,
+    pub(crate) via: IpAddr,
+}
+
+/// The table every core's stack starts with.
+pub(crate) fn resolve(
+    ifname: &str,
+    addrs: &[IpCidr],
+    kernel: bool,
+    wanted: &[Wanted],
+) -> Result<RouteTable, Error> {
+    let mut table = RouteTable::default();
+    if kernel {
+        for r in corelane_xsk::kernel_routes(ifname)? {
+            let dst = IpCidr::new(r.dst.into(), r.prefix);
+            let via = r.via.map(IpAddress::from);
+            // The owned subnets are on the link already.
+            if via.is_none() && addrs.iter().any(|a| a.contains_subnet(&dst)) {
+                continue;
+            }
+            if let Some(g) = via
+                && !on_link(addrs, &table, g)
+            {
+                log::warn!(
+                    "kernel route {r} on {ifname}: its gateway is on none of the runtime's \
+                     subnets ({}), so corelane cannot reach it; skipped",
+                    list(addrs)
+                );
+                continue;
+            }
+            if let Err(e) = table.add(dst, via) {
+                log::warn!("kernel route {r} on {ifname} skipped: {e}");
+            }
+        }
+    }
+    for w in wanted {
+        let via = IpAddress::from(w.via);
+        if !on_link(addrs, &table, via) {
+            return Err(Error::Config(format!(
+                "gateway {} (for {}) is on none of the runtime's subnets ({}): a gateway must \
+                 be reachable on the link; add an address in its subnet with .addr()",
+                w.via,
+                w.dst,
+                list(addrs)
+            )));
+        }
+        table
+            .add(w.dst, Some(via))
+            .map_err(|e| Error::Config(e.to_string()))?;
+    }
+    Ok(table)
+}
+
+/// True when `g` is in the subnet of an owned address or of an on-link route.
+fn on_link(addrs: &[IpCidr], table: &RouteTable, g: IpAddress) -> bool {
+    addrs.iter().any(|c| c.contains_addr(&g)) || table.lookup(g).is_some_and(|r| r.via.is_none())
+}
+
+fn list(addrs: &[IpCidr]) -> String {
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+        s.parse().map_err(|_| format!("{s} does not parse"))
+    }
+
+    #[test]
+    fn a_gateway_off_every_owned_subnet_is_refused_with_the_fix() -> Result<(), String> {
+        let addrs = [p::<IpCidr>("10.1.0.5/24")?, p("fd00:1::5/64")?];
+        let ok = [
+            Wanted {
+                dst: p("0.0.0.0/0")?,
+                via: p("10.1.0.1")?,
+            },
+            Wanted {
+                dst: p("::/0")?,
+                via: p("fd00:1::1")?,
+            },
+        ];
+        let t = resolve("lo", &addrs, false, &ok).map_err(|e| e.to_string())?;
+        assert_eq!(t.routes().len(), 2);
+        assert_eq!(t.routes()[0].to_string(), "default via 10.1.0.1");
+        let bad = [Wanted {
+            dst: p("0.0.0.0/0")?,
+            via: p("10.2.0.1")?,
+        }];
+        match resolve("lo", &addrs, false, &bad) {
+            Err(Error::Config(m)) => {
+                assert!(m.contains("10.2.0.1") && m.contains(".addr()"), "{m}")
+            }
+            other => return Err(format!("expected a configuration error, got {other:?}")),
+        }
+        let family = [Wanted {
+            dst: p("::/0")?,
+            via: p("10.1.0.1")?,
+        }];
+        assert!(resolve("lo", &addrs, false, &family).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,73 @@
+//! Conformance scripts for the timers that end a connection: keep-alive, RFC 5482's user
+//! timeout (per socket, counted from the oldest unacknowledged data), on the same scripted
+//! connection as `conformance.rs`.
+
+use smoltcp::time::Duration;
+
+use super::TcpState;
+use super::conformance::{Script, cfg};
+
+#[test]
+fn keepalive_probes_a_quiet_peer_and_gives_up() {
+    let (mut s, _) = Script::established(false);
+    s.c.set_keepalive(Some(Duration::from_secs(10)), s.now);
+    let mut probes = 0;
+    while s.c.state() != TcpState::Closed {
+        s.jump();
+        probes += s.out().iter().filter(|o| o.len == 0).count();
+        assert!(probes < 100);
+    }
+    assert_eq!(
+        probes,
+        cfg().keepalive_probes as usize + 1,
+        "probes then a reset"
+    );
+    assert_eq!(s.c.error(), Some(std::io::ErrorKind::TimedOut));
+}
+
+#[test]
+fn unacknowledged_data_ends_the_connection_after_the_user_timeout() {
+    let (mut s, _) = Script::established(false);
+    s.c.write(&[1u8; 100]);
+    s.out();
+    let start = s.now;
+    while s.c.state() != TcpState::Closed {
+        s.jump();
+        s.out();
+    }
+    assert!(s.now - start >= cfg().user_timeout);
+    assert_eq!(s.c.error(), Some(std::io::ErrorKind::TimedOut));
+}
+
+#[test]
+fn a_socket_user_timeout_ends_the_connection_on_time_however_far_the_rto_backed_off() {
+    let (mut s, _) = Script::established(false);
+    s.c.set_user_timeout(Duration::from_secs(5));
+    s.c.write(&[1u8; 100]);
+    s.out();
+    let start = s.now;
+    let mut sends = 0;
+    while s.c.state() != TcpState::Closed {
+        s.jump();
+        sends += s.out().len();
+        assert!(sends < 100);
+    }
+    // 5 s, not the next backed-off RTO (1 s, 2 s, 4 s: the fourth would fire at 7 s).
+    assert_eq!(s.now - start, Duration::from_secs(5));
+    assert_eq!(s.c.error(), Some(std::io::ErrorKind::TimedOut));
+}
+
+#[test]
+fn an_idle_spell_before_a_write_does_not_count_toward_the_user_timeout() {
+    let (mut s, _) = Script::established(false);
+    s.c.set_user_timeout(Duration::from_secs(5));
+    // Quiet for a minute, nothing in flight: no timer at all.
+    assert!(s.c.poll_at().is_none());
+    s.advance(Duration::from_secs(60));
+    s.c.write(&[1u8; 100]);
+    assert_eq!(s.out().len(), 1);
+    // The first retransmission timeout resends; the connection lives on.
+    s.jump();
+    assert_eq!(s.out().len(), 1, "a retransmission");
+    assert_eq!(s.c.state(), TcpState::Established);
+}

@@ -64,8 +64,14 @@ impl Echo {
 
     /// Starts example `name` with `args` (after `--iface IF`) and waits until it serves.
     pub fn start_example(net: &VethPair, name: &str, args: &[&str]) -> Echo {
-        let mut cmd = net.server_ns().command(example_bin(name).to_str().unwrap());
-        cmd.args(["--iface", net.server_if()]).args(args);
+        Echo::start_in(net.server_ns(), net.server_if(), name, args)
+    }
+
+    /// Starts example `name` in namespace `ns` on interface `ifname` with `args` and waits
+    /// until it serves.
+    pub fn start_in(ns: &corelane_testnet::Netns, ifname: &str, name: &str, args: &[&str]) -> Echo {
+        let mut cmd = ns.command(example_bin(name).to_str().unwrap());
+        cmd.args(["--iface", ifname]).args(args);
         let mut e = Echo::spawn(cmd);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !e.output().contains(&format!("{name}: serving")) {

@@ -130,3 +130,41 @@ fn a_udp_server_uses_the_kernels_routes_when_given_none() -> Result {
     assert_clean_exit(status, &out);
     Ok(())
 }
+
+#[test]
+fn a_full_size_flow_across_a_1280_byte_hop_finds_the_path_mtu() -> Result {
+    if !require_root("routed: path MTU discovery") {
+        return Ok(());
+    }
+    // The client announces a 1460-byte MSS; the router's hop toward it carries 1280 bytes.
+    let net = RoutedNet::builder().far_mtu(1280).build()?;
+    let mut args = addr_args();
+    args.extend(["--port", "7"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let echo = Echo::start_in(net.server_ns(), net.server_if(), "echo", &args);
+    for dst in [
+        SocketAddr::new(S.free_v4.parse()?, 7),
+        SocketAddr::new(S.free_v6.parse()?, 7),
+    ] {
+        let data = payload(1 << 20, 11);
+        let want = sha256(&data);
+        let (got, n) = net.client_ns().run(move || tcp_echo(dst, &data))??;
+        assert_eq!(
+            (n, got),
+            (1 << 20, want),
+            "1 MiB echoed through the hop to {dst}"
+        );
+    }
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    let updates = out
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once("retransmitted")?;
+            let (_, rest) = rest.split_once("), ")?;
+            rest.split_once(" path MTU updates")?.0.parse::<u64>().ok()
+        })
+        .ok_or_else(|| format!("no tcp line:\n{out}"))?;
+    assert!(updates >= 2, "one update per family at least:\n{out}");
+    Ok(())
+}

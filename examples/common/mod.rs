@@ -238,6 +238,24 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
         x.malformed,
         x.no_socket
     );
+    let mut tcp = corelane::TcpStats::default();
+    let mut echoes = 0;
+    for c in &r.cores {
+        tcp += c.stats.stack.tcp;
+        echoes += c.stats.stack.icmp_echoes;
+    }
+    println!(
+        "tcp: {} segments out, {} retransmitted ({} timeouts of the RTO, {} fast recoveries), \
+         {} path MTU updates, {} ICMP errors acted on, {} connections timed out; \
+         icmp: {echoes} echo requests answered",
+        tcp.segs_out,
+        tcp.retrans_segs,
+        tcp.rto_expiries,
+        tcp.fast_recoveries,
+        tcp.pmtu_updates,
+        tcp.icmp_errors,
+        tcp.timeouts,
+    );
     let t = r.frames();
     println!(
         "frames: {} total = {} free + {} fill + {} rx + {} in use + {} tx + {} completion",

@@ -31,9 +31,10 @@ impl RoutedBuilder {
         self
     }
 
-    /// The MTU of the router's interface toward the client (default 1500). Below the server
-    /// link's 1500, full-size packets from the server must shrink on the way: the router
-    /// answers them with ICMP "fragmentation needed" / "packet too big".
+    /// The MTU of the router's hop toward the client (default 1500; set as the route's MTU,
+    /// the links stay at 1500). Below 1500, full-size packets from the server must shrink on
+    /// the way: the router answers them with ICMP "fragmentation needed" / "packet too big",
+    /// while the client, which knows nothing of the hop, still announces a 1460-byte MSS.
     pub fn far_mtu(mut self, mtu: u32) -> Self {
         self.far_mtu = mtu;
         self
@@ -93,7 +94,6 @@ impl RoutedBuilder {
                 router_ns.name(),
             ])?;
         }
-        router_ns.ip(&["link", "set", &rc, "mtu", &self.far_mtu.to_string()])?;
         let s = RoutedNet::SERVER_SIDE;
         let c = RoutedNet::CLIENT_SIDE;
         up_with_addrs(
@@ -106,6 +106,38 @@ impl RoutedBuilder {
             &rc,
             &[format!("{}/24", c.router_v4), format!("{}/64", c.router_v6)],
         )?;
+        if self.far_mtu < 1500 {
+            // The hop's MTU as a route metric, not the link's: the links stay at 1500, so
+            // the client's full-size frames still reach the router (a veth drops a frame
+            // larger than its receiving end's MTU), while what the router forwards toward the
+            // client must fit the smaller MTU or be refused with an ICMP error.
+            let mtu = self.far_mtu.to_string();
+            // Locked: IPv6 forwarding honours only a locked route MTU.
+            router_ns.ip(&[
+                "route",
+                "replace",
+                "10.81.2.0/24",
+                "dev",
+                &rc,
+                "mtu",
+                "lock",
+                &mtu,
+            ])?;
+            router_ns.ip(&[
+                "-6",
+                "route",
+                "replace",
+                "fd00:81:2::/64",
+                "dev",
+                &rc,
+                // The kernel's own prefix route's metric: replaced, not shadowed.
+                "metric",
+                "256",
+                "mtu",
+                "lock",
+                &mtu,
+            ])?;
+        }
         router_ns.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
         router_ns.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
         up_with_addrs(
@@ -244,7 +276,7 @@ impl RoutedNet {
         self.queues
     }
 
-    /// The MTU of the router's interface toward the client.
+    /// The MTU of the router's hop toward the client.
     pub fn far_mtu(&self) -> u32 {
         self.far_mtu
     }

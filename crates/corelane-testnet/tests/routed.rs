@@ -34,6 +34,17 @@ fn the_client_reaches_the_server_subnet_only_through_the_router() -> Result {
         said.contains("mtu = 1280") || said.contains("Frag needed") || said.contains("too long"),
         "a DF packet over the far MTU is refused: {said}"
     );
+    let big6 = net
+        .server_ns()
+        .command("ping")
+        .args(["-c1", "-W5", "-s1352", "-M", "do", c.host_v6])
+        .output()?;
+    let said =
+        String::from_utf8_lossy(&big6.stdout).into_owned() + &String::from_utf8_lossy(&big6.stderr);
+    assert!(
+        said.contains("mtu = 1280") || said.contains("Packet too big") || said.contains("too long"),
+        "an IPv6 packet over the far MTU is refused: {said}"
+    );
     // TCP through the router, both families.
     for (bind, dst) in [
         (format!("{}:5001", s.host_v4), format!("{}:5001", s.host_v4)),

@@ -1,15 +1,20 @@
 //! ICMP and ICMPv6 for owned addresses: echo requests are answered here, straight back to the
 //! hardware address they came from (so a pinger behind a router gets its reply without a route
-//! or neighbour lookup), for every owned address.
+//! or neighbour lookup), for every owned address; errors that quote a TCP segment go to its
+//! connection (path MTU, unreachable peers), on whichever core holds it.
 
-use corelane_frame::FrameIo;
+use corelane_frame::{FrameIo, Proto};
 use smoltcp::phy::Device;
 use smoltcp::time::Instant;
-use smoltcp::wire::IpAddress;
+use smoltcp::wire::{IpAddress, IpEndpoint, Ipv4Address, Ipv6Address};
 
 use super::Stack;
+use crate::classify::FlowKey;
+use crate::config::EPHEMERAL_START;
 use crate::device::XdpDevice;
+use crate::pipeline::{Disposition, Peers, Unclaimed};
 use crate::tcp::wire::{checksum, inet_checksum};
+use crate::tcp::{IcmpError, Seq};
 
 /// Hop limit of what this stack originates.
 const HOP_LIMIT: u8 = 64;
@@ -33,6 +38,125 @@ impl Stack {
         }
         true
     }
+}
+
+impl Stack {
+    /// Gives the waiting frame to the TCP connection it is about, if it is an ICMP error that
+    /// quotes one of this host's segments: here, or on the core that holds the connection.
+    /// False (the frame left waiting) when it is no such error.
+    pub(super) fn icmp_error<P: FrameIo>(
+        &mut self,
+        now: Instant,
+        dev: &mut XdpDevice<P>,
+        peers: &mut dyn Peers,
+        hops: u8,
+    ) -> bool {
+        let Some((key, e, seq)) = dev.front_bytes().and_then(parse_error) else {
+            return false;
+        };
+        if let Some(i) = self.table.get(&key) {
+            dev.skip();
+            let taken = self.slots[i as usize]
+                .flow
+                .as_mut()
+                .and_then(|f| f.conn())
+                .is_some_and(|c| c.on_icmp(now, e, seq));
+            if taken {
+                self.settle(i);
+                self.queue_egress(i);
+            } else {
+                self.stats.icmp_ignored += 1;
+            }
+            return true;
+        }
+        let port = key.local.port;
+        let disposition = dev.front_bytes().map_or(Disposition::Answer, |bytes| {
+            peers.unclaimed(Unclaimed {
+                proto: Proto::Tcp,
+                local_port: port,
+                // A passive connection may be on any core: around the ring once.
+                listening: port < EPHEMERAL_START,
+                hops,
+                bytes,
+            })
+        });
+        match disposition {
+            Disposition::HandedOff => self.stats.handed_off += 1,
+            Disposition::Dropped => self.stats.handoff_dropped += 1,
+            Disposition::Answer => self.stats.icmp_ignored += 1,
+        }
+        dev.skip();
+        true
+    }
+}
+
+/// The connection an ICMP or ICMPv6 error is about (as this side names it), what it says, and
+/// the sequence number of the segment it quotes. None for anything else: echo, a bad checksum,
+/// a quote of something not TCP or too short to name the segment.
+fn parse_error(frame: &[u8]) -> Option<(FlowKey, IcmpError, Seq)> {
+    let ip = frame.get(14..)?;
+    let (e, quoted) = match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
+        0x0800 => {
+            let ihl = usize::from(ip.first()? & 0x0f) * 4;
+            let total = usize::from(u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?]));
+            if ip[0] >> 4 != 4 || *ip.get(9)? != 1 || ihl < 20 || total > ip.len() {
+                return None;
+            }
+            let icmp = ip.get(ihl..total)?;
+            if icmp.len() < 8 || inet_checksum(icmp) != 0 || icmp[0] != 3 {
+                return None;
+            }
+            let e = match icmp[1] {
+                4 => IcmpError::TooBig(u32::from(u16::from_be_bytes([icmp[6], icmp[7]]))),
+                2 | 3 => IcmpError::Refused,
+                0 | 1 | 9 | 10 | 13 => IcmpError::Unreachable,
+                _ => return None,
+            };
+            let q = icmp.get(8..)?;
+            let qihl = usize::from(q.first()? & 0x0f) * 4;
+            if q[0] >> 4 != 4 || qihl < 20 || *q.get(9)? != 6 {
+                return None;
+            }
+            let src = IpAddress::Ipv4(Ipv4Address::from_octets(q.get(12..16)?.try_into().ok()?));
+            let dst = IpAddress::Ipv4(Ipv4Address::from_octets(q.get(16..20)?.try_into().ok()?));
+            (e, (src, dst, q.get(qihl..qihl + 8)?))
+        }
+        0x86dd => {
+            let plen = usize::from(u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?]));
+            if ip[0] >> 4 != 6 || *ip.get(6)? != 58 {
+                return None;
+            }
+            let icmp = ip.get(40..40 + plen)?;
+            let src: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
+            let dst: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
+            if icmp.len() < 8 || checksum(&src, &dst, 58, icmp) != 0 {
+                return None;
+            }
+            let e = match (icmp[0], icmp[1]) {
+                (2, _) => IcmpError::TooBig(u32::from_be_bytes(icmp[4..8].try_into().ok()?)),
+                (1, 4) => IcmpError::Refused,
+                (1, 0 | 1 | 3) => IcmpError::Unreachable,
+                _ => return None,
+            };
+            let q = icmp.get(8..)?;
+            if q.first()? >> 4 != 6 || *q.get(6)? != 6 {
+                return None;
+            }
+            let src = IpAddress::Ipv6(Ipv6Address::from_octets(q.get(8..24)?.try_into().ok()?));
+            let dst = IpAddress::Ipv6(Ipv6Address::from_octets(q.get(24..40)?.try_into().ok()?));
+            (e, (src, dst, q.get(40..48)?))
+        }
+        _ => return None,
+    };
+    let (src, dst, tcp) = quoted;
+    let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
+    let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
+    let seq = Seq(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]));
+    let key = FlowKey {
+        local: IpEndpoint::new(src, sport),
+        remote: IpEndpoint::new(dst, dport),
+    };
+    Some((key, e, seq))
 }
 
 /// The reply frame to `frame` if it is a valid echo request (ICMP type 8 or ICMPv6 type 128,
@@ -200,6 +324,62 @@ mod tests {
         // Truncated frames of every length are refused without a panic.
         for n in 0..req.len() {
             assert!(echo_reply(&req[..n], US, |_| true, &mut id).is_none());
+        }
+        Ok(())
+    }
+
+    /// An ICMP "destination unreachable" (code `code`, next-hop MTU `mtu`) from a router at
+    /// 10.0.0.254 quoting a TCP segment 10.0.0.1:80 -> 10.9.9.9:40000 with sequence `seq`.
+    fn v4_error(code: u8, mtu: u16, seq: u32) -> Vec<u8> {
+        let mut q = vec![0u8; 28];
+        q[0] = 0x45;
+        q[2..4].copy_from_slice(&1500u16.to_be_bytes());
+        q[8] = 64;
+        q[9] = 6;
+        q[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        q[16..20].copy_from_slice(&[10, 9, 9, 9]);
+        q[20..22].copy_from_slice(&80u16.to_be_bytes());
+        q[22..24].copy_from_slice(&40000u16.to_be_bytes());
+        q[24..28].copy_from_slice(&seq.to_be_bytes());
+        let mut icmp = vec![3, code, 0, 0, 0, 0];
+        icmp.extend_from_slice(&mtu.to_be_bytes());
+        icmp.extend_from_slice(&q);
+        let c = inet_checksum(&icmp);
+        icmp[2..4].copy_from_slice(&c.to_ne_bytes());
+        let mut f = vec![0u8; 14 + 20];
+        ethernet(&mut f, US, PEER, 0x0800);
+        let ip = &mut f[14..];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&((20 + icmp.len()) as u16).to_be_bytes());
+        ip[8] = 64;
+        ip[9] = 1;
+        ip[12..16].copy_from_slice(&[10, 0, 0, 254]);
+        ip[16..20].copy_from_slice(&[10, 0, 0, 1]);
+        let c = inet_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_ne_bytes());
+        f.extend_from_slice(&icmp);
+        f
+    }
+
+    #[test]
+    fn an_icmp_error_names_the_connection_it_quotes() -> Result<(), String> {
+        let f = v4_error(4, 1280, 77);
+        let (key, e, seq) = parse_error(&f).ok_or("a fragmentation-needed message")?;
+        assert_eq!(key.local.to_string(), "10.0.0.1:80");
+        assert_eq!(key.remote.to_string(), "10.9.9.9:40000");
+        assert_eq!((e, seq), (IcmpError::TooBig(1280), Seq(77)));
+        let (_, e, _) = parse_error(&v4_error(3, 0, 1)).ok_or("port unreachable")?;
+        assert_eq!(e, IcmpError::Refused);
+        let (_, e, _) = parse_error(&v4_error(1, 0, 1)).ok_or("host unreachable")?;
+        assert_eq!(e, IcmpError::Unreachable);
+        // A corrupted message, an echo request and every truncation: nothing, no panic.
+        let mut bad = f.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        assert!(parse_error(&bad).is_none());
+        assert!(parse_error(&v4_request([10, 0, 0, 1])).is_none());
+        for n in 0..f.len() {
+            assert!(parse_error(&f[..n]).is_none(), "cut at {n}");
         }
         Ok(())
     }

@@ -333,7 +333,7 @@ impl Stack {
                 }
                 Route::Drop => dev.skip(),
                 Route::Interface => {
-                    if !self.echo(dev) {
+                    if !self.echo(dev) && !self.icmp_error(now, dev, peers, hops) {
                         self.answer(now, dev);
                     }
                 }

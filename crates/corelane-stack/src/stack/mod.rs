@@ -95,6 +95,9 @@ pub struct StackStats {
     pub tcp_malformed: u64,
     /// ICMP and ICMPv6 echo requests answered.
     pub icmp_echoes: u64,
+    /// ICMP errors about TCP segments that no connection took (unknown, or quoting a sequence
+    /// number not in flight, or an MTU no smaller than the one in use).
+    pub icmp_ignored: u64,
     /// Transmissions held back because the next hop's hardware address is not known yet.
     pub neighbor_waits: u64,
     /// TCP counters, summed over every connection this stack has had.

@@ -31,6 +31,9 @@ pub struct TcpInfo {
     pub rcv_window: usize,
     /// The congestion controller.
     pub congestion: Congestion,
+    /// Payload bytes per full segment: the smaller of the two sides' MSS, less the options,
+    /// and shrunk by path MTU discovery.
+    pub mss: usize,
     /// The connection's counters.
     pub stats: crate::tcp::TcpStats,
 }
@@ -41,6 +44,7 @@ fn ended(kind: io::ErrorKind) -> io::Error {
         io::ErrorKind::TimedOut => "the connection timed out",
         io::ErrorKind::ConnectionRefused => "the connection was refused",
         io::ErrorKind::ConnectionAborted => "the connection was aborted",
+        io::ErrorKind::HostUnreachable => "the peer is unreachable (an ICMP error said so)",
         _ => "the connection was reset by the peer",
     };
     io::Error::new(kind, what)
@@ -289,8 +293,9 @@ impl Stack {
     /// given, is woken when it ends).
     ///
     /// # Errors
-    /// `ConnectionRefused` when the peer refused, `TimedOut` when it never answered;
-    /// `NotConnected` when the flow is gone.
+    /// `ConnectionRefused` when the peer refused (a reset, or ICMP port unreachable),
+    /// `TimedOut` when it never answered, `HostUnreachable` when it never answered and ICMP
+    /// said why; `NotConnected` when the flow is gone.
     pub fn tcp_connected(&mut self, id: FlowId, waker: Option<&Waker>) -> Poll<io::Result<()>> {
         let r = self.poll_tcp(id, |c| match c.state() {
             TcpState::SynSent | TcpState::SynReceived => {
@@ -311,6 +316,9 @@ impl Stack {
                 let what = match e.kind() {
                     io::ErrorKind::TimedOut => "timed out",
                     io::ErrorKind::ConnectionRefused => "refused",
+                    io::ErrorKind::HostUnreachable => {
+                        "failed: the host is unreachable (an ICMP error said so)"
+                    }
                     _ => "failed",
                 };
                 let to = match self.tcp_addrs(id) {
@@ -397,6 +405,7 @@ impl Stack {
             snd_window: c.snd_window(),
             rcv_window: c.rcv_window(),
             congestion: c.congestion(),
+            mss: c.mss(),
             stats: c.stats,
         })
     }

@@ -305,6 +305,56 @@ impl Board {
         s.retx = s.retx.saturating_add(1);
     }
 
+    /// The path's MTU shrank: every segment not yet delivered that is longer than `mss` is cut
+    /// into pieces of at most `mss` and deemed lost (they never arrived whole). Returns the
+    /// bytes newly marked lost.
+    pub(crate) fn shrink(&mut self, mss: usize) -> usize {
+        let mss = mss.max(1);
+        if !self
+            .segs
+            .iter()
+            .any(|s| s.state != SegState::Sacked && s.len() > mss)
+        {
+            return 0;
+        }
+        let before = self.lost;
+        let old = std::mem::take(&mut self.segs);
+        let (mut in_flight, mut lost, mut sacked) = (0, 0, 0);
+        for s in old {
+            if s.state == SegState::Sacked || s.len() <= mss {
+                match s.state {
+                    SegState::Sent | SegState::Retrans => in_flight += s.len(),
+                    SegState::Lost => lost += s.len(),
+                    SegState::Sacked => sacked += s.len(),
+                }
+                self.segs.push_back(s);
+                continue;
+            }
+            let mut start = s.start;
+            while start.lt(s.end) {
+                let left = s.end.since(start);
+                let len = left.min(mss);
+                let end = start.plus(len);
+                // The FIN rides on the last piece, which then holds one byte less of data.
+                let fin = s.fin && end == s.end;
+                self.segs.push_back(TxSeg {
+                    start,
+                    end,
+                    state: SegState::Lost,
+                    fin,
+                    ..s
+                });
+                lost += len;
+                start = end;
+            }
+        }
+        self.in_flight = in_flight;
+        self.lost = lost;
+        self.sacked = sacked;
+        self.lost_hint = 0;
+        self.lost - before
+    }
+
     /// The newest segment was sent again (a tail loss probe): it stays in flight.
     pub(crate) fn probe_last(&mut self, now: Instant) -> Option<TxSeg> {
         let s = self.segs.back_mut()?;

@@ -136,6 +136,15 @@ impl Script {
         (s, out[0].clone())
     }
 
+    /// An active open, nothing sent yet.
+    pub(super) fn active() -> Script {
+        let now = Instant::from_secs(1);
+        Script {
+            c: Conn::connect(cfg(), &Secret::new(3), ends().0, ends().1, sizes(), now),
+            now,
+        }
+    }
+
     /// A passive open carried to ESTABLISHED. Returns the script and our ISN + 1.
     pub(super) fn established(ts: bool) -> (Script, u32) {
         let (mut s, synack) = Script::passive(ts);
@@ -227,11 +236,7 @@ fn a_retransmitted_syn_in_syn_received_gets_the_syn_ack_again() {
 
 #[test]
 fn simultaneous_open_goes_through_syn_received() {
-    let now = Instant::from_secs(1);
-    let mut s = Script {
-        c: Conn::connect(cfg(), &Secret::new(3), ends().0, ends().1, sizes(), now),
-        now,
-    };
+    let mut s = Script::active();
     let syn = s.out();
     assert_eq!(syn[0].flags, SYN);
     assert_eq!(syn[0].ack, None);
@@ -253,11 +258,7 @@ fn simultaneous_open_goes_through_syn_received() {
 
 #[test]
 fn a_reset_to_a_syn_refuses_the_connection_and_a_bad_ack_earns_a_reset() {
-    let now = Instant::from_secs(1);
-    let mut s = Script {
-        c: Conn::connect(cfg(), &Secret::new(3), ends().0, ends().1, sizes(), now),
-        now,
-    };
+    let mut s = Script::active();
     let iss = s.out()[0].seq;
     // An ACK for something else: answered with a reset from its ACK number, state kept.
     s.input(seg(9, iss.wrapping_add(77)));

@@ -1,9 +1,11 @@
-//! Conformance scripts for loss recovery: SACK holes, the tail loss probe, the RTO's backoff
-//! and RACK's reordering window, on the same scripted connection as `conformance.rs`.
+//! Conformance scripts for loss recovery: SACK holes, the tail loss probe, the RTO's backoff,
+//! RACK's reordering window and path MTU discovery's resends, on the same scripted connection
+//! as `conformance.rs`.
 
 use smoltcp::time::Duration;
 
 use super::conformance::{PEER_ISN, Script, seg};
+use super::{IcmpError, Seq, TcpState};
 
 /// Ten full segments sent from an established connection; returns the script and SND.UNA.
 fn ten_in_flight() -> (Script, u32) {
@@ -101,4 +103,54 @@ fn a_d_sack_widens_the_reordering_window_and_undoes_the_spurious_reduction() {
     // The one retransmission was reported as a duplicate: the reduction is undone, once.
     assert_eq!(s.c.stats.undos, 1);
     assert!(s.c.cwnd() >= cwnd, "{} < {cwnd}", s.c.cwnd());
+}
+
+#[test]
+fn a_packet_too_big_cuts_what_is_in_flight_and_resends_it_without_a_congestion_response() {
+    let (mut s, una) = ten_in_flight();
+    let ssthresh = s.c.cc.ssthresh;
+    // A message quoting a sequence number not in flight (a blind forgery) changes nothing,
+    // and neither does an MTU no smaller than the one in use.
+    let stale = Seq(una.wrapping_sub(5000));
+    assert!(!s.c.on_icmp(s.now, IcmpError::TooBig(600), stale));
+    assert!(!s.c.on_icmp(s.now, IcmpError::TooBig(1500), Seq(una + 1000)));
+    assert_eq!(s.c.mss(), 1000);
+    // A 600-byte hop: 560-byte segments (IPv4, no timestamps).
+    assert!(s.c.on_icmp(s.now, IcmpError::TooBig(600), Seq(una + 1000)));
+    assert_eq!(s.c.mss(), 560);
+    let out = s.out();
+    assert!(!out.is_empty());
+    assert!(out.iter().all(|o| o.len <= 560), "{out:?}");
+    let mut next = una;
+    for o in &out {
+        assert_eq!(o.seq, next, "the cut pieces go out in order from SND.UNA");
+        next = next.wrapping_add(o.len as u32);
+    }
+    assert_eq!(s.c.stats.pmtu_updates, 1);
+    assert_eq!(s.c.stats.fast_recoveries, 0, "not a congestion loss");
+    assert_eq!(s.c.cc.ssthresh, ssthresh);
+    // An MTU under the floor is raised to it (552 bytes: 512-byte segments).
+    assert!(s.c.on_icmp(s.now, IcmpError::TooBig(68), Seq(una + 1000)));
+    assert_eq!(s.c.mss(), 512);
+}
+
+#[test]
+fn icmp_unreachable_refuses_an_opening_connection_or_is_reported_when_it_times_out() {
+    // A hard error (port unreachable) to a SYN: refused at once.
+    let mut s = Script::active();
+    let iss = Seq(s.out()[0].seq);
+    assert!(s.c.on_icmp(s.now, IcmpError::Refused, iss));
+    assert_eq!(s.c.state(), TcpState::Closed);
+    assert_eq!(s.c.error(), Some(std::io::ErrorKind::ConnectionRefused));
+    // A soft error (host unreachable): the SYNs go on; the timeout reports it.
+    let mut s = Script::active();
+    let iss = Seq(s.out()[0].seq);
+    assert!(!s.c.on_icmp(s.now, IcmpError::Unreachable, Seq(iss.0.wrapping_add(7))));
+    assert!(s.c.on_icmp(s.now, IcmpError::Unreachable, iss));
+    assert_eq!(s.c.state(), TcpState::SynSent);
+    while s.c.state() != TcpState::Closed {
+        s.jump();
+        s.out();
+    }
+    assert_eq!(s.c.error(), Some(std::io::ErrorKind::HostUnreachable));
 }

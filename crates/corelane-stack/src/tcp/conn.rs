@@ -147,6 +147,9 @@ pub(crate) struct Conn {
     /// How long sent data may go unacknowledged (RFC 5482); from the configuration, or set on
     /// the socket.
     pub(super) user_timeout: Duration,
+    /// The last ICMP error that did not end the connection at once (a host or network
+    /// unreachable): what a timeout reports instead of `TimedOut` (RFC 1122 section 4.2.3.9).
+    pub(super) soft_error: Option<io::ErrorKind>,
     pub(super) keep_probes: u32,
     pub(super) challenge_at: Instant,
     pub(super) challenges: u32,
@@ -281,6 +284,7 @@ impl Conn {
             last_progress: now,
             keepalive: None,
             user_timeout: cfg.user_timeout,
+            soft_error: None,
             keep_probes: 0,
             challenge_at: now,
             challenges: 0,

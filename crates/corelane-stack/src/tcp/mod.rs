@@ -27,6 +27,7 @@ mod conformance_timeouts;
 mod conn;
 #[cfg(test)]
 mod fuzz;
+mod icmp;
 mod input;
 mod output;
 mod recv;
@@ -42,6 +43,7 @@ pub(crate) mod wire;
 pub use cc::Congestion;
 pub(crate) use conn::{Conn, Sizes};
 pub use conn::{TcpState, TcpStats};
+pub use icmp::{IcmpError, MIN_PMTU_V4, MIN_PMTU_V6};
 pub(crate) use output::cookie_syn_ack;
 pub(crate) use secret::Secret;
 pub use seq::Seq;

@@ -74,7 +74,7 @@ impl Conn {
             // The peer acknowledged nothing for the user timeout, however far the
             // retransmission timer has backed off.
             self.stats.timeouts += 1;
-            self.set_closed(Some(io::ErrorKind::TimedOut));
+            self.set_closed(Some(self.soft_error.unwrap_or(io::ErrorKind::TimedOut)));
             self.rst_due = true;
             return;
         }
@@ -114,7 +114,7 @@ impl Conn {
                 if self.syn_tries > self.cfg.syn_retries {
                     self.stats.timeouts += 1;
                     let synsent = self.state == TcpState::SynSent;
-                    self.set_closed(Some(io::ErrorKind::TimedOut));
+                    self.set_closed(Some(self.soft_error.unwrap_or(io::ErrorKind::TimedOut)));
                     self.rst_due = !synsent;
                     return;
                 }

@@ -89,6 +89,10 @@ pub struct TcpStats {
     pub dsacks: u64,
     /// Window reductions undone because every retransmission of the episode was D-SACKed.
     pub undos: u64,
+    /// Times the path MTU shrank on an ICMP "fragmentation needed" / "packet too big".
+    pub pmtu_updates: u64,
+    /// ICMP errors that reached a connection and were acted on (the MTU ones included).
+    pub icmp_errors: u64,
 }
 
 impl std::ops::AddAssign for TcpStats {
@@ -112,5 +116,7 @@ impl std::ops::AddAssign for TcpStats {
         self.timeouts += o.timeouts;
         self.dsacks += o.dsacks;
         self.undos += o.undos;
+        self.pmtu_updates += o.pmtu_updates;
+        self.icmp_errors += o.icmp_errors;
     }
 }

@@ -50,7 +50,9 @@ pub use corelane_rt::{
     PollMode, RunReport, Runtime, Sharing, Stage, StopHandle, allowed_cpus,
     bandwidth_delay_product, core_index, core_stats,
 };
+pub use corelane_stack::frag::{FragLimits, FragStats};
 pub use corelane_stack::smoltcp;
+pub use corelane_stack::udp::UdpStats;
 pub use corelane_stack::{
     Congestion, DeviceStats, PipelineStats, StackConfig, StackError, StackStats, TcpConfig,
     TcpInfo, TcpState, TcpStats,

@@ -4,8 +4,8 @@
 //
 // Frames for an address AND port the application owns go to the AF_XDP socket of the queue they
 // arrived on; ARP for owned IPv4 addresses and NDP (neighbour solicitation/advertisement) for owned
-// IPv6 addresses go there too, and so do ICMP and ICMPv6 and IPv4 fragments addressed to an owned
-// address (the stack answers echo requests, acts on errors and reassembles fragments).
+// IPv6 addresses go there too, and so do ICMP, ICMPv6 and IPv4 and IPv6 fragments addressed to an
+// owned address (the stack answers echo requests, acts on errors and reassembles fragments).
 // Everything else passes to the kernel untouched, so ping, ssh and kernel listeners on the
 // kernel's own addresses keep working. Frames too short for the headers they announce
 // are counted as malformed and passed: the kernel drops them as it always would.
@@ -135,11 +135,11 @@ static __always_inline int v6_owned(const __u8 *addr)
 }
 
 // Steer a TCP or UDP segment whose destination port is owned, and ICMP (echo requests, and the
-// errors that tell a flow its path's MTU or that a peer is unreachable) for an owned address;
-// pass everything else.
+// errors that tell a flow its path's MTU or that a peer is unreachable) and IPv6 fragments for an
+// owned address; pass everything else.
 static __always_inline int l4_steer(struct xdp_md *ctx, __u8 proto, void *l4, void *end)
 {
-	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)
+	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6 || proto == IPPROTO_FRAGMENT)
 		return steer(ctx);
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = l4;

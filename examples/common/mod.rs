@@ -240,10 +240,30 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     );
     let mut tcp = corelane::TcpStats::default();
     let mut echoes = 0;
+    let (mut frag, mut udp) = (Vec::new(), Vec::new());
     for c in &r.cores {
         tcp += c.stats.stack.tcp;
         echoes += c.stats.stack.icmp_echoes;
+        frag.push(c.stats.stack.frag);
+        udp.push(c.stats.stack.udp);
     }
+    let sum = |f: &dyn Fn(&corelane::FragStats) -> u64| frag.iter().map(f).sum::<u64>();
+    println!(
+        "ip: {} fragments in, {} datagrams reassembled ({} evicted, {} timed out, {} overlapping, \
+         {} malformed), {} datagrams sent as fragments; udp: {} datagrams in, {} out, {} dropped \
+         in (queue full), {} dropped out (no route or neighbour)",
+        sum(&|f| f.fragments),
+        sum(&|f| f.reassembled),
+        sum(&|f| f.evicted),
+        sum(&|f| f.timeouts),
+        sum(&|f| f.overlaps),
+        sum(&|f| f.malformed),
+        sum(&|f| f.fragmented),
+        udp.iter().map(|u| u.rx).sum::<u64>(),
+        udp.iter().map(|u| u.tx).sum::<u64>(),
+        udp.iter().map(|u| u.rx_dropped).sum::<u64>(),
+        udp.iter().map(|u| u.tx_dropped).sum::<u64>(),
+    );
     println!(
         "tcp: {} segments out, {} retransmitted ({} timeouts of the RTO, {} fast recoveries), \
          {} path MTU updates, {} ICMP errors acted on, {} connections timed out; \

@@ -89,6 +89,16 @@ impl Runtime {
                 ..BatchStats::default()
             },
         };
+        if info.index == 0 {
+            // Tell the link where the owned addresses are now (gratuitous ARP, unsolicited
+            // neighbour advertisements), so peers that knew another hardware address for
+            // them, and switches, learn this one without waiting.
+            let n = core.stack().announce(now(), &mut dev);
+            if let Err(e) = dev.flush() {
+                log::warn!("core 0: announcing the addresses: {e}");
+            }
+            log::debug!("core 0: {n} address announcement(s) sent");
+        }
         let driver = Driver {
             core: core.clone(),
             pipe: Pipeline::new(dev, tuner),

@@ -5,9 +5,8 @@ use std::io;
 /// First port of the ephemeral range from which connections this side opens take their port.
 pub const EPHEMERAL_START: u16 = 49152;
 
-/// Most addresses a stack owns (the size of smoltcp's interface address list, which answers
-/// ARP, NDP and UDP for them).
-pub const MAX_ADDRS: usize = 8;
+/// Most addresses a stack owns (the XDP program's address maps hold as many).
+pub const MAX_ADDRS: usize = 64;
 
 /// Sizes and limits of a [`Stack`](crate::Stack).
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +38,8 @@ pub struct StackConfig {
     pub seed: Option<u64>,
     /// How TCP connections behave: congestion control, timers, options, SYN cookies.
     pub tcp: crate::tcp::TcpConfig,
+    /// How much fragment reassembly may hold.
+    pub frag: crate::frag::FragLimits,
 }
 
 impl Default for StackConfig {
@@ -55,6 +56,7 @@ impl Default for StackConfig {
             cores: 1,
             seed: None,
             tcp: crate::tcp::TcpConfig::default(),
+            frag: crate::frag::FragLimits::default(),
         }
     }
 }

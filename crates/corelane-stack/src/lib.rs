@@ -24,6 +24,7 @@ pub mod classify;
 mod config;
 mod device;
 pub mod flows;
+pub mod frag;
 pub mod frames;
 mod node;
 mod pipeline;
@@ -31,6 +32,7 @@ pub mod route;
 mod stack;
 pub mod tcp;
 pub mod tune;
+pub mod udp;
 
 pub use classify::{Class, FlowKey};
 pub use config::{EPHEMERAL_START, MAX_ADDRS, StackConfig, StackError};

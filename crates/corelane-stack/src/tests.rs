@@ -398,3 +398,71 @@ fn an_off_link_peer_needs_a_route_and_is_reached_through_the_gateway()
     assert!(p.b.stack.connect_tcp(off).is_ok());
     Ok(())
 }
+
+#[test]
+fn udp_datagrams_of_every_size_cross_whole_or_in_fragments_and_a_closed_port_answers()
+-> Result<(), Box<dyn std::error::Error>> {
+    let mut p = pair();
+    let (a, _) = p.a.stack.bind_udp(9)?;
+    let (b, bport) = p.b.stack.bind_udp(0)?;
+    let to_a: std::net::SocketAddr = "10.9.0.1:9".parse()?;
+    let sizes = [
+        0usize,
+        1,
+        1472,
+        1473,
+        8 * 1024,
+        60 * 1024,
+        crate::udp::MAX_PAYLOAD,
+    ];
+    let mut buf = vec![0u8; 70_000];
+    for &n in &sizes {
+        let data = pattern(n);
+        assert!(matches!(
+            p.b.stack.udp_send_to(b, &data, to_a, None),
+            Poll::Ready(Ok(m)) if m == n
+        ));
+        // a echoes it back.
+        let mut got = None;
+        p.drive(Duration::from_secs(5), |p| {
+            if let Poll::Ready(Ok((m, from))) = p.a.stack.udp_recv_from(a, &mut buf, None) {
+                assert_eq!(&buf[..m], &data[..], "{n} bytes arrived whole");
+                assert_eq!(from.port(), bport);
+                assert!(matches!(
+                    p.a.stack.udp_send_to(a, &buf[..m], from, None),
+                    Poll::Ready(Ok(_))
+                ));
+            }
+            if let Poll::Ready(Ok((m, _))) = p.b.stack.udp_recv_from(b, &mut buf, None) {
+                got = Some(buf[..m].to_vec());
+            }
+            got.is_some()
+        })?;
+        assert_eq!(got.as_deref(), Some(&data[..]), "{n} bytes echoed");
+    }
+    let s = p.a.stack.stats();
+    assert!(
+        s.frag.reassembled >= 3 && s.frag.fragmented >= 3,
+        "{:?}",
+        s.frag
+    );
+    assert_eq!(
+        (s.udp.rx, s.udp.tx),
+        (sizes.len() as u64, sizes.len() as u64)
+    );
+    // Too big for UDP: refused at once.
+    let huge = vec![0u8; crate::udp::MAX_PAYLOAD + 1];
+    assert!(matches!(
+        p.b.stack.udp_send_to(b, &huge, to_a, None),
+        Poll::Ready(Err(_))
+    ));
+    // A closed port: ICMP port unreachable comes back.
+    let closed: std::net::SocketAddr = "10.9.0.1:10".parse()?;
+    assert!(matches!(
+        p.b.stack.udp_send_to(b, b"anyone?", closed, None),
+        Poll::Ready(Ok(7))
+    ));
+    p.drive_for(Duration::from_millis(50), |_| {})?;
+    assert_eq!(p.a.stack.stats().icmp_unreachable_sent, 1);
+    Ok(())
+}

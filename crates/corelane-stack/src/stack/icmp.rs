@@ -23,24 +23,55 @@ impl Stack {
     /// Answers the waiting frame if it is an echo request for an owned address, and consumes
     /// it then. False (the frame left waiting) for anything else.
     pub(super) fn echo<P: FrameIo>(&mut self, dev: &mut XdpDevice<P>) -> bool {
-        let Some(req) = dev.front_bytes() else {
-            return false;
-        };
-        let addrs = self.iface.ip_addrs();
+        let addrs = &self.addrs;
         let owned = |a: IpAddress| addrs.iter().any(|c| c.address() == a);
-        let Some(reply) = echo_reply(req, self.mac, owned, &mut self.ip_id) else {
+        let Some(reply) = dev
+            .front_bytes()
+            .and_then(|req| echo_reply(req, self.mac, owned, &mut self.ip_id))
+        else {
             return false;
         };
         dev.consume();
-        if let Some(tx) = dev.transmit(Instant::ZERO) {
-            smoltcp::phy::TxToken::consume(tx, reply.len(), |buf| buf.copy_from_slice(&reply));
-            self.stats.icmp_echoes += 1;
-        }
+        self.send_frame(dev, &reply);
+        self.stats.icmp_echoes += 1;
         true
     }
-}
 
-impl Stack {
+    /// Answers `frame` (a reassembled datagram) if it is an echo request for an owned address.
+    pub(super) fn echo_frame<P: FrameIo>(&mut self, dev: &mut XdpDevice<P>, frame: &[u8]) -> bool {
+        let addrs = &self.addrs;
+        let owned = |a: IpAddress| addrs.iter().any(|c| c.address() == a);
+        let Some(reply) = echo_reply(frame, self.mac, owned, &mut self.ip_id) else {
+            return false;
+        };
+        self.send_frame(dev, &reply);
+        self.stats.icmp_echoes += 1;
+        true
+    }
+
+    /// Sends a whole frame, cut into IP fragments when it is larger than the MTU.
+    pub(super) fn send_frame<P: FrameIo>(&mut self, dev: &mut XdpDevice<P>, frame: &[u8]) {
+        if frame.len() <= self.mtu + 14 {
+            if let Some(tx) = dev.transmit(Instant::ZERO) {
+                smoltcp::phy::TxToken::consume(tx, frame.len(), |b| b.copy_from_slice(frame));
+            }
+            return;
+        }
+        let id = if frame.get(12..14) == Some(&[0x08, 0x00]) {
+            self.ip_id = self.ip_id.wrapping_add(1);
+            u32::from(self.ip_id)
+        } else {
+            self.frag_id()
+        };
+        self.frag.count_fragmented();
+        for f in crate::frag::refragment(frame, self.mtu, id) {
+            let Some(tx) = dev.transmit(Instant::ZERO) else {
+                return;
+            };
+            smoltcp::phy::TxToken::consume(tx, f.len(), |b| b.copy_from_slice(&f));
+        }
+    }
+
     /// Gives the waiting frame to the TCP connection it is about, if it is an ICMP error that
     /// quotes one of this host's segments: here, or on the core that holds the connection.
     /// False (the frame left waiting) when it is no such error.

@@ -1,6 +1,7 @@
 //! Flow demux and protocol: each classified frame goes to its flow alone. TCP segments are
-//! parsed once and given to the connection; UDP datagrams to their smoltcp socket; ARP, NDP
-//! and ICMP to smoltcp's interface.
+//! parsed once and given to the connection, UDP datagrams to their socket; ARP and NDP teach
+//! the neighbour table and are answered for owned addresses; ICMP is answered (echo) or given
+//! to the connection it is about; fragments are reassembled and the whole datagram delivered.
 
 use corelane_frame::{FrameIo, Proto};
 use smoltcp::time::Instant;
@@ -8,6 +9,7 @@ use smoltcp::time::Instant;
 use super::{Flow, Sock, Stack};
 use crate::classify::{Class, FlowKey};
 use crate::device::XdpDevice;
+use crate::frag::Reassembler;
 use crate::pipeline::{Disposition, Peers, Unclaimed};
 use crate::tcp::wire::{self, In, Path};
 use crate::tcp::{Conn, TcpState};
@@ -27,8 +29,8 @@ enum Route {
     Drop,
     /// ARP or NDP; `true` for a reply the other cores' neighbour caches want too.
     Neighbor(bool),
-    /// ICMP, fragments and the rest: smoltcp's interface answers.
-    Interface,
+    /// ICMP, fragments and the rest.
+    Other,
 }
 
 /// What the ACK of a SYN cookie came to.
@@ -80,7 +82,7 @@ impl Stack {
                 None => Route::Unclaimed(Proto::Udp, key.local.port, false),
             },
             Class::Neighbor { reply } => Route::Neighbor(reply),
-            _ => Route::Interface,
+            _ => Route::Other,
         }
     }
 
@@ -124,19 +126,69 @@ impl Stack {
                 }
                 dev.consume();
             }
-            Sock::Udp(set, _) => {
-                self.iface.poll_ingress_single(now, dev, set);
+            Sock::Udp(_) => {
+                if let Some(bytes) = dev.front_bytes() {
+                    self.udp_deliver(now, i, bytes);
+                }
+                dev.consume();
+                // A socket that only received has nothing to send: no egress pass.
+                return;
             }
         }
         self.settle(i);
         self.queue_egress(i);
     }
 
-    /// The next waiting frame to smoltcp's interface with no socket: it answers ARP, NDP and
-    /// ICMP echo, or drops it.
-    fn answer<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) {
-        self.stats.no_flow += 1;
-        self.iface.poll_ingress_single(now, dev, &mut self.empty);
+    /// The next waiting frame is ICMP, a fragment or something else no flow takes: an echo
+    /// request is answered, an error goes to its connection, a fragment to reassembly; the
+    /// rest is dropped.
+    fn other<P: FrameIo>(
+        &mut self,
+        now: Instant,
+        dev: &mut XdpDevice<P>,
+        peers: &mut dyn Peers,
+        hops: u8,
+    ) {
+        if self.echo(dev) || self.icmp_error(now, dev, peers, hops) {
+            return;
+        }
+        let whole = match dev.front_bytes() {
+            Some(b) if Reassembler::is_fragment(b) => self.frag.push(b, now),
+            _ => {
+                self.stats.no_flow += 1;
+                None
+            }
+        };
+        dev.consume();
+        if let Some(w) = whole {
+            self.deliver_whole(now, dev, &w);
+        }
+    }
+
+    /// A reassembled datagram: to its UDP socket or TCP connection, or answered (echo).
+    fn deliver_whole<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, frame: &[u8]) {
+        match crate::classify::classify(frame) {
+            Class::Udp { key } => match self.udp.get(&key.local.port) {
+                Some(&i) => self.udp_deliver(now, i, frame),
+                None => self.stats.reassembled_unclaimed += 1,
+            },
+            Class::Tcp { key, .. } => match (self.table.get(&key), wire::parse(frame)) {
+                (Some(i), Some(inn)) => {
+                    if let Some(c) = self.slots[i as usize].flow.as_mut().and_then(|f| f.conn()) {
+                        c.input(now, &inn.seg);
+                    }
+                    self.settle(i);
+                    self.queue_egress(i);
+                }
+                _ => self.stats.reassembled_unclaimed += 1,
+            },
+            Class::Other => {
+                if !self.echo_frame(dev, frame) {
+                    self.stats.reassembled_unclaimed += 1;
+                }
+            }
+            _ => self.stats.reassembled_unclaimed += 1,
+        }
     }
 
     /// A TCP segment no connection here claims and no other core took: the ACK of a SYN
@@ -320,7 +372,11 @@ impl Stack {
                         Disposition::Answer if proto == Proto::Tcp => {
                             self.answer_tcp(now, dev, false)
                         }
-                        Disposition::Answer => self.answer(now, dev),
+                        Disposition::Answer => {
+                            self.stats.no_flow += 1;
+                            self.udp_unreachable(now, dev);
+                            dev.skip();
+                        }
                         Disposition::HandedOff => {
                             self.stats.handed_off += 1;
                             dev.skip();
@@ -332,11 +388,7 @@ impl Stack {
                     }
                 }
                 Route::Drop => dev.skip(),
-                Route::Interface => {
-                    if !self.echo(dev) && !self.icmp_error(now, dev, peers, hops) {
-                        self.answer(now, dev);
-                    }
-                }
+                Route::Other => self.other(now, dev, peers, hops),
                 Route::Neighbor(reply) => {
                     let learnt = dev
                         .front_bytes()
@@ -346,7 +398,7 @@ impl Stack {
                         self.stats.handed_off += handed;
                         self.stats.handoff_dropped += dropped;
                     }
-                    self.answer(now, dev);
+                    self.neighbor_answer(now, dev);
                     if learnt {
                         // Flows waiting for a next hop's address: poll them now.
                         for i in std::mem::take(&mut self.unresolved) {

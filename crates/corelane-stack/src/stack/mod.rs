@@ -1,9 +1,10 @@
 //! The protocol stage behind an O(1) flow table.
 //!
 //! A hash table from a connection's addresses to its flow picks the TCP connection (corelane's
-//! own engine, [`crate::tcp`]) or UDP socket (smoltcp's, in a set of its own, so smoltcp never
-//! scans) for each frame. TCP segments go straight from the frame to the connection and from
-//! the connection into a transmit frame; smoltcp's interface answers ARP, NDP, ICMP and UDP.
+//! own engine, [`crate::tcp`]) or UDP socket ([`crate::udp`]) for each frame. Segments and
+//! datagrams go straight from the frame to the connection or socket, and from it into a
+//! transmit frame. The stack answers ARP and neighbour solicitations for its addresses and
+//! ICMP echo, and reassembles fragments ([`crate::frag`]); smoltcp gives the wire formats.
 //! Egress polls only the flows that received something, that the application wrote to, or
 //! whose timer is due (a heap of deadlines), so the per-frame cost does not grow with the
 //! number of open connections.
@@ -16,19 +17,23 @@
 //!
 //! With several cores, each has its own [`Stack`]. A frame this stack's table does not claim is
 //! offered to the caller's [`Peers`](crate::Peers) (the runtime knows the other cores and which
-//! one owns what); only what they leave is answered here (a reset, ICMP).
+//! one owns what); only what they leave is answered here (a reset, ICMP port unreachable).
 //!
 //! The files: `mod.rs` the flow slots and their life cycle (`settle`), `ingress.rs` demux and
 //! protocol, `egress.rs` output and timers, `listen.rs` listeners and accept, `socket.rs` what
-//! the application's sockets call, `neigh.rs` the next hops' hardware addresses, `icmp.rs`
-//! echo replies.
+//! the application's TCP sockets call, `udp.rs` UDP, `neigh.rs` the next hops' hardware
+//! addresses, `ndisc.rs` answers for the owned addresses, `icmp.rs` echo and errors,
+//! `addrs.rs` the owned addresses and routes.
 
+mod addrs;
 mod egress;
 mod icmp;
 mod ingress;
 mod listen;
+mod ndisc;
 mod neigh;
 mod socket;
+mod udp;
 
 pub use listen::AcceptOptions;
 pub use socket::TcpInfo;
@@ -38,19 +43,19 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use corelane_frame::{FrameIo, Proto};
 use rustc_hash::FxBuildHasher;
-use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::Device;
-use smoltcp::socket::udp;
 use smoltcp::time::Instant;
-use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
+use smoltcp::wire::{IpAddress, IpCidr};
 
 use crate::classify::FlowKey;
-use crate::config::{StackConfig, StackError};
+use crate::config::StackConfig;
 use crate::device::XdpDevice;
 use crate::flows::FlowTable;
-use crate::route::{Route, RouteTable};
+use crate::frag::{FragStats, Reassembler};
+use crate::route::RouteTable;
 use crate::tcp::wire::{Out, Path};
 use crate::tcp::{Conn, Secret, TcpState, TcpStats};
+use crate::udp::{UdpSock, UdpStats};
 use listen::Listener;
 use neigh::Neighbors;
 
@@ -71,8 +76,7 @@ pub struct StackStats {
     pub syn_accepted: u64,
     /// SYNs dropped because the listener's backlog was full.
     pub syn_dropped: u64,
-    /// Frames for no known flow, answered by smoltcp (reset, ICMP unreachable) or used for ARP,
-    /// NDP and ICMP echo.
+    /// Frames for no known flow: answered with a reset or ICMP port unreachable, or dropped.
     pub no_flow: u64,
     /// Frames handed to another core.
     pub handed_off: u64,
@@ -98,16 +102,28 @@ pub struct StackStats {
     /// ICMP errors about TCP segments that no connection took (unknown, or quoting a sequence
     /// number not in flight, or an MTU no smaller than the one in use).
     pub icmp_ignored: u64,
+    /// ICMP "port unreachable" sent for datagrams to closed UDP ports.
+    pub icmp_unreachable_sent: u64,
+    /// ICMP errors not sent because of the rate limit.
+    pub icmp_limited: u64,
+    /// ARP requests and neighbour solicitations for owned addresses answered.
+    pub neighbor_answers: u64,
+    /// Reassembled datagrams dropped because no socket or connection here takes them.
+    pub reassembled_unclaimed: u64,
     /// Transmissions held back because the next hop's hardware address is not known yet.
     pub neighbor_waits: u64,
     /// TCP counters, summed over every connection this stack has had.
     pub tcp: TcpStats,
+    /// UDP counters, summed over every socket this stack has had.
+    pub udp: UdpStats,
+    /// Fragment reassembly and fragmenting.
+    pub frag: FragStats,
 }
 
-/// What a flow holds: a TCP connection, or a UDP socket in a set of its own.
+/// What a flow holds: a TCP connection or a UDP socket.
 enum Sock {
     Tcp(Box<Conn>),
-    Udp(SocketSet<'static>, SocketHandle),
+    Udp(Box<UdpSock>),
 }
 
 struct Flow {
@@ -142,11 +158,12 @@ struct Slot {
     flow: Option<Flow>,
 }
 
-/// One core's protocol state: smoltcp's interface, the flow table, TCP connections,
-/// listeners and timers. The device is passed in to each call, so the same stack runs over
+/// One core's protocol state: the owned addresses and routes, the flow table, TCP
+/// connections, UDP sockets, listeners and timers. The device is passed in to each call, so the same stack runs over
 /// AF_XDP or an in-memory link.
 pub struct Stack {
-    iface: Interface,
+    /// The owned addresses with their prefixes (at most [`crate::MAX_ADDRS`]).
+    addrs: Vec<IpCidr>,
     mac: [u8; 6],
     mtu: usize,
     secret: Secret,
@@ -157,6 +174,14 @@ pub struct Stack {
     ip_id: u16,
     /// Counters of connections already freed, and of what no connection did (cookies, resets).
     tcp_done: TcpStats,
+    /// Counters of UDP sockets already freed.
+    udp_done: UdpStats,
+    frag: Reassembler,
+    /// The last IPv6 fragment identification used.
+    frag_next: u32,
+    /// ICMP errors that may be sent now (a token bucket), and when it was last refilled (ms).
+    icmp_tokens: u32,
+    icmp_at: i64,
     /// The latest time the caller gave (for the application's calls, which carry none).
     clock: Instant,
     slots: Vec<Slot>,
@@ -166,7 +191,6 @@ pub struct Stack {
     listeners: HashMap<u16, Listener, FxBuildHasher>,
     ports: HashSet<(Proto, u16), FxBuildHasher>,
     freed_ports: Vec<(Proto, u16)>,
-    empty: SocketSet<'static>,
     egress: Vec<u32>,
     egress_spare: Vec<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
@@ -179,7 +203,7 @@ impl std::fmt::Debug for Stack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stack")
             .field("core", &self.cfg.core)
-            .field("addrs", &self.iface.ip_addrs())
+            .field("addrs", &self.addrs)
             .field("flows", &self.table.len())
             .field("listeners", &self.listeners.len())
             .finish_non_exhaustive()
@@ -197,24 +221,25 @@ impl Stack {
         cfg: StackConfig,
     ) -> Self {
         let seed = cfg.seed_or_random();
-        let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(mac)));
-        config.random_seed = seed;
         let mtu = dev.capabilities().max_transmission_unit.saturating_sub(14);
-        let mut iface = Interface::new(config, dev, Instant::ZERO);
-        iface.update_ip_addrs(|a| {
-            for c in addrs {
-                if a.push(*c).is_err() {
-                    log::warn!("address {c} dropped: at most {} addresses", a.capacity());
-                }
+        let mut owned = Vec::new();
+        for c in addrs {
+            if owned.len() >= crate::MAX_ADDRS {
+                log::warn!(
+                    "address {c} dropped: at most {} addresses",
+                    crate::MAX_ADDRS
+                );
+            } else if !owned.iter().any(|o: &IpCidr| o.address() == c.address()) {
+                owned.push(*c);
             }
-        });
+        }
         let cfg = StackConfig {
             cores: cfg.cores.max(1),
             core: cfg.core.min(cfg.cores.max(1) - 1),
             ..cfg
         };
         Stack {
-            iface,
+            addrs: owned,
             mac,
             mtu,
             secret: Secret::new(seed),
@@ -223,6 +248,11 @@ impl Stack {
             unresolved: Vec::new(),
             ip_id: (seed >> 17) as u16,
             tcp_done: TcpStats::default(),
+            udp_done: UdpStats::default(),
+            frag: Reassembler::new(cfg.frag),
+            frag_next: (seed >> 32) as u32,
+            icmp_tokens: 50,
+            icmp_at: 0,
             clock: Instant::ZERO,
             slots: Vec::with_capacity(cfg.flows),
             free_slots: Vec::new(),
@@ -231,7 +261,6 @@ impl Stack {
             listeners: HashMap::default(),
             ports: HashSet::default(),
             freed_ports: Vec::new(),
-            empty: SocketSet::new(Vec::new()),
             egress: Vec::with_capacity(cfg.batch * 2),
             egress_spare: Vec::with_capacity(cfg.batch * 2),
             timers: BinaryHeap::with_capacity(cfg.flows),
@@ -255,17 +284,19 @@ impl Stack {
     /// Counters so far.
     pub fn stats(&self) -> StackStats {
         let mut tcp = self.tcp_done;
+        let mut udp = self.udp_done;
         for slot in &self.slots {
-            if let Some(Flow {
-                sock: Sock::Tcp(c), ..
-            }) = &slot.flow
-            {
-                tcp += c.stats;
+            match slot.flow.as_ref().map(|f| &f.sock) {
+                Some(Sock::Tcp(c)) => tcp += c.stats,
+                Some(Sock::Udp(u)) => udp += u.stats,
+                None => {}
             }
         }
         StackStats {
             flows: self.flow_count() as u64,
             tcp,
+            udp,
+            frag: self.frag.stats(),
             ..self.stats
         }
     }
@@ -290,12 +321,6 @@ impl Stack {
     fn insert_tcp(&mut self, conn: Conn, setup: impl FnOnce(&mut Flow)) -> u32 {
         let port = conn.local().port;
         self.insert(Sock::Tcp(Box::new(conn)), Proto::Tcp, port, setup)
-    }
-
-    fn insert_udp(&mut self, socket: udp::Socket<'static>, port: u16) -> u32 {
-        let mut set = SocketSet::new(Vec::with_capacity(1));
-        let handle = set.add(socket);
-        self.insert(Sock::Udp(set, handle), Proto::Udp, port, |f| f.held = true)
     }
 
     fn insert(
@@ -339,8 +364,9 @@ impl Stack {
             return;
         };
         slot.generation = slot.generation.wrapping_add(1);
-        if let Sock::Tcp(c) = &flow.sock {
-            self.tcp_done += c.stats;
+        match &flow.sock {
+            Sock::Tcp(c) => self.tcp_done += c.stats,
+            Sock::Udp(u) => self.udp_done += u.stats,
         }
         if let Some(key) = flow.key
             && self.table.get(&key) == Some(index)
@@ -401,68 +427,6 @@ impl Stack {
             crate::tcp::wire::write(buf, path, id, out);
         });
         true
-    }
-
-    /// The next hop toward `remote`: itself when on a link of this interface, else by the
-    /// route table; None without a route.
-    fn next_hop(&self, remote: IpAddress) -> Option<IpAddress> {
-        if self
-            .iface
-            .ip_addrs()
-            .iter()
-            .any(|c| c.contains_addr(&remote))
-        {
-            return Some(remote);
-        }
-        self.routes.next_hop(remote)
-    }
-
-    /// Adds a route: destinations in `dst` are reached through gateway `via` (on one of this
-    /// interface's links), or directly on the link when `via` is None. A route for the same
-    /// prefix is replaced. Connections already open keep the next hop they found.
-    ///
-    /// # Errors
-    /// A gateway of the wrong family or not unicast, or a full table.
-    pub fn add_route(&mut self, dst: IpCidr, via: Option<IpAddress>) -> Result<(), StackError> {
-        self.routes.add(dst, via)?;
-        // smoltcp's interface (UDP, ICMP) routes by gateway only; an on-link route needs none
-        // there as long as it is also an owned address's subnet.
-        let dst = crate::route::canonical(dst);
-        let mut full = false;
-        self.iface.routes_mut().update(|table| {
-            table.retain(|r| r.cidr != dst);
-            if let Some(g) = via {
-                full = table
-                    .push(smoltcp::iface::Route {
-                        cidr: dst,
-                        via_router: g,
-                        preferred_until: None,
-                        expires_at: None,
-                    })
-                    .is_err();
-            }
-        });
-        if full {
-            self.routes.remove(dst);
-            return Err(StackError::Refused(format!(
-                "route {dst}: the interface's table is full"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Removes the route for prefix `dst`; returns it if there was one.
-    pub fn remove_route(&mut self, dst: IpCidr) -> Option<Route> {
-        let r = self.routes.remove(dst)?;
-        self.iface
-            .routes_mut()
-            .update(|table| table.retain(|x| x.cidr != r.dst));
-        Some(r)
-    }
-
-    /// The routes in force, in the order they were added.
-    pub fn routes(&self) -> &[Route] {
-        self.routes.routes()
     }
 
     /// Finds the hardware address of TCP flow `index`'s next hop, asking for it if unknown.

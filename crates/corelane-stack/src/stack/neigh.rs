@@ -173,31 +173,23 @@ pub(super) fn request(mac: [u8; 6], from: IpAddress, target: IpAddress) -> Optio
         (IpAddress::Ipv6(f), IpAddress::Ipv6(t)) => {
             let o = t.octets();
             let mut group = [0u8; 16];
-            group[0] = 0xff;
-            group[1] = 0x02;
+            group[..2].copy_from_slice(&[0xff, 0x02]);
             group[11] = 1;
             group[12] = 0xff;
             group[13..].copy_from_slice(&o[13..]);
-            let mut buf = vec![0u8; 14 + 40 + 32];
-            buf[..6].copy_from_slice(&[0x33, 0x33, 0xff, o[13], o[14], o[15]]);
-            buf[6..12].copy_from_slice(&mac);
-            buf[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
-            let ip = &mut buf[14..54];
-            ip[..4].copy_from_slice(&0x6000_0000u32.to_be_bytes());
-            ip[4..6].copy_from_slice(&32u16.to_be_bytes());
-            ip[6] = 58;
-            ip[7] = 255;
-            ip[8..24].copy_from_slice(&f.octets());
-            ip[24..40].copy_from_slice(&group);
-            let icmp = &mut buf[54..];
-            icmp[0] = 135;
-            icmp[8..24].copy_from_slice(&o);
-            icmp[24] = 1;
-            icmp[25] = 1;
-            icmp[26..32].copy_from_slice(&mac);
-            let c = checksum(&f.octets(), &group, 58, icmp);
-            icmp[2..4].copy_from_slice(&c.to_ne_bytes());
-            Some(buf)
+            let mut body = [0u8; 32];
+            body[0] = 135;
+            body[8..24].copy_from_slice(&o);
+            body[24] = 1;
+            body[25] = 1;
+            body[26..32].copy_from_slice(&mac);
+            Some(super::ndisc::icmp6_frame(
+                super::ndisc::multicast_mac(group),
+                mac,
+                f.octets(),
+                group,
+                &body,
+            ))
         }
         _ => None,
     }

@@ -7,7 +7,6 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use corelane_frame::Proto;
-use smoltcp::socket::udp;
 use smoltcp::wire::{IpAddress, IpEndpoint};
 
 use super::{FlowId, Sock, Stack};
@@ -50,7 +49,7 @@ fn ended(kind: io::ErrorKind) -> io::Error {
     io::Error::new(kind, what)
 }
 
-fn gone() -> io::Error {
+pub(super) fn gone() -> io::Error {
     io::Error::new(io::ErrorKind::NotConnected, "the connection is gone")
 }
 
@@ -59,20 +58,8 @@ fn to_socket_addr(e: IpEndpoint) -> SocketAddr {
 }
 
 impl Stack {
-    fn local_addr_for(&self, remote: IpAddress) -> Result<IpAddress, StackError> {
-        self.iface
-            .ip_addrs()
-            .iter()
-            .map(|c| c.address())
-            .find(|a| std::mem::discriminant(a) == std::mem::discriminant(&remote))
-            .ok_or(StackError::NoAddress(match remote {
-                IpAddress::Ipv4(_) => "IPv4",
-                IpAddress::Ipv6(_) => "IPv6",
-            }))
-    }
-
     /// A free port of this stack's share of the ephemeral range (`port % cores == core`).
-    fn ephemeral_port(&mut self, proto: Proto) -> Result<u16, StackError> {
+    pub(super) fn ephemeral_port(&mut self, proto: Proto) -> Result<u16, StackError> {
         let cores = self.cfg.cores as u32;
         let span = (u32::from(u16::MAX) - u32::from(EPHEMERAL_START) + 1) / cores;
         self.rng ^= self.rng << 13;
@@ -145,43 +132,9 @@ impl Stack {
         Ok((self.id_of(i), port))
     }
 
-    /// Binds a UDP socket to `port` (0: a port of this stack's share of the ephemeral range) on
-    /// every owned address. Returns the flow and the port.
-    ///
-    /// # Errors
-    /// The port is taken, or no ephemeral port is free.
-    pub fn bind_udp(&mut self, port: u16) -> Result<(FlowId, u16), StackError> {
-        let port = if port == 0 {
-            self.ephemeral_port(Proto::Udp)?
-        } else {
-            port
-        };
-        if self.udp.contains_key(&port) {
-            return Err(StackError::InUse { proto: "UDP", port });
-        }
-        let meta = || vec![udp::PacketMetadata::EMPTY; self.cfg.udp_packets];
-        let rx = udp::PacketBuffer::new(meta(), vec![0u8; self.cfg.udp_bytes]);
-        let tx = udp::PacketBuffer::new(meta(), vec![0u8; self.cfg.udp_bytes]);
-        let mut s = udp::Socket::new(rx, tx);
-        s.bind(port)
-            .map_err(|e| StackError::Refused(format!("bind UDP {port}: {e}")))?;
-        let i = self.insert_udp(s, port);
-        self.udp.insert(port, i);
-        self.ports.insert((Proto::Udp, port));
-        Ok((self.id_of(i), port))
-    }
-
     /// The TCP connection of flow `id` (None if the id is stale or not TCP).
     pub(crate) fn conn(&mut self, id: FlowId) -> Option<&mut Conn> {
         self.flow(id)?.conn()
-    }
-
-    /// The UDP socket of flow `id` (None if the id is stale or not UDP).
-    fn udp(&mut self, id: FlowId) -> Option<&mut udp::Socket<'static>> {
-        match &mut self.flow(id)?.sock {
-            Sock::Udp(set, handle) => Some(set.get_mut::<udp::Socket<'static>>(*handle)),
-            Sock::Tcp(_) => None,
-        }
     }
 
     /// Runs `f` on TCP flow `id`'s connection, then queues the flow for egress when `f` says
@@ -408,80 +361,6 @@ impl Stack {
             mss: c.mss(),
             stats: c.stats,
         })
-    }
-
-    /// Queues one datagram from UDP flow `id` to `to`. `Pending` means the send buffer is full
-    /// (`waker`, if given, is woken when room frees up).
-    ///
-    /// # Errors
-    /// `InvalidInput` for a datagram larger than the send buffer or an address smoltcp refuses;
-    /// `NotConnected` when the flow is gone.
-    pub fn udp_send_to(
-        &mut self,
-        id: FlowId,
-        buf: &[u8],
-        to: SocketAddr,
-        waker: Option<&Waker>,
-    ) -> Poll<io::Result<usize>> {
-        let Some(s) = self.udp(id) else {
-            return Poll::Ready(Err(gone()));
-        };
-        if buf.len() > s.payload_send_capacity() {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "datagram of {} bytes is larger than the send buffer ({} bytes)",
-                    buf.len(),
-                    s.payload_send_capacity()
-                ),
-            )));
-        }
-        match s.send_slice(buf, IpEndpoint::from(to)) {
-            Ok(()) => {
-                self.queue_egress(id.index);
-                Poll::Ready(Ok(buf.len()))
-            }
-            Err(udp::SendError::BufferFull) => {
-                if let Some(w) = waker {
-                    s.register_send_waker(w);
-                }
-                Poll::Pending
-            }
-            Err(e) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("send to {to}: {e}"),
-            ))),
-        }
-    }
-
-    /// Takes the next datagram UDP flow `id` received: its length and sender. `Pending` means
-    /// none is waiting (`waker`, if given, is woken when one arrives).
-    ///
-    /// # Errors
-    /// `InvalidInput` when the datagram was larger than `buf` (it is dropped); `NotConnected`
-    /// when the flow is gone.
-    pub fn udp_recv_from(
-        &mut self,
-        id: FlowId,
-        buf: &mut [u8],
-        waker: Option<&Waker>,
-    ) -> Poll<io::Result<(usize, SocketAddr)>> {
-        let Some(s) = self.udp(id) else {
-            return Poll::Ready(Err(gone()));
-        };
-        match s.recv_slice(buf) {
-            Ok((n, meta)) => Poll::Ready(Ok((n, to_socket_addr(meta.endpoint)))),
-            Err(udp::RecvError::Truncated) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "datagram larger than the buffer (dropped)",
-            ))),
-            Err(_) => {
-                if let Some(w) = waker {
-                    s.register_recv_waker(w);
-                }
-                Poll::Pending
-            }
-        }
     }
 
     /// Aborts TCP flow `id` (a reset is sent on the next egress pass).

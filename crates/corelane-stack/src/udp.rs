@@ -1,0 +1,234 @@
+//! A UDP socket's two queues, sans-IO: datagrams received and not yet read, datagrams written
+//! and not yet sent, each bounded in datagrams and in bytes. Buffers of sent and read
+//! datagrams are kept for reuse, so a socket in steady use does not allocate.
+
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use smoltcp::time::Instant;
+use smoltcp::wire::IpEndpoint;
+
+/// The largest UDP payload: 65535 less the 8-byte UDP header and a 20-byte IPv4 header.
+pub const MAX_PAYLOAD: usize = 65_507;
+
+/// Buffers kept for reuse per socket.
+const SPARE: usize = 16;
+
+/// One datagram and the peer it came from or goes to.
+#[derive(Debug)]
+pub(crate) struct Datagram {
+    pub(crate) peer: IpEndpoint,
+    pub(crate) data: Vec<u8>,
+}
+
+/// Counters of one UDP socket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UdpStats {
+    /// Datagrams received and queued for the application.
+    pub rx: u64,
+    /// Datagrams sent.
+    pub tx: u64,
+    /// Datagrams received and dropped because the receive queue was full.
+    pub rx_dropped: u64,
+    /// Datagrams dropped because no route led to the peer, or its hardware address never
+    /// came.
+    pub tx_dropped: u64,
+}
+
+impl std::ops::AddAssign for UdpStats {
+    fn add_assign(&mut self, o: UdpStats) {
+        self.rx += o.rx;
+        self.tx += o.tx;
+        self.rx_dropped += o.rx_dropped;
+        self.tx_dropped += o.tx_dropped;
+    }
+}
+
+/// A UDP socket's queues.
+#[derive(Debug)]
+pub(crate) struct UdpSock {
+    rx: VecDeque<Datagram>,
+    rx_bytes: usize,
+    tx: VecDeque<Datagram>,
+    tx_bytes: usize,
+    spare: Vec<Vec<u8>>,
+    max_packets: usize,
+    max_bytes: usize,
+    rx_waker: Option<Waker>,
+    tx_waker: Option<Waker>,
+    /// Since when the head of the send queue waits for its next hop's hardware address.
+    pub(crate) blocked_since: Option<Instant>,
+    pub(crate) stats: UdpStats,
+}
+
+impl UdpSock {
+    /// Queues of at most `packets` datagrams and `bytes` payload bytes each way.
+    pub(crate) fn new(packets: usize, bytes: usize) -> Self {
+        UdpSock {
+            rx: VecDeque::new(),
+            rx_bytes: 0,
+            tx: VecDeque::new(),
+            tx_bytes: 0,
+            spare: Vec::new(),
+            max_packets: packets.max(1),
+            max_bytes: bytes.max(1),
+            rx_waker: None,
+            tx_waker: None,
+            blocked_since: None,
+            stats: UdpStats::default(),
+        }
+    }
+
+    /// The largest datagram the send queue can ever hold.
+    pub(crate) fn send_capacity(&self) -> usize {
+        self.max_bytes.min(MAX_PAYLOAD)
+    }
+
+    fn buffer(&mut self, data: &[u8]) -> Vec<u8> {
+        let mut v = self.spare.pop().unwrap_or_default();
+        v.clear();
+        v.extend_from_slice(data);
+        v
+    }
+
+    fn recycle(&mut self, mut v: Vec<u8>) {
+        // Keep ordinary-sized buffers only: a 64 KiB one would be held for good.
+        if self.spare.len() < SPARE && v.capacity() <= 4096 {
+            v.clear();
+            self.spare.push(v);
+        }
+    }
+
+    /// A datagram arrived from `peer`. False (dropped, counted) when the queue is full.
+    pub(crate) fn received(&mut self, peer: IpEndpoint, data: &[u8]) -> bool {
+        if self.rx.len() >= self.max_packets || self.rx_bytes + data.len() > self.max_bytes {
+            self.stats.rx_dropped += 1;
+            return false;
+        }
+        let data = self.buffer(data);
+        self.rx_bytes += data.len();
+        self.rx.push_back(Datagram { peer, data });
+        self.stats.rx += 1;
+        if let Some(w) = self.rx_waker.take() {
+            w.wake();
+        }
+        true
+    }
+
+    /// The next datagram read into `buf`: its length and sender, or `Err(len)` when it was
+    /// longer than `buf` (it is dropped). None when none waits.
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> Option<Result<(usize, IpEndpoint), usize>> {
+        let d = self.rx.pop_front()?;
+        self.rx_bytes -= d.data.len();
+        let n = d.data.len();
+        let r = if n <= buf.len() {
+            buf[..n].copy_from_slice(&d.data);
+            Ok((n, d.peer))
+        } else {
+            Err(n)
+        };
+        self.recycle(d.data);
+        Some(r)
+    }
+
+    /// Queues `data` for `peer`. False when the send queue has no room for it now.
+    pub(crate) fn write(&mut self, peer: IpEndpoint, data: &[u8]) -> bool {
+        if self.tx.len() >= self.max_packets || self.tx_bytes + data.len() > self.max_bytes {
+            return false;
+        }
+        let data = self.buffer(data);
+        self.tx_bytes += data.len();
+        self.tx.push_back(Datagram { peer, data });
+        true
+    }
+
+    /// The peer of the datagram to send next.
+    pub(crate) fn next_peer(&self) -> Option<IpEndpoint> {
+        self.tx.front().map(|d| d.peer)
+    }
+
+    /// Takes the datagram to send next; it still counts against the queue's bytes until
+    /// [`UdpSock::finish`] or [`UdpSock::unpop`].
+    pub(crate) fn pop_out(&mut self) -> Option<Datagram> {
+        self.tx.pop_front()
+    }
+
+    /// Puts back a datagram that could not go out yet.
+    pub(crate) fn unpop(&mut self, d: Datagram) {
+        self.tx.push_front(d);
+    }
+
+    /// A datagram taken with [`UdpSock::pop_out`] is done with: sent, or dropped when `sent`
+    /// is false. A writer waiting for room is woken.
+    pub(crate) fn finish(&mut self, d: Datagram, sent: bool) {
+        self.tx_bytes -= d.data.len();
+        self.recycle(d.data);
+        if sent {
+            self.stats.tx += 1;
+        } else {
+            self.stats.tx_dropped += 1;
+        }
+        self.blocked_since = None;
+        if let Some(w) = self.tx_waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Drops the datagram at the head of the send queue (counted).
+    pub(crate) fn drop_out(&mut self) {
+        if let Some(d) = self.tx.pop_front() {
+            self.finish(d, false);
+        }
+    }
+
+    pub(crate) fn set_rx_waker(&mut self, w: &Waker) {
+        match &mut self.rx_waker {
+            Some(old) => old.clone_from(w),
+            None => self.rx_waker = Some(w.clone()),
+        }
+    }
+
+    pub(crate) fn set_tx_waker(&mut self, w: &Waker) {
+        match &mut self.tx_waker {
+            Some(old) => old.clone_from(w),
+            None => self.tx_waker = Some(w.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(s: &str) -> IpEndpoint {
+        s.parse::<std::net::SocketAddr>().map_or(
+            IpEndpoint::new(smoltcp::wire::IpAddress::v4(0, 0, 0, 0), 0),
+            Into::into,
+        )
+    }
+
+    #[test]
+    fn queues_are_bounded_in_datagrams_and_bytes_and_reuse_their_buffers() {
+        let mut s = UdpSock::new(2, 100);
+        let peer = ep("10.0.0.2:9");
+        assert!(s.received(peer, &[1; 40]));
+        assert!(s.received(peer, &[2; 40]));
+        assert!(!s.received(peer, &[3; 1]), "two datagrams at most");
+        assert_eq!(s.stats.rx_dropped, 1);
+        let mut buf = [0u8; 64];
+        assert_eq!(s.read(&mut buf), Some(Ok((40, peer))));
+        assert_eq!(buf[0], 1);
+        let mut small = [0u8; 10];
+        assert_eq!(s.read(&mut small), Some(Err(40)), "too long: dropped");
+        assert_eq!(s.read(&mut buf), None);
+        assert_eq!(s.spare.len(), 2, "both buffers kept for reuse");
+        assert!(s.write(peer, &[0; 60]));
+        assert!(!s.write(peer, &[0; 60]), "100 bytes at most");
+        let d = s.pop_out().expect("a datagram");
+        assert_eq!(d.data.len(), 60);
+        s.finish(d, true);
+        assert!(s.next_peer().is_none());
+        assert_eq!(s.stats.tx, 1);
+        assert_eq!(s.spare.len(), 2);
+    }
+}

@@ -79,7 +79,7 @@ fn corelane_tcp_delivers_every_byte_both_ways_through_loss_duplication_and_reord
                 async move {
                     let l = corelane::net::TcpListener::bind(5010).expect("bind");
                     let tx2 = tx.clone();
-                    tokio::task::spawn_local(async move {
+                    let download = tokio::task::spawn_local(async move {
                         let r = async {
                             let mut s = corelane::net::TcpStream::connect(
                                 format!("{CLIENT}:5011").parse().expect("addr"),
@@ -113,6 +113,9 @@ fn corelane_tcp_delivers_every_byte_both_ways_through_loss_duplication_and_reord
                             Err(e) => Report::Failed(format!("send: {e}")),
                         });
                     }
+                    // The download may take longer than the upload (a lost SYN costs a second):
+                    // the core must not stop before it reports.
+                    let _ = download.await;
                 }
             })
             .expect("run");

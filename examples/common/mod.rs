@@ -251,7 +251,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     println!(
         "ip: {} fragments in, {} datagrams reassembled ({} evicted, {} timed out, {} overlapping, \
          {} malformed), {} datagrams sent as fragments; udp: {} datagrams in, {} out, {} dropped \
-         in (queue full), {} dropped out (no route or neighbour)",
+         in (queue full), {} dropped out (no route or neighbour); {} neighbours known",
         sum(&|f| f.fragments),
         sum(&|f| f.reassembled),
         sum(&|f| f.evicted),
@@ -263,6 +263,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
         udp.iter().map(|u| u.tx).sum::<u64>(),
         udp.iter().map(|u| u.rx_dropped).sum::<u64>(),
         udp.iter().map(|u| u.tx_dropped).sum::<u64>(),
+        r.cores.iter().map(|c| c.stats.stack.neighbors).sum::<u64>(),
     );
     println!(
         "tcp: {} segments out, {} retransmitted ({} timeouts of the RTO, {} fast recoveries), \

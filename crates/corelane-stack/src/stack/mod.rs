@@ -92,6 +92,8 @@ pub struct StackStats {
     pub timers_fired: u64,
     /// Flows open now.
     pub flows: u64,
+    /// Next hops whose hardware address the neighbour table holds now.
+    pub neighbors: u64,
     /// TCP frames for a listener refused because its accept queue was full.
     pub accept_queue_full: u64,
     /// TCP segments that did not parse (what the classify stage passed but the TCP parser
@@ -294,6 +296,7 @@ impl Stack {
         }
         StackStats {
             flows: self.flow_count() as u64,
+            neighbors: self.neigh.len() as u64,
             tcp,
             udp,
             frag: self.frag.stats(),

@@ -41,6 +41,11 @@ impl Neighbors {
             .map(|(m, at)| (*m, now - *at < STALE))
     }
 
+    /// Entries held.
+    pub(super) fn len(&self) -> usize {
+        self.known.len()
+    }
+
     /// Remembers that `ip` is at `mac`. Returns true if this was news.
     pub(super) fn learn(&mut self, ip: IpAddress, mac: [u8; 6], now: Instant) -> bool {
         if mac[0] & 1 == 1 || mac == [0; 6] {

@@ -46,8 +46,8 @@
 #![forbid(unsafe_code)]
 
 pub use corelane_rt::{
-    BatchStats, Builder, CoreInfo, CoreReport, CoreStats, Error, Lane, Machine, Placement, Plan,
-    PollMode, RunReport, Runtime, Sharing, Stage, StopHandle, allowed_cpus,
+    AddrHandle, BatchStats, Builder, CoreInfo, CoreReport, CoreStats, Error, Lane, Machine,
+    Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle, allowed_cpus,
     bandwidth_delay_product, core_index, core_stats,
 };
 pub use corelane_stack::frag::{FragLimits, FragStats};

@@ -357,6 +357,8 @@ impl Builder {
             .collect::<io::Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
             steering: Mutex::new(steering),
+            addrs: Mutex::new(self.addrs.clone()),
+            addrs_gen: std::sync::atomic::AtomicU64::new(0),
             stop: AtomicBool::new(false),
             bells,
         });

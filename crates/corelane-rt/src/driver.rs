@@ -33,6 +33,8 @@ pub(crate) struct Driver {
     pub(crate) peers: CorePeers,
     pub(crate) mode: PollMode,
     pub(crate) epoch: StdInstant,
+    /// The generation of the shared address list this core's stack matches.
+    pub(crate) addrs_seen: u64,
 }
 
 impl Driver {
@@ -46,6 +48,12 @@ impl Driver {
         let core = self.core.clone();
         let now = self.now();
         let mut stack = core.stack();
+        let added = crate::addrs::sync(&core.shared, &mut self.addrs_seen, &mut stack);
+        if core.index == 0 {
+            for a in added {
+                stack.announce_addr(now, &mut self.pipe.dev, a);
+            }
+        }
         let turn = self.pipe.turn(&mut stack, now, &mut self.peers);
         if let Some(e) = &turn.tx_error {
             log::warn!("core {}: transmit: {e}", core.index);

@@ -20,6 +20,10 @@ use crate::{Builder, Error, PollMode, handoff};
 /// frame), the stop flag and the doorbells.
 pub(crate) struct Shared {
     pub(crate) steering: Mutex<Steering>,
+    /// The owned addresses, as the cores should have them.
+    pub(crate) addrs: Mutex<Vec<corelane_stack::smoltcp::wire::IpCidr>>,
+    /// Bumped on every change of `addrs`.
+    pub(crate) addrs_gen: std::sync::atomic::AtomicU64,
     pub(crate) stop: AtomicBool,
     pub(crate) bells: Vec<Arc<handoff::Doorbell>>,
 }
@@ -91,6 +95,12 @@ impl Runtime {
             routes: Vec::new(),
             kernel_routes: true,
         }
+    }
+
+    /// A handle that adds and removes owned addresses while the runtime runs, from any
+    /// thread.
+    pub fn addr_handle(&self) -> crate::AddrHandle {
+        crate::AddrHandle(self.shared.clone())
     }
 
     /// A handle that stops the runtime from any thread.

@@ -35,6 +35,7 @@
 
 #![deny(unsafe_code)]
 
+mod addrs;
 mod builder;
 mod cpu;
 mod driver;
@@ -52,6 +53,7 @@ mod threads;
 
 use std::time::Duration;
 
+pub use addrs::AddrHandle;
 pub use builder::{Builder, bandwidth_delay_product};
 pub use corelane_stack::PipelineStats;
 pub use corelane_topo::{Lane, Machine, Placement, Plan, Sharing};

@@ -105,6 +105,7 @@ impl Runtime {
             peers: CorePeers::new(info.index, inbound, outbound, self.shared.bells.clone()),
             mode: self.cfg.poll,
             epoch,
+            addrs_seen: 0,
         };
         let linger = self.cfg.linger;
         if let Some(app) = app {

@@ -59,15 +59,27 @@ impl Stack {
     /// every owned address, so that peers and switches learn at once which hardware address
     /// has it. Returns how many went out.
     pub fn announce<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) -> usize {
-        let mut n = 0;
-        for a in self.addrs.iter().map(|c| c.address()).collect::<Vec<_>>() {
-            let f = ndisc::announcement(self.mac, a);
-            if let Some(tx) = dev.transmit(now) {
+        let all: Vec<IpAddress> = self.addrs.iter().map(|c| c.address()).collect();
+        all.into_iter()
+            .filter(|a| self.announce_addr(now, dev, *a))
+            .count()
+    }
+
+    /// Announces owned address `a` alone; false when no transmit frame was free.
+    pub fn announce_addr<P: FrameIo>(
+        &mut self,
+        now: Instant,
+        dev: &mut XdpDevice<P>,
+        a: IpAddress,
+    ) -> bool {
+        let f = ndisc::announcement(self.mac, a);
+        match dev.transmit(now) {
+            Some(tx) => {
                 smoltcp::phy::TxToken::consume(tx, f.len(), |b| b.copy_from_slice(&f));
-                n += 1;
+                true
             }
+            None => false,
         }
-        n
     }
 
     /// The owned address to send to `remote` from: one whose subnet holds `remote`, else one

@@ -1,0 +1,142 @@
+//! Owned addresses changed while the runtime runs: a handle for any thread updates the XDP
+//! program's address maps and a shared list; each core brings its stack in line with the list
+//! at its next turn (one atomic load per turn when nothing changed).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use corelane_stack::Stack;
+use corelane_stack::smoltcp::wire::{IpAddress, IpCidr};
+
+use crate::Error;
+use crate::launch::Shared;
+
+/// Adds and removes owned addresses of a running [`Runtime`](crate::Runtime), from any thread.
+///
+/// ```no_run
+/// let rt = corelane_rt::Runtime::builder("eth0")
+///     .addr("10.0.0.5/24".parse().expect("a CIDR"))
+///     .build()?;
+/// let addrs = rt.addr_handle();
+/// std::thread::spawn(move || {
+///     addrs.add("10.0.0.6/24".parse().expect("a CIDR")).expect("added");
+/// });
+/// # Ok::<(), corelane_rt::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct AddrHandle(pub(crate) Arc<Shared>);
+
+impl std::fmt::Debug for AddrHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AddrHandle")
+            .field("addrs", &self.list())
+            .finish()
+    }
+}
+
+impl AddrHandle {
+    /// The owned addresses now.
+    pub fn list(&self) -> Vec<IpCidr> {
+        self.0
+            .addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Takes `cidr`'s address: the XDP program steers its frames at once, every core answers
+    /// for it from its next turn, and core 0 announces it (gratuitous ARP or unsolicited
+    /// neighbour advertisement).
+    ///
+    /// # Errors
+    /// Not a unicast address, already owned, more than [`corelane_stack::MAX_ADDRS`], or the
+    /// XDP program's map refused it.
+    pub fn add(&self, cidr: IpCidr) -> Result<(), Error> {
+        let a = cidr.address();
+        if a.is_unspecified() || a.is_multicast() || a.is_broadcast() {
+            return Err(Error::Config(format!(
+                "{cidr}: an owned address must be unicast"
+            )));
+        }
+        let mut list = self.0.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        if list.iter().any(|c| c.address() == a) {
+            return Err(Error::Config(format!("{a} is already owned")));
+        }
+        if list.len() >= corelane_stack::MAX_ADDRS {
+            return Err(Error::Config(format!(
+                "{cidr}: at most {} addresses",
+                corelane_stack::MAX_ADDRS
+            )));
+        }
+        self.0
+            .steering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .own_addr(IpAddr::from(a))?;
+        list.push(cidr);
+        drop(list);
+        self.changed();
+        Ok(())
+    }
+
+    /// Gives up address `a`: its frames go to the kernel again and no core answers for it.
+    /// Returns whether it was owned. Connections from it end by their timers.
+    ///
+    /// # Errors
+    /// The XDP program's map refused the change.
+    pub fn remove(&self, a: IpAddr) -> Result<bool, Error> {
+        let mut list = self.0.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let before = list.len();
+        list.retain(|c| IpAddr::from(c.address()) != a);
+        if list.len() == before {
+            return Ok(false);
+        }
+        self.0
+            .steering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .disown_addr(a)?;
+        drop(list);
+        self.changed();
+        Ok(true)
+    }
+
+    fn changed(&self) {
+        self.0.addrs_gen.fetch_add(1, Ordering::SeqCst);
+        for b in &self.0.bells {
+            b.ring_always();
+        }
+    }
+}
+
+/// Brings `stack` in line with the shared list if it changed since `seen`; returns the
+/// addresses it newly took (for core 0 to announce).
+pub(crate) fn sync(shared: &Shared, seen: &mut u64, stack: &mut Stack) -> Vec<IpAddress> {
+    let now = shared.addrs_gen.load(Ordering::Acquire);
+    if now == *seen {
+        return Vec::new();
+    }
+    *seen = now;
+    let list = shared
+        .addrs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let gone: Vec<IpAddress> = stack
+        .addrs()
+        .iter()
+        .map(|c| c.address())
+        .filter(|a| !list.iter().any(|c| c.address() == *a))
+        .collect();
+    for a in gone {
+        stack.remove_addr(a);
+    }
+    let mut added = Vec::new();
+    for c in list {
+        if !stack.addrs().iter().any(|o| o.address() == c.address()) && stack.add_addr(c).is_ok() {
+            added.push(c.address());
+        }
+    }
+    added
+}

@@ -1,0 +1,104 @@
+//! Owned addresses change while the runtime runs: an added address answers at once (TCP and
+//! ping), a removed one no longer does, and the runtime holds up to 64.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::*;
+use corelane::Runtime;
+use corelane::net::TcpListener;
+use corelane_testnet::require_root;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn cidr(s: &str) -> Result<corelane::smoltcp::wire::IpCidr> {
+    Ok(s.parse().map_err(|_| format!("{s}: not a CIDR"))?)
+}
+
+#[test]
+fn addresses_added_at_run_time_answer_and_removed_ones_stop() -> Result {
+    if !require_root("addresses at run time") {
+        return Ok(());
+    }
+    let net = net(1);
+    let ifname = net.server_if().to_string();
+    let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+    let server = net
+        .server_ns()
+        .spawn(move || -> std::result::Result<(), String> {
+            let rt = Runtime::builder(&ifname)
+                .addr("10.77.0.3/24".parse().map_err(|_| "cidr")?)
+                .cores(1)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let _ = handle_tx.send((rt.addr_handle(), rt.stop_handle()));
+            rt.run(|_| async {
+                let l = TcpListener::bind(7).expect("listen");
+                while let Ok((mut s, _)) = l.accept().await {
+                    tokio::task::spawn_local(async move {
+                        let mut b = [0u8; 64];
+                        while let Ok(n @ 1..) = s.read(&mut b).await {
+                            if s.write_all(&b[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            })
+            .map_err(|e| e.to_string())?;
+            Ok(())
+        })?;
+    let (addrs, stop) = handle_rx.recv_timeout(Duration::from_secs(20))?;
+    let echo_to = |ip: &str| -> Result<bool> {
+        let to = SocketAddr::new(ip.parse()?, 7);
+        Ok(net.client_ns().run(move || {
+            TcpStream::connect_timeout(&to, Duration::from_secs(2))
+                .and_then(|mut s| {
+                    use std::io::{Read, Write};
+                    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                    s.write_all(b"hello")?;
+                    let mut b = [0u8; 5];
+                    s.read_exact(&mut b)?;
+                    Ok(&b == b"hello")
+                })
+                .unwrap_or(false)
+        })?)
+    };
+    assert!(echo_to(SERVER_V4)?, "the address it started with");
+    addrs.add(cidr("10.77.0.10/24")?)?;
+    assert!(
+        echo_to("10.77.0.10")?,
+        "an address added while running answers TCP"
+    );
+    let ping = net
+        .client_ns()
+        .exec("ping", &["-c1", "-W2", "10.77.0.10"])?;
+    assert!(ping.contains("1 received"), "and ping: {ping}");
+    // Up to 64 in all; the 65th is refused with the reason.
+    for i in 0..62 {
+        addrs.add(cidr(&format!("10.77.0.{}/24", 100 + i))?)?;
+    }
+    assert_eq!(addrs.list().len(), 64);
+    let e = addrs
+        .add(cidr("10.77.0.200/24")?)
+        .err()
+        .ok_or("a 65th address")?;
+    assert!(e.to_string().contains("at most 64"), "{e}");
+    assert!(echo_to("10.77.0.161")?, "the 64th answers");
+    // Removed: its frames go to the kernel, which does not hold it.
+    assert!(addrs.remove(SERVER_V4.parse::<IpAddr>()?)?);
+    assert!(
+        !addrs.remove(SERVER_V4.parse::<IpAddr>()?)?,
+        "removed once only"
+    );
+    net.client_ns()
+        .ip(&["neigh", "flush", "dev", net.client_if()])?;
+    assert!(!echo_to(SERVER_V4)?, "a removed address no longer answers");
+    assert!(echo_to("10.77.0.10")?, "the others still do");
+    stop.stop();
+    server.join()??;
+    Ok(())
+}

@@ -102,3 +102,44 @@ fn addresses_added_at_run_time_answer_and_removed_ones_stop() -> Result {
     server.join()??;
     Ok(())
 }
+
+#[test]
+fn an_owned_ipv6_address_joins_its_solicited_node_group_on_the_interface() -> Result {
+    if !require_root("solicited-node multicast") {
+        return Ok(());
+    }
+    let net = net(1);
+    let ifname = net.server_if().to_string();
+    let maddr = |net: &corelane_testnet::VethPair| {
+        net.server_ns()
+            .ip(&["maddr", "show", "dev", net.server_if()])
+            .unwrap_or_default()
+    };
+    let group = "33:33:ff:00:00:03";
+    assert!(!maddr(&net).contains(group), "not joined before");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let server = net
+        .server_ns()
+        .spawn(move || -> std::result::Result<(), String> {
+            let rt = Runtime::builder(&ifname)
+                .addr("fd00:77::3/64".parse().map_err(|_| "cidr")?)
+                .cores(1)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let _ = tx.send(());
+            let _ = go_rx.recv_timeout(Duration::from_secs(20));
+            drop(rt);
+            Ok(())
+        })?;
+    rx.recv_timeout(Duration::from_secs(20))?;
+    let joined = maddr(&net);
+    let _ = go_tx.send(());
+    server.join()??;
+    assert!(
+        joined.contains(group),
+        "joined while the runtime lives:\n{joined}"
+    );
+    assert!(!maddr(&net).contains(group), "left when it is dropped");
+    Ok(())
+}

@@ -39,6 +39,25 @@ pub fn mac_address(ifname: &str) -> Result<[u8; 6], Error> {
     Ok(mac)
 }
 
+/// Adds (`join`) or removes a link-layer multicast address on the interface, so its
+/// receive filter lets frames to it in (the kernel counts references: one call each way).
+pub(crate) fn multicast(ifname: &str, mac: [u8; 6], join: bool) -> Result<(), Error> {
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    // SAFETY: writing the hwaddr member of the union, which SIOCADDMULTI/SIOCDELMULTI read.
+    let hw = unsafe { &mut req.ifr_ifru.ifru_hwaddr };
+    hw.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    for (d, s) in hw.sa_data.iter_mut().zip(mac) {
+        *d = s as libc::c_char;
+    }
+    let request = if join {
+        libc::SIOCADDMULTI
+    } else {
+        libc::SIOCDELMULTI
+    };
+    if_ioctl(ifname, request, &mut req)
+}
+
 /// The interface's MTU.
 pub fn mtu(ifname: &str) -> Result<u32, Error> {
     // SAFETY: ifreq is plain data; all-zero is a valid value.

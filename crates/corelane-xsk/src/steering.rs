@@ -92,8 +92,25 @@ pub struct Steering {
     xsks: XskMap<MapData>,
     stats: PerCpuArray<MapData, u64>,
     port_refs: StdHashMap<(Proto, u16), u32>,
+    /// Solicited-node multicast groups joined on the interface for owned IPv6 addresses, with
+    /// how many addresses share each.
+    groups: StdHashMap<[u8; 6], u32>,
     // Dropped last: holds the program and its link.
     _ebpf: Ebpf,
+}
+
+/// The Ethernet address of IPv6 address `a`'s solicited-node group ff02::1:ffXX:XXXX
+/// (RFC 4291 section 2.7.1, RFC 2464 section 7).
+fn solicited_node_mac(a: [u8; 16]) -> [u8; 6] {
+    [0x33, 0x33, 0xff, a[13], a[14], a[15]]
+}
+
+impl Drop for Steering {
+    fn drop(&mut self) {
+        for mac in self.groups.keys() {
+            let _ = crate::netdev::multicast(&self.ifname, *mac, false);
+        }
+    }
 }
 
 impl std::fmt::Debug for Steering {
@@ -169,6 +186,7 @@ impl Steering {
             xsks,
             stats,
             port_refs: StdHashMap::new(),
+            groups: StdHashMap::new(),
             _ebpf: ebpf,
         })
     }
@@ -195,10 +213,26 @@ impl Steering {
                 .owned_v4
                 .insert(u32::from_ne_bytes(a.octets()), 1, 0)
                 .map_err(map_err("owned_v4")),
-            IpAddr::V6(a) => self
-                .owned_v6
-                .insert(a.octets(), 1, 0)
-                .map_err(map_err("owned_v6")),
+            IpAddr::V6(a) => {
+                self.owned_v6
+                    .insert(a.octets(), 1, 0)
+                    .map_err(map_err("owned_v6"))?;
+                // A physical NIC filters multicast: neighbour solicitations for the address go
+                // to its solicited-node group, which the interface must accept.
+                let mac = solicited_node_mac(a.octets());
+                let refs = self.groups.entry(mac).or_insert(0);
+                *refs += 1;
+                if *refs == 1
+                    && let Err(e) = crate::netdev::multicast(&self.ifname, mac, true)
+                {
+                    log::warn!(
+                        "{}: cannot accept multicast {mac:02x?} for {a}: {e}; neighbour \
+                         solicitations for it may not arrive",
+                        self.ifname
+                    );
+                }
+                Ok(())
+            }
         }
     }
 
@@ -209,10 +243,20 @@ impl Steering {
                 .owned_v4
                 .remove(&u32::from_ne_bytes(a.octets()))
                 .map_err(map_err("owned_v4")),
-            IpAddr::V6(a) => self
-                .owned_v6
-                .remove(&a.octets())
-                .map_err(map_err("owned_v6")),
+            IpAddr::V6(a) => {
+                self.owned_v6
+                    .remove(&a.octets())
+                    .map_err(map_err("owned_v6"))?;
+                let mac = solicited_node_mac(a.octets());
+                if let Some(refs) = self.groups.get_mut(&mac) {
+                    *refs -= 1;
+                    if *refs == 0 {
+                        self.groups.remove(&mac);
+                        let _ = crate::netdev::multicast(&self.ifname, mac, false);
+                    }
+                }
+                Ok(())
+            }
         }
     }
 

@@ -55,14 +55,24 @@ impl Stack {
         self.addrs.len() != before
     }
 
-    /// Sends a gratuitous ARP (IPv4) or an unsolicited neighbour advertisement (IPv6) for
-    /// every owned address, so that peers and switches learn at once which hardware address
-    /// has it. Returns how many went out.
+    /// Sends a gratuitous ARP (IPv4), or an MLDv2 report joining the solicited-node group and
+    /// an unsolicited neighbour advertisement (IPv6), for every owned address, so that peers
+    /// and switches learn at once which hardware address has it. Returns how many went out.
     pub fn announce<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) -> usize {
         let all: Vec<IpAddress> = self.addrs.iter().map(|c| c.address()).collect();
         all.into_iter()
             .filter(|a| self.announce_addr(now, dev, *a))
             .count()
+    }
+
+    /// Joins `a`'s solicited-node group with an MLDv2 report (an IPv4 address needs none).
+    fn join_group<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, a: IpAddress) {
+        if let IpAddress::Ipv6(v) = a {
+            let f = ndisc::mld_report(self.mac, &[ndisc::solicited_node(v.octets())]);
+            if let Some(tx) = dev.transmit(now) {
+                smoltcp::phy::TxToken::consume(tx, f.len(), |b| b.copy_from_slice(&f));
+            }
+        }
     }
 
     /// Announces owned address `a` alone; false when no transmit frame was free.
@@ -72,6 +82,7 @@ impl Stack {
         dev: &mut XdpDevice<P>,
         a: IpAddress,
     ) -> bool {
+        self.join_group(now, dev, a);
         let f = ndisc::announcement(self.mac, a);
         match dev.transmit(now) {
             Some(tx) => {

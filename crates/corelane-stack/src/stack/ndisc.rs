@@ -149,6 +149,45 @@ pub(super) fn answer(
     }
 }
 
+/// An MLDv2 report (RFC 3810 section 5.2) joining `groups`: what a switch that snoops MLD
+/// needs before it forwards those groups' frames (neighbour solicitations for an owned address
+/// go to its solicited-node group) to this port. Sent from the unspecified address, which
+/// section 5.2.13 allows for a host without a link-local address.
+pub(super) fn mld_report(mac: [u8; 6], groups: &[[u8; 16]]) -> Vec<u8> {
+    const ALL_MLDV2_ROUTERS: [u8; 16] = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x16];
+    let icmp_len = 8 + 20 * groups.len();
+    let mut f = vec![0u8; 14 + 40 + 8 + icmp_len];
+    f[..6].copy_from_slice(&multicast_mac(ALL_MLDV2_ROUTERS));
+    f[6..12].copy_from_slice(&mac);
+    f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    let ip = &mut f[14..54];
+    ip[0] = 0x60;
+    ip[4..6].copy_from_slice(&((8 + icmp_len) as u16).to_be_bytes());
+    ip[6] = 0; // a hop-by-hop options header follows
+    ip[7] = 1;
+    ip[24..40].copy_from_slice(&ALL_MLDV2_ROUTERS);
+    // Hop-by-hop: next header ICMPv6, router alert (MLD), two bytes of padding.
+    f[54..62].copy_from_slice(&[58, 0, 5, 2, 0, 0, 1, 0]);
+    let icmp = &mut f[62..];
+    icmp[0] = 143;
+    icmp[6..8].copy_from_slice(&(groups.len() as u16).to_be_bytes());
+    for (i, g) in groups.iter().enumerate() {
+        let r = &mut icmp[8 + 20 * i..8 + 20 * (i + 1)];
+        r[0] = 4; // CHANGE_TO_EXCLUDE_MODE with no sources: join
+        r[4..20].copy_from_slice(g);
+    }
+    let c = checksum(&[0; 16], &ALL_MLDV2_ROUTERS, 58, &f[62..]);
+    f[64..66].copy_from_slice(&c.to_ne_bytes());
+    f
+}
+
+/// Address `a`'s solicited-node multicast group, ff02::1:ffXX:XXXX.
+pub(super) fn solicited_node(a: [u8; 16]) -> [u8; 16] {
+    let mut g = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0, 0, 0];
+    g[13..].copy_from_slice(&a[13..]);
+    g
+}
+
 /// What tells the link that `addr` is at `mac`: a gratuitous ARP request (sender and target
 /// both `addr`, broadcast) or an unsolicited neighbour advertisement to all nodes.
 pub(super) fn announcement(mac: [u8; 6], addr: IpAddress) -> Vec<u8> {
@@ -210,6 +249,26 @@ mod tests {
                 assert!(answer(&ask[..n], US, |_| true).is_none());
             }
         }
+    }
+
+    #[test]
+    fn an_mld_report_joins_each_group_with_a_valid_checksum() {
+        let groups = [solicited_node([
+            0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3,
+        ])];
+        let f = mld_report(US, &groups);
+        assert_eq!(&f[..6], &[0x33, 0x33, 0, 0, 0, 0x16]);
+        assert_eq!(
+            (f[14 + 6], f[14 + 7]),
+            (0, 1),
+            "hop-by-hop header, hop limit 1"
+        );
+        assert_eq!(&f[56..58], &[5, 2], "router alert");
+        let dst: [u8; 16] = f[38..54].try_into().expect("16 bytes");
+        assert_eq!(checksum(&[0; 16], &dst, 58, &f[62..]), 0);
+        assert_eq!((f[62], u16::from_be_bytes([f[68], f[69]])), (143, 1));
+        assert_eq!(&f[74..90], &groups[0]);
+        assert_eq!(groups[0][11..13], [1, 0xff]);
     }
 
     #[test]

@@ -177,11 +177,7 @@ pub(super) fn request(mac: [u8; 6], from: IpAddress, target: IpAddress) -> Optio
         }
         (IpAddress::Ipv6(f), IpAddress::Ipv6(t)) => {
             let o = t.octets();
-            let mut group = [0u8; 16];
-            group[..2].copy_from_slice(&[0xff, 0x02]);
-            group[11] = 1;
-            group[12] = 0xff;
-            group[13..].copy_from_slice(&o[13..]);
+            let group = super::ndisc::solicited_node(o);
             let mut body = [0u8; 32];
             body[0] = 135;
             body[8..24].copy_from_slice(&o);

@@ -66,8 +66,10 @@ pub struct TcpConfig {
     pub ack_delay: Duration,
     /// How many times a SYN or SYN-ACK is sent before the attempt fails.
     pub syn_retries: u32,
-    /// How long sent data may go unacknowledged before the connection is dropped (RFC 5482's
-    /// user timeout; RFC 1122's R2 is at least 100 s).
+    /// How long sent data may go unacknowledged before the connection is reset and freed
+    /// (RFC 5482's user timeout; RFC 1122's R2 is at least 100 s). The default, about 15
+    /// minutes, is what Linux's 15 retries with a 200 ms first timeout come to; each socket may
+    /// set its own.
     pub user_timeout: Duration,
     /// TIME-WAIT's length when both sides use timestamps (PAWS rejects old duplicates).
     pub time_wait: Duration,
@@ -103,7 +105,7 @@ impl Default for TcpConfig {
             rto_initial: Duration::from_secs(1),
             ack_delay: Duration::from_millis(1),
             syn_retries: 6,
-            user_timeout: Duration::from_secs(120),
+            user_timeout: Duration::from_secs(924),
             time_wait: Duration::from_secs(1),
             time_wait_no_ts: Duration::from_secs(8),
             fin_wait_2: Duration::from_secs(60),

@@ -138,7 +138,8 @@ impl TcpStream {
     /// Sets the user timeout (RFC 5482, like Linux's `TCP_USER_TIMEOUT`): when data sent on
     /// this connection stays unacknowledged this long, because the peer vanished or the path
     /// died, the connection is reset, its memory freed, and reads and writes fail with
-    /// `TimedOut`. At least one second; the default is `TcpConfig::user_timeout` (120 s).
+    /// `TimedOut`. At least one second; the default is `TcpConfig::user_timeout` (924 s, as
+    /// Linux's 15 retries come to).
     ///
     /// # Errors
     /// `NotConnected` when the connection is gone.

@@ -464,5 +464,13 @@ fn udp_datagrams_of_every_size_cross_whole_or_in_fragments_and_a_closed_port_ans
     ));
     p.drive_for(Duration::from_millis(50), |_| {})?;
     assert_eq!(p.a.stack.stats().icmp_unreachable_sent, 1);
+    // A burst to closed ports: a burst of 50 answers at most (the clock barely moves).
+    for _ in 0..200 {
+        let _ = p.b.stack.udp_send_to(b, b"x", closed, None);
+        p.drive_for(Duration::from_micros(1), |_| {})?;
+    }
+    let s = p.a.stack.stats();
+    assert!(s.icmp_unreachable_sent <= 52, "{} sent", s.icmp_unreachable_sent);
+    assert!(s.icmp_limited >= 148, "{} limited", s.icmp_limited);
     Ok(())
 }

@@ -15,13 +15,11 @@ use crate::launch::Shared;
 /// Adds and removes owned addresses of a running [`Runtime`](crate::Runtime), from any thread.
 ///
 /// ```no_run
-/// let rt = corelane_rt::Runtime::builder("eth0")
-///     .addr("10.0.0.5/24".parse().expect("a CIDR"))
-///     .build()?;
+/// use corelane_rt::parse_cidr;
+/// let rt = corelane_rt::Runtime::builder("eth0").addr(parse_cidr("10.0.0.5/24")?).build()?;
 /// let addrs = rt.addr_handle();
-/// std::thread::spawn(move || {
-///     addrs.add("10.0.0.6/24".parse().expect("a CIDR")).expect("added");
-/// });
+/// let added = std::thread::spawn(move || addrs.add(parse_cidr("10.0.0.6/24")?));
+/// # let _ = added;
 /// # Ok::<(), corelane_rt::Error>(())
 /// ```
 #[derive(Clone)]
@@ -108,6 +106,18 @@ impl AddrHandle {
             b.ring_always();
         }
     }
+}
+
+/// Parses an address with its prefix length, like `10.0.0.5/24` or `fd00::5/64`.
+///
+/// # Errors
+/// [`Error::Config`] naming the text when it is not one.
+pub fn parse_cidr(s: &str) -> Result<IpCidr, Error> {
+    s.parse().map_err(|()| {
+        Error::Config(format!(
+            "`{s}` is not an address with prefix, like 10.0.0.1/24 or fd00::1/64"
+        ))
+    })
 }
 
 /// Brings `stack` in line with the shared list if it changed since `seen`; returns the

@@ -53,7 +53,7 @@ mod threads;
 
 use std::time::Duration;
 
-pub use addrs::AddrHandle;
+pub use addrs::{AddrHandle, parse_cidr};
 pub use builder::{Builder, bandwidth_delay_product};
 pub use corelane_stack::PipelineStats;
 pub use corelane_topo::{Lane, Machine, Placement, Plan, Sharing};

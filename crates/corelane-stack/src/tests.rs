@@ -470,7 +470,11 @@ fn udp_datagrams_of_every_size_cross_whole_or_in_fragments_and_a_closed_port_ans
         p.drive_for(Duration::from_micros(1), |_| {})?;
     }
     let s = p.a.stack.stats();
-    assert!(s.icmp_unreachable_sent <= 52, "{} sent", s.icmp_unreachable_sent);
+    assert!(
+        s.icmp_unreachable_sent <= 52,
+        "{} sent",
+        s.icmp_unreachable_sent
+    );
     assert!(s.icmp_limited >= 148, "{} limited", s.icmp_limited);
     Ok(())
 }

@@ -7,8 +7,8 @@
 //! use corelane_testnet::{SynFlood, VethPair};
 //! let net = VethPair::builder().server_addr("10.77.0.1/24").client_addr("10.77.0.2/24").build()?;
 //! let mac = net.server_ns().mac(net.server_if())?;
-//! let flood = SynFlood::builder("10.77.0.1:7".parse().unwrap(), mac)
-//!     .sources("10.200.0.0".parse().unwrap(), 16)
+//! let flood = SynFlood::builder(std::net::SocketAddrV4::new([10, 77, 0, 1].into(), 7), mac)
+//!     .sources([10, 200, 0, 0].into(), 16)
 //!     .limit(1_000_000, Duration::from_secs(2))
 //!     .start(net.client_ns(), net.client_if())?;
 //! let sent = flood.join()?;

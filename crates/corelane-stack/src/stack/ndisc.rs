@@ -227,10 +227,10 @@ mod tests {
     }
 
     #[test]
-    fn requests_for_owned_addresses_are_answered_and_teach_the_asker() {
+    fn requests_for_owned_addresses_are_answered_and_teach_the_asker() -> Result<(), String> {
         for (ours, theirs) in [("10.0.0.1", "10.0.0.2"), ("fd00::1", "fd00::2")] {
-            let ask = request(PEER, ip(theirs), ip(ours)).expect("a request");
-            let reply = answer(&ask, US, |a| a == ip(ours)).expect("an answer");
+            let ask = request(PEER, ip(theirs), ip(ours)).ok_or("a request")?;
+            let reply = answer(&ask, US, |a| a == ip(ours)).ok_or("an answer")?;
             assert_eq!(&reply[..6], &PEER, "unicast to the asker");
             assert!(matches!(classify(&reply), Class::Neighbor { reply: true }));
             // The asker's table learns our address from it.
@@ -249,6 +249,7 @@ mod tests {
                 assert!(answer(&ask[..n], US, |_| true).is_none());
             }
         }
+        Ok(())
     }
 
     #[test]
@@ -264,8 +265,7 @@ mod tests {
             "hop-by-hop header, hop limit 1"
         );
         assert_eq!(&f[56..58], &[5, 2], "router alert");
-        let dst: [u8; 16] = f[38..54].try_into().expect("16 bytes");
-        assert_eq!(checksum(&[0; 16], &dst, 58, &f[62..]), 0);
+        assert_eq!(checksum(&[0; 16], &f[38..54], 58, &f[62..]), 0);
         assert_eq!((f[62], u16::from_be_bytes([f[68], f[69]])), (143, 1));
         assert_eq!(&f[74..90], &groups[0]);
         assert_eq!(groups[0][11..13], [1, 0xff]);

@@ -96,8 +96,9 @@ pub(super) fn sizes() -> Sizes {
 }
 
 pub(super) fn ends() -> (IpEndpoint, IpEndpoint) {
-    let ep = |s: &str| IpEndpoint::from(s.parse::<std::net::SocketAddr>().expect("endpoint"));
-    (ep("10.0.0.1:80"), ep("10.0.0.2:40000"))
+    let ep =
+        |last, port| IpEndpoint::new(smoltcp::wire::Ipv4Address::new(10, 0, 0, last).into(), port);
+    (ep(1, 80), ep(2, 40000))
 }
 
 impl Script {

@@ -182,17 +182,19 @@ impl UdpSock {
     }
 
     pub(crate) fn set_rx_waker(&mut self, w: &Waker) {
-        match &mut self.rx_waker {
-            Some(old) => old.clone_from(w),
-            None => self.rx_waker = Some(w.clone()),
-        }
+        keep_waker(&mut self.rx_waker, w);
     }
 
     pub(crate) fn set_tx_waker(&mut self, w: &Waker) {
-        match &mut self.tx_waker {
-            Some(old) => old.clone_from(w),
-            None => self.tx_waker = Some(w.clone()),
-        }
+        keep_waker(&mut self.tx_waker, w);
+    }
+}
+
+/// Keeps `w` in `slot`, reusing the waker already there when it wakes the same task.
+pub(crate) fn keep_waker(slot: &mut Option<Waker>, w: &Waker) {
+    match slot {
+        Some(old) => old.clone_from(w),
+        None => *slot = Some(w.clone()),
     }
 }
 
@@ -200,17 +202,10 @@ impl UdpSock {
 mod tests {
     use super::*;
 
-    fn ep(s: &str) -> IpEndpoint {
-        s.parse::<std::net::SocketAddr>().map_or(
-            IpEndpoint::new(smoltcp::wire::IpAddress::v4(0, 0, 0, 0), 0),
-            Into::into,
-        )
-    }
-
     #[test]
     fn queues_are_bounded_in_datagrams_and_bytes_and_reuse_their_buffers() -> Result<(), String> {
         let mut s = UdpSock::new(2, 100);
-        let peer = ep("10.0.0.2:9");
+        let peer = IpEndpoint::new(smoltcp::wire::IpAddress::v4(10, 0, 0, 2), 9);
         assert!(s.received(peer, &[1; 40]));
         assert!(s.received(peer, &[2; 40]));
         assert!(!s.received(peer, &[3; 1]), "two datagrams at most");

@@ -146,6 +146,45 @@ fn ip(args: &[&str]) -> Result<Output> {
     run_tool("ip", "iproute2", args)
 }
 
+/// One end of a veth pair: its name, its namespace and its queues.
+pub(crate) struct End<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) ns: &'a Netns,
+    pub(crate) queues: u32,
+}
+
+/// Creates a veth pair between two namespaces, both ends with `mtu`.
+pub(crate) fn veth(a: End<'_>, b: End<'_>, mtu: u32) -> Result<()> {
+    let (qa, qb, mtu) = (a.queues.to_string(), b.queues.to_string(), mtu.to_string());
+    ip(&[
+        "link",
+        "add",
+        a.name,
+        "netns",
+        a.ns.name(),
+        "numtxqueues",
+        &qa,
+        "numrxqueues",
+        &qa,
+        "mtu",
+        &mtu,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b.name,
+        "netns",
+        b.ns.name(),
+        "numtxqueues",
+        &qb,
+        "numrxqueues",
+        &qb,
+        "mtu",
+        &mtu,
+    ])?;
+    Ok(())
+}
+
 /// A network namespace, deleted (with every interface in it) on drop.
 #[derive(Debug)]
 pub struct Netns {
@@ -428,34 +467,19 @@ impl VethBuilder {
         let tag = format!("{}{}", std::process::id() % 100_000, seq % 1000);
         let server_if = format!("cls{tag}");
         let client_if = format!("clc{tag}");
-        let q = self.queues.to_string();
-        let mtu = self.mtu.to_string();
-        ip(&[
-            "link",
-            "add",
-            &server_if,
-            "netns",
-            server_ns.name(),
-            "numtxqueues",
-            &q,
-            "numrxqueues",
-            &q,
-            "mtu",
-            &mtu,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &client_if,
-            "netns",
-            client_ns.name(),
-            "numtxqueues",
-            &q,
-            "numrxqueues",
-            &q,
-            "mtu",
-            &mtu,
-        ])?;
+        veth(
+            End {
+                name: &server_if,
+                ns: &server_ns,
+                queues: self.queues,
+            },
+            End {
+                name: &client_if,
+                ns: &client_ns,
+                queues: self.queues,
+            },
+            self.mtu,
+        )?;
         for (ns, ifname, addrs) in [
             (&server_ns, &server_if, &self.server_addrs),
             (&client_ns, &client_if, &self.client_addrs),

@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::reorder::Stage;
-use crate::{Error, Netns, Result, SEQ, ip, up_with_addrs};
+use crate::{End, Error, Netns, Result, SEQ, up_with_addrs, veth};
 
 /// A fraction of frames, in units of 1/100 000 (so 0.001% steps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -128,34 +128,24 @@ impl LossyBuilder {
         let (server_if, client_if) = (format!("cls{tag}"), format!("clc{tag}"));
         let (rs, rc) = (format!("clrs{tag}"), format!("clrc{tag}"));
         let (ro, ri) = (format!("clro{tag}"), format!("clri{tag}"));
-        let q = self.queues.to_string();
         let mtu = self.mtu.to_string();
         for (end, end_ns, port, queues) in [
-            (&server_if, &server_ns, &rs, q.as_str()),
-            (&client_if, &client_ns, &rc, "1"),
+            (&server_if, &server_ns, &rs, self.queues),
+            (&client_if, &client_ns, &rc, 1),
         ] {
-            ip(&[
-                "link",
-                "add",
-                end,
-                "netns",
-                end_ns.name(),
-                "numtxqueues",
-                queues,
-                "numrxqueues",
-                queues,
-                "mtu",
-                &mtu,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                port,
-                "netns",
-                router_ns.name(),
-                "mtu",
-                &mtu,
-            ])?;
+            veth(
+                End {
+                    name: end,
+                    ns: end_ns,
+                    queues,
+                },
+                End {
+                    name: port,
+                    ns: &router_ns,
+                    queues: 1,
+                },
+                self.mtu,
+            )?;
         }
         router_ns.ip(&["link", "add", "br0", "type", "bridge"])?;
         for port in [&rs, &rc] {

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::{Netns, Result, SEQ, ip, up_with_addrs};
+use crate::{End, Netns, Result, SEQ, up_with_addrs, veth};
 
 /// How to build a [`RoutedNet`].
 #[derive(Debug, Clone)]
@@ -70,29 +70,23 @@ impl RoutedBuilder {
         let tag = format!("{}{}", std::process::id() % 100_000, seq % 1000);
         let (server_if, client_if) = (format!("cls{tag}"), format!("clc{tag}"));
         let (rs, rc) = (format!("clrs{tag}"), format!("clrc{tag}"));
-        let q = self.queues.to_string();
         for (end, end_ns, port, queues) in [
-            (&server_if, &server_ns, &rs, q.as_str()),
-            (&client_if, &client_ns, &rc, "1"),
+            (&server_if, &server_ns, &rs, self.queues),
+            (&client_if, &client_ns, &rc, 1),
         ] {
-            ip(&[
-                "link",
-                "add",
-                end,
-                "netns",
-                end_ns.name(),
-                "numtxqueues",
-                queues,
-                "numrxqueues",
-                queues,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                port,
-                "netns",
-                router_ns.name(),
-            ])?;
+            veth(
+                End {
+                    name: end,
+                    ns: end_ns,
+                    queues,
+                },
+                End {
+                    name: port,
+                    ns: &router_ns,
+                    queues: 1,
+                },
+                1500,
+            )?;
         }
         let s = RoutedNet::SERVER_SIDE;
         let c = RoutedNet::CLIENT_SIDE;

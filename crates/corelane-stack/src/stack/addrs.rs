@@ -101,11 +101,13 @@ impl Stack {
     pub(super) fn local_addr_for(&self, remote: IpAddress) -> Result<IpAddress, StackError> {
         let same =
             |c: &&IpCidr| std::mem::discriminant(&c.address()) == std::mem::discriminant(&remote);
-        let hop = self.routes.next_hop(remote);
         self.addrs
             .iter()
             .find(|c| c.contains_addr(&remote))
-            .or_else(|| hop.and_then(|h| self.addrs.iter().find(|c| c.contains_addr(&h))))
+            .or_else(|| {
+                let hop = self.routes.next_hop(remote)?;
+                self.addrs.iter().find(|c| c.contains_addr(&hop))
+            })
             .or_else(|| self.addrs.iter().find(same))
             .map(|c| c.address())
             .ok_or(StackError::NoAddress(match remote {

@@ -6,7 +6,9 @@
 use corelane_frame::FrameIo;
 use smoltcp::phy::Device;
 use smoltcp::time::Instant;
-use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetAddress, IpAddress, Ipv6Address};
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, IpAddress, Ipv4Address, Ipv6Address,
+};
 
 use super::Stack;
 use crate::device::XdpDevice;
@@ -51,6 +53,34 @@ pub(super) fn icmp6_frame(
     f[54..].copy_from_slice(body);
     let c = checksum(&src, &dst, 58, &f[54..]);
     f[56..58].copy_from_slice(&c.to_ne_bytes());
+    f
+}
+
+/// An ARP packet of `op` from `mac` at `sender` about `target`, in a frame to `dst_mac`
+/// (whose hardware address it also names as the target's, unless it is the broadcast).
+pub(super) fn arp_frame(
+    op: ArpOperation,
+    mac: [u8; 6],
+    sender: Ipv4Address,
+    dst_mac: [u8; 6],
+    target: Ipv4Address,
+) -> Vec<u8> {
+    let repr = ArpRepr::EthernetIpv4 {
+        operation: op,
+        source_hardware_addr: EthernetAddress(mac),
+        source_protocol_addr: sender,
+        target_hardware_addr: EthernetAddress(if dst_mac == [0xff; 6] {
+            [0; 6]
+        } else {
+            dst_mac
+        }),
+        target_protocol_addr: target,
+    };
+    let mut f = vec![0u8; 14 + repr.buffer_len()];
+    f[..6].copy_from_slice(&dst_mac);
+    f[6..12].copy_from_slice(&mac);
+    f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    repr.emit(&mut ArpPacket::new_unchecked(&mut f[14..]));
     f
 }
 
@@ -103,19 +133,13 @@ pub(super) fn answer(
             if !owned(IpAddress::Ipv4(target_protocol_addr)) {
                 return None;
             }
-            let repr = ArpRepr::EthernetIpv4 {
-                operation: ArpOperation::Reply,
-                source_hardware_addr: EthernetAddress(mac),
-                source_protocol_addr: target_protocol_addr,
-                target_hardware_addr: source_hardware_addr,
-                target_protocol_addr: source_protocol_addr,
-            };
-            let mut f = vec![0u8; 14 + repr.buffer_len()];
-            f[..6].copy_from_slice(&source_hardware_addr.0);
-            f[6..12].copy_from_slice(&mac);
-            f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
-            repr.emit(&mut ArpPacket::new_unchecked(&mut f[14..]));
-            Some(f)
+            Some(arp_frame(
+                ArpOperation::Reply,
+                mac,
+                target_protocol_addr,
+                source_hardware_addr.0,
+                source_protocol_addr,
+            ))
         }
         [0x86, 0xdd] => {
             let ip = frame.get(14..)?;
@@ -192,21 +216,7 @@ pub(super) fn solicited_node(a: [u8; 16]) -> [u8; 16] {
 /// both `addr`, broadcast) or an unsolicited neighbour advertisement to all nodes.
 pub(super) fn announcement(mac: [u8; 6], addr: IpAddress) -> Vec<u8> {
     match addr {
-        IpAddress::Ipv4(a) => {
-            let repr = ArpRepr::EthernetIpv4 {
-                operation: ArpOperation::Request,
-                source_hardware_addr: EthernetAddress(mac),
-                source_protocol_addr: a,
-                target_hardware_addr: EthernetAddress([0; 6]),
-                target_protocol_addr: a,
-            };
-            let mut f = vec![0u8; 14 + repr.buffer_len()];
-            f[..6].copy_from_slice(&[0xff; 6]);
-            f[6..12].copy_from_slice(&mac);
-            f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
-            repr.emit(&mut ArpPacket::new_unchecked(&mut f[14..]));
-            f
-        }
+        IpAddress::Ipv4(a) => arp_frame(ArpOperation::Request, mac, a, [0xff; 6], a),
         IpAddress::Ipv6(a) => advertisement(mac, a.octets(), ALL_NODES, false),
     }
 }

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use rustc_hash::FxBuildHasher;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{
-    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, IpAddress,
-    IpProtocol, Ipv4Address, Ipv6Address, Ipv6Packet,
+    ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetProtocol, IpAddress, IpProtocol,
+    Ipv4Address, Ipv6Address, Ipv6Packet,
 };
 
 use crate::tcp::wire::checksum;
@@ -160,21 +160,13 @@ impl Neighbors {
 /// family.
 pub(super) fn request(mac: [u8; 6], from: IpAddress, target: IpAddress) -> Option<Vec<u8>> {
     match (from, target) {
-        (IpAddress::Ipv4(f), IpAddress::Ipv4(t)) => {
-            let repr = ArpRepr::EthernetIpv4 {
-                operation: ArpOperation::Request,
-                source_hardware_addr: EthernetAddress(mac),
-                source_protocol_addr: f,
-                target_hardware_addr: EthernetAddress([0; 6]),
-                target_protocol_addr: t,
-            };
-            let mut buf = vec![0u8; 14 + repr.buffer_len()];
-            buf[..6].copy_from_slice(&[0xff; 6]);
-            buf[6..12].copy_from_slice(&mac);
-            buf[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
-            repr.emit(&mut ArpPacket::new_unchecked(&mut buf[14..]));
-            Some(buf)
-        }
+        (IpAddress::Ipv4(f), IpAddress::Ipv4(t)) => Some(super::ndisc::arp_frame(
+            ArpOperation::Request,
+            mac,
+            f,
+            [0xff; 6],
+            t,
+        )),
         (IpAddress::Ipv6(f), IpAddress::Ipv6(t)) => {
             let o = t.octets();
             let group = super::ndisc::solicited_node(o);

@@ -27,6 +27,21 @@ pub(super) struct Recovery {
     pub recover_fs: usize,
 }
 
+impl Recovery {
+    /// An episode that slow-starts from the window it has, with no PRR: after a retransmission
+    /// timeout, or for segments cut by a smaller path MTU. It ends when `recover` is
+    /// acknowledged.
+    pub(super) fn without_prr(recover: Seq) -> Recovery {
+        Recovery {
+            recover,
+            timeout: true,
+            prr_delivered: 0,
+            prr_out: 0,
+            recover_fs: 0,
+        }
+    }
+}
+
 /// The controller as it was before a fast recovery, and that episode's retransmissions not
 /// yet reported as duplicates: when the last is, every retransmission was spurious and the
 /// reduction is undone (RFC 2883 section 5, in the manner of RFC 3708's detection).

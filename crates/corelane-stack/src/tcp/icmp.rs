@@ -83,13 +83,7 @@ impl Conn {
         if self.board.shrink(mss) > 0 && self.recovery.is_none() {
             // A recovery episode that reduces nothing: it keeps RACK and the duplicate-ACK
             // count from calling the cut segments a congestion loss.
-            self.recovery = Some(Recovery {
-                recover: self.snd_nxt,
-                timeout: true,
-                prr_delivered: 0,
-                prr_out: 0,
-                recover_fs: 0,
-            });
+            self.recovery = Some(Recovery::without_prr(self.snd_nxt));
             self.rto_at = Some(now + self.rtt.rto());
         }
         true

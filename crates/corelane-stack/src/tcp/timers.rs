@@ -143,13 +143,7 @@ impl Conn {
                 // After a timeout nothing is undone.
                 self.undo = None;
                 self.board.mark_all_lost();
-                self.recovery = Some(Recovery {
-                    recover: self.snd_nxt,
-                    timeout: true,
-                    prr_delivered: 0,
-                    prr_out: 0,
-                    recover_fs: 0,
-                });
+                self.recovery = Some(Recovery::without_prr(self.snd_nxt));
                 self.tlp_at = None;
                 self.tlp_out = false;
                 self.dupacks = 0;

@@ -138,17 +138,11 @@ impl Conn {
 
     /// Registers the waker of a reader.
     pub(crate) fn set_rx_waker(&mut self, w: &Waker) {
-        match &mut self.rx_waker {
-            Some(old) => old.clone_from(w),
-            None => self.rx_waker = Some(w.clone()),
-        }
+        crate::udp::keep_waker(&mut self.rx_waker, w);
     }
 
     /// Registers the waker of a writer (or of a connect).
     pub(crate) fn set_tx_waker(&mut self, w: &Waker) {
-        match &mut self.tx_waker {
-            Some(old) => old.clone_from(w),
-            None => self.tx_waker = Some(w.clone()),
-        }
+        crate::udp::keep_waker(&mut self.tx_waker, w);
     }
 }

@@ -36,7 +36,7 @@ fn pings(ns: &corelane_testnet::Netns, dst: &str) -> Result<bool> {
 }
 
 #[test]
-fn a_server_behind_a_router_answers_tcp_and_ping_with_the_gateway_it_was_given() -> Result {
+fn a_server_behind_a_router_answers_tcp_udp_and_ping_with_the_gateway_it_was_given() -> Result {
     if !require_root("routed: server with --gateway") {
         return Ok(());
     }
@@ -76,6 +76,25 @@ fn a_server_behind_a_router_answers_tcp_and_ping_with_the_gateway_it_was_given()
             (256 * 1024, want),
             "echo through the router to {dst}"
         );
+    }
+    // UDP too (echo serves both on its port), through the gateway it was given.
+    for dst in [
+        SocketAddr::new(S.free_v4.parse()?, 7),
+        SocketAddr::new(S.free_v6.parse()?, 7),
+    ] {
+        let got = net.client_ns().run(move || -> std::io::Result<bool> {
+            let s = UdpSocket::bind(if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
+            s.set_read_timeout(Some(Duration::from_millis(500)))?;
+            let mut buf = [0u8; 64];
+            for _ in 0..10 {
+                s.send_to(b"via the gateway", dst)?;
+                if let Ok((n, _)) = s.recv_from(&mut buf) {
+                    return Ok(&buf[..n] == b"via the gateway");
+                }
+            }
+            Ok(false)
+        })??;
+        assert!(got, "UDP echo from {dst} through the router");
     }
     // Ping through the router, and on the link from the router itself.
     for dst in [S.free_v4, S.free_v6] {

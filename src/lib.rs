@@ -47,8 +47,8 @@
 
 pub use corelane_rt::{
     AddrHandle, BatchStats, Builder, CoreInfo, CoreReport, CoreStats, Error, Lane, Machine,
-    Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle, allowed_cpus,
-    bandwidth_delay_product, core_index, core_stats, parse_cidr,
+    OnPanic, Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle,
+    allowed_cpus, bandwidth_delay_product, core_index, core_stats, parse_cidr,
 };
 pub use corelane_stack::frag::{FragLimits, FragStats};
 pub use corelane_stack::smoltcp;

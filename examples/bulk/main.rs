@@ -83,6 +83,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let port = c.port_or(5001);
     let rt = c.builder()?.build()?;
     println!("{}", rt.describe());
+    common::handle_signals("bulk", &rt)?;
     let cores = rt.cores();
     let stop = rt.stop_handle();
     let ready = common::Ready::new(cores);

@@ -240,6 +240,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     );
     let mut tcp = corelane::TcpStats::default();
     let mut echoes = 0;
+    let reset: u64 = r.cores.iter().map(|c| c.stats.stack.reset_at_stop).sum();
     let (mut frag, mut udp) = (Vec::new(), Vec::new());
     for c in &r.cores {
         tcp += c.stats.stack.tcp;
@@ -267,8 +268,8 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     );
     println!(
         "tcp: {} segments out, {} retransmitted ({} timeouts of the RTO, {} fast recoveries), \
-         {} path MTU updates, {} ICMP errors acted on, {} connections timed out; \
-         icmp: {echoes} echo requests answered",
+         {} path MTU updates, {} ICMP errors acted on, {} connections timed out, {reset} reset \
+         at stop; icmp: {echoes} echo requests answered",
         tcp.segs_out,
         tcp.retrans_segs,
         tcp.rto_expiries,
@@ -308,6 +309,7 @@ where
 {
     let rt = c.builder()?.build()?;
     println!("{}", rt.describe());
+    handle_signals(name, &rt)?;
     let cores = rt.cores();
     let every = c.stats_every;
     let ready = Ready::new(cores);
@@ -347,6 +349,28 @@ pub(crate) fn exit(name: &str, r: Result<(), Box<dyn std::error::Error>>) -> Exi
             ExitCode::FAILURE
         }
     }
+}
+
+/// The example's own signal handling (the runtime installs none): SIGINT or SIGTERM shuts the
+/// runtime down gracefully (listeners close, connections finish, at most 5 s), a second one
+/// stops it at once. SIGHUP is left alone.
+pub(crate) fn handle_signals(name: &'static str, rt: &Runtime) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let handle = rt.stop_handle();
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    std::thread::Builder::new()
+        .name(format!("{name}-signals"))
+        .spawn(move || {
+            for (n, _) in signals.forever().enumerate() {
+                if n == 0 {
+                    println!("{name}: shutting down (5 s at most; again to stop now)");
+                    handle.shutdown(Duration::from_secs(5));
+                } else {
+                    handle.stop();
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// Counts cores as they finish their setup; the last one prints the "serving" line.

@@ -8,7 +8,8 @@
 //!
 //! Each core binds the port, accepts the connections whose SYN reached its queue, and echoes on
 //! them. The address must be one the kernel does not hold on that interface (corelane answers ARP
-//! and NDP for it). Ctrl-C (or SIGTERM) stops it: connections are reset, the XDP program is
+//! and NDP for it). Ctrl-C (or SIGTERM) shuts it down: listeners close, connections finish and
+//! close (what is left after 5 s is reset; a second signal stops at once), the XDP program is
 //! detached, and the counters and frame accounting are printed.
 
 #[path = "../common/mod.rs"]

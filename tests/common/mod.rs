@@ -129,6 +129,22 @@ impl Echo {
         self.out.lock().unwrap().clone()
     }
 
+    /// Sends `signal` and returns at once.
+    pub fn signal(&self, signal: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill with a valid pid of our own child and a signal number has no memory
+            // effects.
+            unsafe { libc::kill(c.id() as i32, signal) };
+        }
+    }
+
+    /// Waits for it to exit by itself; returns the status and everything it printed.
+    pub fn wait(mut self) -> (ExitStatus, String) {
+        let status = self.child.take().unwrap().wait().unwrap();
+        self.join_readers();
+        (status, self.output())
+    }
+
     /// Sends SIGINT and waits for it to exit; returns the status and everything it printed.
     pub fn stop(mut self) -> (ExitStatus, String) {
         let mut child = self.child.take().unwrap();

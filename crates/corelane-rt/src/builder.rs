@@ -1,7 +1,6 @@
 //! How to build a [`Runtime`]: the interface, addresses, placement, sizes and modes.
 
 use std::io;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +31,7 @@ pub struct Builder {
     pub(crate) adaptive_batch: bool,
     pub(crate) routes: Vec<crate::routing::Wanted>,
     pub(crate) kernel_routes: bool,
+    pub(crate) on_panic: crate::OnPanic,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
@@ -84,6 +84,14 @@ impl Builder {
     /// the routes in use.
     pub fn kernel_routes(mut self, on: bool) -> Self {
         self.kernel_routes = on;
+        self
+    }
+
+    /// What a panic in a core's future does (default [`OnPanic::RestartCore`](crate::OnPanic):
+    /// the future runs again and the core keeps serving; [`OnPanic::StopRuntime`](crate::OnPanic)
+    /// stops everything and `run` returns the panic as an error).
+    pub fn on_panic(mut self, p: crate::OnPanic) -> Self {
+        self.on_panic = p;
         self
     }
 
@@ -173,7 +181,8 @@ impl Builder {
     }
 
     /// How long a core keeps running after its task ends, so closed connections can finish
-    /// (default 200 ms). Stopping with Ctrl-C or a [`StopHandle`](crate::StopHandle) resets them instead.
+    /// (default 200 ms). [`StopHandle::stop`](crate::StopHandle::stop) resets them instead;
+    /// [`StopHandle::shutdown`](crate::StopHandle::shutdown) gives them its grace instead.
     pub fn linger(mut self, d: Duration) -> Self {
         self.linger = d;
         self
@@ -315,10 +324,36 @@ impl Builder {
                 }
             }
         }
-        let nqueues = nqueues.max(need);
+        let mut nqueues = nqueues.max(need);
+        if need < nqueues
+            && self.queues.is_none()
+            && let Some(c) = channels
+        {
+            // Queues nobody serves would pass their frames to the kernel, which does not hold
+            // the addresses: connections whose frames land there would fail. Fewer queues for
+            // the run, so every frame reaches a served one.
+            match raise_queues(&self.ifname, c, need) {
+                Ok(old) => {
+                    plan.reasons.push(format!(
+                        "{} had {nqueues} receive queue(s): lowered to {need} for this run, so \
+                         none goes unserved (ethtool -L), restored at the end",
+                        self.ifname
+                    ));
+                    restore = Some(old);
+                    nqueues = need;
+                }
+                Err(e) => log::warn!(
+                    "{}: lowering its receive queues to {need} failed ({e})",
+                    self.ifname
+                ),
+            }
+        }
         if (nqueues as usize) > plan.lanes.len() {
             log::warn!(
-                "{} has {nqueues} receive queues and {} are served: frames on the others go to the kernel",
+                "{} has {nqueues} receive queues and {} are served: frames on the others go to \
+                 the kernel (it holds none of the owned addresses: connections whose frames land \
+                 there fail). Serve every queue (.cores({nqueues})), or steer the traffic to the \
+                 served queues (ethtool -X / -N)",
                 self.ifname,
                 plan.lanes.len()
             );
@@ -359,7 +394,7 @@ impl Builder {
             steering: Mutex::new(steering),
             addrs: Mutex::new(self.addrs.clone()),
             addrs_gen: std::sync::atomic::AtomicU64::new(0),
-            stop: AtomicBool::new(false),
+            life: crate::stop::Life::default(),
             bells,
         });
         // One secret for every core: a SYN cookie issued on one core validates on any (the ACK

@@ -35,6 +35,8 @@ pub(crate) struct Driver {
     pub(crate) epoch: StdInstant,
     /// The generation of the shared address list this core's stack matches.
     pub(crate) addrs_seen: u64,
+    /// A graceful shutdown closed this core's listeners.
+    pub(crate) listeners_closed: bool,
 }
 
 impl Driver {
@@ -48,6 +50,25 @@ impl Driver {
         let core = self.core.clone();
         let now = self.now();
         let mut stack = core.stack();
+        let life = &core.shared.life;
+        if life.draining() {
+            if !self.listeners_closed {
+                // Stop accepting: waiting accepts (and UDP receives) return an error, new SYNs
+                // are refused.
+                self.listeners_closed = true;
+                stack.begin_drain();
+            }
+            if life
+                .drain_deadline()
+                .is_some_and(|t| StdInstant::now() >= t)
+            {
+                log::info!(
+                    "core {}: the shutdown's grace ran out: stopping",
+                    core.index
+                );
+                core.shared.stop_all();
+            }
+        }
         let added = crate::addrs::sync(&core.shared, &mut self.addrs_seen, &mut stack);
         if core.index == 0 {
             for a in added {
@@ -151,6 +172,12 @@ impl Driver {
                 let at = Duration::from_micros(d.total_micros().max(0) as u64);
                 tokio::time::Instant::from_std(self.epoch + at)
             });
+            // A graceful shutdown's end is a deadline too.
+            let drain = self.core.shared.life.drain_deadline();
+            let deadline = match (deadline, drain.map(tokio::time::Instant::from_std)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
             tokio::select! {
                 biased;
@@ -188,18 +215,29 @@ impl Driver {
         self.core.stats().tasks.record(1, t);
     }
 
-    /// Keeps the pipeline running for at most `linger` so that connections the application
-    /// closed can finish (FIN and its ACK), then stops.
+    /// Keeps the pipeline (and, by yielding, the core's tasks) running until nothing is left
+    /// to finish (`Stack::settled`: the application holds no socket, every connection closed or
+    /// in TIME-WAIT), for at most `linger`, or until the shutdown's grace ends; a stop ends it
+    /// at once.
     pub(crate) async fn linger(mut self, linger: Duration) -> Self {
-        let until = StdInstant::now() + linger;
+        let shared = self.core.shared.clone();
+        let until = shared
+            .life
+            .drain_deadline()
+            .unwrap_or_else(|| StdInstant::now() + linger);
         let mut freed = Vec::new();
-        while StdInstant::now() < until && !self.core.shared.stop.load(Ordering::Relaxed) {
-            self.turn(&mut freed);
+        while StdInstant::now() < until && !shared.life.stop.load(Ordering::Relaxed) {
+            let busy = self.turn(&mut freed);
             self.release_ports(&mut freed);
-            if self.core.stack().flow_count() == 0 {
+            if self.core.stack().settled() {
                 break;
             }
-            tokio::time::sleep(Duration::from_micros(200)).await;
+            if busy || self.core.stack().egress_pending() {
+                // Connections still move data (a drain can be long): at full speed.
+                self.yield_to_tasks().await;
+            } else {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
         }
         self
     }

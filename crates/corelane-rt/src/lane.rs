@@ -40,6 +40,8 @@ pub struct CoreStats {
     pub app_cpu_time: Duration,
     /// Model-T batching: the batch size now, where it settled, and the fill ring's occupancy.
     pub batch: BatchStats,
+    /// Times the core's future panicked and was run again ([`crate::OnPanic::RestartCore`]).
+    pub restarts: u64,
     /// Device counters.
     pub device: DeviceStats,
     /// Protocol counters.
@@ -81,6 +83,31 @@ pub(crate) struct Core {
     pub(crate) stopping: AtomicBool,
     /// Set when the protocol side has shut down (a split lane's application thread waits for it).
     pub(crate) ended: tokio::sync::watch::Sender<bool>,
+    /// What each panic of the core's future said (the future was restarted after each).
+    pub(crate) panics: Mutex<Vec<String>>,
+}
+
+impl Core {
+    /// The core's future panicked with `message`: with `restart`, it is logged, counted and
+    /// the caller runs the future again (true); otherwise the runtime stops (false).
+    pub(crate) fn on_panic(&self, message: &str, restart: bool) -> bool {
+        let restart = restart && !self.shared.life.stop.load(Ordering::Relaxed);
+        if restart {
+            log::error!(
+                "core {}: its future panicked ({message}); running it again",
+                self.index
+            );
+            self.stats().restarts += 1;
+            lock(&self.panics).push(message.to_string());
+        } else {
+            log::error!(
+                "core {}: its future panicked ({message}); stopping the runtime",
+                self.index
+            );
+            self.shared.stop_all();
+        }
+        restart
+    }
 }
 
 thread_local! {
@@ -114,7 +141,7 @@ impl Core {
     }
 
     pub(crate) fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::Relaxed) || self.shared.stop.load(Ordering::Relaxed)
+        self.stopping.load(Ordering::Relaxed) || self.shared.life.ending()
     }
 
     /// Queues flow output and makes sure the driver runs soon.

@@ -12,7 +12,7 @@ use corelane_xsk::{AttachMode, AttachedMode, BindMode, Steering, XskConfig};
 
 use crate::queues::RestoreQueues;
 use crate::report::{CoreReport, RunReport};
-use crate::stop::{StopHandle, stop_on_ctrl_c};
+use crate::stop::StopHandle;
 use crate::threads::{AppEnd, app_main};
 use crate::{Builder, Error, PollMode, handoff};
 
@@ -24,17 +24,8 @@ pub(crate) struct Shared {
     pub(crate) addrs: Mutex<Vec<corelane_stack::smoltcp::wire::IpCidr>>,
     /// Bumped on every change of `addrs`.
     pub(crate) addrs_gen: std::sync::atomic::AtomicU64,
-    pub(crate) stop: AtomicBool,
+    pub(crate) life: crate::stop::Life,
     pub(crate) bells: Vec<Arc<handoff::Doorbell>>,
-}
-
-impl Shared {
-    pub(crate) fn stop_all(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for b in &self.bells {
-            b.ring_always();
-        }
-    }
 }
 
 /// The runtime: an interface, the XDP program and the cores that will serve it.
@@ -94,6 +85,7 @@ impl Runtime {
             adaptive_batch: true,
             routes: Vec::new(),
             kernel_routes: true,
+            on_panic: crate::OnPanic::RestartCore,
         }
     }
 
@@ -164,7 +156,10 @@ impl Runtime {
     }
 
     /// Runs `f` on every core (each call gets its [`CoreInfo`]) and returns when all of them end,
-    /// or on Ctrl-C, SIGTERM or a [`StopHandle`]. Each core first opens its AF_XDP socket;
+    /// or when a [`StopHandle`] stops or shuts it down (the runtime installs no signal handler:
+    /// an application that wants Ctrl-C to stop it calls the handle from its own). A core whose
+    /// future returns keeps serving its queue until every core's has. Each core first opens its
+    /// AF_XDP socket;
     /// if any core fails to start, none runs and the error names the core. On a lane whose
     /// placement splits protocol and application, `f` runs on a second thread pinned to the
     /// application CPU.
@@ -192,8 +187,8 @@ impl Runtime {
         F: Fn(CoreInfo) -> Fut + Send + Sync,
         Fut: Future<Output = ()> + 'static,
     {
-        stop_on_ctrl_c(&self.shared);
         let n = self.plan.lanes.len();
+        self.shared.life.apps_running.store(n, Ordering::SeqCst);
         // rings[from][to]
         let mut producers: Vec<Vec<Option<handoff::Producer>>> =
             (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
@@ -226,7 +221,9 @@ impl Runtime {
                     let (tx, rx) = std::sync::mpsc::channel();
                     let h = std::thread::Builder::new()
                         .name(format!("corelane-{i}-app"))
-                        .spawn_scoped(scope, move || app_main(info.app_cpu, rx, f))
+                        .spawn_scoped(scope, move || {
+                            app_main(info.app_cpu, rx, f, this.cfg.on_panic)
+                        })
                         .expect("spawning an application thread");
                     (Some(tx), Some(h))
                 } else {
@@ -294,7 +291,7 @@ impl Runtime {
         Ok(RunReport {
             cores,
             xdp: st.counters().unwrap_or_default(),
-            stopped: self.shared.stop.load(Ordering::SeqCst),
+            stopped: self.shared.life.stop.load(Ordering::SeqCst) || self.shared.life.draining(),
         })
     }
 }

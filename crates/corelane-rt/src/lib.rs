@@ -62,7 +62,7 @@ pub use error::Error;
 pub use lane::{BatchStats, CoreStats, Stage};
 pub use launch::{CoreInfo, Runtime};
 pub use report::{CoreReport, RunReport};
-pub use stop::StopHandle;
+pub use stop::{OnPanic, StopHandle};
 
 /// How an idle core waits for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

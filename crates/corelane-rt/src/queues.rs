@@ -1,4 +1,4 @@
-//! Raising an interface's receive queues for a run, and putting them back afterwards.
+//! Raising or lowering an interface's receive queues for a run, and putting them back afterwards.
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ pub(crate) fn queues_needed(plan: &Plan) -> u32 {
     plan.lanes.iter().map(|l| l.queue + 1).max().unwrap_or(1)
 }
 
-/// Sets an interface's receive queues to `need` and returns what they were.
+/// Sets an interface's receive queues to `need` (more or fewer) and returns what they were.
 pub(crate) fn raise_queues(
     ifname: &str,
     old: Channels,
@@ -32,7 +32,7 @@ pub(crate) fn raise_queues(
         }
     };
     corelane_xsk::set_channels(ifname, want)?;
-    log::info!("{ifname}: receive queues raised to {need} for this run");
+    log::info!("{ifname}: receive queues set to {need} for this run");
     Ok(old)
 }
 

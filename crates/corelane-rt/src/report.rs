@@ -13,6 +13,8 @@ pub struct CoreReport {
     pub frames: FrameCounts,
     /// AF_XDP bind mode.
     pub bind_mode: BindMode,
+    /// What each panic of the core's future said, when it was run again after it.
+    pub panics: Vec<String>,
 }
 
 /// What [`Runtime::run`](crate::Runtime::run) returns.
@@ -22,7 +24,8 @@ pub struct RunReport {
     pub cores: Vec<CoreReport>,
     /// The XDP program's counters at the end.
     pub xdp: XdpCounters,
-    /// True when the run ended by Ctrl-C or a [`StopHandle`](crate::StopHandle).
+    /// True when the run ended by [`StopHandle::stop`](crate::StopHandle::stop) or
+    /// [`StopHandle::shutdown`](crate::StopHandle::shutdown).
     pub stopped: bool,
 }
 

@@ -1,32 +1,99 @@
-//! Stopping a running runtime: a handle for any thread, and Ctrl-C / SIGTERM.
+//! How a run ends, and what a panic does. The runtime installs no signal handler: the process's
+//! signals are the application's, which calls [`StopHandle::shutdown`] (or `stop`) from its own.
+//!
+//! A run ends when every core's future has returned (a core whose future returns early keeps
+//! serving its queue until then), when [`StopHandle::shutdown`] drains it, or at once on
+//! [`StopHandle::stop`]. After the futures, each core lingers while connections close (FIN and
+//! its ACK), then resets what is left.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::launch::Shared;
 
-static CTRL_C: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
-static CTRL_C_INSTALLED: std::sync::Once = std::sync::Once::new();
-
-pub(crate) fn stop_on_ctrl_c(shared: &Arc<Shared>) {
-    CTRL_C
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(Arc::downgrade(shared));
-    CTRL_C_INSTALLED.call_once(|| {
-        let r = ctrlc::set_handler(|| {
-            for s in CTRL_C.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                if let Some(s) = s.upgrade() {
-                    s.stop_all();
-                }
-            }
-        });
-        if let Err(e) = r {
-            log::warn!("Ctrl-C will not stop the runtime: {e} (use StopHandle instead)");
-        }
-    });
+/// What a panic in a core's future does (see [`Builder::on_panic`](crate::Builder::on_panic)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnPanic {
+    /// The core's future is run again (the closure given to `run` is called anew); the
+    /// sockets the old one held are dropped with it (their connections closed or reset), and
+    /// the core keeps serving its queue throughout. The panic is logged and counted
+    /// (`CoreStats::restarts`, `CoreReport::panics`). What a server operator wants: one bad
+    /// request does not take a queue down.
+    #[default]
+    RestartCore,
+    /// The whole runtime stops at once and `run` returns [`Error::Panicked`](crate::Error).
+    StopRuntime,
 }
 
-/// Stops a running [`Runtime`](crate::Runtime) from any thread: every core resets its connections and ends.
+/// The state of a run, shared by the cores and the handles.
+#[derive(Debug, Default)]
+pub(crate) struct Life {
+    /// Stop now: every core resets its connections and ends.
+    pub(crate) stop: AtomicBool,
+    /// A graceful shutdown was asked for: listeners close, futures finish, then the cores end.
+    pub(crate) draining: AtomicBool,
+    /// When a graceful shutdown turns into a stop.
+    pub(crate) drain_until: Mutex<Option<Instant>>,
+    /// Core futures still running.
+    pub(crate) apps_running: AtomicUsize,
+}
+
+impl Life {
+    /// Every core future has returned, or a stop was asked for: the cores may end.
+    pub(crate) fn ending(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.apps_running.load(Ordering::Acquire) == 0
+    }
+
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// The drain deadline, if a graceful shutdown runs.
+    pub(crate) fn drain_deadline(&self) -> Option<Instant> {
+        *self.drain_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Shared {
+    /// Stop now.
+    pub(crate) fn stop_all(&self) {
+        self.life.stop.store(true, Ordering::SeqCst);
+        self.ring_all();
+    }
+
+    /// A core's future returned for good.
+    pub(crate) fn app_done(&self) {
+        if self.life.apps_running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.ring_all();
+        }
+    }
+
+    fn ring_all(&self) {
+        for b in &self.bells {
+            b.ring_always();
+        }
+    }
+}
+
+/// Ends a running [`Runtime`](crate::Runtime) from any thread (a signal handler's thread,
+/// say): gracefully with [`shutdown`](StopHandle::shutdown), or at once with
+/// [`stop`](StopHandle::stop).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// let rt = corelane_rt::Runtime::builder("eth0")
+///     .addr(corelane_rt::parse_cidr("10.0.0.5/24")?)
+///     .build()?;
+/// let handle = rt.stop_handle();
+/// // From the application's own signal handling (corelane installs none):
+/// std::thread::spawn(move || {
+///     // ... on SIGTERM:
+///     handle.shutdown(Duration::from_secs(10));
+/// });
+/// # Ok::<(), corelane_rt::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct StopHandle(pub(crate) Arc<Shared>);
 
@@ -37,8 +104,30 @@ impl std::fmt::Debug for StopHandle {
 }
 
 impl StopHandle {
-    /// Asks every core to stop.
+    /// Stops now: every core resets its connections and ends; `run` returns with
+    /// `RunReport::stopped` set.
     pub fn stop(&self) {
         self.0.stop_all();
+    }
+
+    /// Shuts down gracefully: every listener closes (pending `accept`s return an error, new
+    /// connection requests are refused), the cores' futures and their tasks finish what they
+    /// are doing and close their connections (FIN), and the cores end. What is still open
+    /// after `grace` is reset. `run` returns with `RunReport::stopped` set; each core's
+    /// `CoreStats::stack.reset_at_stop` says how many connections had to be reset.
+    pub fn shutdown(&self, grace: Duration) {
+        let life = &self.0.life;
+        {
+            let mut until = life.drain_until.lock().unwrap_or_else(|p| p.into_inner());
+            let t = Instant::now() + grace;
+            *until = Some(until.map_or(t, |u| u.min(t)));
+        }
+        life.draining.store(true, Ordering::SeqCst);
+        self.0.ring_all();
+    }
+
+    /// True once a stop or a shutdown was asked for.
+    pub fn is_stopping(&self) -> bool {
+        self.0.life.stop.load(Ordering::Relaxed) || self.0.life.draining()
     }
 }

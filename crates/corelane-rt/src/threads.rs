@@ -16,7 +16,7 @@ use crate::lane::{self, BatchStats, Core, CoreStats};
 use crate::launch::Runtime;
 use crate::peers::CorePeers;
 use crate::report::CoreReport;
-use crate::{CoreInfo, Error, handoff};
+use crate::{CoreInfo, Error, OnPanic, handoff};
 
 impl Runtime {
     #[allow(clippy::too_many_arguments)]
@@ -53,6 +53,7 @@ impl Runtime {
                 stats,
                 frames,
                 bind_mode,
+                panics: core.panics.lock().map(|p| p.clone()).unwrap_or_default(),
             }
         };
         if failed.load(Ordering::SeqCst) {
@@ -106,13 +107,14 @@ impl Runtime {
             mode: self.cfg.poll,
             epoch,
             addrs_seen: 0,
+            listeners_closed: false,
         };
         let linger = self.cfg.linger;
         if let Some(app) = app {
             // A split lane: the application runs on its own thread; this one runs the pipeline.
             let _ = app.send((core.clone(), info));
             let mut driver = exec.block_on(driver.run());
-            if !self.shared.stop.load(Ordering::SeqCst) {
+            if !self.shared.life.stop.load(Ordering::SeqCst) {
                 driver = exec.block_on(driver.linger(linger));
             }
             let counts = core.stack().shutdown(now(), &mut driver.pipe.dev);
@@ -122,20 +124,30 @@ impl Runtime {
         lane::set_current(Some(core.clone()));
         let local = tokio::task::LocalSet::new();
         let mut panicked = None;
+        let restart = self.cfg.on_panic == OnPanic::RestartCore;
         let counts = local.block_on(&exec, async {
-            let driver_task = tokio::task::spawn_local(driver.run());
-            let app = tokio::task::spawn_local(f(info));
-            tokio::pin!(driver_task);
-            let driver = tokio::select! {
-                d = &mut driver_task => d,
-                r = app => {
-                    panicked = panic_message(r);
-                    // The application is done on this core: let closing connections finish.
-                    core.stopping.store(true, Ordering::SeqCst);
-                    core.wake_driver();
-                    match driver_task.await {
-                        Ok(d) => Ok(d.linger(linger).await),
-                        Err(e) => Err(e),
+            let mut driver_task = tokio::task::spawn_local(driver.run());
+            let mut app = tokio::task::spawn_local(f(info));
+            let driver = loop {
+                tokio::select! {
+                    d = &mut driver_task => break d,
+                    r = &mut app => {
+                        if let Some(message) = panic_message(r) {
+                            if core.on_panic(&message, restart) {
+                                app = tokio::task::spawn_local(f(info));
+                                continue;
+                            }
+                            panicked = Some(message);
+                        }
+                        // This core's future is done; the core serves its queue (handoff,
+                        // ARP, retransmissions) until every core's is, then lingers.
+                        self.shared.app_done();
+                        match driver_task.await {
+                            Ok(d) if !self.shared.life.stop.load(Ordering::SeqCst) => {
+                                break Ok(d.linger(linger).await);
+                            }
+                            other => break other,
+                        }
                     }
                 }
             };
@@ -211,6 +223,7 @@ impl Runtime {
             next_waiter: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             ended: tokio::sync::watch::Sender::new(false),
+            panics: Mutex::new(Vec::new()),
         });
         Ok((core, dev, exec))
     }
@@ -239,6 +252,7 @@ pub(crate) fn app_main<F, Fut>(
     cpu: usize,
     start: std::sync::mpsc::Receiver<(Arc<Core>, CoreInfo)>,
     f: &F,
+    on_panic: OnPanic,
 ) -> AppEnd
 where
     F: Fn(CoreInfo) -> Fut,
@@ -256,6 +270,7 @@ where
     let stop_core = |why: String| {
         log::error!("core {}: {why}", info.index);
         core.stopping.store(true, Ordering::SeqCst);
+        core.shared.app_done();
         core.wake_driver();
     };
     let exec = match (
@@ -278,18 +293,28 @@ where
     };
     lane::set_current(Some(core.clone()));
     let local = tokio::task::LocalSet::new();
+    let restart = on_panic == OnPanic::RestartCore;
     local.block_on(&exec, async {
-        let app = tokio::task::spawn_local(f(info));
+        let mut app = tokio::task::spawn_local(f(info));
         let (mut a, mut b) = (core.ended.subscribe(), core.ended.subscribe());
-        tokio::select! {
-            r = app => {
-                end.panicked = panic_message(r);
-                core.stopping.store(true, Ordering::SeqCst);
-                core.wake_driver();
-                // Keep running the connections' tasks while the protocol side lingers.
-                let _ = a.wait_for(|e| *e).await;
+        loop {
+            tokio::select! {
+                r = &mut app => {
+                    if let Some(message) = panic_message(r) {
+                        if core.on_panic(&message, restart) {
+                            app = tokio::task::spawn_local(f(info));
+                            continue;
+                        }
+                        end.panicked = Some(message);
+                    }
+                    core.shared.app_done();
+                    core.wake_driver();
+                    // Keep running the connections' tasks while the protocol side lingers.
+                    let _ = a.wait_for(|e| *e).await;
+                    break;
+                }
+                _ = b.wait_for(|e| *e) => break,
             }
-            _ = b.wait_for(|e| *e) => {}
         }
     });
     drop(local);

@@ -478,3 +478,32 @@ fn udp_datagrams_of_every_size_cross_whole_or_in_fragments_and_a_closed_port_ans
     assert!(s.icmp_limited >= 148, "{} limited", s.icmp_limited);
     Ok(())
 }
+
+#[test]
+fn a_closed_listener_keeps_its_port_until_its_last_connection_is_freed()
+-> Result<(), Box<dyn std::error::Error>> {
+    let mut p = pair();
+    p.a.stack.listen_tcp(7, None)?;
+    let (c, _) = p.b.stack.connect_tcp(server_ep())?;
+    let mut accepted = None;
+    p.drive(Duration::from_secs(5), |p| {
+        accepted = accepted.or_else(|| p.a.stack.accept(7));
+        accepted.is_some()
+    })?;
+    let h = accepted.ok_or("accepted")?;
+    // The listener goes; its connection is open: the port must stay steered.
+    assert!(!p.a.stack.close_listener(7));
+    let mut freed = Vec::new();
+    p.a.stack.take_freed_ports(&mut freed);
+    assert!(freed.is_empty());
+    // Both sides close; once the connection is freed, the port is given back.
+    p.a.stack.release(h);
+    p.b.stack.release(c);
+    p.drive_for(Duration::from_secs(20), |_| {})?;
+    p.a.stack.take_freed_ports(&mut freed);
+    assert_eq!(freed, vec![(crate::Proto::Tcp, 7)]);
+    // A listener with no connection gives its port back at once.
+    p.a.stack.listen_tcp(8, None)?;
+    assert!(p.a.stack.close_listener(8));
+    Ok(())
+}

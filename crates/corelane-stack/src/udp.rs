@@ -181,6 +181,13 @@ impl UdpSock {
         }
     }
 
+    /// Wakes a reader waiting for a datagram (to tell it something changed).
+    pub(crate) fn wake_rx(&mut self) {
+        if let Some(w) = self.rx_waker.take() {
+            w.wake();
+        }
+    }
+
     pub(crate) fn set_rx_waker(&mut self, w: &Waker) {
         keep_waker(&mut self.rx_waker, w);
     }

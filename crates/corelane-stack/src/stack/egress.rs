@@ -9,6 +9,7 @@ use smoltcp::time::{Duration, Instant};
 
 use super::{Sock, Stack};
 use crate::device::XdpDevice;
+use crate::tcp::TcpState;
 
 impl Stack {
     /// Egress stage: polls the flows that received frames, were written to, or whose timer is
@@ -123,8 +124,21 @@ impl Stack {
         self.timers.peek().map(|r| r.0.0)
     }
 
+    /// True when nothing is left to finish: no flow is held by the application, and every TCP
+    /// connection has ended or waits in TIME-WAIT (what a runtime that is ending lingers for).
+    pub fn settled(&self) -> bool {
+        self.slots.iter().filter_map(|s| s.flow.as_ref()).all(|f| {
+            !f.held
+                && match &f.sock {
+                    Sock::Tcp(c) => matches!(c.state(), TcpState::TimeWait | TcpState::Closed),
+                    Sock::Udp(_) => true,
+                }
+        })
+    }
+
     /// Ends everything at once: every connection is reset, the resets sent, and every frame
-    /// given back. Returns the final frame accounting.
+    /// given back. Returns the final frame accounting; `StackStats::reset_at_stop` counts the
+    /// connections that were still open.
     pub fn shutdown<P: FrameIo>(
         &mut self,
         now: Instant,
@@ -136,6 +150,9 @@ impl Stack {
         for i in 0..self.slots.len() as u32 {
             if let Some(f) = self.slots[i as usize].flow.as_mut() {
                 if let Some(c) = f.conn() {
+                    if !matches!(c.state(), TcpState::TimeWait | TcpState::Closed) {
+                        self.stats.reset_at_stop += 1;
+                    }
                     c.abort();
                 }
                 self.queue_egress(i);

@@ -273,7 +273,9 @@ impl Stack {
             f.key = Some(key);
             f.listener = Some(port);
             f.mac = Some(mac);
+            f.passive = true;
         });
+        *self.passive.entry(port).or_insert(0) += 1;
         self.table.insert(key, i);
         if let Some(l) = self.listeners.get_mut(&port) {
             l.half_open += 1;

@@ -114,6 +114,44 @@ impl Stack {
         }
     }
 
+    /// Closes the listener on `port` (as [`Stack::unlisten`]) for good. Returns true when the
+    /// caller may stop steering the port now; false while connections it accepted are still
+    /// open: the port is then given back through [`Stack::take_freed_ports`] when the last of
+    /// them is freed, so they are not cut off from their peers.
+    pub fn close_listener(&mut self, port: u16) -> bool {
+        self.unlisten(port);
+        if self.passive.contains_key(&port) {
+            self.release_pending.insert(port);
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Begins a graceful shutdown: every listener closes (waiting accepts return an error, new
+    /// SYNs are answered with a reset), and a UDP receive that would wait returns an error
+    /// instead (datagrams already queued are still delivered). Connections go on.
+    pub fn begin_drain(&mut self) {
+        self.draining = true;
+        for port in self.listening_ports() {
+            self.unlisten(port);
+        }
+        for slot in &mut self.slots {
+            if let Some(super::Flow {
+                sock: super::Sock::Udp(u),
+                ..
+            }) = slot.flow.as_mut()
+            {
+                u.wake_rx();
+            }
+        }
+    }
+
+    /// The ports with a listener.
+    pub fn listening_ports(&self) -> Vec<u16> {
+        self.listeners.keys().copied().collect()
+    }
+
     /// True when `port` has a listener.
     pub fn is_listening(&self, port: u16) -> bool {
         self.listeners.contains_key(&port)

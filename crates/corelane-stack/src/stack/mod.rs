@@ -110,6 +110,8 @@ pub struct StackStats {
     pub icmp_limited: u64,
     /// ARP requests and neighbour solicitations for owned addresses answered.
     pub neighbor_answers: u64,
+    /// Connections still open when the stack shut down, and therefore reset.
+    pub reset_at_stop: u64,
     /// Reassembled datagrams dropped because no socket or connection here takes them.
     pub reassembled_unclaimed: u64,
     /// Transmissions held back because the next hop's hardware address is not known yet.
@@ -144,6 +146,8 @@ struct Flow {
     queued: bool,
     /// TCP: the next hop's hardware address, once known.
     mac: Option<[u8; 6]>,
+    /// TCP: opened by a listener (counted in `Stack::passive`).
+    passive: bool,
 }
 
 impl Flow {
@@ -191,12 +195,20 @@ pub struct Stack {
     table: FlowTable,
     udp: HashMap<u16, u32, FxBuildHasher>,
     listeners: HashMap<u16, Listener, FxBuildHasher>,
+    /// Connections opened by a listener, per local port: the port stays steered here while
+    /// any is open, even after its listener closed.
+    passive: HashMap<u16, u32, FxBuildHasher>,
+    /// Ports whose listener closed while connections on them were open: given back (to
+    /// `freed_ports`) when the last one is freed.
+    release_pending: HashSet<u16, FxBuildHasher>,
     ports: HashSet<(Proto, u16), FxBuildHasher>,
     freed_ports: Vec<(Proto, u16)>,
     egress: Vec<u32>,
     egress_spare: Vec<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     cfg: StackConfig,
+    /// A graceful shutdown began: no new connections, no more waiting for datagrams.
+    draining: bool,
     stats: StackStats,
     rng: u64,
 }
@@ -261,12 +273,15 @@ impl Stack {
             table: FlowTable::with_capacity(cfg.flows),
             udp: HashMap::default(),
             listeners: HashMap::default(),
+            passive: HashMap::default(),
+            release_pending: HashSet::default(),
             ports: HashSet::default(),
             freed_ports: Vec::new(),
             egress: Vec::with_capacity(cfg.batch * 2),
             egress_spare: Vec::with_capacity(cfg.batch * 2),
             timers: BinaryHeap::with_capacity(cfg.flows),
             cfg,
+            draining: false,
             stats: StackStats::default(),
             // A second generator for port choice, kept apart from the sequence numbers'.
             rng: seed.rotate_left(29).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
@@ -344,6 +359,7 @@ impl Stack {
             deadline: None,
             queued: false,
             mac: None,
+            passive: false,
         };
         setup(&mut flow);
         match self.free_slots.pop() {
@@ -382,6 +398,17 @@ impl Stack {
         if flow.ephemeral || flow.proto == Proto::Udp {
             self.ports.remove(&(flow.proto, flow.local_port));
             self.freed_ports.push((flow.proto, flow.local_port));
+        }
+        if flow.passive
+            && let Some(n) = self.passive.get_mut(&flow.local_port)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.passive.remove(&flow.local_port);
+                if self.release_pending.remove(&flow.local_port) {
+                    self.freed_ports.push((Proto::Tcp, flow.local_port));
+                }
+            }
         }
         self.free_slots.push(index);
     }

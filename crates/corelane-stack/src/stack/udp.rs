@@ -135,13 +135,15 @@ impl Stack {
     ///
     /// # Errors
     /// `InvalidInput` when the datagram was larger than `buf` (it is dropped); `NotConnected`
-    /// when the flow is gone.
+    /// when the flow is gone, or when none waits and a graceful shutdown began
+    /// ([`Stack::begin_drain`]).
     pub fn udp_recv_from(
         &mut self,
         id: FlowId,
         buf: &mut [u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<(usize, SocketAddr)>> {
+        let draining = self.draining;
         let Some(s) = self.udp_sock(id) else {
             return Poll::Ready(Err(super::socket::gone()));
         };
@@ -152,6 +154,10 @@ impl Stack {
             Some(Err(n)) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a datagram of {n} bytes was larger than the buffer (dropped)"),
+            ))),
+            None if draining => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "no datagram waits and the runtime is shutting down",
             ))),
             None => {
                 if let Some(w) = waker {

@@ -171,8 +171,10 @@ impl Drop for AcceptGuard<'_> {
 
 impl Drop for TcpListener {
     fn drop(&mut self) {
-        self.core.stack().unlisten(self.port);
-        self.core.release_port(Proto::Tcp, self.port);
+        // The port stays steered while connections this listener accepted are open.
+        if self.core.stack().close_listener(self.port) {
+            self.core.release_port(Proto::Tcp, self.port);
+        }
         self.core.wake_driver();
     }
 }

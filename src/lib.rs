@@ -16,7 +16,7 @@
 //! use corelane::net::TcpListener;
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //!
-//! let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse().expect("an address")).build()?;
+//! let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
 //! println!("{}", rt.describe());
 //! let report = rt.run(|core| async move {
 //!     let listener = TcpListener::bind(7).expect("port 7");
@@ -46,12 +46,11 @@
 #![forbid(unsafe_code)]
 
 pub use corelane_rt::{
-    AddrHandle, BatchStats, Builder, CoreInfo, CoreReport, CoreStats, Error, Lane, Machine,
-    OnPanic, Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle,
+    AddrHandle, BatchStats, Builder, Cidr, CoreInfo, CoreReport, CoreStats, Error, IntoCidr, Lane,
+    Machine, OnPanic, Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle,
     allowed_cpus, bandwidth_delay_product, core_index, core_stats, parse_cidr,
 };
 pub use corelane_stack::frag::{FragLimits, FragStats};
-pub use corelane_stack::smoltcp;
 pub use corelane_stack::udp::UdpStats;
 pub use corelane_stack::{
     Congestion, DeviceStats, PipelineStats, StackConfig, StackError, StackStats, TcpConfig,

@@ -14,8 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-fn cidr(s: &str) -> Result<corelane::smoltcp::wire::IpCidr> {
-    Ok(s.parse().map_err(|_| format!("{s}: not a CIDR"))?)
+fn cidr(s: &str) -> Result<corelane::Cidr> {
+    Ok(s.parse()?)
 }
 
 #[test]
@@ -30,7 +30,7 @@ fn addresses_added_at_run_time_answer_and_removed_ones_stop() -> Result {
         .server_ns()
         .spawn(move || -> std::result::Result<(), String> {
             let rt = Runtime::builder(&ifname)
-                .addr("10.77.0.3/24".parse().map_err(|_| "cidr")?)
+                .addr("10.77.0.3/24")
                 .cores(1)
                 .build()
                 .map_err(|e| e.to_string())?;
@@ -123,7 +123,7 @@ fn an_owned_ipv6_address_joins_its_solicited_node_group_on_the_interface() -> Re
         .server_ns()
         .spawn(move || -> std::result::Result<(), String> {
             let rt = Runtime::builder(&ifname)
-                .addr("fd00:77::3/64".parse().map_err(|_| "cidr")?)
+                .addr("fd00:77::3/64")
                 .cores(1)
                 .build()
                 .map_err(|e| e.to_string())?;

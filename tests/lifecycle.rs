@@ -56,7 +56,7 @@ fn panicky(
     let runs = Arc::new(AtomicUsize::new(0));
     let t = net.server_ns().spawn(move || {
         let rt = Runtime::builder(&ifname)
-            .addr(corelane::parse_cidr("10.77.0.3/24").map_err(|e| e.to_string())?)
+            .addr("10.77.0.3/24")
             .cores(1)
             .on_panic(policy)
             .build()
@@ -147,7 +147,7 @@ fn a_core_whose_future_returns_keeps_serving_its_queue_for_the_others() -> Resul
     let ifname = net.server_if().to_string();
     let server = net.server_ns().spawn(move || {
         let rt = Runtime::builder(&ifname)
-            .addr(corelane::parse_cidr("10.77.0.3/24").map_err(|e| e.to_string())?)
+            .addr("10.77.0.3/24")
             .cores(2)
             .build()
             .map_err(|e| e.to_string())?;

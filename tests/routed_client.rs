@@ -24,8 +24,8 @@ const C: corelane_testnet::Side = RoutedNet::CLIENT_SIDE;
 /// `stack`.
 fn runtime(ifname: &str, stack: StackConfig) -> std::result::Result<Runtime, String> {
     Runtime::builder(ifname)
-        .addr(format!("{}/24", S.free_v4).parse().map_err(|_| "cidr")?)
-        .addr(format!("{}/64", S.free_v6).parse().map_err(|_| "cidr")?)
+        .addr(format!("{}/24", S.free_v4))
+        .addr(format!("{}/64", S.free_v6))
         .cores(1)
         .stack(stack)
         .build()
@@ -70,7 +70,7 @@ fn corelane_clients_connect_through_the_router_and_give_up_on_a_dead_address_in_
     let mut stack = StackConfig::default();
     // Three SYNs at most: at 0, 200 ms and 600 ms; the attempt fails at 1.4 s.
     stack.tcp.syn_retries = 2;
-    stack.tcp.rto_initial = smoltcp_ms(200);
+    stack.tcp.rto_initial = Duration::from_millis(200);
     let report = net.server_ns().run(move || {
         runtime(&ifname, stack)?
             .run(move |_core| {
@@ -157,9 +157,6 @@ fn corelane_clients_connect_through_the_router_and_give_up_on_a_dead_address_in_
     Ok(())
 }
 
-fn smoltcp_ms(ms: u64) -> corelane::smoltcp::time::Duration {
-    corelane::smoltcp::time::Duration::from_millis(ms)
-}
 
 #[test]
 fn a_vanished_peers_connection_is_reset_and_freed_after_the_user_timeout() -> Result {

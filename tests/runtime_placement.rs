@@ -55,7 +55,7 @@ fn runtime_placement_shared_cache_runs_the_application_on_its_own_cpu() {
         .server_ns()
         .spawn(move || {
             let rt = Runtime::builder(&ifname)
-                .addr("10.77.0.3/24".parse().unwrap())
+                .addr("10.77.0.3/24")
                 .placement(Placement::SharedCache)
                 .build()
                 .expect("runtime");
@@ -139,7 +139,7 @@ fn runtime_placement_raises_queues_for_the_cores_and_restores_them() {
         .server_ns()
         .spawn(move || {
             let rt = Runtime::builder(&ifname)
-                .addr("10.77.0.3/24".parse().unwrap())
+                .addr("10.77.0.3/24")
                 .cores(2)
                 .build()
                 .expect("runtime");

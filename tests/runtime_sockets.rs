@@ -29,7 +29,7 @@ where
     net.server_ns()
         .spawn(move || {
             let rt = Runtime::builder(&ifname)
-                .addr("10.77.0.3/24".parse().unwrap())
+                .addr("10.77.0.3/24")
                 .backlog(backlog)
                 .build()
                 .expect("runtime");

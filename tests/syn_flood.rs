@@ -64,7 +64,7 @@ fn a_syn_flood_leaves_the_listener_serving_with_bounded_memory() -> Result<(), S
         .server_ns()
         .spawn(move || -> Result<(), String> {
             let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24").parse().map_err(|_| "cidr")?)
+                .addr(format!("{CORELANE}/24"))
                 .cpus(vec![0])
                 .backlog(BACKLOG)
                 .build()

@@ -71,7 +71,7 @@ fn corelane_and_the_kernel_share_a_bottleneck() -> Result<(), String> {
         .server_ns()
         .spawn(move || -> Result<(), String> {
             let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24").parse().map_err(|_| "cidr")?)
+                .addr(format!("{CORELANE}/24"))
                 .cpus(vec![0])
                 .build()
                 .map_err(|e| e.to_string())?;

@@ -68,7 +68,7 @@ fn corelane_tcp_delivers_every_byte_both_ways_through_loss_duplication_and_reord
         .server_ns()
         .spawn(move || {
             let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24").parse().expect("cidr"))
+                .addr(format!("{CORELANE}/24"))
                 .cpus(vec![0])
                 .build()
                 .expect("runtime");

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use clap::Args;
-use corelane::smoltcp::wire::IpCidr;
-use corelane::{AttachMode, Builder, Placement, PollMode, RunReport, Runtime, XskConfig, ZeroCopy};
+use corelane::{
+    AttachMode, Builder, Cidr, Placement, PollMode, RunReport, Runtime, XskConfig, ZeroCopy,
+};
 
 /// Flags every example takes.
 #[derive(Args, Debug, Clone)]
@@ -19,7 +20,7 @@ pub(crate) struct Common {
     /// Address the server owns, with prefix (IPv4 or IPv6); may repeat. Use one the kernel does
     /// not hold on the interface.
     #[arg(long = "addr", value_parser = parse_cidr)]
-    pub(crate) addrs: Vec<IpCidr>,
+    pub(crate) addrs: Vec<Cidr>,
     /// Default gateway (IPv4 or IPv6, on an owned subnet); may repeat, once per family.
     /// Replaces the kernel's default route of that family.
     #[arg(long = "gateway")]
@@ -27,7 +28,7 @@ pub(crate) struct Common {
     /// A route: PREFIX via GATEWAY, written PREFIX=GATEWAY (e.g. 192.168.0.0/16=10.0.0.254);
     /// may repeat.
     #[arg(long = "route", value_parser = parse_route)]
-    pub(crate) routes: Vec<(IpCidr, std::net::IpAddr)>,
+    pub(crate) routes: Vec<(Cidr, std::net::IpAddr)>,
     /// Do not start from the kernel's routes through the interface.
     #[arg(long)]
     pub(crate) no_kernel_routes: bool,
@@ -72,12 +73,11 @@ fn parse_placement(s: &str) -> Result<Placement, String> {
     Placement::parse(s).map_err(|e| e.to_string())
 }
 
-fn parse_cidr(s: &str) -> Result<IpCidr, String> {
-    s.parse::<IpCidr>()
-        .map_err(|_| format!("`{s}` is not an address with prefix, like 10.0.0.1/24 or fd00::1/64"))
+fn parse_cidr(s: &str) -> Result<Cidr, String> {
+    s.parse::<Cidr>().map_err(|e| e.to_string())
 }
 
-fn parse_route(s: &str) -> Result<(IpCidr, std::net::IpAddr), String> {
+fn parse_route(s: &str) -> Result<(Cidr, std::net::IpAddr), String> {
     let (prefix, via) = s.split_once('=').ok_or_else(|| {
         format!("`{s}`: write a route as PREFIX=GATEWAY, like 10.9.0.0/16=10.0.0.254")
     })?;

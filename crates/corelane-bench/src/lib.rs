@@ -202,9 +202,7 @@ where
     use std::sync::{Mutex, mpsc};
     use std::time::Duration;
     let ifname = ifname.to_string();
-    let addr = cidr
-        .parse()
-        .map_err(|_| format!("{cidr} is not an address/prefix"))?;
+    let addr: corelane::Cidr = cidr.parse().map_err(|e| format!("{e}"))?;
     let (stop_tx, stop_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     ns.spawn(move || -> Result<(), String> {

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use corelane_stack::Stack;
-use corelane_stack::smoltcp::wire::{IpAddress, IpCidr};
+use corelane_stack::smoltcp::wire::IpAddress;
 
 use crate::Error;
+use crate::cidr::{Cidr, IntoCidr};
 use crate::launch::Shared;
 
 /// Adds and removes owned addresses of a running [`Runtime`](crate::Runtime), from any thread.
@@ -35,12 +36,14 @@ impl std::fmt::Debug for AddrHandle {
 
 impl AddrHandle {
     /// The owned addresses now.
-    pub fn list(&self) -> Vec<IpCidr> {
+    pub fn list(&self) -> Vec<Cidr> {
         self.0
             .addrs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .iter()
+            .map(|c| Cidr::from_smoltcp(*c))
+            .collect()
     }
 
     /// Takes `cidr`'s address: the XDP program steers its frames at once, every core answers
@@ -50,7 +53,8 @@ impl AddrHandle {
     /// # Errors
     /// Not a unicast address, already owned, more than [`corelane_stack::MAX_ADDRS`], or the
     /// XDP program's map refused it.
-    pub fn add(&self, cidr: IpCidr) -> Result<(), Error> {
+    pub fn add(&self, cidr: impl IntoCidr) -> Result<(), Error> {
+        let cidr = cidr.into_cidr()?.to_smoltcp();
         let a = cidr.address();
         if a.is_unspecified() || a.is_multicast() || a.is_broadcast() {
             return Err(Error::Config(format!(
@@ -106,18 +110,6 @@ impl AddrHandle {
             b.ring_always();
         }
     }
-}
-
-/// Parses an address with its prefix length, like `10.0.0.5/24` or `fd00::5/64`.
-///
-/// # Errors
-/// [`Error::Config`] naming the text when it is not one.
-pub fn parse_cidr(s: &str) -> Result<IpCidr, Error> {
-    s.parse().map_err(|()| {
-        Error::Config(format!(
-            "`{s}` is not an address with prefix, like 10.0.0.1/24 or fd00::1/64"
-        ))
-    })
 }
 
 /// Brings `stack` in line with the shared list if it changed since `seen`; returns the

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use corelane_stack::StackConfig;
 use corelane_stack::smoltcp::wire::IpCidr;
+
+use crate::cidr::IntoCidr;
 use corelane_topo::{Machine, Placement, Plan};
 use corelane_xsk::{AttachMode, Channels, Steering, XskConfig};
 
@@ -19,6 +21,8 @@ use crate::{Error, PollMode, handoff};
 pub struct Builder {
     pub(crate) ifname: String,
     pub(crate) addrs: Vec<IpCidr>,
+    /// What `addr` or `route` could not take, reported by `build`.
+    pub(crate) invalid: Vec<String>,
     pub(crate) placement: Placement,
     pub(crate) lanes: Option<usize>,
     pub(crate) queues: Option<Vec<u32>>,
@@ -45,8 +49,11 @@ impl Builder {
     /// [`corelane_stack::MAX_ADDRS`]). Use an
     /// address the kernel does not also hold on this interface: frames for it, and ARP or NDP
     /// for it, go to corelane only.
-    pub fn addr(mut self, cidr: IpCidr) -> Self {
-        self.addrs.push(cidr);
+    pub fn addr(mut self, cidr: impl IntoCidr) -> Self {
+        match cidr.into_cidr() {
+            Ok(c) => self.addrs.push(c.to_smoltcp()),
+            Err(e) => self.invalid.push(e.to_string()),
+        }
         self
     }
 
@@ -57,24 +64,29 @@ impl Builder {
     ///
     /// ```no_run
     /// let rt = corelane_rt::Runtime::builder("eth0")
-    ///     .addr("10.1.0.5/24".parse().expect("a CIDR"))
+    ///     .addr("10.1.0.5/24")
     ///     .gateway("10.1.0.1".parse().expect("an address"))
     ///     .build()?;
     /// # Ok::<(), corelane_rt::Error>(())
     /// ```
     pub fn gateway(self, gw: std::net::IpAddr) -> Self {
-        let any = match gw {
-            std::net::IpAddr::V4(_) => IpCidr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0),
-            std::net::IpAddr::V6(_) => IpCidr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0),
+        let any: std::net::IpAddr = match gw {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
         };
-        self.route(any, gw)
+        self.route((any, 0), gw)
     }
 
     /// Destinations in `prefix` are reached through gateway `via` (on an owned subnet); the
     /// longest matching prefix wins. Replaces a kernel route for the same prefix.
-    pub fn route(mut self, prefix: IpCidr, via: std::net::IpAddr) -> Self {
-        self.routes
-            .push(crate::routing::Wanted { dst: prefix, via });
+    pub fn route(mut self, prefix: impl IntoCidr, via: std::net::IpAddr) -> Self {
+        match prefix.into_cidr() {
+            Ok(c) => self.routes.push(crate::routing::Wanted {
+                dst: c.to_smoltcp(),
+                via,
+            }),
+            Err(e) => self.invalid.push(e.to_string()),
+        }
         self
     }
 
@@ -257,7 +269,7 @@ impl Builder {
     /// ```no_run
     /// use corelane_rt::{PollMode, Runtime};
     /// let rt = Runtime::builder("veth0")
-    ///     .addr("10.0.0.1/24".parse().expect("a CIDR"))
+    ///     .addr("10.0.0.1/24")
     ///     .cores(2)
     ///     .poll_mode(PollMode::Busy)
     ///     .build()?;
@@ -270,6 +282,9 @@ impl Builder {
     /// such interface, too few queues for the cores (when the driver cannot raise them), an MTU
     /// that does not fit a frame, or a driver that refuses the XDP program.
     pub fn build(self) -> Result<Runtime, Error> {
+        if let Some(bad) = self.invalid.first() {
+            return Err(Error::Config(bad.clone()));
+        }
         if self.addrs.is_empty() {
             return Err(Error::Config(
                 "no address: give the runtime at least one address it owns (e.g. 10.0.0.1/24)"

@@ -73,6 +73,7 @@ impl Runtime {
         Builder {
             ifname: ifname.to_string(),
             addrs: Vec::new(),
+            invalid: Vec::new(),
             placement: Placement::SameCore,
             lanes: None,
             queues: None,
@@ -166,7 +167,7 @@ impl Runtime {
     ///
     /// ```no_run
     /// use corelane_rt::{Runtime, net::UdpSocket};
-    /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse().expect("a CIDR")).build()?;
+    /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
     /// let report = rt.run(|core| async move {
     ///     let sock = UdpSocket::bind(7).expect("port 7");
     ///     let mut buf = [0; 2048];

@@ -17,7 +17,7 @@
 //! use corelane_rt::{Runtime, net::TcpListener};
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //!
-//! let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse().expect("an address")).build()?;
+//! let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
 //! rt.run(|_core| async move {
 //!     let listener = TcpListener::bind(7).expect("port 7");
 //!     loop {
@@ -37,6 +37,7 @@
 
 mod addrs;
 mod builder;
+mod cidr;
 mod cpu;
 mod driver;
 mod error;
@@ -53,8 +54,9 @@ mod threads;
 
 use std::time::Duration;
 
-pub use addrs::{AddrHandle, parse_cidr};
+pub use addrs::AddrHandle;
 pub use builder::{Builder, bandwidth_delay_product};
+pub use cidr::{Cidr, IntoCidr, parse_cidr};
 pub use corelane_stack::PipelineStats;
 pub use corelane_topo::{Lane, Machine, Placement, Plan, Sharing};
 pub use cpu::{allowed_cpus, l2_bytes};

@@ -84,7 +84,7 @@ impl Shared {
 /// ```no_run
 /// use std::time::Duration;
 /// let rt = corelane_rt::Runtime::builder("eth0")
-///     .addr(corelane_rt::parse_cidr("10.0.0.5/24")?)
+///     .addr("10.0.0.5/24")
 ///     .build()?;
 /// let handle = rt.stop_handle();
 /// // From the application's own signal handling (corelane installs none):

@@ -47,7 +47,7 @@ pub struct FragLimits {
     /// Datagrams in progress, at most.
     pub max_datagrams: usize,
     /// A datagram not complete this long after its first fragment is dropped.
-    pub timeout: Duration,
+    pub timeout: std::time::Duration,
 }
 
 impl Default for FragLimits {
@@ -55,7 +55,7 @@ impl Default for FragLimits {
         FragLimits {
             max_bytes: 4 << 20,
             max_datagrams: 256,
-            timeout: Duration::from_secs(30),
+            timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -225,7 +225,7 @@ impl Reassembler {
 
     /// Drops what is older than the timeout.
     pub fn expire(&mut self, now: Instant) {
-        let timeout = self.limits.timeout;
+        let timeout: Duration = self.limits.timeout.into();
         let mut freed = 0;
         let mut n = 0;
         self.pending.retain(|_, d| {

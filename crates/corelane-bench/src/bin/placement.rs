@@ -69,7 +69,7 @@ fn one_run(
         .server_ns()
         .spawn(move || -> Result<corelane::RunReport, String> {
             let rt = Runtime::builder(&ifname)
-                .addr(format!("{SERVER}/24").parse().map_err(|_| "address")?)
+                .addr(format!("{SERVER}/24"))
                 .placement(p)
                 .cores(1)
                 .bdp(10_000_000_000, Duration::from_micros(200))

@@ -88,7 +88,7 @@ fn a_flood_of_incomplete_datagrams_stays_within_the_limits_and_times_out() {
     let limits = FragLimits {
         max_bytes: 1 << 20,
         max_datagrams: 64,
-        timeout: Duration::from_secs(30),
+        timeout: std::time::Duration::from_secs(30),
     };
     let mut r = Reassembler::new(limits);
     let data = payload(60_000);

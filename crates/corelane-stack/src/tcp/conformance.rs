@@ -432,7 +432,7 @@ fn simultaneous_close_passes_through_closing_to_time_wait_and_ends() {
     assert_eq!(s.c.state(), TcpState::TimeWait);
     // With timestamps, TIME-WAIT is the short one, and buffers are gone.
     let d = s.jump();
-    assert_eq!(d, cfg().time_wait);
+    assert_eq!(d, cfg().time_wait.into());
     s.out();
     assert_eq!(s.c.state(), TcpState::Closed);
 }

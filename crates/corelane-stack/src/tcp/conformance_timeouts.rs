@@ -35,7 +35,7 @@ fn unacknowledged_data_ends_the_connection_after_the_user_timeout() {
         s.jump();
         s.out();
     }
-    assert!(s.now - start >= cfg().user_timeout);
+    assert!(s.now - start >= cfg().user_timeout.into());
     assert_eq!(s.c.error(), Some(std::io::ErrorKind::TimedOut));
 }
 

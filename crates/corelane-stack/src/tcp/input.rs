@@ -468,7 +468,7 @@ impl Conn {
             TcpState::FinWait1 => {
                 self.state = TcpState::FinWait2;
                 if self.orphan {
-                    self.end_at = Some(now + self.cfg.fin_wait_2);
+                    self.end_at = Some(now + self.cfg.fin_wait_2.into());
                 }
             }
             TcpState::Closing => self.enter_time_wait(now),

@@ -48,7 +48,7 @@ pub(crate) use output::cookie_syn_ack;
 pub(crate) use secret::Secret;
 pub use seq::Seq;
 
-use smoltcp::time::Duration;
+use std::time::Duration;
 
 /// How a stack's TCP connections behave. Every field has a default fit for a data centre or
 /// the Internet; a test may shorten the timers.

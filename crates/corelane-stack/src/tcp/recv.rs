@@ -72,7 +72,7 @@ impl Conn {
                 if self.unacked_segs >= 2 {
                     self.ack_now = true;
                 } else if self.ack_at.is_none() {
-                    self.ack_at = Some(now + self.cfg.ack_delay);
+                    self.ack_at = Some(now + self.cfg.ack_delay.into());
                 }
             }
             self.wake_rx();

@@ -18,9 +18,9 @@ impl Conn {
         self.reo_at = None;
         self.keep_at = None;
         let wait = if self.ts_ok {
-            self.cfg.time_wait
+            self.cfg.time_wait.into()
         } else {
-            self.cfg.time_wait_no_ts
+            self.cfg.time_wait_no_ts.into()
         };
         self.end_at = Some(now + wait);
         self.wake_rx();

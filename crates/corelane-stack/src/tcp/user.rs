@@ -89,7 +89,7 @@ impl Conn {
         }
         self.close();
         if self.state == TcpState::FinWait2 {
-            self.end_at = Some(now + self.cfg.fin_wait_2);
+            self.end_at = Some(now + self.cfg.fin_wait_2.into());
         }
     }
 

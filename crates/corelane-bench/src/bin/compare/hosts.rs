@@ -134,11 +134,7 @@ pub(crate) fn corelane_server(net: &VethPair, cpus: &[usize]) -> Result<Server, 
         .server_ns()
         .spawn(move || -> Result<(), String> {
             let rt = Runtime::builder(&ifname)
-                .addr(
-                    format!("{CORELANE_SERVER}/24")
-                        .parse()
-                        .map_err(|_| "address")?,
-                )
+                .addr(format!("{CORELANE_SERVER}/24"))
                 .cpus(cpus)
                 .build()
                 .map_err(|e| e.to_string())?;
@@ -225,11 +221,7 @@ pub(crate) fn corelane_client(
     net.client_ns()
         .spawn(move || {
             let rt = Runtime::builder(&ifname)
-                .addr(
-                    format!("{CORELANE_CLIENT}/24")
-                        .parse()
-                        .map_err(|_| "address")?,
-                )
+                .addr(format!("{CORELANE_CLIENT}/24"))
                 .cpus(vec![cpu])
                 .build()
                 .map_err(|e| format!("corelane client: {e}"))?;

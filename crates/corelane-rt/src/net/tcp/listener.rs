@@ -20,7 +20,7 @@ use crate::net::NotSend;
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use corelane_rt::{Runtime, net::TcpListener};
-/// let rt = Runtime::builder("veth0").addr("10.0.0.1/24".parse().expect("a CIDR")).build()?;
+/// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
 /// rt.run(|_core| async move {
 ///     let listener = TcpListener::bind(8080).expect("port 8080 on this core");
 ///     while let Ok((stream, peer)) = listener.accept().await {

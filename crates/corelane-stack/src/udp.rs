@@ -115,20 +115,25 @@ impl UdpSock {
         true
     }
 
-    /// The next datagram read into `buf`: its length and sender, or `Err(len)` when it was
-    /// longer than `buf` (it is dropped). None when none waits.
-    pub(crate) fn read(&mut self, buf: &mut [u8]) -> Option<Result<(usize, IpEndpoint), usize>> {
+    /// The next datagram read into `buf`: the bytes copied and the sender. A datagram longer
+    /// than `buf` is cut to it (the rest is lost), as a kernel UDP socket does. None when none
+    /// waits.
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> Option<(usize, IpEndpoint)> {
         let d = self.rx.pop_front()?;
         self.rx_bytes -= d.data.len();
-        let n = d.data.len();
-        let r = if n <= buf.len() {
-            buf[..n].copy_from_slice(&d.data);
-            Ok((n, d.peer))
-        } else {
-            Err(n)
-        };
+        let n = d.data.len().min(buf.len());
+        buf[..n].copy_from_slice(&d.data[..n]);
+        let peer = d.peer;
         self.recycle(d.data);
-        Some(r)
+        Some((n, peer))
+    }
+
+    /// The next datagram copied into `buf` (cut to it) and left in the queue.
+    pub(crate) fn peek(&self, buf: &mut [u8]) -> Option<(usize, IpEndpoint)> {
+        let d = self.rx.front()?;
+        let n = d.data.len().min(buf.len());
+        buf[..n].copy_from_slice(&d.data[..n]);
+        Some((n, d.peer))
     }
 
     /// Queues `data` for `peer`. False when the send queue has no room for it now.
@@ -218,10 +223,12 @@ mod tests {
         assert!(!s.received(peer, &[3; 1]), "two datagrams at most");
         assert_eq!(s.stats.rx_dropped, 1);
         let mut buf = [0u8; 64];
-        assert_eq!(s.read(&mut buf), Some(Ok((40, peer))));
+        assert_eq!(s.peek(&mut buf), Some((40, peer)));
+        assert_eq!(s.read(&mut buf), Some((40, peer)), "peeked, still there");
         assert_eq!(buf[0], 1);
         let mut small = [0u8; 10];
-        assert_eq!(s.read(&mut small), Some(Err(40)), "too long: dropped");
+        assert_eq!(s.read(&mut small), Some((10, peer)), "too long: cut");
+        assert_eq!(small, [2; 10]);
         assert_eq!(s.read(&mut buf), None);
         assert_eq!(s.spare.len(), 2, "both buffers kept for reuse");
         assert!(s.write(peer, &[0; 60]));

@@ -89,10 +89,12 @@ impl UdpSocket {
         Ok(sent)
     }
 
-    /// Receives one datagram; returns its length and sender.
+    /// Receives one datagram; returns the bytes copied into `buf` and its sender. A datagram
+    /// longer than `buf` is cut to it, the rest lost (as tokio's, on Linux).
     ///
     /// # Errors
-    /// `InvalidInput` when the datagram was larger than `buf` (it is dropped).
+    /// `NotConnected` when no datagram waits and the runtime is shutting down
+    /// ([`StopHandle::shutdown`](crate::StopHandle::shutdown)).
     ///
     /// # Cancel safety
     /// Cancel safe: a datagram is taken only when this returns it.
@@ -103,6 +105,55 @@ impl UdpSocket {
                 .udp_recv_from(self.id, buf, Some(cx.waker()))
         })
         .await
+    }
+
+    /// Copies the next datagram into `buf` without taking it: the next `recv_from` returns it
+    /// again. A datagram longer than `buf` is cut to it here (and whole to a later receive
+    /// with room).
+    ///
+    /// # Errors
+    /// As [`recv_from`](Self::recv_from).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn peek_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        poll_fn(|cx| {
+            self.core
+                .stack()
+                .udp_peek_from(self.id, buf, Some(cx.waker()))
+        })
+        .await
+    }
+
+    /// The local address: the port on every owned address (`0.0.0.0:port`, as a socket bound
+    /// to the unspecified address reports it).
+    ///
+    /// # Errors
+    /// None today; the signature is tokio's.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(SocketAddr::from(([0, 0, 0, 0], self.port)))
+    }
+
+    /// Broadcast sends are not supported: `false` is accepted, `true` refused.
+    ///
+    /// # Errors
+    /// `Unsupported` for `true`.
+    pub fn set_broadcast(&self, on: bool) -> io::Result<()> {
+        if on {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "corelane does not send UDP broadcasts",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Broadcast sends are never on.
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn broadcast(&self) -> io::Result<bool> {
+        Ok(false)
     }
 
     /// Sets the default peer: [`send`](Self::send) goes to it and [`recv`](Self::recv) takes

@@ -130,12 +130,12 @@ impl Stack {
         }
     }
 
-    /// Takes the next datagram UDP flow `id` received: its length and sender. `Pending` means
+    /// Takes the next datagram UDP flow `id` received: the bytes copied into `buf` (a longer
+    /// datagram is cut to `buf`, as a kernel UDP socket does) and its sender. `Pending` means
     /// none is waiting (`waker`, if given, is woken when one arrives).
     ///
     /// # Errors
-    /// `InvalidInput` when the datagram was larger than `buf` (it is dropped); `NotConnected`
-    /// when the flow is gone, or when none waits and a graceful shutdown began
+    /// `NotConnected` when the flow is gone, or when none waits and a graceful shutdown began
     /// ([`Stack::begin_drain`]).
     pub fn udp_recv_from(
         &mut self,
@@ -143,18 +143,36 @@ impl Stack {
         buf: &mut [u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<(usize, SocketAddr)>> {
+        self.udp_take(id, buf, waker, false)
+    }
+
+    /// As [`Stack::udp_recv_from`], leaving the datagram queued.
+    ///
+    /// # Errors
+    /// As [`Stack::udp_recv_from`].
+    pub fn udp_peek_from(
+        &mut self,
+        id: FlowId,
+        buf: &mut [u8],
+        waker: Option<&Waker>,
+    ) -> Poll<io::Result<(usize, SocketAddr)>> {
+        self.udp_take(id, buf, waker, true)
+    }
+
+    fn udp_take(
+        &mut self,
+        id: FlowId,
+        buf: &mut [u8],
+        waker: Option<&Waker>,
+        peek: bool,
+    ) -> Poll<io::Result<(usize, SocketAddr)>> {
         let draining = self.draining;
         let Some(s) = self.udp_sock(id) else {
             return Poll::Ready(Err(super::socket::gone()));
         };
-        match s.read(buf) {
-            Some(Ok((n, peer))) => {
-                Poll::Ready(Ok((n, SocketAddr::new(peer.addr.into(), peer.port))))
-            }
-            Some(Err(n)) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a datagram of {n} bytes was larger than the buffer (dropped)"),
-            ))),
+        let got = if peek { s.peek(buf) } else { s.read(buf) };
+        match got {
+            Some((n, peer)) => Poll::Ready(Ok((n, SocketAddr::new(peer.addr.into(), peer.port)))),
             None if draining => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::NotConnected,
                 "no datagram waits and the runtime is shutting down",

@@ -147,3 +147,22 @@ fn datapath_error_bad_flags() {
         assert_fails_with(&net, status, &out, &[want]);
     }
 }
+
+#[test]
+fn datapath_error_an_address_the_kernel_holds_is_refused() {
+    if !require_root("datapath_error_an_address_the_kernel_holds_is_refused") {
+        return;
+    }
+    let net = net(1);
+    // 10.77.0.1 is the kernel's own address on the server end.
+    let (status, out) = run_echo(&net, &["--addr", "10.77.0.1/24"]);
+    assert_fails_with(
+        &net,
+        status,
+        &out,
+        &["10.77.0.1 is the kernel's address", "ip addr del"],
+    );
+    // A malformed address names the text it could not take.
+    let (status, out) = run_echo(&net, &["--addr", "10.77.0.3/40"]);
+    assert_fails_with(&net, status, &out, &["10.77.0.3/40", "at most 32"]);
+}

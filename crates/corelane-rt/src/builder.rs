@@ -300,6 +300,22 @@ impl Builder {
         }
         corelane_xsk::check_privileges()?;
         let (mut plan, channels) = self.make_plan()?;
+        // An address the kernel holds too would be answered twice (ARP, TCP resets from the
+        // kernel for corelane's connections): refused.
+        let held = corelane_xsk::kernel_addrs(&self.ifname)?;
+        if let Some(a) = self
+            .addrs
+            .iter()
+            .map(|c| std::net::IpAddr::from(c.address()))
+            .find(|a| held.contains(a))
+        {
+            return Err(Error::Config(format!(
+                "{a} is the kernel's address on {}: the kernel and corelane would both answer for \
+                 it; give corelane an address the kernel does not hold (or remove it from the \
+                 kernel: ip addr del {a}/PREFIX dev {})",
+                self.ifname, self.ifname
+            )));
+        }
         let routes =
             crate::routing::resolve(&self.ifname, &self.addrs, self.kernel_routes, &self.routes)?;
         let nqueues = channels.map_or(1, |c| c.rx_queues());

@@ -37,7 +37,7 @@ pub use corelane_frame::{
 pub use error::Error;
 pub use ethtool::{Channels, DriverInfo, channels, driver_info, rx_queue_count, set_channels};
 pub use netdev::{check_interface, mac_address, mtu};
-pub use routes::{KernelRoute, kernel_routes};
+pub use routes::{KernelRoute, kernel_addrs, kernel_routes};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};
 pub use steering::{
     AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,

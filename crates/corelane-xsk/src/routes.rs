@@ -1,5 +1,6 @@
-//! The kernel's routes through an interface, read over rtnetlink: what a corelane host on that
-//! interface should use when the application gives no routes of its own.
+//! The kernel's routes and addresses on an interface, read over rtnetlink: the routes a
+//! corelane host on that interface should use when the application gives none, and the
+//! addresses it must not take (the kernel answers for them already).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -10,6 +11,7 @@ use netlink_packet_core::{
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType,
 };
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::{Socket, SocketAddr};
@@ -67,12 +69,44 @@ impl fmt::Display for KernelRoute {
 pub fn kernel_routes(ifname: &str) -> Result<Vec<KernelRoute>, Error> {
     let index = check_interface(ifname)?;
     let mut routes = Vec::new();
-    for msg in dump_routes()? {
-        if let Some(r) = route_of(&msg, index) {
+    for msg in dump(RouteNetlinkMessage::GetRoute(RouteMessage::default()))? {
+        if let RouteNetlinkMessage::NewRoute(m) = msg
+            && let Some(r) = route_of(&m, index)
+        {
             routes.push(r);
         }
     }
     Ok(routes)
+}
+
+/// The addresses the kernel holds on `ifname` (as `ip addr show dev IF` lists them).
+///
+/// # Errors
+/// No such interface, or the netlink socket failed.
+pub fn kernel_addrs(ifname: &str) -> Result<Vec<IpAddr>, Error> {
+    let index = check_interface(ifname)?;
+    let mut addrs = Vec::new();
+    for msg in dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()))? {
+        let RouteNetlinkMessage::NewAddress(m) = msg else {
+            continue;
+        };
+        if m.header.index != index {
+            continue;
+        }
+        // IPv4 names the local address in Local; IPv6 in Address.
+        let local = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let any = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        });
+        if let Some(ip) = local.or(any) {
+            addrs.push(ip);
+        }
+    }
+    Ok(addrs)
 }
 
 fn netlink_err(what: &str, e: impl fmt::Display) -> Error {
@@ -81,8 +115,8 @@ fn netlink_err(what: &str, e: impl fmt::Display) -> Error {
     )))
 }
 
-/// Every route of every table, as the kernel answers a dump.
-fn dump_routes() -> Result<Vec<RouteMessage>, Error> {
+/// What the kernel answers a dump request `request` with.
+fn dump(request: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, Error> {
     let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| netlink_err("socket", e))?;
     socket.bind_auto().map_err(|e| netlink_err("bind", e))?;
     socket
@@ -91,10 +125,7 @@ fn dump_routes() -> Result<Vec<RouteMessage>, Error> {
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
     header.sequence_number = 1;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(RouteNetlinkMessage::GetRoute(RouteMessage::default())),
-    );
+    let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(request));
     packet.finalize();
     let mut buf = vec![0; packet.buffer_len()];
     packet.serialize(&mut buf[..]);
@@ -113,7 +144,7 @@ fn dump_routes() -> Result<Vec<RouteMessage>, Error> {
             match msg.payload {
                 NetlinkPayload::Done(_) => return Ok(out),
                 NetlinkPayload::Error(e) => return Err(netlink_err("the kernel refused", e)),
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) => out.push(r),
+                NetlinkPayload::InnerMessage(m) => out.push(m),
                 _ => {}
             }
             if len == 0 {
@@ -196,6 +227,13 @@ mod tests {
             metric: 256,
         };
         assert_eq!(r.to_string(), "fd00:2::/64 on-link");
+        Ok(())
+    }
+
+    #[test]
+    fn the_loopback_holds_its_addresses() -> Result<(), Error> {
+        let lo = kernel_addrs("lo")?;
+        assert!(lo.contains(&IpAddr::from([127, 0, 0, 1])), "{lo:?}");
         Ok(())
     }
 

@@ -166,3 +166,41 @@ fn datapath_error_an_address_the_kernel_holds_is_refused() {
     let (status, out) = run_echo(&net, &["--addr", "10.77.0.3/40"]);
     assert_fails_with(&net, status, &out, &["10.77.0.3/40", "at most 32"]);
 }
+
+#[test]
+fn datapath_error_a_peer_sending_partial_checksums_is_named_with_the_fix() {
+    if !require_root("datapath_error_a_peer_sending_partial_checksums_is_named_with_the_fix") {
+        return;
+    }
+    let net = VethPair::builder()
+        .server_addr("10.77.0.1/24")
+        .client_addr("10.77.0.2/24")
+        .client_tx_checksum_on(true)
+        .build()
+        .unwrap();
+    let echo = Echo::start(&net, &["--addr", "10.77.0.3/24", "--cores", "1"]);
+    let to: std::net::SocketAddr = "10.77.0.3:7".parse().unwrap();
+    // Every SYN arrives with a partial checksum and is dropped: the connects fail.
+    let ok = net
+        .client_ns()
+        .run(move || {
+            (0..20)
+                .filter(|_| {
+                    std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_millis(300))
+                        .is_ok()
+                })
+                .count()
+        })
+        .unwrap();
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    assert_eq!(ok, 0, "no connection with bad checksums:\n{out}");
+    assert!(
+        out.contains("warning: core 0:") && out.contains("bad TCP/UDP checksums"),
+        "the cause is named:\n{out}"
+    );
+    assert!(
+        out.contains("ethtool -K PEER_IF tx off"),
+        "and the fix:\n{out}"
+    );
+}

@@ -157,7 +157,6 @@ fn corelane_clients_connect_through_the_router_and_give_up_on_a_dead_address_in_
     Ok(())
 }
 
-
 #[test]
 fn a_vanished_peers_connection_is_reset_and_freed_after_the_user_timeout() -> Result {
     if !require_root("routed: user timeout") {

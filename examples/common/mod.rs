@@ -278,6 +278,9 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
         tcp.icmp_errors,
         tcp.timeouts,
     );
+    for w in &r.warnings {
+        println!("warning: {w}");
+    }
     let t = r.frames();
     println!(
         "frames: {} total = {} free + {} fill + {} rx + {} in use + {} tx + {} completion",

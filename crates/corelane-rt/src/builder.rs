@@ -426,6 +426,7 @@ impl Builder {
             addrs: Mutex::new(self.addrs.clone()),
             addrs_gen: std::sync::atomic::AtomicU64::new(0),
             life: crate::stop::Life::default(),
+            warnings: Mutex::new(Vec::new()),
             bells,
         });
         // One secret for every core: a SYN cookie issued on one core validates on any (the ACK

@@ -37,6 +37,8 @@ pub(crate) struct Driver {
     pub(crate) addrs_seen: u64,
     /// A graceful shutdown closed this core's listeners.
     pub(crate) listeners_closed: bool,
+    /// The bad-checksum warning was given.
+    pub(crate) warned_checksums: bool,
 }
 
 impl Driver {
@@ -89,6 +91,19 @@ impl Driver {
             st.batch.fill_target = self.pipe.dev.io().fill_target();
         }
         st.device = self.pipe.dev.stats();
+        let (bad, all) = (st.device.rx_bad_checksum, st.device.rx_frames);
+        drop(st);
+        if !self.warned_checksums && bad >= 16 && bad * 2 >= all {
+            // Most of what arrives fails its checksum: not corruption, a peer that leaves
+            // checksums to an offload that never happens (a veth peer with tx offload on).
+            self.warned_checksums = true;
+            core.shared.warn_once(format!(
+                "core {}: {bad} of {all} frames had bad TCP/UDP checksums and were dropped: a \
+                 peer with transmit checksum offload sends partial checksums (on a veth peer, \
+                 run `ethtool -K PEER_IF tx off` in its namespace)",
+                core.index
+            ));
+        }
         turn.busy()
     }
 

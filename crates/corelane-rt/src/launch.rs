@@ -25,6 +25,9 @@ pub(crate) struct Shared {
     /// Bumped on every change of `addrs`.
     pub(crate) addrs_gen: std::sync::atomic::AtomicU64,
     pub(crate) life: crate::stop::Life,
+    /// Conditions an operator must hear of even without a log subscriber, once each: kept for
+    /// the run's report.
+    pub(crate) warnings: Mutex<Vec<String>>,
     pub(crate) bells: Vec<Arc<handoff::Doorbell>>,
 }
 
@@ -289,9 +292,23 @@ impl Runtime {
             .steering
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        let xdp = st.counters().unwrap_or_default();
+        if xdp.no_socket > 0 {
+            self.shared.warn_once(format!(
+                "{} frame(s) for owned addresses and ports arrived on a queue no core served and \
+                 went to the kernel",
+                xdp.no_socket
+            ));
+        }
         Ok(RunReport {
             cores,
-            xdp: st.counters().unwrap_or_default(),
+            xdp,
+            warnings: self
+                .shared
+                .warnings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             stopped: self.shared.life.stop.load(Ordering::SeqCst) || self.shared.life.draining(),
         })
     }

@@ -24,6 +24,9 @@ pub struct RunReport {
     pub cores: Vec<CoreReport>,
     /// The XDP program's counters at the end.
     pub xdp: XdpCounters,
+    /// Conditions that needed attention, once each, as they were logged (a peer sending bad
+    /// checksums, frames on a queue no core served).
+    pub warnings: Vec<String>,
     /// True when the run ended by [`StopHandle::stop`](crate::StopHandle::stop) or
     /// [`StopHandle::shutdown`](crate::StopHandle::shutdown).
     pub stopped: bool,

@@ -70,6 +70,15 @@ impl Shared {
         }
     }
 
+    /// Logs `message` and keeps it for the run's report, unless the same was said before.
+    pub(crate) fn warn_once(&self, message: String) {
+        let mut w = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
+        if !w.contains(&message) {
+            log::warn!("{message}");
+            w.push(message);
+        }
+    }
+
     fn ring_all(&self) {
         for b in &self.bells {
             b.ring_always();

@@ -108,6 +108,7 @@ impl Runtime {
             epoch,
             addrs_seen: 0,
             listeners_closed: false,
+            warned_checksums: false,
         };
         let linger = self.cfg.linger;
         if let Some(app) = app {

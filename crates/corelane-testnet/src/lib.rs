@@ -411,6 +411,7 @@ pub struct VethBuilder {
     server_addrs: Vec<String>,
     client_addrs: Vec<String>,
     server_tx_csum_off: bool,
+    client_tx_csum_on: bool,
 }
 
 impl Default for VethBuilder {
@@ -421,6 +422,7 @@ impl Default for VethBuilder {
             server_addrs: Vec::new(),
             client_addrs: Vec::new(),
             server_tx_csum_off: false,
+            client_tx_csum_on: false,
         }
     }
 }
@@ -458,6 +460,13 @@ impl VethBuilder {
         self
     }
 
+    /// Leaves transmit checksum offload on at the client end (off by default): its TCP and UDP
+    /// frames then reach the server end with partial checksums, as from a misconfigured peer.
+    pub fn client_tx_checksum_on(mut self, on: bool) -> Self {
+        self.client_tx_csum_on = on;
+        self
+    }
+
     /// Creates both namespaces and the veth pair between them.
     pub fn build(self) -> Result<VethPair> {
         let server_ns = Netns::new("s")?;
@@ -486,7 +495,7 @@ impl VethBuilder {
         ] {
             up_with_addrs(ns, ifname, addrs)?;
         }
-        set_tx_csum(&client_ns, &client_if, false)?;
+        set_tx_csum(&client_ns, &client_if, self.client_tx_csum_on)?;
         if self.server_tx_csum_off {
             set_tx_csum(&server_ns, &server_if, false)?;
         }

@@ -285,7 +285,11 @@ impl Conn {
             tlp_due: false,
             win_probe_due: false,
             keep_probe_due: false,
-            rtt: Rtt::new(cfg.rto_min.into(), cfg.rto_max.into(), cfg.rto_initial.into()),
+            rtt: Rtt::new(
+                cfg.rto_min.into(),
+                cfg.rto_max.into(),
+                cfg.rto_initial.into(),
+            ),
             rto_at: None,
             tlp_at: None,
             reo_at: None,

@@ -143,3 +143,79 @@ fn an_owned_ipv6_address_joins_its_solicited_node_group_on_the_interface() -> Re
     assert!(!maddr(&net).contains(group), "left when it is dropped");
     Ok(())
 }
+
+#[test]
+fn listeners_bind_as_tokio_binds_and_port_0_is_the_same_on_every_core() -> Result {
+    if !require_root("bind forms") {
+        return Ok(());
+    }
+    let net = net(2);
+    let ifname = net.server_if().to_string();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    let server = net
+        .server_ns()
+        .spawn(move || -> std::result::Result<(), String> {
+            let rt = Runtime::builder(&ifname)
+                .addr("10.77.0.3/24")
+                .cores(2)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let _ = stop_tx.send(rt.stop_handle());
+            let tx = std::sync::Mutex::new(tx);
+            rt.run(|core| {
+                let tx = tx.lock().expect("lock").clone();
+                async move {
+                    let auto = TcpListener::bind("0.0.0.0:0").expect("port 0");
+                    let on = TcpListener::bind(("10.77.0.3".parse::<IpAddr>().expect("ip"), 7101))
+                        .expect("an owned address");
+                    let foreign = TcpListener::bind("10.77.0.99:7102").err().map(|e| e.kind());
+                    let _ = tx.send(format!(
+                        "core {} auto {} on {} foreign {foreign:?}",
+                        core.index,
+                        auto.local_addr().expect("addr").port(),
+                        on.local_addr().expect("addr")
+                    ));
+                    loop {
+                        tokio::select! {
+                            r = auto.accept() => if let Ok((s, _)) = r { drop(s) } else { break },
+                            r = on.accept() => if let Ok((s, _)) = r { drop(s) } else { break },
+                        }
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+            Ok(())
+        })?;
+    let stop = stop_rx.recv_timeout(Duration::from_secs(20))?;
+    let lines = [
+        rx.recv_timeout(Duration::from_secs(20))?,
+        rx.recv_timeout(Duration::from_secs(20))?,
+    ];
+    let port = |l: &str| {
+        l.split(" auto ")
+            .nth(1)?
+            .split(' ')
+            .next()?
+            .parse::<u16>()
+            .ok()
+    };
+    let (a, b) = (port(&lines[0]), port(&lines[1]));
+    assert!(
+        a.is_some() && a == b,
+        "the same picked port on both cores: {lines:?}"
+    );
+    for l in &lines {
+        assert!(l.contains("on 10.77.0.3:7101"), "{l}");
+        assert!(l.contains("foreign Some(AddrNotAvailable)"), "{l}");
+    }
+    let picked = a.ok_or("a port")?;
+    let to = SocketAddr::from(([10, 77, 0, 3], picked));
+    let ok = net
+        .client_ns()
+        .run(move || TcpStream::connect_timeout(&to, Duration::from_secs(3)).is_ok())?;
+    assert!(ok, "the picked port accepts");
+    stop.stop();
+    server.join()??;
+    Ok(())
+}

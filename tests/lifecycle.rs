@@ -160,7 +160,7 @@ fn a_core_whose_future_returns_keeps_serving_its_queue_for_the_others() -> Resul
                         return; // done at once: its queue must still be served
                     }
                     for i in 0..20u8 {
-                        let to = "10.77.0.2:9100".parse().expect("addr");
+                        let to = "10.77.0.2:9100";
                         let r = tokio::time::timeout(Duration::from_secs(10), async {
                             let mut s = corelane::net::TcpStream::connect(to).await?;
                             s.write_all(&[i; 100]).await?;

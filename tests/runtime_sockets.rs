@@ -113,9 +113,7 @@ fn runtime_corelane_clients_reach_kernel_servers_both_ways_from_both_cores() {
                         v.fetch_add(1, Ordering::SeqCst);
                     }
                     // The kernel sends, corelane receives to the end.
-                    s = TcpStream::connect("10.77.0.2:9001".parse().unwrap())
-                        .await
-                        .unwrap();
+                    s = TcpStream::connect("10.77.0.2:9001").await.unwrap();
                     let mut got = Vec::new();
                     s.read_to_end(&mut got).await.unwrap();
                     if sha256(&got) == want_source {
@@ -333,9 +331,7 @@ fn runtime_stream_options_abort_and_connected_udp() {
         (got, end)
     });
     let server = serve(&net, 256, |_core| async move {
-        let s = TcpStream::connect("10.77.0.2:9100".parse().unwrap())
-            .await
-            .unwrap();
+        let s = TcpStream::connect("10.77.0.2:9100").await.unwrap();
         assert!(s.nodelay().unwrap(), "nodelay is the default");
         s.set_nodelay(false).unwrap();
         assert!(!s.nodelay().unwrap());
@@ -354,7 +350,7 @@ fn runtime_stream_options_abort_and_connected_udp() {
             u.send(b"x").await.is_err(),
             "send before connect is refused"
         );
-        u.connect("10.77.0.2:9101".parse().unwrap()).unwrap();
+        u.connect("10.77.0.2:9101").await.unwrap();
         let mut b = [0u8; 64];
         let n = tokio::time::timeout(Duration::from_secs(5), async {
             loop {

@@ -81,10 +81,8 @@ fn corelane_tcp_delivers_every_byte_both_ways_through_loss_duplication_and_reord
                     let tx2 = tx.clone();
                     let download = tokio::task::spawn_local(async move {
                         let r = async {
-                            let mut s = corelane::net::TcpStream::connect(
-                                format!("{CLIENT}:5011").parse().expect("addr"),
-                            )
-                            .await?;
+                            let mut s =
+                                corelane::net::TcpStream::connect(format!("{CLIENT}:5011")).await?;
                             let mut v = Vec::with_capacity(N);
                             s.read_to_end(&mut v).await?;
                             Ok::<_, std::io::Error>(v)

@@ -427,6 +427,7 @@ impl Builder {
             addrs_gen: std::sync::atomic::AtomicU64::new(0),
             life: crate::stop::Life::default(),
             warnings: Mutex::new(Vec::new()),
+            auto_ports: Mutex::new(Vec::new()),
             bells,
         });
         // One secret for every core: a SYN cookie issued on one core validates on any (the ACK

@@ -85,6 +85,8 @@ pub(crate) struct Core {
     pub(crate) ended: tokio::sync::watch::Sender<bool>,
     /// What each panic of the core's future said (the future was restarted after each).
     pub(crate) panics: Mutex<Vec<String>>,
+    /// How many times this core bound port 0 (its n-th such bind gets the n-th picked port).
+    pub(crate) auto_binds: AtomicU64,
 }
 
 impl Core {
@@ -157,6 +159,23 @@ impl Core {
         self.steering()
             .own_port(proto, port)
             .map_err(io::Error::from)
+    }
+
+    /// The port for this core's next bind of port 0: the same on every core, picked by the
+    /// first core to get there from the ports no socket holds (below the ephemeral range,
+    /// which the cores share out for connections they open).
+    pub(crate) fn auto_port(&self, proto: Proto) -> io::Result<u16> {
+        let n = self.auto_binds.fetch_add(1, Ordering::Relaxed) as usize;
+        let mut picked = lock(&self.shared.auto_ports);
+        if let Some(&p) = picked.get(n) {
+            return Ok(p);
+        }
+        let steering = self.steering();
+        let free = (20_000..corelane_stack::EPHEMERAL_START)
+            .find(|p| !steering.port_owned(proto, *p) && !picked.contains(p))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::AddrNotAvailable, "no free port"))?;
+        picked.push(free);
+        Ok(free)
     }
 
     pub(crate) fn release_port(&self, proto: Proto, port: u16) {

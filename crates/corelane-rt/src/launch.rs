@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     /// Conditions an operator must hear of even without a log subscriber, once each: kept for
     /// the run's report.
     pub(crate) warnings: Mutex<Vec<String>>,
+    /// Ports picked for binds of port 0, in order (every core's n-th gets the n-th).
+    pub(crate) auto_ports: Mutex<Vec<u16>>,
     pub(crate) bells: Vec<Arc<handoff::Doorbell>>,
 }
 

@@ -225,6 +225,7 @@ impl Runtime {
             stopping: AtomicBool::new(false),
             ended: tokio::sync::watch::Sender::new(false),
             panics: Mutex::new(Vec::new()),
+            auto_binds: AtomicU64::new(0),
         });
         Ok((core, dev, exec))
     }

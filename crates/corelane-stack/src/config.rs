@@ -88,6 +88,9 @@ pub enum StackError {
     /// No owned address of the remote's family to connect from.
     #[error("no local {0} address to connect from: add one with .addr()")]
     NoAddress(&'static str),
+    /// An address to listen or bind on that the stack does not own.
+    #[error("{0} is not an owned address: use one of the runtime's, or the unspecified address")]
+    NotOwned(std::net::IpAddr),
     /// The remote is on none of the interface's links and no route leads to it.
     #[error(
         "no route to {0}: it is on none of this interface's subnets; add a gateway \
@@ -105,6 +108,7 @@ impl From<StackError> for io::Error {
             StackError::InUse { .. } => io::ErrorKind::AddrInUse,
             StackError::NoPort { .. } | StackError::NoAddress(_) => io::ErrorKind::AddrNotAvailable,
             StackError::NoRoute(_) => io::ErrorKind::NetworkUnreachable,
+            StackError::NotOwned(_) => io::ErrorKind::AddrNotAvailable,
             StackError::Refused(_) => io::ErrorKind::InvalidInput,
         };
         io::Error::new(kind, e)

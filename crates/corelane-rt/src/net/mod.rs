@@ -25,9 +25,11 @@
 //! needs_send::<corelane_rt::net::TcpListener>();
 //! ```
 
+mod addr;
 pub mod tcp;
 mod udp;
 
+pub use addr::ToSocketAddr;
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
 pub use udp::UdpSocket;
 

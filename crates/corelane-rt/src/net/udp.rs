@@ -9,7 +9,7 @@ use std::sync::Arc;
 use corelane_stack::{FlowId, Proto};
 
 use crate::lane::{Core, current};
-use crate::net::NotSend;
+use crate::net::{NotSend, ToSocketAddr};
 
 /// A UDP socket on the current core.
 ///
@@ -43,15 +43,28 @@ impl std::fmt::Debug for UdpSocket {
 }
 
 impl UdpSocket {
-    /// Binds `port` on every owned address (0: a port this core owns, so replies come here).
-    /// To serve one port from every core, bind it on every core.
+    /// Binds a port on every owned address: `addr` is a port (`7`) or an address and port as
+    /// tokio takes it (`"0.0.0.0:7"`, `(ip, 7)`, a `SocketAddr`; the address must be the
+    /// unspecified one or an owned one, and the socket takes datagrams to any owned address).
+    /// Port 0 picks a port this core owns, so replies come here. To serve one port from every
+    /// core, bind it on every core.
     ///
     /// # Errors
-    /// `AddrInUse` when this core already has the port, `AddrNotAvailable` when no ephemeral
-    /// port is free, and `Other` outside a corelane core.
-    pub fn bind(port: u16) -> io::Result<UdpSocket> {
+    /// `InvalidInput` for text that is not an address, `AddrNotAvailable` for an address the
+    /// runtime does not own or when no ephemeral port is free, `AddrInUse` when this core
+    /// already has the port, and `Other` outside a corelane core.
+    pub fn bind(addr: impl ToSocketAddr) -> io::Result<UdpSocket> {
+        let sa = addr.to_socket_addr()?;
         let core = current()?;
-        let (id, port) = core.stack().bind_udp(port)?;
+        let owned = core
+            .stack()
+            .addrs()
+            .iter()
+            .any(|c| std::net::IpAddr::from(c.address()) == sa.ip());
+        if !sa.ip().is_unspecified() && !owned {
+            return Err(corelane_stack::StackError::NotOwned(sa.ip()).into());
+        }
+        let (id, port) = core.stack().bind_udp(sa.port())?;
         if let Err(e) = core.own_port(Proto::Udp, port) {
             core.stack().release(id);
             return Err(e);
@@ -78,7 +91,8 @@ impl UdpSocket {
     ///
     /// # Cancel safety
     /// Cancel safe: the datagram is queued whole or not at all.
-    pub async fn send_to(&self, buf: &[u8], addr: SocketAddr) -> io::Result<usize> {
+    pub async fn send_to(&self, buf: &[u8], addr: impl ToSocketAddr) -> io::Result<usize> {
+        let addr = addr.to_socket_addr()?;
         let sent = poll_fn(|cx| {
             self.core
                 .stack()
@@ -160,9 +174,9 @@ impl UdpSocket {
     /// only its datagrams.
     ///
     /// # Errors
-    /// None today; the signature is tokio's.
-    pub fn connect(&self, addr: SocketAddr) -> io::Result<()> {
-        self.peer.set(Some(addr));
+    /// `InvalidInput` for text that is not an address.
+    pub async fn connect(&self, addr: impl ToSocketAddr) -> io::Result<()> {
+        self.peer.set(Some(addr.to_socket_addr()?));
         Ok(())
     }
 

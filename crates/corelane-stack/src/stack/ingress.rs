@@ -58,7 +58,11 @@ impl Stack {
                     }
                 }
                 let port = key.local.port;
-                match self.listeners.get(&port) {
+                let listener = self
+                    .listeners
+                    .get(&port)
+                    .filter(|l| l.addr.is_none_or(|a| a == key.local.addr));
+                match listener {
                     Some(l) if syn => {
                         if l.ready.len() >= l.backlog {
                             self.stats.syn_dropped += 1;

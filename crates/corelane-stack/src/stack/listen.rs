@@ -19,6 +19,8 @@ pub(super) struct Listener {
     pub(super) waiters: VecDeque<(u64, Waker)>,
     /// What every accepted connection starts with.
     pub(super) options: AcceptOptions,
+    /// Only connections to this owned address (None: to any).
+    pub(super) addr: Option<smoltcp::wire::IpAddress>,
 }
 
 /// Socket options a listener gives each connection it accepts.
@@ -34,6 +36,24 @@ impl Stack {
     /// Listens for TCP connections on `port` on every owned address, with `backlog` connections
     /// at most half-open or waiting to be accepted (None: the configured default).
     pub fn listen_tcp(&mut self, port: u16, backlog: Option<usize>) -> Result<(), StackError> {
+        self.listen_tcp_on(None, port, backlog)
+    }
+
+    /// As [`Stack::listen_tcp`], for connections to owned address `addr` only (None: any).
+    ///
+    /// # Errors
+    /// The port is taken, or `addr` is not an owned address.
+    pub fn listen_tcp_on(
+        &mut self,
+        addr: Option<smoltcp::wire::IpAddress>,
+        port: u16,
+        backlog: Option<usize>,
+    ) -> Result<(), StackError> {
+        if let Some(a) = addr
+            && !self.owns(a)
+        {
+            return Err(StackError::NotOwned(a.into()));
+        }
         if self.listeners.contains_key(&port) || self.ports.contains(&(Proto::Tcp, port)) {
             return Err(StackError::InUse { proto: "TCP", port });
         }
@@ -45,6 +65,7 @@ impl Stack {
                 ready: VecDeque::new(),
                 waiters: VecDeque::new(),
                 options: AcceptOptions::default(),
+                addr,
             },
         );
         Ok(())

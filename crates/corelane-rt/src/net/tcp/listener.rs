@@ -13,6 +13,7 @@ use corelane_stack::{AcceptOptions, Proto};
 use super::TcpStream;
 use crate::lane::{Core, current};
 use crate::net::NotSend;
+use crate::net::ToSocketAddr;
 
 /// A TCP listener on one port of the current core. Bind it on every core: each core accepts the
 /// connections whose SYN reached its queue.
@@ -33,6 +34,7 @@ use crate::net::NotSend;
 pub struct TcpListener {
     core: Arc<Core>,
     port: u16,
+    ip: std::net::IpAddr,
     _not_send: NotSend,
 }
 
@@ -48,12 +50,19 @@ impl std::fmt::Debug for TcpListener {
 impl TcpListener {
     /// Listens on `port` on every owned address, with the runtime's default backlog.
     ///
+    /// `addr` is a port (`7`: every owned address), or an address and port as tokio takes it
+    /// (`"0.0.0.0:7"`, `"10.0.0.5:7"`, `(ip, 7)`, a `SocketAddr`): an owned address listens
+    /// on that address only. Port 0 picks a free port, the same on every core: each core's
+    /// n-th `bind` of port 0 gets the n-th port picked ([`local_addr`](Self::local_addr)
+    /// says which).
+    ///
     /// # Errors
-    /// `InvalidInput` for port 0 (every core must bind the same port), `AddrInUse` when this
-    /// core already has the port, an error naming the steering program when it cannot be told
-    /// to steer the port, and `Other` outside a corelane core.
-    pub fn bind(port: u16) -> io::Result<TcpListener> {
-        Self::bind_with_backlog(port, None)
+    /// `InvalidInput` for text that is not an address, `AddrNotAvailable` for an address the
+    /// runtime does not own, `AddrInUse` when this core already has the port, an error naming
+    /// the steering program when it cannot be told to steer the port, and `Other` outside a
+    /// corelane core.
+    pub fn bind(addr: impl ToSocketAddr) -> io::Result<TcpListener> {
+        Self::bind_with_backlog(addr, None)
     }
 
     /// Listens on `port` with at most `backlog` connections half-open or waiting to be
@@ -61,15 +70,18 @@ impl TcpListener {
     ///
     /// # Errors
     /// As [`TcpListener::bind`].
-    pub fn bind_with_backlog(port: u16, backlog: Option<usize>) -> io::Result<TcpListener> {
-        if port == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "listen on a fixed port: every core must bind the same one",
-            ));
-        }
+    pub fn bind_with_backlog(
+        addr: impl ToSocketAddr,
+        backlog: Option<usize>,
+    ) -> io::Result<TcpListener> {
+        let sa = addr.to_socket_addr()?;
         let core = current()?;
-        core.stack().listen_tcp(port, backlog)?;
+        let port = match sa.port() {
+            0 => core.auto_port(Proto::Tcp)?,
+            p => p,
+        };
+        let ip = (!sa.ip().is_unspecified()).then(|| sa.ip().into());
+        core.stack().listen_tcp_on(ip, port, backlog)?;
         if let Err(e) = core.own_port(Proto::Tcp, port) {
             core.stack().unlisten(port);
             return Err(e);
@@ -77,8 +89,17 @@ impl TcpListener {
         Ok(TcpListener {
             core,
             port,
+            ip: sa.ip(),
             _not_send: NotSend::default(),
         })
+    }
+
+    /// The address listened on: the one given, with the port picked for port 0.
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(SocketAddr::new(self.ip, self.port))
     }
 
     /// Keep-alive and user timeout for every connection this listener accepts on this core

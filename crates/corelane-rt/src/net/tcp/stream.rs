@@ -10,7 +10,7 @@ use corelane_stack::{Congestion, FlowId, Proto, TcpInfo, TcpState};
 
 use super::{Conn, OwnedReadHalf, OwnedWriteHalf, async_read, async_write};
 use crate::lane::{Core, current};
-use crate::net::NotSend;
+use crate::net::{NotSend, ToSocketAddr};
 
 /// A TCP connection on the current core, with tokio's `AsyncRead` and `AsyncWrite`.
 ///
@@ -19,7 +19,7 @@ use crate::net::NotSend;
 /// use corelane_rt::net::TcpStream;
 /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// // Inside a task of Runtime::run:
-/// let mut s = TcpStream::connect("10.0.0.2:7".parse().unwrap()).await?;
+/// let mut s = TcpStream::connect("10.0.0.2:7").await?;
 /// s.write_all(b"ping").await?;
 /// let mut buf = [0; 4];
 /// s.read_exact(&mut buf).await?;
@@ -55,7 +55,8 @@ impl TcpStream {
         &self.conn
     }
 
-    /// Connects to `addr` from an owned address of the same family. The local port is one this
+    /// Connects to `addr` (a `SocketAddr`, `(ip, port)` or `"10.0.0.5:80"`; names are not
+    /// resolved) from an owned address of the same family. The local port is one this
     /// core owns, so the peer's replies come to this core whatever queue they arrive on. Bound
     /// the wait with `tokio::time::timeout`.
     ///
@@ -65,7 +66,8 @@ impl TcpStream {
     ///
     /// # Cancel safety
     /// Dropping the future abandons the attempt: the half-open connection is released.
-    pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    pub async fn connect(addr: impl ToSocketAddr) -> io::Result<TcpStream> {
+        let addr = addr.to_socket_addr()?;
         let core = current()?;
         let (id, port) = core.stack().connect_tcp(addr)?;
         // From here the flow is released if this future is dropped.

@@ -1,0 +1,169 @@
+//! A tokio service ported by changing its imports: a tokio-util `Framed<LinesCodec>` line
+//! server, an axum router served by hyper, a client bounded by `tokio::time::timeout`, and a
+//! stream split and reunited, on corelane sockets, against kernel peers on a veth pair.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream as StdStream;
+use std::time::Duration;
+
+use common::*;
+use corelane::Runtime;
+use corelane::net::{TcpListener, TcpStream};
+use corelane_testnet::require_root;
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::codec::{Framed, LinesCodec};
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// A line server as a tokio user writes it: each line comes back prefixed.
+async fn lines(l: TcpListener) {
+    while let Ok((s, _)) = l.accept().await {
+        tokio::task::spawn_local(async move {
+            let mut framed = Framed::new(s, LinesCodec::new());
+            while let Some(Ok(line)) = framed.next().await {
+                if framed.send(format!("echo: {line}")).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+/// An axum router, served by hyper on each accepted stream.
+async fn http(l: TcpListener) {
+    use axum::routing::get;
+    let app = axum::Router::new().route(
+        "/hello/{name}",
+        get(
+            |axum::extract::Path(name): axum::extract::Path<String>| async move {
+                format!("hello, {name}")
+            },
+        ),
+    );
+    while let Ok((s, _)) = l.accept().await {
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::task::spawn_local(async move {
+            let io = hyper_util::rt::TokioIo::new(s);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
+        });
+    }
+}
+
+#[test]
+fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
+    if !require_root("tokio port") {
+        return Ok(());
+    }
+    let net = net(1);
+    // A kernel echo server for the corelane client.
+    let kernel = net
+        .client_ns()
+        .run(|| std::net::TcpListener::bind("10.77.0.2:9200"))??;
+    std::thread::spawn(move || {
+        for s in kernel.incoming() {
+            let Ok(mut s) = s else { break };
+            std::thread::spawn(move || {
+                let mut r = s.try_clone().expect("clone");
+                let _ = std::io::copy(&mut r, &mut s);
+            });
+        }
+    });
+    let ifname = net.server_if().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (out_tx, out_rx) = std::sync::mpsc::channel::<String>();
+    let server = net
+        .server_ns()
+        .spawn(move || -> std::result::Result<(), String> {
+            let rt = Runtime::builder(&ifname)
+                .addr("10.77.0.3/24")
+                .cores(1)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let _ = tx.send(rt.stop_handle());
+            let out = std::sync::Mutex::new(out_tx);
+            rt.run(|_| {
+                let say = out.lock().expect("lock").clone();
+                async move {
+                    tokio::task::spawn_local(lines(TcpListener::bind(7300).expect("7300")));
+                    tokio::task::spawn_local(http(TcpListener::bind(7301).expect("7301")));
+                    // A client bounded by timeout: a dead address on the link never answers.
+                    let cut = tokio::time::timeout(
+                        Duration::from_millis(300),
+                        TcpStream::connect("10.77.0.99:80"),
+                    )
+                    .await
+                    .is_err();
+                    let _ = say.send(format!("timeout cut the connect: {cut}"));
+                    // Split, use both halves at once, reunite, use it whole.
+                    let r = async {
+                        let s = TcpStream::connect("10.77.0.2:9200").await?;
+                        let (mut rd, mut wr) = s.into_split();
+                        let w = tokio::task::spawn_local(async move {
+                            wr.write_all(b"split ").await.map(|()| wr)
+                        });
+                        let mut b = [0u8; 6];
+                        rd.read_exact(&mut b).await?;
+                        let wr = w.await.map_err(std::io::Error::other)??;
+                        let mut s = rd
+                            .reunite(wr)
+                            .map_err(|_| std::io::Error::other("halves"))?;
+                        s.write_all(b"whole").await?;
+                        let mut c = [0u8; 5];
+                        s.read_exact(&mut c).await?;
+                        std::io::Result::Ok(format!(
+                            "{}{}",
+                            String::from_utf8_lossy(&b),
+                            String::from_utf8_lossy(&c)
+                        ))
+                    }
+                    .await;
+                    let _ = say.send(format!("split/reunite: {r:?}"));
+                    std::future::pending::<()>().await;
+                }
+            })
+            .map_err(|e| e.to_string())?;
+            Ok(())
+        })?;
+    let stop = rx.recv_timeout(Duration::from_secs(20))?;
+    // The line server.
+    let got = net.client_ns().run(|| -> std::io::Result<Vec<String>> {
+        let s = connect("10.77.0.3:7300".parse().map_err(std::io::Error::other)?)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut w = s.try_clone()?;
+        w.write_all(b"one\ntwo\n")?;
+        let r = BufReader::new(s);
+        r.lines().take(2).collect()
+    })??;
+    assert_eq!(got, vec!["echo: one", "echo: two"]);
+    // The axum router.
+    let page = net.client_ns().run(|| -> std::io::Result<String> {
+        let mut s = StdStream::connect("10.77.0.3:7301")?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /hello/corelane HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut page = String::new();
+        s.read_to_string(&mut page)?;
+        Ok(page)
+    })??;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.ends_with("hello, corelane"), "{page}");
+    let said = [
+        out_rx.recv_timeout(Duration::from_secs(20))?,
+        out_rx.recv_timeout(Duration::from_secs(20))?,
+    ];
+    assert!(
+        said.contains(&"timeout cut the connect: true".to_string()),
+        "{said:?}"
+    );
+    assert!(
+        said.contains(&"split/reunite: Ok(\"split whole\")".to_string()),
+        "{said:?}"
+    );
+    stop.stop();
+    server.join()??;
+    Ok(())
+}

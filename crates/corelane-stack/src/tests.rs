@@ -370,7 +370,7 @@ fn an_off_link_peer_needs_a_route_and_is_reached_through_the_gateway()
 -> Result<(), Box<dyn std::error::Error>> {
     let any = |s: &str| {
         s.parse::<smoltcp::wire::IpCidr>()
-            .map_err(|()| format!("{s}"))
+            .map_err(|()| s.to_string())
     };
     let mut p = pair();
     let off: std::net::SocketAddr = "192.0.2.7:80".parse()?;

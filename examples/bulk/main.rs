@@ -81,6 +81,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let c = &args.common;
     let port = c.port_or(5001);
+    common::init_logging();
     let rt = c.builder()?.build()?;
     println!("{}", rt.describe());
     common::handle_signals("bulk", &rt)?;

@@ -310,6 +310,7 @@ where
     S: Fn(corelane::CoreInfo, T) -> Fut + Sync,
     Fut: std::future::Future<Output = ()> + 'static,
 {
+    init_logging();
     let rt = c.builder()?.build()?;
     println!("{}", rt.describe());
     handle_signals(name, &rt)?;
@@ -352,6 +353,17 @@ pub(crate) fn exit(name: &str, r: Result<(), Box<dyn std::error::Error>>) -> Exi
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs to stderr through `tracing` (corelane logs with it, a span per core): warnings and
+/// errors by default, more with `RUST_LOG` (e.g. `RUST_LOG=corelane_rt=debug`).
+pub(crate) fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// The example's own signal handling (the runtime installs none): SIGINT or SIGTERM shuts the

@@ -373,14 +373,14 @@ impl Builder {
                     restore = Some(old);
                     nqueues = need;
                 }
-                Err(e) => log::warn!(
+                Err(e) => tracing::warn!(
                     "{}: lowering its receive queues to {need} failed ({e})",
                     self.ifname
                 ),
             }
         }
         if (nqueues as usize) > plan.lanes.len() {
-            log::warn!(
+            tracing::warn!(
                 "{} has {nqueues} receive queues and {} are served: frames on the others go to \
                  the kernel (it holds none of the owned addresses: connections whose frames land \
                  there fail). Serve every queue (.cores({nqueues})), or steer the traffic to the \

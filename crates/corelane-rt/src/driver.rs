@@ -64,7 +64,7 @@ impl Driver {
                 .drain_deadline()
                 .is_some_and(|t| StdInstant::now() >= t)
             {
-                log::info!(
+                tracing::info!(
                     "core {}: the shutdown's grace ran out: stopping",
                     core.index
                 );
@@ -79,7 +79,7 @@ impl Driver {
         }
         let turn = self.pipe.turn(&mut stack, now, &mut self.peers);
         if let Some(e) = &turn.tx_error {
-            log::warn!("core {}: transmit: {e}", core.index);
+            tracing::warn!("core {}: transmit: {e}", core.index);
         }
         stack.take_freed_ports(freed);
         let mut st = core.stats();
@@ -121,7 +121,7 @@ impl Driver {
         let (xsk, bell_fd) = match (xsk, bell_fd) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => {
-                log::error!(
+                tracing::error!(
                     "core {}: cannot register with the executor ({e}); busy polling",
                     self.core.index
                 );

@@ -95,14 +95,14 @@ impl Core {
     pub(crate) fn on_panic(&self, message: &str, restart: bool) -> bool {
         let restart = restart && !self.shared.life.stop.load(Ordering::Relaxed);
         if restart {
-            log::error!(
+            tracing::error!(
                 "core {}: its future panicked ({message}); running it again",
                 self.index
             );
             self.stats().restarts += 1;
             lock(&self.panics).push(message.to_string());
         } else {
-            log::error!(
+            tracing::error!(
                 "core {}: its future panicked ({message}); stopping the runtime",
                 self.index
             );
@@ -180,7 +180,7 @@ impl Core {
 
     pub(crate) fn release_port(&self, proto: Proto, port: u16) {
         if let Err(e) = self.steering().release_port(proto, port) {
-            log::warn!("core {}: releasing {proto:?} port {port}: {e}", self.index);
+            tracing::warn!("core {}: releasing {proto:?} port {port}: {e}", self.index);
         }
     }
 

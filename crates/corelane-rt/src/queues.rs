@@ -32,7 +32,7 @@ pub(crate) fn raise_queues(
         }
     };
     corelane_xsk::set_channels(ifname, want)?;
-    log::info!("{ifname}: receive queues set to {need} for this run");
+    tracing::info!("{ifname}: receive queues set to {need} for this run");
     Ok(old)
 }
 
@@ -57,7 +57,7 @@ impl Drop for RestoreQueues {
             std::thread::sleep(Duration::from_millis(10));
         }
         if let Some(e) = last {
-            log::warn!("{}: restoring its queues failed: {e}", self.ifname);
+            tracing::warn!("{}: restoring its queues failed: {e}", self.ifname);
         }
     }
 }

@@ -35,7 +35,7 @@ pub(crate) fn resolve(
             if let Some(g) = via
                 && !on_link(addrs, &table, g)
             {
-                log::warn!(
+                tracing::warn!(
                     "kernel route {r} on {ifname}: its gateway is on none of the runtime's \
                      subnets ({}), so corelane cannot reach it; skipped",
                     list(addrs)
@@ -43,7 +43,7 @@ pub(crate) fn resolve(
                 continue;
             }
             if let Err(e) = table.add(dst, via) {
-                log::warn!("kernel route {r} on {ifname} skipped: {e}");
+                tracing::warn!("kernel route {r} on {ifname} skipped: {e}");
             }
         }
     }

@@ -74,7 +74,7 @@ impl Shared {
     pub(crate) fn warn_once(&self, message: String) {
         let mut w = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
         if !w.contains(&message) {
-            log::warn!("{message}");
+            tracing::warn!("{message}");
             w.push(message);
         }
     }

@@ -35,6 +35,14 @@ impl Runtime {
         F: Fn(CoreInfo) -> Fut,
         Fut: Future<Output = ()> + 'static,
     {
+        // Everything this thread logs carries its core, CPU and queue.
+        let _span = tracing::info_span!(
+            "core",
+            index = info.index,
+            cpu = info.cpu,
+            queue = info.queue
+        )
+        .entered();
         let setup = self.setup_core(info);
         if setup.is_err() {
             failed.store(true, Ordering::SeqCst);
@@ -96,9 +104,9 @@ impl Runtime {
             // them, and switches, learn this one without waiting.
             let n = core.stack().announce(now(), &mut dev);
             if let Err(e) = dev.flush() {
-                log::warn!("core 0: announcing the addresses: {e}");
+                tracing::warn!("core 0: announcing the addresses: {e}");
             }
-            log::debug!("core 0: {n} address announcement(s) sent");
+            tracing::debug!("core 0: {n} address announcement(s) sent");
         }
         let driver = Driver {
             core: core.clone(),
@@ -158,7 +166,7 @@ impl Runtime {
                     .shutdown(now(), &mut d.pipe.dev)
                     .map_err(Error::from),
                 Err(e) => {
-                    log::error!("core {}: the driver task failed: {e}", info.index);
+                    tracing::error!("core {}: the driver task failed: {e}", info.index);
                     Err(Error::Config(format!("the driver task failed: {e}")))
                 }
             }
@@ -265,12 +273,13 @@ where
         cpu_time: Duration::ZERO,
     };
     let pinned = pin(cpu);
+    let _span = tracing::info_span!("app", cpu).entered();
     // No core: setup failed somewhere and nothing runs.
     let Ok((core, info)) = start.recv() else {
         return end;
     };
     let stop_core = |why: String| {
-        log::error!("core {}: {why}", info.index);
+        tracing::error!("core {}: {why}", info.index);
         core.stopping.store(true, Ordering::SeqCst);
         core.shared.app_done();
         core.wake_driver();

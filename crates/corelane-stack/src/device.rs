@@ -223,7 +223,7 @@ impl<P: FrameIo> XdpDevice<P> {
         if self.tx_out.len() >= self.batch {
             self.stats.tx_batches += 1;
             if let Err(e) = self.io.send(&mut self.tx_out) {
-                log::warn!("transmit kick failed: {e}");
+                tracing::warn!("transmit kick failed: {e}");
             }
         }
         if self.tx_free.is_empty() && self.io.alloc(&mut self.tx_free, self.batch) == 0 {

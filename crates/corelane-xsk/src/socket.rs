@@ -156,7 +156,7 @@ impl XskQueue {
                 Err(Error::Bind { errno, .. })
                     if errno == Some(libc::EOPNOTSUPP) || errno == Some(libc::EINVAL) =>
                 {
-                    log::info!(
+                    tracing::info!(
                         "{ifname} queue {queue_id}: zero-copy refused by the driver, using copy mode"
                     );
                     Self::bind(ifname, queue_id, config, BindMode::Copy)
@@ -370,7 +370,7 @@ impl FrameIo for XskQueue {
             if let Err(e) = self.pool.received(index) {
                 // The kernel returned a frame we never gave it: report and skip rather than
                 // alias a frame that is in use elsewhere.
-                log::error!("queue {}: {e}", self.queue_id);
+                tracing::error!("queue {}: {e}", self.queue_id);
                 continue;
             }
             out.push_back(XskFrame {
@@ -387,7 +387,7 @@ impl FrameIo for XskQueue {
         // Back to the free list, from which the fill ring is topped up first.
         self.free(frames);
         if let Err(e) = self.top_up_fill() {
-            log::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
+            tracing::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
         }
     }
 
@@ -407,7 +407,7 @@ impl FrameIo for XskQueue {
         for f in frames.drain(..) {
             self.id.check(&f);
             if let Err(e) = self.pool.free(f.index) {
-                log::error!("queue {}: {e}", self.queue_id);
+                tracing::error!("queue {}: {e}", self.queue_id);
             }
         }
     }
@@ -444,7 +444,7 @@ impl FrameIo for XskQueue {
         for k in 0..n {
             let index = self.index_of(self.scratch[k].addr());
             if let Err(e) = self.pool.completed(index) {
-                log::error!("queue {}: {e}", self.queue_id);
+                tracing::error!("queue {}: {e}", self.queue_id);
             }
         }
         if self.pool.count(FrameState::Transmit) > 0 && n == 0 {
@@ -470,7 +470,7 @@ impl FrameIo for XskQueue {
         let most = (self.ring_size as usize).min(self.templates.len() / 2);
         let set = self.pool.set_fill_target(frames, most);
         if let Err(e) = self.top_up_fill() {
-            log::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
+            tracing::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
         }
         set
     }

@@ -225,7 +225,7 @@ impl Steering {
                 if *refs == 1
                     && let Err(e) = crate::netdev::multicast(&self.ifname, mac, true)
                 {
-                    log::warn!(
+                    tracing::warn!(
                         "{}: cannot accept multicast {mac:02x?} for {a}: {e}; neighbour \
                          solicitations for it may not arrive",
                         self.ifname

@@ -239,7 +239,7 @@ impl Stack {
         let mut owned = Vec::new();
         for c in addrs {
             if owned.len() >= crate::MAX_ADDRS {
-                log::warn!(
+                tracing::warn!(
                     "address {c} dropped: at most {} addresses",
                     crate::MAX_ADDRS
                 );

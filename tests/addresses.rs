@@ -24,34 +24,24 @@ fn addresses_added_at_run_time_answer_and_removed_ones_stop() -> Result {
         return Ok(());
     }
     let net = net(1);
-    let ifname = net.server_if().to_string();
-    let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-    let server = net
-        .server_ns()
-        .spawn(move || -> std::result::Result<(), String> {
-            let rt = Runtime::builder(&ifname)
-                .addr("10.77.0.3/24")
-                .cores(1)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = handle_tx.send((rt.addr_handle(), rt.stop_handle()));
-            rt.run(|_| async {
-                let l = TcpListener::bind(7).expect("listen");
-                while let Ok((mut s, _)) = l.accept().await {
-                    tokio::task::spawn_local(async move {
-                        let mut b = [0u8; 64];
-                        while let Ok(n @ 1..) = s.read(&mut b).await {
-                            if s.write_all(&b[..n]).await.is_err() {
-                                break;
-                            }
+    let served = serve_on(
+        &net,
+        |b| b.cores(1),
+        |_| async {
+            let l = TcpListener::bind(7).expect("listen");
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::task::spawn_local(async move {
+                    let mut b = [0u8; 64];
+                    while let Ok(n @ 1..) = s.read(&mut b).await {
+                        if s.write_all(&b[..n]).await.is_err() {
+                            break;
                         }
-                    });
-                }
-            })
-            .map_err(|e| e.to_string())?;
-            Ok(())
-        })?;
-    let (addrs, stop) = handle_rx.recv_timeout(Duration::from_secs(20))?;
+                    }
+                });
+            }
+        },
+    )?;
+    let (addrs, stop, server) = (served.addrs, served.stop, served.thread);
     let echo_to = |ip: &str| -> Result<bool> {
         let to = SocketAddr::new(ip.parse()?, 7);
         Ok(net.client_ns().run(move || {
@@ -150,44 +140,34 @@ fn listeners_bind_as_tokio_binds_and_port_0_is_the_same_on_every_core() -> Resul
         return Ok(());
     }
     let net = net(2);
-    let ifname = net.server_if().to_string();
     let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
-    let server = net
-        .server_ns()
-        .spawn(move || -> std::result::Result<(), String> {
-            let rt = Runtime::builder(&ifname)
-                .addr("10.77.0.3/24")
-                .cores(2)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = stop_tx.send(rt.stop_handle());
-            let tx = std::sync::Mutex::new(tx);
-            rt.run(|core| {
-                let tx = tx.lock().expect("lock").clone();
-                async move {
-                    let auto = TcpListener::bind("0.0.0.0:0").expect("port 0");
-                    let on = TcpListener::bind(("10.77.0.3".parse::<IpAddr>().expect("ip"), 7101))
-                        .expect("an owned address");
-                    let foreign = TcpListener::bind("10.77.0.99:7102").err().map(|e| e.kind());
-                    let _ = tx.send(format!(
-                        "core {} auto {} on {} foreign {foreign:?}",
-                        core.index,
-                        auto.local_addr().expect("addr").port(),
-                        on.local_addr().expect("addr")
-                    ));
-                    loop {
-                        tokio::select! {
-                            r = auto.accept() => if let Ok((s, _)) = r { drop(s) } else { break },
-                            r = on.accept() => if let Ok((s, _)) = r { drop(s) } else { break },
-                        }
+    let tx = std::sync::Mutex::new(tx);
+    let served = serve_on(
+        &net,
+        |b| b.cores(2),
+        move |core| {
+            let tx = tx.lock().expect("lock").clone();
+            async move {
+                let auto = TcpListener::bind("0.0.0.0:0").expect("port 0");
+                let on = TcpListener::bind(("10.77.0.3".parse::<IpAddr>().expect("ip"), 7101))
+                    .expect("an owned address");
+                let foreign = TcpListener::bind("10.77.0.99:7102").err().map(|e| e.kind());
+                let _ = tx.send(format!(
+                    "core {} auto {} on {} foreign {foreign:?}",
+                    core.index,
+                    auto.local_addr().expect("addr").port(),
+                    on.local_addr().expect("addr")
+                ));
+                loop {
+                    tokio::select! {
+                        r = auto.accept() => if let Ok((s, _)) = r { drop(s) } else { break },
+                        r = on.accept() => if let Ok((s, _)) = r { drop(s) } else { break },
                     }
                 }
-            })
-            .map_err(|e| e.to_string())?;
-            Ok(())
-        })?;
-    let stop = stop_rx.recv_timeout(Duration::from_secs(20))?;
+            }
+        },
+    )?;
+    let (stop, server) = (served.stop, served.thread);
     let lines = [
         rx.recv_timeout(Duration::from_secs(20))?,
         rx.recv_timeout(Duration::from_secs(20))?,

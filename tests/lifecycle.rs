@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use corelane::net::TcpListener;
-use corelane::{OnPanic, RunReport, Runtime};
+use corelane::{OnPanic, Runtime};
 use corelane_testnet::{VethPair, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -44,25 +44,12 @@ async fn echo(mut s: corelane::net::TcpStream) {
 
 /// Runs a one-core runtime on `net` with `policy`, whose future panics on its first
 /// connection and echoes on every later one; returns the join handle and a stop handle.
-fn panicky(
-    net: &VethPair,
-    policy: OnPanic,
-) -> Result<(
-    corelane_testnet::NsThread<std::result::Result<RunReport, String>>,
-    corelane::StopHandle,
-)> {
-    let ifname = net.server_if().to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
+fn panicky(net: &VethPair, policy: OnPanic) -> Result<Served> {
     let runs = Arc::new(AtomicUsize::new(0));
-    let t = net.server_ns().spawn(move || {
-        let rt = Runtime::builder(&ifname)
-            .addr("10.77.0.3/24")
-            .cores(1)
-            .on_panic(policy)
-            .build()
-            .map_err(|e| e.to_string())?;
-        let _ = tx.send(rt.stop_handle());
-        rt.run(|_| {
+    serve_on(
+        net,
+        move |b| b.cores(1).on_panic(policy),
+        move |_| {
             let run = runs.fetch_add(1, Ordering::SeqCst);
             async move {
                 let l = TcpListener::bind(7).expect("listen");
@@ -73,11 +60,8 @@ fn panicky(
                     tokio::task::spawn_local(echo(s));
                 }
             }
-        })
-        .map_err(|e| e.to_string())
-    })?;
-    let stop = rx.recv_timeout(Duration::from_secs(20))?;
-    Ok((t, stop))
+        },
+    )
 }
 
 #[test]
@@ -86,7 +70,11 @@ fn a_panicking_core_future_is_run_again_and_its_queue_keeps_serving() -> Result 
         return Ok(());
     }
     let net = net(1);
-    let (server, stop) = panicky(&net, OnPanic::RestartCore)?;
+    let Served {
+        thread: server,
+        stop,
+        ..
+    } = panicky(&net, OnPanic::RestartCore)?;
     let to: SocketAddr = format!("{SERVER_V4}:7").parse()?;
     // The first connection meets the panic; the core's future runs again and serves the rest.
     let first = hello(&net, to)?;
@@ -111,7 +99,7 @@ fn with_stop_runtime_a_panic_ends_the_run_with_the_error_at_once() -> Result {
         return Ok(());
     }
     let net = net(1);
-    let (server, _stop) = panicky(&net, OnPanic::StopRuntime)?;
+    let server = panicky(&net, OnPanic::StopRuntime)?.thread;
     let to: SocketAddr = format!("{SERVER_V4}:7").parse()?;
     let _ = hello(&net, to)?;
     // Nobody stops it: the panic does. (A hang here fails the test by the harness's timeout

@@ -9,7 +9,6 @@ use std::net::TcpStream as StdStream;
 use std::time::Duration;
 
 use common::*;
-use corelane::Runtime;
 use corelane::net::{TcpListener, TcpStream};
 use corelane_testnet::require_root;
 use futures_util::{SinkExt, StreamExt};
@@ -73,63 +72,53 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
             });
         }
     });
-    let ifname = net.server_if().to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
     let (out_tx, out_rx) = std::sync::mpsc::channel::<String>();
-    let server = net
-        .server_ns()
-        .spawn(move || -> std::result::Result<(), String> {
-            let rt = Runtime::builder(&ifname)
-                .addr("10.77.0.3/24")
-                .cores(1)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = tx.send(rt.stop_handle());
-            let out = std::sync::Mutex::new(out_tx);
-            rt.run(|_| {
-                let say = out.lock().expect("lock").clone();
-                async move {
-                    tokio::task::spawn_local(lines(TcpListener::bind(7300).expect("7300")));
-                    tokio::task::spawn_local(http(TcpListener::bind(7301).expect("7301")));
-                    // A client bounded by timeout: a dead address on the link never answers.
-                    let cut = tokio::time::timeout(
-                        Duration::from_millis(300),
-                        TcpStream::connect("10.77.0.99:80"),
-                    )
-                    .await
-                    .is_err();
-                    let _ = say.send(format!("timeout cut the connect: {cut}"));
-                    // Split, use both halves at once, reunite, use it whole.
-                    let r = async {
-                        let s = TcpStream::connect("10.77.0.2:9200").await?;
-                        let (mut rd, mut wr) = s.into_split();
-                        let w = tokio::task::spawn_local(async move {
-                            wr.write_all(b"split ").await.map(|()| wr)
-                        });
-                        let mut b = [0u8; 6];
-                        rd.read_exact(&mut b).await?;
-                        let wr = w.await.map_err(std::io::Error::other)??;
-                        let mut s = rd
-                            .reunite(wr)
-                            .map_err(|_| std::io::Error::other("halves"))?;
-                        s.write_all(b"whole").await?;
-                        let mut c = [0u8; 5];
-                        s.read_exact(&mut c).await?;
-                        std::io::Result::Ok(format!(
-                            "{}{}",
-                            String::from_utf8_lossy(&b),
-                            String::from_utf8_lossy(&c)
-                        ))
-                    }
-                    .await;
-                    let _ = say.send(format!("split/reunite: {r:?}"));
-                    std::future::pending::<()>().await;
+    let out = std::sync::Mutex::new(out_tx);
+    let served = serve_on(
+        &net,
+        |b| b.cores(1),
+        move |_| {
+            let say = out.lock().expect("lock").clone();
+            async move {
+                tokio::task::spawn_local(lines(TcpListener::bind(7300).expect("7300")));
+                tokio::task::spawn_local(http(TcpListener::bind(7301).expect("7301")));
+                // A client bounded by timeout: a dead address on the link never answers.
+                let cut = tokio::time::timeout(
+                    Duration::from_millis(300),
+                    TcpStream::connect("10.77.0.99:80"),
+                )
+                .await
+                .is_err();
+                let _ = say.send(format!("timeout cut the connect: {cut}"));
+                // Split, use both halves at once, reunite, use it whole.
+                let r = async {
+                    let s = TcpStream::connect("10.77.0.2:9200").await?;
+                    let (mut rd, mut wr) = s.into_split();
+                    let w = tokio::task::spawn_local(async move {
+                        wr.write_all(b"split ").await.map(|()| wr)
+                    });
+                    let mut b = [0u8; 6];
+                    rd.read_exact(&mut b).await?;
+                    let wr = w.await.map_err(std::io::Error::other)??;
+                    let mut s = rd
+                        .reunite(wr)
+                        .map_err(|_| std::io::Error::other("halves"))?;
+                    s.write_all(b"whole").await?;
+                    let mut c = [0u8; 5];
+                    s.read_exact(&mut c).await?;
+                    std::io::Result::Ok(format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&b),
+                        String::from_utf8_lossy(&c)
+                    ))
                 }
-            })
-            .map_err(|e| e.to_string())?;
-            Ok(())
-        })?;
-    let stop = rx.recv_timeout(Duration::from_secs(20))?;
+                .await;
+                let _ = say.send(format!("split/reunite: {r:?}"));
+                std::future::pending::<()>().await;
+            }
+        },
+    )?;
+    let (stop, server) = (served.stop, served.thread);
     // The line server.
     let got = net.client_ns().run(|| -> std::io::Result<Vec<String>> {
         let s = connect("10.77.0.3:7300".parse().map_err(std::io::Error::other)?)?;

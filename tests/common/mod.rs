@@ -335,3 +335,40 @@ pub fn accepted_per_core(out: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// A runtime running in a thread of the server namespace.
+pub struct Served {
+    pub thread: corelane_testnet::NsThread<Result<corelane::RunReport, String>>,
+    pub stop: corelane::StopHandle,
+    pub addrs: corelane::AddrHandle,
+}
+
+/// Builds a runtime on the server end of `net` owning 10.77.0.3/24 (`configure` adds to the
+/// builder: cores, policies), in a thread of the server namespace, and runs `f` on every core.
+/// Returns once the runtime is built.
+pub fn serve_on<C, F, Fut>(
+    net: &VethPair,
+    configure: C,
+    f: F,
+) -> Result<Served, Box<dyn std::error::Error>>
+where
+    C: FnOnce(corelane::Builder) -> corelane::Builder + Send + 'static,
+    F: Fn(corelane::CoreInfo) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let ifname = net.server_if().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = net.server_ns().spawn(move || {
+        let rt = configure(corelane::Runtime::builder(&ifname).addr("10.77.0.3/24"))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let _ = tx.send((rt.stop_handle(), rt.addr_handle()));
+        rt.run(f).map_err(|e| e.to_string())
+    })?;
+    let (stop, addrs) = rx.recv_timeout(Duration::from_secs(20))?;
+    Ok(Served {
+        thread,
+        stop,
+        addrs,
+    })
+}

@@ -82,6 +82,13 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
             async move {
                 tokio::task::spawn_local(lines(TcpListener::bind(7300).expect("7300")));
                 tokio::task::spawn_local(http(TcpListener::bind(7301).expect("7301")));
+                // A task that panics is contained by the executor, as tokio's are: the
+                // servers above keep answering.
+                let bad = tokio::task::spawn_local(async { panic!("a task's own panic") });
+                let _ = say.send(format!(
+                    "task panic contained: {}",
+                    bad.await.err().is_some_and(|e| e.is_panic())
+                ));
                 // A client bounded by timeout: a dead address on the link never answers.
                 let cut = tokio::time::timeout(
                     Duration::from_millis(300),
@@ -143,7 +150,9 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
     let said = [
         out_rx.recv_timeout(Duration::from_secs(20))?,
         out_rx.recv_timeout(Duration::from_secs(20))?,
+        out_rx.recv_timeout(Duration::from_secs(20))?,
     ];
+    assert!(said.contains(&"task panic contained: true".to_string()), "{said:?}");
     assert!(
         said.contains(&"timeout cut the connect: true".to_string()),
         "{said:?}"

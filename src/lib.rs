@@ -3,8 +3,22 @@
 //! An XDP program steers the frames for the addresses and ports an application owns to AF_XDP
 //! sockets, one per interface queue; everything else (ping, ssh, kernel listeners) goes to the
 //! kernel untouched. Each queue is served by one pinned core that runs the protocol stages
-//! (smoltcp behind an O(1) flow table) and the application's tasks (a single-threaded tokio
-//! executor) on the same core, with no work stealing.
+//! (corelane's own TCP engine, UDP, ARP/NDP, ICMP and IP fragments behind an O(1) flow table)
+//! and the application's tasks (a single-threaded tokio executor) on the same core, with no
+//! work stealing.
+//!
+//! # When to use it, and when not
+//! Use it for a server (or client) that owns its addresses on an interface and wants the
+//! kernel's per-packet costs off its path: request/response and streaming services that run
+//! one task set per core, where a tokio service ports by changing its imports (see README's
+//! "Porting a tokio service"). It is a host on a routed network, IPv4 and IPv6, with path MTU
+//! discovery, fragments, and up to 64 addresses.
+//!
+//! Not yet, or not for: Linux only, root (or the capabilities below); tested on veth in copy
+//! mode, not yet on physical NICs or zero-copy; no TLS of its own (use rustls over the
+//! streams), no DNS (resolve first), no UDP broadcast or multicast sends, no IPv6 extension
+//! headers but fragments, no ECN; tasks must be `spawn_local`ed (sockets are `!Send`, bound
+//! to their core).
 //!
 //! This crate is the facade; the rooms behind it are `corelane-frame` (frames, no system
 //! dependencies), `corelane-stack` (the sans-IO protocol core and its one pipeline turn),
@@ -18,6 +32,9 @@
 //!
 //! let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
 //! println!("{}", rt.describe());
+//! // corelane installs no signal handler: wire your own to these.
+//! let stop = rt.stop_handle();
+//! # let _ = &stop;
 //! let report = rt.run(|core| async move {
 //!     let listener = TcpListener::bind(7).expect("port 7");
 //!     println!("core {} listening", core.index);
@@ -39,8 +56,8 @@
 //! default; shared cache, spread, fewest cores, or given CPUs), planned from the machine hwloc
 //! reads with NIC-local CPUs first; [`Runtime::plan`] prints why.
 //!
-//! Use an address the kernel does not also hold on that interface: corelane answers ARP and NDP
-//! for it. Runtime needs root (CAP_NET_ADMIN, CAP_BPF or CAP_SYS_ADMIN, CAP_NET_RAW); errors say
+//! Use an address the kernel does not also hold on that interface (`build` refuses one it
+//! holds): corelane answers ARP and NDP for it. Runtime needs root (CAP_NET_ADMIN, CAP_BPF or CAP_SYS_ADMIN, CAP_NET_RAW); errors say
 //! what is missing.
 
 #![forbid(unsafe_code)]

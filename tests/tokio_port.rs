@@ -152,7 +152,10 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
         out_rx.recv_timeout(Duration::from_secs(20))?,
         out_rx.recv_timeout(Duration::from_secs(20))?,
     ];
-    assert!(said.contains(&"task panic contained: true".to_string()), "{said:?}");
+    assert!(
+        said.contains(&"task panic contained: true".to_string()),
+        "{said:?}"
+    );
     assert!(
         said.contains(&"timeout cut the connect: true".to_string()),
         "{said:?}"

@@ -121,6 +121,32 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
                 }
                 .await;
                 let _ = say.send(format!("split/reunite: {r:?}"));
+                // The rest of tokio's stream calls: ttl, writable/try_write, readable/peek,
+                // borrowed split, try_read with nothing there, linger zero.
+                let r = async {
+                    let mut s = TcpStream::connect("10.77.0.2:9200").await?;
+                    s.set_ttl(9)?;
+                    let ttl = s.ttl()?;
+                    s.writable().await?;
+                    let wrote = s.try_write(b"peek")?;
+                    s.readable().await?;
+                    let mut p = [0u8; 1];
+                    let peeked = s.peek(&mut p).await?;
+                    let mut all = [0u8; 4];
+                    {
+                        let (mut rd, _wr) = s.split();
+                        rd.read_exact(&mut all).await?;
+                    }
+                    let empty = s.try_read(&mut [0u8; 8]).err().map(|e| e.kind());
+                    s.set_linger(Some(Duration::ZERO))?;
+                    std::io::Result::Ok(format!(
+                        "ttl {ttl} wrote {wrote} peeked {peeked} {:?} read {:?} then {empty:?}",
+                        p[0] as char,
+                        String::from_utf8_lossy(&all)
+                    ))
+                }
+                .await;
+                let _ = say.send(format!("extras: {r:?}"));
                 std::future::pending::<()>().await;
             }
         },
@@ -151,7 +177,15 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
         out_rx.recv_timeout(Duration::from_secs(20))?,
         out_rx.recv_timeout(Duration::from_secs(20))?,
         out_rx.recv_timeout(Duration::from_secs(20))?,
+        out_rx.recv_timeout(Duration::from_secs(20))?,
     ];
+    assert!(
+        said.contains(
+            &"extras: Ok(\"ttl 9 wrote 4 peeked 1 'p' read \\\"peek\\\" then Some(WouldBlock)\")"
+                .to_string()
+        ),
+        "{said:?}"
+    );
     assert!(
         said.contains(&"task panic contained: true".to_string()),
         "{said:?}"

@@ -97,6 +97,7 @@ impl Stack {
             dst_mac: inn.src_mac,
             local: inn.local,
             remote: inn.remote,
+            ttl: super::DEFAULT_TTL,
         }
     }
 

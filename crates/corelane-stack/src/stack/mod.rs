@@ -148,7 +148,12 @@ struct Flow {
     mac: Option<[u8; 6]>,
     /// TCP: opened by a listener (counted in `Stack::passive`).
     passive: bool,
+    /// TCP: the TTL / hop limit of its packets.
+    ttl: u8,
 }
+
+/// The TTL / hop limit of what the stack sends unless a socket says otherwise.
+pub(crate) const DEFAULT_TTL: u8 = 64;
 
 impl Flow {
     fn conn(&mut self) -> Option<&mut Conn> {
@@ -360,6 +365,7 @@ impl Stack {
             queued: false,
             mac: None,
             passive: false,
+            ttl: DEFAULT_TTL,
         };
         setup(&mut flow);
         match self.free_slots.pop() {
@@ -437,6 +443,7 @@ impl Stack {
             dst_mac: f.mac?,
             local: key.local,
             remote: key.remote,
+            ttl: f.ttl,
         })
     }
 

@@ -284,6 +284,72 @@ impl Stack {
         }
     }
 
+    /// Ready when a write on TCP flow `id` would not wait: room in the send buffer, or an
+    /// error a write would return (`waker`, if given, is woken when room frees up).
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn tcp_poll_writable(&mut self, id: FlowId, waker: Option<&Waker>) -> Poll<io::Result<()>> {
+        self.poll_tcp(id, |c| {
+            if c.error().is_some() || !c.may_send() || c.send_room() > 0 {
+                (Poll::Ready(Ok(())), false)
+            } else {
+                if let Some(w) = waker {
+                    c.set_tx_waker(w);
+                }
+                (Poll::Pending, false)
+            }
+        })
+    }
+
+    /// As [`Stack::tcp_read`], leaving the bytes to be read again.
+    ///
+    /// # Errors
+    /// As [`Stack::tcp_read`].
+    pub fn tcp_peek(
+        &mut self,
+        id: FlowId,
+        buf: &mut [u8],
+        waker: Option<&Waker>,
+    ) -> Poll<io::Result<usize>> {
+        self.poll_tcp(id, |c| {
+            if c.readable() > 0 && !buf.is_empty() {
+                (Poll::Ready(Ok(c.peek(buf))), false)
+            } else if let Some(kind) = c.error() {
+                (Poll::Ready(Err(ended(kind))), false)
+            } else if c.at_eof() || buf.is_empty() {
+                (Poll::Ready(Ok(0)), false)
+            } else {
+                if let Some(w) = waker {
+                    c.set_rx_waker(w);
+                }
+                (Poll::Pending, false)
+            }
+        })
+    }
+
+    /// Sets the TTL (IPv4) or hop limit (IPv6) of TCP flow `id`'s packets (1..=255).
+    ///
+    /// # Errors
+    /// `InvalidInput` for 0 or more than 255; `NotConnected` when the flow is gone.
+    pub fn tcp_set_ttl(&mut self, id: FlowId, ttl: u32) -> io::Result<()> {
+        let ttl = u8::try_from(ttl)
+            .ok()
+            .filter(|t| *t > 0)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a TTL is 1 to 255"))?;
+        let f = self.flow(id).ok_or_else(gone)?;
+        f.ttl = ttl;
+        Ok(())
+    }
+
+    /// The TTL (IPv4) or hop limit (IPv6) of TCP flow `id`'s packets.
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn tcp_ttl(&mut self, id: FlowId) -> io::Result<u32> {
+        Ok(u32::from(self.flow(id).ok_or_else(gone)?.ttl))
+    }
+
     /// Closes TCP flow `id` for writing: a FIN follows the data already queued.
     ///
     /// # Errors

@@ -35,6 +35,15 @@ impl Conn {
         (n, update)
     }
 
+    /// Copies what is readable into `buf` without taking it; returns how much.
+    pub(crate) fn peek(&self, buf: &mut [u8]) -> usize {
+        let n = self.rcv.len().min(buf.len());
+        let (a, b) = self.rcv.slices(0, n);
+        buf[..a.len()].copy_from_slice(a);
+        buf[a.len()..a.len() + b.len()].copy_from_slice(b);
+        n
+    }
+
     /// Room in the send buffer.
     pub(crate) fn send_room(&self) -> usize {
         if !self.may_send() {

@@ -35,6 +35,8 @@ pub(crate) struct Path {
     pub(crate) local: IpEndpoint,
     /// The peer's.
     pub(crate) remote: IpEndpoint,
+    /// IPv4 TTL or IPv6 hop limit.
+    pub(crate) ttl: u8,
 }
 
 /// One segment to send.
@@ -205,7 +207,7 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, ip_id: u16, seg: &Out<'_>) {
             ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
             // Don't fragment: path MTU discovery (RFC 1191).
             ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes());
-            ip[8] = 64;
+            ip[8] = path.ttl;
             ip[9] = 6;
             ip[10..12].copy_from_slice(&[0, 0]);
             ip[12..16].copy_from_slice(&l.octets());
@@ -219,7 +221,7 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, ip_id: u16, seg: &Out<'_>) {
             ip[..4].copy_from_slice(&0x6000_0000u32.to_be_bytes());
             ip[4..6].copy_from_slice(&(tcp_len as u16).to_be_bytes());
             ip[6] = 6;
-            ip[7] = 64;
+            ip[7] = path.ttl;
             ip[8..24].copy_from_slice(&l.octets());
             ip[24..40].copy_from_slice(&r.octets());
         }
@@ -398,6 +400,7 @@ mod tests {
             dst_mac: [2, 0, 0, 0, 0, 2],
             local: l.parse::<std::net::SocketAddr>()?.into(),
             remote: r.parse::<std::net::SocketAddr>()?.into(),
+            ttl: 64,
         })
     }
 

@@ -5,7 +5,7 @@ mod split;
 mod stream;
 
 pub use listener::TcpListener;
-pub use split::{OwnedReadHalf, OwnedWriteHalf};
+pub use split::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf};
 pub use stream::TcpStream;
 
 use std::io;
@@ -22,6 +22,8 @@ use crate::lane::Core;
 pub(crate) struct Conn {
     pub(crate) core: Arc<Core>,
     pub(crate) id: FlowId,
+    /// `set_linger(Some(0))`: the last holder's drop resets instead of closing.
+    pub(crate) reset_on_drop: std::sync::atomic::AtomicBool,
 }
 
 impl Conn {
@@ -57,6 +59,12 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        if self
+            .reset_on_drop
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.core.stack().abort(self.id);
+        }
         self.core.stack().release(self.id);
         self.core.wake_driver();
     }

@@ -78,6 +78,59 @@ impl OwnedWriteHalf {
 async_read!(OwnedReadHalf);
 async_write!(OwnedWriteHalf);
 
+/// The reading half of a borrowed [`TcpStream`], from [`TcpStream::split`].
+pub struct ReadHalf<'a> {
+    conn: &'a Conn,
+    _not_send: NotSend,
+}
+
+/// The writing half of a borrowed [`TcpStream`], from [`TcpStream::split`]; shutting it down
+/// sends FIN.
+pub struct WriteHalf<'a> {
+    conn: &'a Conn,
+    _not_send: NotSend,
+}
+
+impl std::fmt::Debug for ReadHalf<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadHalf").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for WriteHalf<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteHalf").finish_non_exhaustive()
+    }
+}
+
+impl<'a> ReadHalf<'a> {
+    pub(super) fn pair(conn: &'a Conn) -> (ReadHalf<'a>, WriteHalf<'a>) {
+        (
+            ReadHalf {
+                conn,
+                _not_send: NotSend::default(),
+            },
+            WriteHalf {
+                conn,
+                _not_send: NotSend::default(),
+            },
+        )
+    }
+
+    fn conn(&self) -> &Conn {
+        self.conn
+    }
+}
+
+impl WriteHalf<'_> {
+    fn conn(&self) -> &Conn {
+        self.conn
+    }
+}
+
+async_read!(ReadHalf<'_>);
+async_write!(WriteHalf<'_>);
+
 impl Drop for OwnedWriteHalf {
     fn drop(&mut self) {
         if let Some(c) = self.conn.take() {

@@ -4,11 +4,12 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use corelane_stack::{Congestion, FlowId, Proto, TcpInfo, TcpState};
 
-use super::{Conn, OwnedReadHalf, OwnedWriteHalf, async_read, async_write};
+use super::{Conn, OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf, async_read, async_write};
 use crate::lane::{Core, current};
 use crate::net::{NotSend, ToSocketAddr};
 
@@ -41,7 +42,11 @@ impl std::fmt::Debug for TcpStream {
 
 impl TcpStream {
     pub(crate) fn new(core: Arc<Core>, id: FlowId) -> TcpStream {
-        TcpStream::from_conn(Arc::new(Conn { core, id }))
+        TcpStream::from_conn(Arc::new(Conn {
+            core,
+            id,
+            reset_on_drop: std::sync::atomic::AtomicBool::new(false),
+        }))
     }
 
     pub(crate) fn from_conn(conn: Arc<Conn>) -> TcpStream {
@@ -207,6 +212,131 @@ impl TcpStream {
     /// dropped, or put back together with [`OwnedReadHalf::reunite`].
     pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
         OwnedReadHalf::pair(self.conn)
+    }
+
+    /// Splits into halves that borrow the stream, for use in one task (with `select!` or
+    /// `join!`): as tokio's `split`.
+    pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
+        ReadHalf::pair(&self.conn)
+    }
+
+    /// Copies received bytes into `buf` without taking them: the next read returns them
+    /// again. Waits while none are there; 0 at the end of the stream.
+    ///
+    /// # Errors
+    /// As a read: the connection was reset, timed out or is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let (core, id) = (&self.conn.core, self.conn.id);
+        poll_fn(|cx| core.stack().tcp_peek(id, buf, Some(cx.waker()))).await
+    }
+
+    /// Waits until a read would not wait (bytes, the end of the stream, or an error).
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn readable(&self) -> io::Result<()> {
+        let (core, id) = (&self.conn.core, self.conn.id);
+        let mut probe = [0u8; 1];
+        poll_fn(
+            |cx| match core.stack().tcp_peek(id, &mut probe, Some(cx.waker())) {
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::NotConnected => {
+                    Poll::Ready(Err(e))
+                }
+                Poll::Ready(_) => Poll::Ready(Ok(())),
+                Poll::Pending => Poll::Pending,
+            },
+        )
+        .await
+    }
+
+    /// Reads what is there without waiting.
+    ///
+    /// # Errors
+    /// `WouldBlock` when nothing is there yet; otherwise as a read.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.conn.core.stack().tcp_read(self.conn.id, buf, None) {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    self.conn.core.wake_driver();
+                }
+                r
+            }
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// Waits until a write would not wait (room in the send buffer, or an error).
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn writable(&self) -> io::Result<()> {
+        let (core, id) = (&self.conn.core, self.conn.id);
+        poll_fn(|cx| core.stack().tcp_poll_writable(id, Some(cx.waker()))).await
+    }
+
+    /// Writes what fits without waiting.
+    ///
+    /// # Errors
+    /// `WouldBlock` when the send buffer is full; otherwise as a write.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self.conn.core.stack().tcp_write(self.conn.id, buf, None) {
+            Poll::Ready(r) => {
+                self.conn.core.wake_driver();
+                r
+            }
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// `Some(Duration::ZERO)`: dropping the stream resets the connection (RST, unsent data
+    /// dropped) instead of closing it. Any other value (or None, the default) closes it with
+    /// FIN, in the background: a drop never blocks, so a longer linger has no effect.
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        self.conn.reset_on_drop.store(
+            linger.is_some_and(|d| d.is_zero()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// What [`set_linger`](Self::set_linger) set: `Some(ZERO)` or None.
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        let on = self
+            .conn
+            .reset_on_drop
+            .load(std::sync::atomic::Ordering::Relaxed);
+        Ok(on.then_some(Duration::ZERO))
+    }
+
+    /// Sets the IPv4 TTL or IPv6 hop limit of this connection's packets (1..=255; default 64).
+    ///
+    /// # Errors
+    /// `InvalidInput` out of range; `NotConnected` when the connection is gone.
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.conn.core.stack().tcp_set_ttl(self.conn.id, ttl)
+    }
+
+    /// The IPv4 TTL or IPv6 hop limit of this connection's packets.
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.conn.core.stack().tcp_ttl(self.conn.id)
     }
 }
 

@@ -185,9 +185,41 @@ impl Runtime {
     /// # Ok::<(), corelane_rt::Error>(())
     /// ```
     ///
+    /// # Sharing state between cores
+    /// The closure may borrow from the caller (the cores run inside a scope that ends before
+    /// `run` returns); each future it returns runs on its core and must own what it uses:
+    /// clone what it needs out of the borrowed state, and share what the cores update together
+    /// through an `Arc` of something `Sync` (an atomic, a lock, a channel).
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use corelane_rt::{Runtime, net::TcpListener};
+    ///
+    /// struct Config { port: u16, greeting: String }
+    /// let config = Config { port: 7, greeting: "hello".into() };
+    /// let served = Arc::new(AtomicU64::new(0));
+    /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
+    /// rt.run(|_core| {
+    ///     // Borrowed here, owned by the future:
+    ///     let (port, greeting, served) = (config.port, config.greeting.clone(), served.clone());
+    ///     async move {
+    ///         let l = TcpListener::bind(port).expect("the port");
+    ///         while let Ok((s, _)) = l.accept().await {
+    ///             served.fetch_add(1, Ordering::Relaxed);
+    ///             let _ = (&s, &greeting);
+    ///         }
+    ///     }
+    /// })?;
+    /// println!("{} connections", served.load(Ordering::Relaxed));
+    /// # Ok::<(), corelane_rt::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Core`] when a core could not start (its AF_XDP socket, its pinning), and
-    /// [`Error::Panicked`] when the future of a core panicked (the core is shut down cleanly).
+    /// [`Error::Panicked`] when the future of a core panicked and
+    /// [`OnPanic::StopRuntime`](crate::OnPanic) was chosen (with the default, the future runs
+    /// again and the panic is in the report).
     pub fn run<F, Fut>(self, f: F) -> Result<RunReport, Error>
     where
         F: Fn(CoreInfo) -> Fut + Send + Sync,

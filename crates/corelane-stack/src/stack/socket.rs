@@ -181,21 +181,7 @@ impl Stack {
         buf: &mut [u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
-        self.poll_tcp(id, |c| {
-            if c.readable() > 0 && !buf.is_empty() {
-                let (n, update) = c.read(buf);
-                (Poll::Ready(Ok(n)), update)
-            } else if let Some(kind) = c.error() {
-                (Poll::Ready(Err(ended(kind))), false)
-            } else if c.at_eof() || buf.is_empty() {
-                (Poll::Ready(Ok(0)), false)
-            } else {
-                if let Some(w) = waker {
-                    c.set_rx_waker(w);
-                }
-                (Poll::Pending, false)
-            }
-        })
+        self.tcp_take(id, buf, waker, false)
     }
 
     /// Queues `buf` (as much as fits) for sending on TCP flow `id`. `Pending` means the send
@@ -312,9 +298,24 @@ impl Stack {
         buf: &mut [u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
+        self.tcp_take(id, buf, waker, true)
+    }
+
+    /// Reads (or, with `peek`, copies without taking) what TCP flow `id` received.
+    fn tcp_take(
+        &mut self,
+        id: FlowId,
+        buf: &mut [u8],
+        waker: Option<&Waker>,
+        peek: bool,
+    ) -> Poll<io::Result<usize>> {
         self.poll_tcp(id, |c| {
             if c.readable() > 0 && !buf.is_empty() {
-                (Poll::Ready(Ok(c.peek(buf))), false)
+                if peek {
+                    return (Poll::Ready(Ok(c.peek(buf))), false);
+                }
+                let (n, update) = c.read(buf);
+                (Poll::Ready(Ok(n)), update)
             } else if let Some(kind) = c.error() {
                 (Poll::Ready(Err(ended(kind))), false)
             } else if c.at_eof() || buf.is_empty() {

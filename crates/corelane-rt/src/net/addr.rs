@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 
 /// An address and port as [`TcpListener::bind`](super::TcpListener::bind),
 /// [`TcpStream::connect`](super::TcpStream::connect) and [`UdpSocket::bind`](super::UdpSocket::bind)
-/// take it: a `SocketAddr`, `(ip, port)`, a string like `"10.0.0.5:80"` or `"[fd00::5]:80"`,
+/// take it: a `SocketAddr`, `(ip, port)` (the IP typed or as text), a string like `"10.0.0.5:80"` or `"[fd00::5]:80"`,
 /// or a bare port (`7`, meaning every owned address). Names are not resolved (a core must not
 /// block on DNS): resolve them first, with `tokio::net::lookup_host` on a thread that may.
 pub trait ToSocketAddr {
@@ -72,6 +72,22 @@ impl ToSocketAddr for str {
     }
 }
 
+impl ToSocketAddr for (&str, u16) {
+    fn to_socket_addr(&self) -> io::Result<SocketAddr> {
+        let ip: IpAddr = self.0.parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "`{}` is not an IP address; corelane resolves no names: look them up first \
+                     (tokio::net::lookup_host)",
+                    self.0
+                ),
+            )
+        })?;
+        Ok(SocketAddr::new(ip, self.1))
+    }
+}
+
 impl ToSocketAddr for String {
     fn to_socket_addr(&self) -> io::Result<SocketAddr> {
         self.as_str().to_socket_addr()
@@ -94,6 +110,12 @@ mod tests {
         assert_eq!("10.0.0.5:80".to_socket_addr()?.port(), 80);
         assert_eq!("[fd00::5]:80".to_string().to_socket_addr()?.port(), 80);
         assert_eq!((Ipv4Addr::LOCALHOST, 9).to_socket_addr()?.port(), 9);
+        assert_eq!(
+            ("fd00::5", 443).to_socket_addr()?.to_string(),
+            "[fd00::5]:443"
+        );
+        let e = ("example.com", 80).to_socket_addr().err();
+        assert!(e.is_some_and(|e| e.to_string().contains("resolves no names")));
         let e = "example.com:80".to_socket_addr().err();
         assert!(e.is_some_and(|e| e.to_string().contains("resolves no names")));
         Ok(())

@@ -85,6 +85,15 @@ impl UdpSocket {
 
     /// Sends one datagram to `addr`.
     ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::UdpSocket;
+    /// // Inside a task of Runtime::run:
+    /// let sock = UdpSocket::bind(0)?;
+    /// sock.send_to(b"ping", "10.0.0.2:9000").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// `InvalidInput` for a datagram larger than the send buffer or an address the stack
     /// cannot send to.
@@ -106,6 +115,19 @@ impl UdpSocket {
     /// Receives one datagram; returns the bytes copied into `buf` and its sender. A datagram
     /// longer than `buf` is cut to it, the rest lost (as tokio's, on Linux).
     ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::UdpSocket;
+    /// // A UDP echo server, inside a task of Runtime::run:
+    /// let sock = UdpSocket::bind(7)?;
+    /// let mut buf = vec![0; 65_507];
+    /// loop {
+    ///     let (n, from) = sock.recv_from(&mut buf).await?;
+    ///     sock.send_to(&buf[..n], from).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// `NotConnected` when no datagram waits and the runtime is shutting down
     /// ([`StopHandle::shutdown`](crate::StopHandle::shutdown)).
@@ -124,6 +146,19 @@ impl UdpSocket {
     /// Copies the next datagram into `buf` without taking it: the next `recv_from` returns it
     /// again. A datagram longer than `buf` is cut to it here (and whole to a later receive
     /// with room).
+    ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::UdpSocket;
+    /// let sock = UdpSocket::bind(5353)?;
+    /// let mut head = [0u8; 2];
+    /// // Look at the first two bytes, then take the datagram with a buffer that fits it.
+    /// let (_, from) = sock.peek_from(&mut head).await?;
+    /// let mut whole = vec![0; 65_507];
+    /// let (n, _) = sock.recv_from(&mut whole).await?;
+    /// println!("{n} bytes from {from}, starting {head:?}");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As [`recv_from`](Self::recv_from).
@@ -173,8 +208,23 @@ impl UdpSocket {
     /// Sets the default peer: [`send`](Self::send) goes to it and [`recv`](Self::recv) takes
     /// only its datagrams.
     ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::UdpSocket;
+    /// let sock = UdpSocket::bind(0)?;
+    /// sock.connect("10.0.0.2:53").await?;
+    /// sock.send(b"query").await?;
+    /// let mut buf = [0; 512];
+    /// let n = sock.recv(&mut buf).await?;
+    /// # let _ = n;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// `InvalidInput` for text that is not an address.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it completes at once (no name is resolved).
     pub async fn connect(&self, addr: impl ToSocketAddr) -> io::Result<()> {
         self.peer.set(Some(addr.to_socket_addr()?));
         Ok(())
@@ -190,7 +240,7 @@ impl UdpSocket {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "not connected"))
     }
 
-    /// Sends to the connected peer.
+    /// Sends to the connected peer (see [`connect`](Self::connect) for an example).
     ///
     /// # Errors
     /// `NotConnected` before [`connect`](Self::connect); as [`send_to`](Self::send_to).
@@ -201,7 +251,8 @@ impl UdpSocket {
         self.send_to(buf, self.peer_addr()?).await
     }
 
-    /// Receives from the connected peer (datagrams from others are dropped).
+    /// Receives from the connected peer (datagrams from others are dropped; see
+    /// [`connect`](Self::connect) for an example).
     ///
     /// # Errors
     /// `NotConnected` before [`connect`](Self::connect); as [`recv_from`](Self::recv_from).

@@ -137,6 +137,21 @@ impl TcpListener {
 
     /// Waits for the next connection. With many tasks waiting, each connection wakes one.
     ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::TcpListener;
+    /// use tokio::io::AsyncWriteExt;
+    /// // Inside the future of Runtime::run (one listener per core, all on port 80):
+    /// let listener = TcpListener::bind(80)?;
+    /// loop {
+    ///     let (mut s, peer) = listener.accept().await?;
+    ///     tokio::task::spawn_local(async move {
+    ///         let _ = s.write_all(format!("hello {peer}\n").as_bytes()).await;
+    ///     });
+    /// }
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// When the listener was closed, or the connection was gone before it was taken.
     ///

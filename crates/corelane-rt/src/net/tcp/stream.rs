@@ -65,6 +65,18 @@ impl TcpStream {
     /// core owns, so the peer's replies come to this core whatever queue they arrive on. Bound
     /// the wait with `tokio::time::timeout`.
     ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::TcpStream;
+    /// use std::time::Duration;
+    /// // Inside a task of Runtime::run:
+    /// let s = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(("10.0.0.2", 80)))
+    ///     .await
+    ///     .map_err(|_| std::io::ErrorKind::TimedOut)??;
+    /// println!("connected from {}", s.local_addr()?);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// `ConnectionRefused` when the peer resets the attempt; `AddrNotAvailable` with no owned
     /// address of `addr`'s family or no free port; `Other` outside a corelane core.
@@ -223,6 +235,21 @@ impl TcpStream {
     /// Copies received bytes into `buf` without taking them: the next read returns them
     /// again. Waits while none are there; 0 at the end of the stream.
     ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::TcpStream;
+    /// use tokio::io::AsyncReadExt;
+    /// let mut s = TcpStream::connect("10.0.0.2:80").await?;
+    /// let mut first = [0u8; 1];
+    /// if s.peek(&mut first).await? == 1 && first[0] == 0x16 {
+    ///     // A TLS handshake: hand the stream, unread, to the TLS layer.
+    /// }
+    /// let mut buf = vec![0; 4096];
+    /// let n = s.read(&mut buf).await?; // the peeked byte comes again
+    /// # let _ = n;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As a read: the connection was reset, timed out or is gone.
     ///
@@ -234,6 +261,24 @@ impl TcpStream {
     }
 
     /// Waits until a read would not wait (bytes, the end of the stream, or an error).
+    /// With [`try_read`](Self::try_read), the pair reads without a `&mut` borrow.
+    ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::TcpStream;
+    /// let s = TcpStream::connect("10.0.0.2:7").await?;
+    /// let mut buf = [0; 4096];
+    /// loop {
+    ///     s.readable().await?;
+    ///     match s.try_read(&mut buf) {
+    ///         Ok(0) => break,
+    ///         Ok(n) => println!("{n} bytes"),
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// `NotConnected` when the connection is gone.
@@ -272,6 +317,22 @@ impl TcpStream {
     }
 
     /// Waits until a write would not wait (room in the send buffer, or an error).
+    ///
+    /// ```no_run
+    /// # async fn f() -> std::io::Result<()> {
+    /// use corelane_rt::net::TcpStream;
+    /// let s = TcpStream::connect("10.0.0.2:7").await?;
+    /// let mut rest: &[u8] = b"hello";
+    /// while !rest.is_empty() {
+    ///     s.writable().await?;
+    ///     match s.try_write(rest) {
+    ///         Ok(n) => rest = &rest[n..],
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// `NotConnected` when the connection is gone.

@@ -129,6 +129,11 @@ impl Echo {
         self.out.lock().unwrap().clone()
     }
 
+    /// Its process id (`ip netns exec` execs the program, so it is the example's own).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
     /// Sends `signal` and returns at once.
     pub fn signal(&self, signal: i32) {
         if let Some(c) = &self.child {

@@ -3,8 +3,8 @@
 //! at its next turn (one atomic load per turn when nothing changed).
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 use corelane_stack::Stack;
 use corelane_stack::smoltcp::wire::IpAddress;
@@ -24,7 +24,7 @@ use crate::launch::Shared;
 /// # Ok::<(), corelane_rt::Error>(())
 /// ```
 #[derive(Clone)]
-pub struct AddrHandle(pub(crate) Arc<Shared>);
+pub struct AddrHandle(pub(crate) Weak<Shared>);
 
 impl std::fmt::Debug for AddrHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -37,7 +37,10 @@ impl std::fmt::Debug for AddrHandle {
 impl AddrHandle {
     /// The owned addresses now.
     pub fn list(&self) -> Vec<Cidr> {
-        self.0
+        let Some(shared) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        shared
             .addrs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -61,7 +64,8 @@ impl AddrHandle {
                 "{cidr}: an owned address must be unicast"
             )));
         }
-        let mut list = self.0.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let shared = self.shared()?;
+        let mut list = shared.addrs.lock().unwrap_or_else(|p| p.into_inner());
         if list.iter().any(|c| c.address() == a) {
             return Err(Error::Config(format!("{a} is already owned")));
         }
@@ -71,14 +75,14 @@ impl AddrHandle {
                 corelane_stack::MAX_ADDRS
             )));
         }
-        self.0
+        shared
             .steering
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .own_addr(IpAddr::from(a))?;
         list.push(cidr);
         drop(list);
-        self.changed();
+        changed(&shared);
         Ok(())
     }
 
@@ -88,27 +92,34 @@ impl AddrHandle {
     /// # Errors
     /// The XDP program's map refused the change.
     pub fn remove(&self, a: IpAddr) -> Result<bool, Error> {
-        let mut list = self.0.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let shared = self.shared()?;
+        let mut list = shared.addrs.lock().unwrap_or_else(|p| p.into_inner());
         let before = list.len();
         list.retain(|c| IpAddr::from(c.address()) != a);
         if list.len() == before {
             return Ok(false);
         }
-        self.0
+        shared
             .steering
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .disown_addr(a)?;
         drop(list);
-        self.changed();
+        changed(&shared);
         Ok(true)
     }
 
-    fn changed(&self) {
-        self.0.addrs_gen.fetch_add(1, Ordering::SeqCst);
-        for b in &self.0.bells {
-            b.ring_always();
-        }
+    fn shared(&self) -> Result<Arc<Shared>, Error> {
+        self.0.upgrade().ok_or_else(|| {
+            Error::Config("the runtime has ended: its addresses can no longer change".into())
+        })
+    }
+}
+
+fn changed(shared: &Shared) {
+    shared.addrs_gen.fetch_add(1, Ordering::SeqCst);
+    for b in &shared.bells {
+        b.ring_always();
     }
 }
 

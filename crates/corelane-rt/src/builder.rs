@@ -299,7 +299,17 @@ impl Builder {
             )));
         }
         corelane_xsk::check_privileges()?;
+        // Before anything reads or changes the interface: one runtime per interface, and what
+        // a dead one left behind is undone first.
+        let claim = Arc::new(corelane_xsk::Claim::take(&self.ifname)?);
         let (mut plan, channels) = self.make_plan()?;
+        if !claim.undone().is_empty() {
+            plan.reasons.push(format!(
+                "a corelane process died on {} without cleaning up; undone: {}",
+                self.ifname,
+                claim.undone().join(", ")
+            ));
+        }
         // An address the kernel holds too would be answered twice (ARP, TCP resets from the
         // kernel for corelane's connections): refused.
         let held = corelane_xsk::kernel_addrs(&self.ifname)?;
@@ -389,15 +399,13 @@ impl Builder {
                 plan.lanes.len()
             );
         }
-        let restore = RestoreQueues {
-            ifname: self.ifname.clone(),
-            old: restore,
-        };
+        let restore = RestoreQueues::new(&self.ifname, restore, claim.clone());
         let mac = corelane_xsk::mac_address(&self.ifname)?;
         let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = Steering::attach(&self.ifname, self.attach)?;
+        steering.set_claim(claim.clone());
         let capacity = (self.xsk.frame_size as usize).saturating_sub(256);
         if mtu + 14 > capacity {
             let most = handoff::SLOT_BYTES - 14;

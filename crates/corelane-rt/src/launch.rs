@@ -96,14 +96,16 @@ impl Runtime {
     }
 
     /// A handle that adds and removes owned addresses while the runtime runs, from any
-    /// thread.
+    /// thread. It does not keep the runtime alive: once `run` returns, changes are refused.
     pub fn addr_handle(&self) -> crate::AddrHandle {
-        crate::AddrHandle(self.shared.clone())
+        crate::AddrHandle(Arc::downgrade(&self.shared))
     }
 
-    /// A handle that stops the runtime from any thread.
+    /// A handle that stops the runtime from any thread. It does not keep the runtime alive
+    /// (the interface is released when `run` returns, whatever handles are left); once the
+    /// runtime has ended, stopping it does nothing.
     pub fn stop_handle(&self) -> StopHandle {
-        StopHandle(self.shared.clone())
+        StopHandle(Arc::downgrade(&self.shared))
     }
 
     /// How many cores (lanes) will run.

@@ -1,6 +1,6 @@
 //! Raising or lowering an interface's receive queues for a run, and putting them back afterwards.
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use corelane_topo::Plan;
 use corelane_xsk::Channels;
@@ -36,10 +36,29 @@ pub(crate) fn raise_queues(
     Ok(old)
 }
 
-/// Puts an interface's queues back as they were when the runtime ends.
+/// Puts an interface's queues back as they were when the runtime ends; the claim records the
+/// old count meanwhile, so a process that dies has it put back by the next runtime.
 pub(crate) struct RestoreQueues {
     pub(crate) ifname: String,
     pub(crate) old: Option<Channels>,
+    pub(crate) claim: Arc<corelane_xsk::Claim>,
+}
+
+impl RestoreQueues {
+    pub(crate) fn new(
+        ifname: &str,
+        old: Option<Channels>,
+        claim: Arc<corelane_xsk::Claim>,
+    ) -> Self {
+        if old.is_some() {
+            claim.note_channels(old);
+        }
+        RestoreQueues {
+            ifname: ifname.to_string(),
+            old,
+            claim,
+        }
+    }
 }
 
 impl Drop for RestoreQueues {
@@ -48,16 +67,9 @@ impl Drop for RestoreQueues {
         // The driver refuses fewer queues while the XDP program is attached; its link can
         // outlive our close for a moment (a child process forked by another thread holds the
         // descriptor until it execs), so a refusal is retried for up to a second.
-        let mut last = None;
-        for _ in 0..100 {
-            match corelane_xsk::set_channels(&self.ifname, old) {
-                Ok(()) => return,
-                Err(e) => last = Some(e),
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if let Some(e) = last {
-            tracing::warn!("{}: restoring its queues failed: {e}", self.ifname);
+        match corelane_xsk::set_channels_retrying(&self.ifname, old) {
+            Ok(()) => self.claim.note_channels(None),
+            Err(e) => tracing::warn!("{}: restoring its queues failed: {e}", self.ifname),
         }
     }
 }

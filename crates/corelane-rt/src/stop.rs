@@ -7,7 +7,7 @@
 //! its ACK), then resets what is left.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::launch::Shared;
@@ -104,7 +104,7 @@ impl Shared {
 /// # Ok::<(), corelane_rt::Error>(())
 /// ```
 #[derive(Clone)]
-pub struct StopHandle(pub(crate) Arc<Shared>);
+pub struct StopHandle(pub(crate) Weak<Shared>);
 
 impl std::fmt::Debug for StopHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,7 +116,9 @@ impl StopHandle {
     /// Stops now: every core resets its connections and ends; `run` returns with
     /// `RunReport::stopped` set.
     pub fn stop(&self) {
-        self.0.stop_all();
+        if let Some(shared) = self.0.upgrade() {
+            shared.stop_all();
+        }
     }
 
     /// Shuts down gracefully: every listener closes (pending `accept`s return an error, new
@@ -125,18 +127,23 @@ impl StopHandle {
     /// after `grace` is reset. `run` returns with `RunReport::stopped` set; each core's
     /// `CoreStats::stack.reset_at_stop` says how many connections had to be reset.
     pub fn shutdown(&self, grace: Duration) {
-        let life = &self.0.life;
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let life = &shared.life;
         {
             let mut until = life.drain_until.lock().unwrap_or_else(|p| p.into_inner());
             let t = Instant::now() + grace;
             *until = Some(until.map_or(t, |u| u.min(t)));
         }
         life.draining.store(true, Ordering::SeqCst);
-        self.0.ring_all();
+        shared.ring_all();
     }
 
-    /// True once a stop or a shutdown was asked for.
+    /// True once a stop or a shutdown was asked for, or the runtime has ended.
     pub fn is_stopping(&self) -> bool {
-        self.0.life.stop.load(Ordering::Relaxed) || self.0.life.draining()
+        self.0
+            .upgrade()
+            .is_none_or(|shared| shared.life.stop.load(Ordering::Relaxed) || shared.life.draining())
     }
 }

@@ -33,6 +33,14 @@ pub enum Error {
         "{0} already has an XDP program attached (another corelane, or an XDP tool?); see `ip link show dev {0}`, detach it with `ip link set dev {0} xdp off`"
     )]
     XdpBusy(String),
+    /// Another corelane runtime serves the interface.
+    #[error("{ifname} is served by another corelane runtime{}; stop it first, or use another interface", busy_pid(*pid))]
+    InterfaceBusy {
+        /// Interface.
+        ifname: String,
+        /// The owner's process id, when its record says.
+        pid: Option<u32>,
+    },
     /// Loading the embedded program failed.
     #[error("loading the XDP program failed: {0}")]
     Load(String),
@@ -73,6 +81,14 @@ pub enum Error {
     /// An I/O error from the rings.
     #[error(transparent)]
     Io(#[from] io::Error),
+}
+
+fn busy_pid(pid: Option<u32>) -> String {
+    match pid {
+        Some(p) if p == std::process::id() => format!(" in this process (pid {p})"),
+        Some(p) => format!(" (pid {p}: `kill {p}`)"),
+        None => String::new(),
+    }
 }
 
 fn bind_hint(errno: Option<i32>, ifname: &str, queue: u32) -> String {

@@ -4,7 +4,7 @@
 //! One module per kernel object: `steering` (the XDP program and its maps), `socket` (an
 //! AF_XDP socket and its UMEM), `ethtool` (queues, driver), `netdev` (index, MAC, MTU), `routes` (the kernel's routes, over
 //! rtnetlink), `caps`
-//! (privileges); `sys` holds the raw system calls. The frame interface, the ledger and the
+//! (privileges), `claim` (one runtime per interface, and undoing a dead one's changes); `sys` holds the raw system calls. The frame interface, the ledger and the
 //! in-memory link live in `corelane_frame` (re-exported here).
 //!
 //! ```no_run
@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 
 mod caps;
+mod claim;
 mod error;
 mod ethtool;
 mod netdev;
@@ -30,6 +31,7 @@ mod steering;
 mod sys;
 
 pub use caps::check_privileges;
+pub use claim::{Claim, iface_dir, netns_id, run_dir, set_channels_retrying};
 pub use corelane_frame::{
     Frame, FrameCounts, FrameIo, FrameLedger, FrameState, LedgerError, MemFrame, MemLink, MemPort,
     MemStats, Proto, UmemId,

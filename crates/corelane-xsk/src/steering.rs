@@ -3,6 +3,7 @@
 use std::collections::HashMap as StdHashMap;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 
 use aya::Ebpf;
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, XskMap};
@@ -11,6 +12,7 @@ use aya::programs::{ProgramError, Xdp, XdpMode};
 use corelane_frame::Proto;
 
 use crate::caps::check_privileges;
+use crate::claim::Claim;
 use crate::error::Error;
 use crate::netdev::check_interface;
 
@@ -95,6 +97,8 @@ pub struct Steering {
     /// Solicited-node multicast groups joined on the interface for owned IPv6 addresses, with
     /// how many addresses share each.
     groups: StdHashMap<[u8; 6], u32>,
+    /// The interface's claim, told of every group joined and left (so a crash leaves none).
+    claim: Option<Arc<Claim>>,
     // Dropped last: holds the program and its link.
     _ebpf: Ebpf,
 }
@@ -109,6 +113,9 @@ impl Drop for Steering {
     fn drop(&mut self) {
         for mac in self.groups.keys() {
             let _ = crate::netdev::multicast(&self.ifname, *mac, false);
+            if let Some(c) = &self.claim {
+                c.note_group(*mac, false);
+            }
         }
     }
 }
@@ -187,8 +194,18 @@ impl Steering {
             stats,
             port_refs: StdHashMap::new(),
             groups: StdHashMap::new(),
+            claim: None,
             _ebpf: ebpf,
         })
+    }
+
+    /// Records every multicast group this steering joins on the interface in `claim`, so a
+    /// process that dies leaves none behind (the next runtime's claim leaves them).
+    pub fn set_claim(&mut self, claim: Arc<Claim>) {
+        for mac in self.groups.keys() {
+            claim.note_group(*mac, true);
+        }
+        self.claim = Some(claim);
     }
 
     /// The interface the program is attached to.
@@ -222,14 +239,19 @@ impl Steering {
                 let mac = solicited_node_mac(a.octets());
                 let refs = self.groups.entry(mac).or_insert(0);
                 *refs += 1;
-                if *refs == 1
-                    && let Err(e) = crate::netdev::multicast(&self.ifname, mac, true)
-                {
-                    tracing::warn!(
-                        "{}: cannot accept multicast {mac:02x?} for {a}: {e}; neighbour \
-                         solicitations for it may not arrive",
-                        self.ifname
-                    );
+                if *refs == 1 {
+                    match crate::netdev::multicast(&self.ifname, mac, true) {
+                        Ok(()) => {
+                            if let Some(c) = &self.claim {
+                                c.note_group(mac, true);
+                            }
+                        }
+                        Err(e) => tracing::warn!(
+                            "{}: cannot accept multicast {mac:02x?} for {a}: {e}; neighbour \
+                             solicitations for it may not arrive",
+                            self.ifname
+                        ),
+                    }
                 }
                 Ok(())
             }
@@ -253,6 +275,9 @@ impl Steering {
                     if *refs == 0 {
                         self.groups.remove(&mac);
                         let _ = crate::netdev::multicast(&self.ifname, mac, false);
+                        if let Some(c) = &self.claim {
+                            c.note_group(mac, false);
+                        }
                     }
                 }
                 Ok(())

@@ -1,0 +1,189 @@
+//! Nothing left behind: a server killed with SIGKILL mid-load leaves no XDP program, and the
+//! next server on the interface puts back what the dead one changed (its queue count, its
+//! multicast groups) and serves at once; a second server while the first lives is refused with
+//! the first's pid.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use corelane_testnet::{VethPair, require_root};
+
+/// The receive queues `ethtool -l` reports as current for the server's interface.
+fn rx_queues(net: &VethPair) -> Result<u32, String> {
+    let out = net
+        .server_ns()
+        .exec("ethtool", &["-l", net.server_if()])
+        .map_err(|e| e.to_string())?;
+    out.split("Current hardware settings:")
+        .nth(1)
+        .and_then(|cur| cur.lines().find_map(|l| l.strip_prefix("RX:")))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no current RX count in:\n{out}"))
+}
+
+/// The interface's link-layer multicast list (`ip maddr`), as text.
+fn maddrs(net: &VethPair) -> String {
+    net.server_ns()
+        .exec("ip", &["maddr", "show", "dev", net.server_if()])
+        .unwrap_or_default()
+}
+
+/// The claim file of the server's interface, found by the pid it records.
+fn claim_file_of(pid: u32) -> Option<std::path::PathBuf> {
+    let dirs = std::fs::read_dir("/run/corelane").ok()?;
+    for ns in dirs.flatten() {
+        for iface in std::fs::read_dir(ns.path()).ok()?.flatten() {
+            let owner = iface.path().join("owner");
+            let text = std::fs::read_to_string(&owner).unwrap_or_default();
+            if text.lines().next() == Some(&format!("pid {pid}")) {
+                return Some(owner);
+            }
+        }
+    }
+    None
+}
+
+/// Streams into the echo server (reading what comes back) until the connection fails or 30 s
+/// pass; returns the bytes written and the error that ended it.
+fn stream_until_cut(addr: SocketAddr) -> (u64, Option<std::io::Error>) {
+    use std::io::{Read, Write};
+    let mut s = match connect(addr) {
+        Ok(s) => s,
+        Err(e) => return (0, Some(e)),
+    };
+    let _ = s.set_write_timeout(Some(Duration::from_secs(30)));
+    if let Ok(mut r) = s.try_clone() {
+        let _ = r.set_read_timeout(Some(Duration::from_secs(30)));
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            while matches!(r.read(&mut buf), Ok(1..)) {}
+        });
+    }
+    let chunk = payload(1 << 20, 1);
+    let (mut sent, deadline) = (0u64, Instant::now() + Duration::from_secs(30));
+    while Instant::now() < deadline {
+        match s.write_all(&chunk) {
+            Ok(()) => sent += chunk.len() as u64,
+            Err(e) => return (sent, Some(e)),
+        }
+    }
+    (sent, None)
+}
+
+#[test]
+fn crash_sigkill_leaves_nothing_the_next_server_cannot_undo() -> Result<(), String> {
+    if !require_root("crash_sigkill") {
+        return Ok(());
+    }
+    let net = net(2);
+    net.server_ns()
+        .exec("ethtool", &["-L", net.server_if(), "rx", "1", "tx", "1"])
+        .map_err(|e| e.to_string())?;
+    assert_eq!(rx_queues(&net)?, 1);
+    let v4: SocketAddr = format!("{SERVER_V4}:7").parse().map_err(|_| "addr")?;
+    let before_groups = maddrs(&net);
+    assert!(
+        !before_groups.contains("33:33:ff:00:00:03"),
+        "{before_groups}"
+    );
+
+    let first = Echo::start(
+        &net,
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--addr",
+            "fd00:77::3/64",
+            "--cores",
+            "2",
+        ],
+    );
+    assert_eq!(rx_queues(&net)?, 2, "raised for two cores");
+    assert!(
+        maddrs(&net).contains("33:33:ff:00:00:03"),
+        "{}",
+        maddrs(&net)
+    );
+    let owner = claim_file_of(first.pid()).ok_or("no claim file names the server's pid")?;
+    let record = std::fs::read_to_string(&owner).map_err(|e| e.to_string())?;
+    assert!(record.contains("channels 1 1 0"), "{record}");
+    assert!(record.contains("group 33:33:ff:00:00:03"), "{record}");
+
+    // A second server on the same interface while the first lives: refused, naming the first.
+    let (status, out) = run_echo(&net, &["--addr", "10.77.0.4/24"]);
+    assert!(!status.success(), "{out}");
+    assert!(
+        out.contains(&format!(
+            "served by another corelane runtime (pid {}",
+            first.pid()
+        )),
+        "{out}"
+    );
+
+    // Mid-load: a transfer is running when the server dies.
+    let load = net
+        .client_ns()
+        .spawn(move || stream_until_cut(v4))
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(300));
+    let dead = first.pid();
+    first.signal(libc::SIGKILL);
+    let (status, _) = first.wait();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+
+    // The kernel detaches the XDP link with the process; the queue count and the multicast
+    // group are still as the dead process left them (that is what the record is for).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while net.server_link().unwrap_or_default().contains("xdp") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_no_xdp(&net);
+    assert_eq!(
+        rx_queues(&net)?,
+        2,
+        "nothing but the record can put it back"
+    );
+    assert!(maddrs(&net).contains("33:33:ff:00:00:03"));
+    assert!(owner.exists(), "the dead server's record is gone");
+
+    // The next server (one core) starts at once, undoes the leftovers and serves.
+    let started = Instant::now();
+    let next = Echo::start(&net, &["--addr", "10.77.0.3/24", "--cores", "1"]);
+    let took = started.elapsed();
+    let out = next.output();
+    assert!(
+        out.contains("died on") && out.contains("receive queues put back to 1"),
+        "{out}"
+    );
+    assert!(out.contains("1 multicast group(s) left"), "{out}");
+    assert_eq!(rx_queues(&net)?, 1);
+    assert!(
+        !maddrs(&net).contains("33:33:ff:00:00:03"),
+        "{}",
+        maddrs(&net)
+    );
+    assert!(
+        !out.contains(&format!("pid {dead}:")),
+        "blamed the dead pid as busy:\n{out}"
+    );
+    // The transfer cut by the kill ends (reset by the new server) instead of hanging.
+    let (sent, error) = load.join().map_err(|e| e.to_string())?;
+    assert!(sent > 0, "the load never ran");
+    assert!(error.is_some(), "the cut transfer did not fail");
+    assert_echoes(&net, v4, 1 << 20, 2);
+    let (status, out) = next.stop();
+    assert_clean_exit(status, &out);
+    assert!(
+        !owner.exists(),
+        "a clean exit removes its record: {:?}",
+        std::fs::read_to_string(&owner)
+    );
+    eprintln!("next server serving {took:?} after the kill");
+    Ok(())
+}

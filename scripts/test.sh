@@ -10,3 +10,5 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 # Release mode: the end-to-end tests push 64 MiB through the stack. `cargo test` on the whole
 # workspace also builds the examples the privileged tests run.
 cargo test --locked --release --workspace
+# README's build-dependency list, checked in a minimal Debian root that has nothing else.
+bash scripts/clean-build-check.sh

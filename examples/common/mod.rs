@@ -32,6 +32,10 @@ pub(crate) struct Common {
     /// Do not start from the kernel's routes through the interface.
     #[arg(long)]
     pub(crate) no_kernel_routes: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics on the kernel's stack (e.g.
+    /// 127.0.0.1:9464).
+    #[arg(long)]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
     /// Port to serve (each example has its default).
     #[arg(long)]
     pub(crate) port: Option<u16>,
@@ -148,6 +152,9 @@ impl Common {
         }
         for (prefix, via) in &self.routes {
             b = b.route(*prefix, *via);
+        }
+        if let Some(m) = self.metrics {
+            b = b.metrics(m);
         }
         Ok(b.kernel_routes(!self.no_kernel_routes))
     }

@@ -36,6 +36,8 @@ pub struct Builder {
     pub(crate) routes: Vec<crate::routing::Wanted>,
     pub(crate) kernel_routes: bool,
     pub(crate) on_panic: crate::OnPanic,
+    pub(crate) publish_stats: bool,
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
@@ -192,6 +194,35 @@ impl Builder {
         self
     }
 
+    /// Publishes live statistics for readers outside the process (default on): each core
+    /// writes its counters into its own slot of `/run/corelane/net-COOKIE/IFNAME/stats` every
+    /// 100 ms (never per frame), and its connections when a reader asks. `corelane-stat` and
+    /// [`metrics`](Self::metrics) read it.
+    pub fn publish_stats(mut self, on: bool) -> Self {
+        self.publish_stats = on;
+        self
+    }
+
+    /// Serves the live statistics in Prometheus' text format at `http://ADDR/metrics`, from a
+    /// thread on the kernel's network stack (a management address, not the one corelane
+    /// owns), e.g. `"127.0.0.1:9464"`. Off by default; needs [`publish_stats`](Self::publish_stats).
+    ///
+    /// ```no_run
+    /// let rt = corelane_rt::Runtime::builder("eth0")
+    ///     .addr("10.0.0.1/24")
+    ///     .metrics("127.0.0.1:9464")
+    ///     .build()?;
+    /// // curl -s http://127.0.0.1:9464/metrics | grep corelane_rx_frames_total
+    /// # Ok::<(), corelane_rt::Error>(())
+    /// ```
+    pub fn metrics(mut self, addr: impl crate::net::ToSocketAddr) -> Self {
+        match addr.to_socket_addr() {
+            Ok(a) => self.metrics = Some(a),
+            Err(e) => self.invalid.push(format!("metrics address: {e}")),
+        }
+        self
+    }
+
     /// How long a core keeps running after its task ends, so closed connections can finish
     /// (default 200 ms). [`StopHandle::stop`](crate::StopHandle::stop) resets them instead;
     /// [`StopHandle::shutdown`](crate::StopHandle::shutdown) gives them its grace instead.
@@ -263,6 +294,33 @@ impl Builder {
         Ok((plan, channels))
     }
 
+    /// The stats file's writer, in the claim's directory (None when switched off, or when it
+    /// cannot be made: the run goes on without it, warned).
+    fn publisher(
+        &self,
+        claim: &corelane_xsk::Claim,
+        cores: usize,
+    ) -> Option<corelane_stat::Publisher> {
+        if !self.publish_stats {
+            return None;
+        }
+        let path = claim.dir().join("stats");
+        let cap = self.stack.flows.clamp(1, 1 << 16);
+        match corelane_stat::Publisher::create(
+            &path,
+            &self.ifname,
+            cores,
+            crate::publish::NAMES,
+            cap,
+        ) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!("{}: live statistics off: {e}", path.display());
+                None
+            }
+        }
+    }
+
     /// Checks the configuration, attaches the XDP program and owns the addresses. The AF_XDP
     /// sockets are opened by each core when [`Runtime::run`](crate::Runtime::run) starts it.
     ///
@@ -303,6 +361,16 @@ impl Builder {
         // a dead one left behind is undone first.
         let claim = Arc::new(corelane_xsk::Claim::take(&self.ifname)?);
         let (mut plan, channels) = self.make_plan()?;
+        let publisher = self.publisher(&claim, plan.lanes.len());
+        let metrics = match (self.metrics, &publisher) {
+            (Some(addr), Some(p)) => Some(crate::metrics::Metrics::serve(addr, p.path())?),
+            (Some(_), None) => {
+                return Err(Error::Config(
+                    "metrics need the published statistics (publish_stats(true))".into(),
+                ));
+            }
+            (None, _) => None,
+        };
         if !claim.undone().is_empty() {
             plan.reasons.push(format!(
                 "a corelane process died on {} without cleaning up; undone: {}",
@@ -437,6 +505,8 @@ impl Builder {
             warnings: Mutex::new(Vec::new()),
             auto_ports: Mutex::new(Vec::new()),
             bells,
+            publisher,
+            _metrics: metrics,
         });
         // One secret for every core: a SYN cookie issued on one core validates on any (the ACK
         // of a cookie may be answered by whichever core the segment reaches last), and ISNs

@@ -15,7 +15,7 @@ use corelane_xsk::XskQueue;
 use tokio::io::unix::AsyncFd;
 
 use crate::PollMode;
-use crate::lane::Core;
+use crate::lane::{Core, lock};
 use crate::peers::CorePeers;
 
 struct Fd(RawFd);
@@ -39,6 +39,8 @@ pub(crate) struct Driver {
     pub(crate) listeners_closed: bool,
     /// The bad-checksum warning was given.
     pub(crate) warned_checksums: bool,
+    /// This core's slot of the live statistics (None when they are off).
+    pub(crate) publish: Option<crate::publish::Publish>,
 }
 
 impl Driver {
@@ -92,7 +94,17 @@ impl Driver {
         }
         st.device = self.pipe.dev.stats();
         let (bad, all) = (st.device.rx_bad_checksum, st.device.rx_frames);
+        let snapshot = *st;
         drop(st);
+        if let Some(p) = &mut self.publish {
+            let io = self.pipe.dev.io_mut();
+            p.tick(
+                snapshot,
+                &mut stack,
+                || io.counts(),
+                || lock(&core.shared.steering).counters().ok(),
+            );
+        }
         if !self.warned_checksums && bad >= 16 && bad * 2 >= all {
             // Most of what arrives fails its checksum: not corruption, a peer that leaves
             // checksums to an offload that never happens (a veth peer with tx offload on).
@@ -193,7 +205,14 @@ impl Driver {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            // Idle cores still publish their statistics (and answer connection snapshots).
+            let far = tokio::time::Instant::now()
+                + if self.publish.is_some() {
+                    crate::publish::Publish::interval()
+                } else {
+                    Duration::from_secs(3600)
+                };
+            let deadline = deadline.map(|d| d.min(far));
             tokio::select! {
                 biased;
                 r = xsk.readable() => if let Ok(mut g) = r { g.clear_ready() },

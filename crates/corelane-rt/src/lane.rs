@@ -120,7 +120,7 @@ pub(crate) fn set_current(core: Option<Arc<Core>>) {
     CURRENT.with(|c| *c.borrow_mut() = core);
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

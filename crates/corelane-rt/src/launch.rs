@@ -31,6 +31,10 @@ pub(crate) struct Shared {
     /// Ports picked for binds of port 0, in order (every core's n-th gets the n-th).
     pub(crate) auto_ports: Mutex<Vec<u16>>,
     pub(crate) bells: Vec<Arc<handoff::Doorbell>>,
+    /// The live statistics' writer (removed with the runtime).
+    pub(crate) publisher: Option<corelane_stat::Publisher>,
+    /// The Prometheus endpoint's thread, stopped with the runtime.
+    pub(crate) _metrics: Option<crate::metrics::Metrics>,
 }
 
 /// The runtime: an interface, the XDP program and the cores that will serve it.
@@ -92,6 +96,8 @@ impl Runtime {
             routes: Vec::new(),
             kernel_routes: true,
             on_panic: crate::OnPanic::RestartCore,
+            publish_stats: true,
+            metrics: None,
         }
     }
 

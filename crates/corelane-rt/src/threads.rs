@@ -117,6 +117,12 @@ impl Runtime {
             addrs_seen: 0,
             listeners_closed: false,
             warned_checksums: false,
+            publish: self
+                .shared
+                .publisher
+                .as_ref()
+                .and_then(|p| p.core(info.index))
+                .map(|w| crate::publish::Publish::new(w, info.index)),
         };
         let linger = self.cfg.linger;
         if let Some(app) = app {

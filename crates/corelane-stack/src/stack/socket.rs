@@ -22,6 +22,12 @@ pub struct TcpInfo {
     pub state: TcpState,
     /// Smoothed round-trip time, once measured.
     pub srtt: Option<Duration>,
+    /// Round-trip time variation (RFC 6298's RTTVAR), once measured.
+    pub rttvar: Option<Duration>,
+    /// Bytes written and not yet acknowledged by the peer.
+    pub send_queue: usize,
+    /// Bytes received and not yet read by the application.
+    pub recv_queue: usize,
     /// Congestion window, bytes.
     pub cwnd: usize,
     /// The peer's receive window, bytes.
@@ -417,19 +423,39 @@ impl Stack {
     /// What TCP flow `id` knows of its path: smoothed RTT, congestion window, the peer's
     /// window and its own receive window, and its counters.
     pub fn tcp_info(&mut self, id: FlowId) -> Option<TcpInfo> {
-        let c = self.conn(id)?;
-        Some(TcpInfo {
-            state: c.state(),
-            srtt: c.srtt().map(Into::into),
-            cwnd: c.cwnd(),
-            snd_window: c.snd_window(),
-            rcv_window: c.rcv_window(),
-            congestion: c.congestion(),
-            mss: c.mss(),
-            stats: c.stats,
-        })
+        self.conn(id).map(|c| info_of(c))
     }
 
+    /// Every TCP connection of this core with what [`tcp_info`](Self::tcp_info) says of it,
+    /// for diagnostics (the published connection table): `f` is called once per connection.
+    pub fn each_tcp(&mut self, mut f: impl FnMut(SocketAddr, SocketAddr, &TcpInfo)) {
+        for slot in &self.slots {
+            if let Some(Sock::Tcp(c)) = slot.flow.as_ref().map(|fl| &fl.sock) {
+                let (l, r) = (c.local(), c.remote());
+                f(to_socket_addr(l), to_socket_addr(r), &info_of(c));
+            }
+        }
+    }
+}
+
+fn info_of(c: &Conn) -> TcpInfo {
+    let (send_queue, recv_queue) = c.queues();
+    TcpInfo {
+        state: c.state(),
+        srtt: c.srtt().map(Into::into),
+        rttvar: c.rttvar().map(Into::into),
+        send_queue,
+        recv_queue,
+        cwnd: c.cwnd(),
+        snd_window: c.snd_window(),
+        rcv_window: c.rcv_window(),
+        congestion: c.congestion(),
+        mss: c.mss(),
+        stats: c.stats,
+    }
+}
+
+impl Stack {
     /// Aborts TCP flow `id` (a reset is sent on the next egress pass).
     pub fn abort(&mut self, id: FlowId) {
         if let Some(c) = self.conn(id) {

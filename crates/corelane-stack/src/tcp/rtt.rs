@@ -54,6 +54,11 @@ impl Rtt {
         self.srtt.map(Duration::from_micros)
     }
 
+    /// The RTT variation (RTTVAR), once a sample was taken.
+    pub(crate) fn rttvar(&self) -> Option<Duration> {
+        self.srtt.map(|_| Duration::from_micros(self.rttvar))
+    }
+
     /// The smallest sample seen.
     pub(crate) fn min_rtt(&self) -> Option<Duration> {
         (self.min_rtt != u64::MAX).then(|| Duration::from_micros(self.min_rtt))

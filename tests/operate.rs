@@ -1,0 +1,182 @@
+//! Operating a running server from outside: `corelane-stat` lists the connections a kernel
+//! client holds (with the bytes it sent), per-core counters and rates that agree with the load,
+//! and the Prometheus endpoint answers a real scrape.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use corelane_testnet::require_root;
+
+/// The `corelane-stat` binary (built by `cargo test --workspace` for its own tests).
+fn stat_bin() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .ok_or("no target directory")?;
+    let bin = dir.join("corelane-stat");
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} is missing: build it with `cargo build --release -p corelane-stat`",
+            bin.display()
+        ))
+    }
+}
+
+/// Sum of a JSON number field `"name":N` over the text.
+fn sum_field(json: &str, name: &str) -> u64 {
+    json.match_indices(&format!("\"{name}\":"))
+        .filter_map(|(i, m)| {
+            let rest = &json[i + m.len()..];
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            rest[..end].parse::<u64>().ok()
+        })
+        .sum()
+}
+
+#[test]
+fn operate_stat_cli_and_metrics_agree_with_the_load() -> Result<(), String> {
+    if !require_root("operate_stat") {
+        return Ok(());
+    }
+    let bin = stat_bin()?;
+    let net = net(2);
+    let server = Echo::start(
+        &net,
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "2",
+            "--metrics",
+            "127.0.0.1:9464",
+        ],
+    );
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().map_err(|_| "addr")?;
+    // Eight kernel connections, each echoing 256 KiB and then staying open.
+    const CONNS: usize = 8;
+    const BYTES: usize = 256 << 10;
+    let held = net
+        .client_ns()
+        .run(move || -> std::io::Result<Vec<TcpStream>> {
+            let mut held = Vec::new();
+            for i in 0..CONNS {
+                let mut s = connect(addr)?;
+                s.set_read_timeout(Some(Duration::from_secs(20)))?;
+                let data = payload(BYTES, i as u64);
+                let mut r = s.try_clone()?;
+                let reader = std::thread::spawn(move || {
+                    let mut got = vec![0u8; BYTES];
+                    r.read_exact(&mut got).map(|()| got)
+                });
+                s.write_all(&data)?;
+                let got = reader
+                    .join()
+                    .map_err(|_| std::io::Error::other("reader"))??;
+                assert_eq!(got, data);
+                held.push(s);
+            }
+            Ok(held)
+        })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+
+    let run = |args: &[&str]| -> Result<String, String> {
+        let mut all = vec!["--iface", net.server_if()];
+        all.extend_from_slice(args);
+        net.server_ns()
+            .exec(bin.to_str().ok_or("path")?, &all)
+            .map_err(|e| e.to_string())
+    };
+    // Connections: every one listed ESTABLISHED on port 7 with the bytes the client sent.
+    let conns = run(&["--json", "conns", "--port", "7", "--state", "ESTABLISHED"])?;
+    assert_eq!(
+        conns.matches("\"state\":\"ESTABLISHED\"").count(),
+        CONNS,
+        "{conns}"
+    );
+    assert_eq!(
+        sum_field(&conns, "bytes_in"),
+        (CONNS * BYTES) as u64,
+        "{conns}"
+    );
+    assert_eq!(
+        sum_field(&conns, "bytes_out"),
+        (CONNS * BYTES) as u64,
+        "{conns}"
+    );
+    assert!(conns.contains("\"stale_cores\":[]"), "{conns}");
+    let table = run(&["conns"])?;
+    assert!(
+        table.contains("ESTABLISHED") && table.contains("10.77.0.2:"),
+        "{table}"
+    );
+
+    // Per-core counters: the two cores together received at least the payload.
+    let cores = run(&["--json", "cores"])?;
+    assert!(
+        sum_field(&cores, "tcp_bytes_in") >= (CONNS * BYTES) as u64,
+        "{cores}"
+    );
+    // Each core's listener is a flow too.
+    assert_eq!(sum_field(&cores, "flows"), CONNS as u64 + 2, "{cores}");
+    assert!(sum_field(&cores, "xdp_steered") > 0, "{cores}");
+
+    // Rates: a second transfer while `top` watches shows up as received bytes per second.
+    let mut top_cmd = net.server_ns().command(bin.to_str().ok_or("path")?);
+    top_cmd.args(["--iface", net.server_if(), "--json", "top"]);
+    top_cmd.args(["--interval", "0.5", "--count", "4"]);
+    let top = std::thread::spawn(move || top_cmd.output());
+    assert_echoes(&net, addr, 32 << 20, 9);
+    let top = top.join().map_err(|_| "top")?.map_err(|e| e.to_string())?;
+    let top = String::from_utf8_lossy(&top.stdout).into_owned();
+    let rate_lines: Vec<&str> = top.lines().filter(|l| l.contains("per_second")).collect();
+    assert_eq!(rate_lines.len(), 4, "{top}");
+    // The received-bytes rate of each round, summed over cores.
+    let rates: Vec<u64> = rate_lines
+        .iter()
+        .map(|l| {
+            l.split("\"per_second\":{")
+                .skip(1)
+                .map(|part| sum_field(part.split('}').next().unwrap_or(""), "tcp_bytes_in"))
+                .sum()
+        })
+        .collect();
+    assert!(
+        rates.iter().any(|r| *r > 1_000_000),
+        "no received-bytes rate while 32 MiB went through: {rates:?}\n{top}"
+    );
+
+    // A real scrape of the metrics endpoint, on the kernel's stack in the server namespace.
+    let scrape = net
+        .server_ns()
+        .exec("curl", &["-sf", "http://127.0.0.1:9464/metrics"])
+        .map_err(|e| e.to_string())?;
+    assert!(scrape.contains("corelane_up{"), "{scrape}");
+    let total: u64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("corelane_tcp_bytes_in_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(total >= (CONNS * BYTES + (32 << 20)) as u64, "{scrape}");
+    assert!(scrape.contains("# TYPE corelane_flows gauge"), "{scrape}");
+
+    drop(held);
+    let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+    let after = run(&["list"])?;
+    assert!(
+        !after.contains(net.server_if()),
+        "stats left after a clean exit:\n{after}"
+    );
+    Ok(())
+}

@@ -482,16 +482,6 @@ impl Conn {
         self.rtt.srtt()
     }
 
-    /// The RTT variation.
-    pub(crate) fn rttvar(&self) -> Option<Duration> {
-        self.rtt.rttvar()
-    }
-
-    /// Bytes written and not yet acknowledged, and bytes received and not yet read.
-    pub(crate) fn queues(&self) -> (usize, usize) {
-        (self.snd.len(), self.rcv.len())
-    }
-
     /// The congestion window, bytes.
     pub(crate) fn cwnd(&self) -> usize {
         self.cc.cwnd

@@ -8,6 +8,16 @@ use smoltcp::time::{Duration, Instant};
 use super::conn::{Conn, TcpState};
 
 impl Conn {
+    /// The RTT variation.
+    pub(crate) fn rttvar(&self) -> Option<smoltcp::time::Duration> {
+        self.rtt.rttvar()
+    }
+
+    /// Bytes written and not yet acknowledged, and bytes received and not yet read.
+    pub(crate) fn queues(&self) -> (usize, usize) {
+        (self.snd.len(), self.rcv.len())
+    }
+
     /// Bytes ready to read.
     pub(crate) fn readable(&self) -> usize {
         self.rcv.len()

@@ -105,15 +105,17 @@ fn datapath_error_interface_already_served() {
     let (status, out) = run_echo(&net, &["--addr", "10.77.0.4/24"]);
     assert!(!status.success(), "{out}");
     // The first server's program is still attached, so check the message here and the
-    // detachment after the first server stops.
+    // detachment after the first server stops. The second is refused before it touches the
+    // interface, naming the first.
     let errors: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
     assert_eq!(errors.len(), 1, "{out}");
+    let want = format!("served by another corelane runtime (pid {}", first.pid());
+    assert!(errors[0].contains(&want), "{}", errors[0]);
     assert!(
-        errors[0].contains("already has an XDP program"),
+        errors[0].contains(&format!("kill {}", first.pid())),
         "{}",
         errors[0]
     );
-    assert!(errors[0].contains("xdp off"), "{}", errors[0]);
     // The first server is untouched and still echoes.
     assert_echoes(
         &net,
@@ -203,4 +205,40 @@ fn datapath_error_a_peer_sending_partial_checksums_is_named_with_the_fix() {
         out.contains("ethtool -K PEER_IF tx off"),
         "and the fix:\n{out}"
     );
+}
+
+#[test]
+fn datapath_error_foreign_xdp_program() -> Result<(), String> {
+    if !require_root("datapath_error_foreign_xdp_program") {
+        return Ok(());
+    }
+    let net = net(1);
+    let ifname = net.server_if().to_string();
+    let bin = echo_bin();
+    // Another XDP program (not a corelane runtime: no claim) holds the interface.
+    let (ok, out) = net
+        .server_ns()
+        .run(move || -> Result<(bool, String), String> {
+            let _held = corelane_xsk::Steering::attach(&ifname, corelane_xsk::AttachMode::Auto)
+                .map_err(|e| e.to_string())?;
+            let o = std::process::Command::new(&bin)
+                .args(["--iface", &ifname, "--addr", "10.77.0.3/24"])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&o.stdout).into_owned()
+                + &String::from_utf8_lossy(&o.stderr);
+            Ok((o.status.success(), text))
+        })
+        .map_err(|e| e.to_string())??;
+    assert!(!ok, "{out}");
+    let errors: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{out}");
+    assert!(
+        errors[0].contains("already has an XDP program"),
+        "{}",
+        errors[0]
+    );
+    assert!(errors[0].contains("xdp off"), "{}", errors[0]);
+    assert_no_xdp(&net);
+    Ok(())
 }

@@ -4,8 +4,9 @@ use std::io;
 
 use corelane_stack::StackError;
 
-/// Errors of the runtime.
-#[derive(Debug, thiserror::Error)]
+/// Errors of the runtime. `Debug` prints what `Display` does, then each underlying cause, so a
+/// `main() -> Result<(), corelane::Error>` that fails prints a sentence, not a structure dump.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// From the AF_XDP layer: privileges, interface, XDP mode, socket binding.
@@ -45,6 +46,22 @@ pub enum Error {
     Io(#[from] io::Error),
 }
 
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let top = self.to_string();
+        f.write_str(&top)?;
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !top.contains(&text) {
+                write!(f, "\n  caused by: {text}")?;
+            }
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
 impl From<Error> for io::Error {
     fn from(e: Error) -> io::Error {
         match e {
@@ -53,5 +70,31 @@ impl From<Error> for io::Error {
             Error::Stack(s) => s.into(),
             other => io::Error::other(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_reads_as_a_sentence_with_its_causes() {
+        let e = Error::Core {
+            core: 1,
+            cpu: 3,
+            queue: 1,
+            source: Box::new(Error::Io(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "binding the socket",
+            ))),
+        };
+        let debug = format!("{e:?}");
+        assert!(
+            debug.starts_with("core 1 (CPU 3, queue 1): binding the socket"),
+            "{debug}"
+        );
+        assert!(!debug.contains("Core {"), "{debug}");
+        let plain = format!("{:?}", Error::Config("no address".into()));
+        assert_eq!(plain, "invalid configuration: no address");
     }
 }

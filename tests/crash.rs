@@ -11,19 +11,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use corelane_testnet::{VethPair, require_root};
 
-/// The receive queues `ethtool -l` reports as current for the server's interface.
-fn rx_queues(net: &VethPair) -> Result<u32, String> {
-    let out = net
-        .server_ns()
-        .exec("ethtool", &["-l", net.server_if()])
-        .map_err(|e| e.to_string())?;
-    out.split("Current hardware settings:")
-        .nth(1)
-        .and_then(|cur| cur.lines().find_map(|l| l.strip_prefix("RX:")))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| format!("no current RX count in:\n{out}"))
-}
-
 /// The interface's link-layer multicast list (`ip maddr`), as text.
 fn maddrs(net: &VethPair) -> String {
     net.server_ns()

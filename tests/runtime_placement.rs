@@ -18,23 +18,6 @@ fn this_cpu() -> usize {
     usize::try_from(c).expect("sched_getcpu")
 }
 
-/// The receive queues `ethtool -l` reports as current for the server's interface.
-fn current_rx_queues(net: &corelane_testnet::VethPair) -> u32 {
-    let out = net
-        .server_ns()
-        .exec("ethtool", &["-l", net.server_if()])
-        .expect("ethtool -l");
-    let current = out
-        .split("Current hardware settings:")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no current settings in:\n{out}"));
-    current
-        .lines()
-        .find_map(|l| l.strip_prefix("RX:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no RX count in:\n{out}"))
-}
-
 #[test]
 fn runtime_placement_shared_cache_runs_the_application_on_its_own_cpu() {
     if !require_root("runtime_placement_split") {
@@ -131,7 +114,7 @@ fn runtime_placement_raises_queues_for_the_cores_and_restores_them() {
     net.server_ns()
         .exec("ethtool", &["-L", net.server_if(), "rx", "1", "tx", "1"])
         .expect("ethtool -L");
-    assert_eq!(current_rx_queues(&net), 1);
+    assert_eq!(rx_queues(&net).expect("ethtool -l"), 1);
     let ifname = net.server_if().to_string();
     let (go, flag) = tokio::sync::watch::channel(false);
     let (to_test, from_server) = std::sync::mpsc::channel::<String>();
@@ -159,11 +142,19 @@ fn runtime_placement_raises_queues_for_the_cores_and_restores_them() {
         plan.contains("had 1 receive queue(s): raised to 2"),
         "{plan}"
     );
-    assert_eq!(current_rx_queues(&net), 2, "raised while running");
+    assert_eq!(
+        rx_queues(&net).expect("ethtool -l"),
+        2,
+        "raised while running"
+    );
     go.send_replace(true);
     let report = server.join().expect("server");
     assert_eq!(report.cores.len(), 2);
-    assert_eq!(current_rx_queues(&net), 1, "restored after the run");
+    assert_eq!(
+        rx_queues(&net).expect("ethtool -l"),
+        1,
+        "restored after the run"
+    );
 }
 
 #[test]

@@ -191,6 +191,19 @@ pub fn run_echo(net: &VethPair, args: &[&str]) -> (ExitStatus, String) {
     (out.status, text)
 }
 
+/// The receive queues `ethtool -l` reports as current for the server's interface.
+pub fn rx_queues(net: &VethPair) -> Result<u32, String> {
+    let out = net
+        .server_ns()
+        .exec("ethtool", &["-l", net.server_if()])
+        .map_err(|e| e.to_string())?;
+    out.split("Current hardware settings:")
+        .nth(1)
+        .and_then(|cur| cur.lines().find_map(|l| l.strip_prefix("RX:")))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no current RX count in:\n{out}"))
+}
+
 /// A deterministic pseudo-random payload.
 pub fn payload(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;

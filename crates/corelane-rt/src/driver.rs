@@ -44,15 +44,19 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    fn now(&self) -> Instant {
-        Instant::from_micros(self.epoch.elapsed().as_micros() as i64)
+    /// The clock read once per turn: as the stack counts time (since the run's epoch) and as
+    /// it is.
+    fn now(&self) -> (Instant, StdInstant) {
+        let clock = StdInstant::now();
+        let since = clock.saturating_duration_since(self.epoch);
+        (Instant::from_micros(since.as_micros() as i64), clock)
     }
 
     /// One turn of the pipeline ([`Pipeline::turn`]) with this core's stack and peers, then
     /// the core's counters brought up to date. Returns true when anything moved.
     fn turn(&mut self, freed: &mut Vec<(Proto, u16)>) -> bool {
         let core = self.core.clone();
-        let now = self.now();
+        let (now, clock) = self.now();
         let mut stack = core.stack();
         let life = &core.shared.life;
         if life.draining() {
@@ -94,12 +98,18 @@ impl Driver {
         }
         st.device = self.pipe.dev.stats();
         let (bad, all) = (st.device.rx_bad_checksum, st.device.rx_frames);
-        let snapshot = *st;
+        // Published every 100 ms: the turns between cost one comparison.
+        let snapshot = self
+            .publish
+            .as_ref()
+            .is_some_and(|p| p.due(clock))
+            .then(|| *st);
         drop(st);
-        if let Some(p) = &mut self.publish {
+        if let (Some(p), Some(stats)) = (&mut self.publish, snapshot) {
             let io = self.pipe.dev.io_mut();
             p.tick(
-                snapshot,
+                clock,
+                stats,
                 &mut stack,
                 || io.counts(),
                 || lock(&core.shared.steering).counters().ok(),

@@ -197,19 +197,22 @@ impl Publish {
         Duration::from_millis(corelane_stat::PUBLISH_INTERVAL_MS)
     }
 
-    /// Publishes if the interval has passed: the counters (`stats` with the stack's brought
-    /// up to date; core 0 adds the XDP program's), and the connections if a reader asked.
+    /// Whether the interval has passed at `now`.
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        now >= self.next
+    }
+
+    /// Publishes (call when [`due`](Self::due)): the counters (`stats` with the stack's
+    /// brought up to date; core 0 adds the XDP program's), and the connections if a reader
+    /// asked.
     pub(crate) fn tick(
         &mut self,
+        now: Instant,
         mut stats: CoreStats,
         stack: &mut Stack,
         frames: impl FnOnce() -> FrameCounts,
         xdp: impl FnOnce() -> Option<XdpCounters>,
     ) {
-        let now = Instant::now();
-        if now < self.next {
-            return;
-        }
         self.next = now + Self::interval();
         stats.stack = stack.stats();
         let xdp = if self.index == 0 { xdp() } else { None };

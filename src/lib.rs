@@ -57,15 +57,17 @@
 //! reads with NIC-local CPUs first; [`Runtime::plan`] prints why.
 //!
 //! Use an address the kernel does not also hold on that interface (`build` refuses one it
-//! holds): corelane answers ARP and NDP for it. Runtime needs root (CAP_NET_ADMIN, CAP_BPF or CAP_SYS_ADMIN, CAP_NET_RAW); errors say
-//! what is missing.
+//! holds): corelane answers ARP and NDP for it. A runtime that attaches its own XDP program needs
+//! root or CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF and CAP_PERFMON; under a grant from
+//! `corelane-xdp grant` (see [`Xdp`]) it needs only CAP_NET_RAW and locked memory. Errors name
+//! what is missing in one line.
 
 #![forbid(unsafe_code)]
 
 pub use corelane_rt::{
     AddrHandle, BatchStats, Builder, Cidr, CoreInfo, CoreReport, CoreStats, Error, IntoCidr, Lane,
     Machine, OnPanic, Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle,
-    allowed_cpus, bandwidth_delay_product, core_index, core_stats, parse_cidr,
+    Xdp, allowed_cpus, bandwidth_delay_product, core_index, core_stats, parse_cidr,
 };
 pub use corelane_stack::frag::{FragLimits, FragStats};
 pub use corelane_stack::udp::UdpStats;

@@ -14,20 +14,7 @@ use corelane_testnet::require_root;
 
 /// The `corelane-stat` binary (built by `cargo test --workspace` for its own tests).
 fn stat_bin() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .ok_or("no target directory")?;
-    let bin = dir.join("corelane-stat");
-    if bin.exists() {
-        Ok(bin)
-    } else {
-        Err(format!(
-            "{} is missing: build it with `cargo build --release -p corelane-stat`",
-            bin.display()
-        ))
-    }
+    workspace_bin("corelane-stat")
 }
 
 /// Sum of a JSON number field `"name":N` over the text.

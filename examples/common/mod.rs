@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use corelane::{
-    AttachMode, Builder, Cidr, Placement, PollMode, RunReport, Runtime, XskConfig, ZeroCopy,
+    AttachMode, Builder, Cidr, Placement, PollMode, RunReport, Runtime, Xdp, XskConfig, ZeroCopy,
 };
 
 /// Flags every example takes.
@@ -50,6 +50,10 @@ pub(crate) struct Common {
     /// XDP attach mode: auto (native, else generic), native, generic.
     #[arg(long, default_value = "auto")]
     pub(crate) xdp_mode: String,
+    /// Where the XDP program comes from: auto (the grant of a `corelane-xdp grant` serving
+    /// the interface, else attached here), attach, granted.
+    #[arg(long, default_value = "auto")]
+    pub(crate) xdp: String,
     /// Zero-copy: try (fall back to copy), off, require.
     #[arg(long, default_value = "try")]
     pub(crate) zero_copy: String,
@@ -105,6 +109,12 @@ impl Common {
             "generic" => AttachMode::Generic,
             m => return Err(format!("--xdp-mode {m}: use auto, native or generic")),
         };
+        let xdp = match self.xdp.as_str() {
+            "auto" => Xdp::Auto,
+            "attach" => Xdp::Attach,
+            "granted" => Xdp::Granted,
+            m => return Err(format!("--xdp {m}: use auto, attach or granted")),
+        };
         let zero_copy = match self.zero_copy.as_str() {
             "try" => ZeroCopy::Try,
             "off" => ZeroCopy::Off,
@@ -128,6 +138,7 @@ impl Common {
         let mut b = Runtime::builder(iface)
             .placement(self.placement.clone())
             .attach_mode(attach)
+            .xdp(xdp)
             .xsk(XskConfig {
                 zero_copy,
                 ..XskConfig::default()

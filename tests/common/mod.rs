@@ -13,6 +13,25 @@ use std::time::{Duration, Instant};
 use corelane_testnet::VethPair;
 use sha2::{Digest, Sha256};
 
+/// A binary of another workspace package (built by `cargo test --workspace` for that
+/// package's own tests), next to the test binaries' directory.
+pub fn workspace_bin(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .ok_or("no target directory")?;
+    let bin = dir.join(name);
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} is missing: build it with `cargo build --release -p {name}`",
+            bin.display()
+        ))
+    }
+}
+
 /// The echo example binary, built by `cargo test` next to the test binaries.
 pub fn echo_bin() -> PathBuf {
     example_bin("echo")
@@ -72,6 +91,11 @@ impl Echo {
     pub fn start_in(ns: &corelane_testnet::Netns, ifname: &str, name: &str, args: &[&str]) -> Echo {
         let mut cmd = ns.command(example_bin(name).to_str().unwrap());
         cmd.args(["--iface", ifname]).args(args);
+        Echo::start_cmd(cmd, name)
+    }
+
+    /// Runs `cmd` and waits until it prints `{name}: serving`.
+    pub fn start_cmd(cmd: Command, name: &str) -> Echo {
         let mut e = Echo::spawn(cmd);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !e.output().contains(&format!("{name}: serving")) {

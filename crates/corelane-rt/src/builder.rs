@@ -9,11 +9,12 @@ use corelane_stack::smoltcp::wire::IpCidr;
 
 use crate::cidr::IntoCidr;
 use corelane_topo::{Machine, Placement, Plan};
-use corelane_xsk::{AttachMode, Channels, Steering, XskConfig};
+use corelane_xsk::{AttachMode, Channels, XskConfig};
 
+use crate::access::Access;
 use crate::cpu::allowed_cpus;
 use crate::launch::{Runtime, Shared};
-use crate::queues::{RestoreQueues, queues_needed, raise_queues};
+use crate::queues::{RestoreQueues, queues_needed};
 use crate::{Error, PollMode, handoff};
 
 /// How to build a [`Runtime`].
@@ -38,6 +39,8 @@ pub struct Builder {
     pub(crate) on_panic: crate::OnPanic,
     pub(crate) publish_stats: bool,
     pub(crate) metrics: Option<std::net::SocketAddr>,
+    pub(crate) xdp: crate::Xdp,
+    pub(crate) keep_capabilities: bool,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
@@ -144,6 +147,35 @@ impl Builder {
     /// XDP attach mode (default: native, falling back to generic).
     pub fn attach_mode(mut self, m: AttachMode) -> Self {
         self.attach = m;
+        self
+    }
+
+    /// Where the XDP program comes from (default [`Xdp::Auto`](crate::Xdp::Auto): through the
+    /// grant of a `corelane-xdp grant` serving the interface when one does, attached by the
+    /// runtime otherwise). Under a grant the process needs only `CAP_NET_RAW` and locked
+    /// memory, and may steer only the addresses and ports granted.
+    ///
+    /// ```no_run
+    /// // As an unprivileged user, with `corelane-xdp grant veth0 --addr 10.0.0.1 --tcp 7
+    /// // --user $USER` running as root:
+    /// let rt = corelane_rt::Runtime::builder("veth0")
+    ///     .addr("10.0.0.1/24")
+    ///     .xdp(corelane_rt::Xdp::Granted)
+    ///     .build()?;
+    /// # Ok::<(), corelane_rt::Error>(())
+    /// ```
+    pub fn xdp(mut self, x: crate::Xdp) -> Self {
+        self.xdp = x;
+        self
+    }
+
+    /// Keeps every capability the process has after `build` (default: dropped). By default
+    /// the thread that builds the runtime, and so every core and thread started after it,
+    /// keeps none under a grant, and only `CAP_NET_ADMIN` and `CAP_BPF` (to change owned
+    /// addresses and put the queues back) when the runtime attached the program. Threads the
+    /// application started before `build` keep theirs.
+    pub fn keep_capabilities(mut self, keep: bool) -> Self {
+        self.keep_capabilities = keep;
         self
     }
 
@@ -296,26 +328,15 @@ impl Builder {
 
     /// The stats file's writer, in the claim's directory (None when switched off, or when it
     /// cannot be made: the run goes on without it, warned).
-    fn publisher(
-        &self,
-        claim: &corelane_xsk::Claim,
-        cores: usize,
-    ) -> Option<corelane_stat::Publisher> {
+    fn publisher(&self, access: &Access, cores: usize) -> Option<corelane_stat::Publisher> {
         if !self.publish_stats {
             return None;
         }
-        let path = claim.dir().join("stats");
         let cap = self.stack.flows.clamp(1, 1 << 16);
-        match corelane_stat::Publisher::create(
-            &path,
-            &self.ifname,
-            cores,
-            crate::publish::NAMES,
-            cap,
-        ) {
+        match access.publisher(&self.ifname, cores, cap) {
             Ok(p) => Some(p),
             Err(e) => {
-                tracing::warn!("{}: live statistics off: {e}", path.display());
+                tracing::warn!("{}: live statistics off: {e}", self.ifname);
                 None
             }
         }
@@ -356,12 +377,9 @@ impl Builder {
                 corelane_stack::MAX_ADDRS
             )));
         }
-        corelane_xsk::check_privileges()?;
-        // Before anything reads or changes the interface: one runtime per interface, and what
-        // a dead one left behind is undone first.
-        let claim = Arc::new(corelane_xsk::Claim::take(&self.ifname)?);
+        let access = Access::get(&self.ifname, self.xdp)?;
         let (mut plan, channels) = self.make_plan()?;
-        let publisher = self.publisher(&claim, plan.lanes.len());
+        let publisher = self.publisher(&access, plan.lanes.len());
         let metrics = match (self.metrics, &publisher) {
             (Some(addr), Some(p)) => Some(crate::metrics::Metrics::serve(addr, p.path())?),
             (Some(_), None) => {
@@ -371,7 +389,9 @@ impl Builder {
             }
             (None, _) => None,
         };
-        if !claim.undone().is_empty() {
+        if let Some(claim) = access.claim()
+            && !claim.undone().is_empty()
+        {
             plan.reasons.push(format!(
                 "a corelane process died on {} without cleaning up; undone: {}",
                 self.ifname,
@@ -403,7 +423,7 @@ impl Builder {
             let cores = plan.lanes.len();
             let raised = channels
                 .filter(|c| c.max_rx_queues() >= need)
-                .map(|c| raise_queues(&self.ifname, c, need));
+                .map(|c| access.set_queues(&self.ifname, c, need));
             match raised {
                 Some(Ok(old)) => {
                     plan.reasons.push(format!(
@@ -411,7 +431,7 @@ impl Builder {
                          (ethtool -L), restored at the end",
                         self.ifname
                     ));
-                    restore = Some(old);
+                    restore = old;
                 }
                 other => {
                     let why = match other {
@@ -441,14 +461,14 @@ impl Builder {
             // Queues nobody serves would pass their frames to the kernel, which does not hold
             // the addresses: connections whose frames land there would fail. Fewer queues for
             // the run, so every frame reaches a served one.
-            match raise_queues(&self.ifname, c, need) {
+            match access.set_queues(&self.ifname, c, need) {
                 Ok(old) => {
                     plan.reasons.push(format!(
                         "{} had {nqueues} receive queue(s): lowered to {need} for this run, so \
                          none goes unserved (ethtool -L), restored at the end",
                         self.ifname
                     ));
-                    restore = Some(old);
+                    restore = old;
                     nqueues = need;
                 }
                 Err(e) => tracing::warn!(
@@ -467,13 +487,12 @@ impl Builder {
                 plan.lanes.len()
             );
         }
-        let restore = RestoreQueues::new(&self.ifname, restore, claim.clone());
+        let restore = RestoreQueues::new(&self.ifname, restore, access.claim().cloned());
         let mac = corelane_xsk::mac_address(&self.ifname)?;
         let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
-        let mut steering = Steering::attach(&self.ifname, self.attach)?;
-        steering.set_claim(claim.clone());
+        let mut steering = access.steering(&self.ifname, self.attach)?;
         let capacity = (self.xsk.frame_size as usize).saturating_sub(256);
         if mtu + 14 > capacity {
             let most = handoff::SLOT_BYTES - 14;
@@ -491,6 +510,11 @@ impl Builder {
         }
         for a in &self.addrs {
             steering.own_addr(a.address().into())?;
+        }
+        let queues: Vec<u32> = plan.lanes.iter().map(|l| l.queue).collect();
+        let sockets = crate::access::open_sockets(&self.ifname, &queues, &self.xsk, &mut steering)?;
+        if !self.keep_capabilities {
+            crate::access::drop_capabilities(steering.is_granted())?;
         }
         let bells = plan
             .lanes
@@ -521,6 +545,7 @@ impl Builder {
             mac,
             mtu,
             routes,
+            sockets: Mutex::new(sockets.into_iter().map(Some).collect()),
             _restore: restore,
         })
     }

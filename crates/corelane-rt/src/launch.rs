@@ -46,6 +46,8 @@ pub struct Runtime {
     pub(crate) mac: [u8; 6],
     pub(crate) mtu: usize,
     pub(crate) routes: corelane_stack::route::RouteTable,
+    /// Each lane's AF_XDP socket, opened by `build`, taken by its core when it starts.
+    pub(crate) sockets: Mutex<Vec<Option<corelane_xsk::XskQueue>>>,
     // Dropped after `shared` (and with it the XDP program).
     pub(crate) _restore: RestoreQueues,
 }
@@ -98,6 +100,8 @@ impl Runtime {
             on_panic: crate::OnPanic::RestartCore,
             publish_stats: true,
             metrics: None,
+            xdp: crate::Xdp::Auto,
+            keep_capabilities: false,
         }
     }
 
@@ -140,6 +144,12 @@ impl Runtime {
         );
         if let Some(why) = st.fallback_reason() {
             s.push_str(&format!(" (native mode refused: {why})"));
+        }
+        if let Some(g) = st.grant() {
+            s.push_str(&format!(
+                " by corelane-xdp grant ({}): this process steers through its grant",
+                g.path().display()
+            ));
         }
         s.push_str(&format!(
             "\nqueues: {} on the interface; {} core(s), one pinned thread and AF_XDP socket each",

@@ -35,6 +35,7 @@
 
 #![deny(unsafe_code)]
 
+mod access;
 mod addrs;
 mod builder;
 mod cidr;
@@ -56,6 +57,7 @@ mod threads;
 
 use std::time::Duration;
 
+pub use access::Xdp;
 pub use addrs::AddrHandle;
 pub use builder::{Builder, bandwidth_delay_product};
 pub use cidr::{Cidr, IntoCidr, parse_cidr};

@@ -52,6 +52,8 @@ impl Drop for Metrics {
 }
 
 fn accept_loop(listener: &TcpListener, path: &Path, stop: &AtomicBool) {
+    // The endpoint reads a file and answers on a bound socket: it needs no capability.
+    let _ = corelane_xsk::retain_caps(&[]);
     let mut stats: Option<corelane_stat::Stats> = None;
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {

@@ -10,48 +10,22 @@ pub(crate) fn queues_needed(plan: &Plan) -> u32 {
     plan.lanes.iter().map(|l| l.queue + 1).max().unwrap_or(1)
 }
 
-/// Sets an interface's receive queues to `need` (more or fewer) and returns what they were.
-pub(crate) fn raise_queues(
-    ifname: &str,
-    old: Channels,
-    need: u32,
-) -> Result<Channels, corelane_xsk::Error> {
-    let want = if old.max_combined > 0 && old.max_rx == 0 {
-        Channels {
-            combined: need,
-            ..old
-        }
-    } else {
-        Channels {
-            rx: need.saturating_sub(old.combined),
-            tx: old
-                .tx
-                .max(need.saturating_sub(old.combined))
-                .min(old.max_tx),
-            ..old
-        }
-    };
-    corelane_xsk::set_channels(ifname, want)?;
-    tracing::info!("{ifname}: receive queues set to {need} for this run");
-    Ok(old)
-}
-
 /// Puts an interface's queues back as they were when the runtime ends; the claim records the
 /// old count meanwhile, so a process that dies has it put back by the next runtime.
 pub(crate) struct RestoreQueues {
     pub(crate) ifname: String,
     pub(crate) old: Option<Channels>,
-    pub(crate) claim: Arc<corelane_xsk::Claim>,
+    pub(crate) claim: Option<Arc<corelane_xsk::Claim>>,
 }
 
 impl RestoreQueues {
     pub(crate) fn new(
         ifname: &str,
         old: Option<Channels>,
-        claim: Arc<corelane_xsk::Claim>,
+        claim: Option<Arc<corelane_xsk::Claim>>,
     ) -> Self {
-        if old.is_some() {
-            claim.note_channels(old);
+        if let (Some(_), Some(c)) = (old, &claim) {
+            c.note_channels(old);
         }
         RestoreQueues {
             ifname: ifname.to_string(),
@@ -68,7 +42,11 @@ impl Drop for RestoreQueues {
         // outlive our close for a moment (a child process forked by another thread holds the
         // descriptor until it execs), so a refusal is retried for up to a second.
         match corelane_xsk::set_channels_retrying(&self.ifname, old) {
-            Ok(()) => self.claim.note_channels(None),
+            Ok(()) => {
+                if let Some(c) = &self.claim {
+                    c.note_channels(None);
+                }
+            }
             Err(e) => tracing::warn!("{}: restoring its queues failed: {e}", self.ifname),
         }
     }

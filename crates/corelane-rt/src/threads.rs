@@ -197,12 +197,13 @@ impl Runtime {
         info: CoreInfo,
     ) -> Result<(Arc<Core>, XdpDevice<XskQueue>, tokio::runtime::Runtime), Error> {
         pin(info.cpu)?;
-        let q = XskQueue::open(&self.cfg.ifname, info.queue, &self.cfg.xsk)?;
-        self.shared
-            .steering
+        let q = self
+            .sockets
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .register(info.queue, q.fd())?;
+            .get_mut(info.index)
+            .and_then(Option::take)
+            .ok_or_else(|| Error::Config(format!("core {}: no socket", info.index)))?;
         let mut dev = XdpDevice::new(q, self.mtu, self.cfg.stack.batch);
         let mut stack = Stack::new(
             &mut dev,

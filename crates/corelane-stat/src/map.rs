@@ -41,8 +41,16 @@ impl Mapping {
             .create_new(true)
             .mode(0o644)
             .open(path)?;
+        Mapping::create_in(&file, words)
+    }
+
+    /// Sizes and maps `file`, opened for reading and writing by whoever made it.
+    ///
+    /// # Errors
+    /// The file cannot be sized or mapped.
+    pub(crate) fn create_in(file: &File, words: usize) -> io::Result<Mapping> {
         file.set_len((words * 8) as u64)?;
-        Mapping::map(&file, words, true)
+        Mapping::map(file, words, true)
     }
 
     /// Maps an existing file: read-write when this user may write it, read-only otherwise.

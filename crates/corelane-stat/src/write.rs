@@ -12,6 +12,8 @@ pub struct Publisher {
     map: std::sync::Arc<Mapping>,
     layout: Layout,
     path: PathBuf,
+    /// Remove the file when dropped (not when someone else made it and removes it).
+    remove: bool,
 }
 
 impl Publisher {
@@ -29,7 +31,40 @@ impl Publisher {
         conn_cap: usize,
     ) -> io::Result<Publisher> {
         let layout = Layout::new(cores, names, conn_cap);
-        let map = std::sync::Arc::new(Mapping::create(path, layout.words())?);
+        let map = Mapping::create(path, layout.words())?;
+        Ok(Publisher::init(map, layout, path, ifname, names, true))
+    }
+
+    /// Like [`Publisher::create`], in `file`, which someone else made at `path` (opened for
+    /// reading and writing) and removes: a broker that hands a server without the right to
+    /// write its directory the file to publish in.
+    ///
+    /// # Errors
+    /// The file cannot be sized or mapped.
+    pub fn create_in(
+        file: &std::fs::File,
+        path: &Path,
+        ifname: &str,
+        cores: usize,
+        names: &[&str],
+        conn_cap: usize,
+    ) -> io::Result<Publisher> {
+        let layout = Layout::new(cores, names, conn_cap);
+        let map = Mapping::create_in(file, layout.words())?;
+        Ok(Publisher::init(map, layout, path, ifname, names, false))
+    }
+
+    fn init(
+        map: Mapping,
+        layout: Layout,
+        path: &Path,
+        ifname: &str,
+        names: &[&str],
+        remove: bool,
+    ) -> Publisher {
+        let cores = layout.cores;
+        let conn_cap = layout.conn_cap;
+        let map = std::sync::Arc::new(map);
         let w = map.words();
         let put = |i: usize, v: u64| w[i].store(v, Ordering::Relaxed);
         put(H_PID, u64::from(std::process::id()));
@@ -61,11 +96,12 @@ impl Publisher {
         put(H_VERSION, VERSION);
         // Last, with release: a reader that sees the magic sees the header.
         w[H_MAGIC].store(MAGIC, Ordering::Release);
-        Ok(Publisher {
+        Publisher {
             map,
             layout,
             path: path.to_path_buf(),
-        })
+            remove,
+        }
     }
 
     /// The writer of core `index`'s slot and connection table (None past the core count).
@@ -94,7 +130,9 @@ impl Drop for Publisher {
     /// it.
     fn drop(&mut self) {
         self.close();
-        let _ = std::fs::remove_file(&self.path);
+        if self.remove {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 

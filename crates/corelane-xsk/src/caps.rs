@@ -1,43 +1,219 @@
-//! Capabilities: may this process load XDP programs and open AF_XDP sockets?
+//! Capabilities: what each part of corelane needs, checked up front with one-line errors, and
+//! dropped once a part no longer needs them.
+//!
+//! | who | needs |
+//! |---|---|
+//! | attaching the XDP program ([`Steering::attach`](crate::Steering::attach), `corelane-xdp grant`) | `CAP_NET_ADMIN`, `CAP_BPF`, `CAP_PERFMON` |
+//! | an AF_XDP socket ([`XskQueue::open`](crate::XskQueue::open)) | `CAP_NET_RAW`, and `CAP_IPC_LOCK` or a locked-memory limit that holds the UMEM |
+//!
+//! `CAP_SYS_ADMIN` stands in for `CAP_BPF` and `CAP_PERFMON`, as the kernel allows.
 
 use crate::error::Error;
 
-const CAP_NET_ADMIN: u32 = 12;
-const CAP_NET_RAW: u32 = 13;
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_BPF: u32 = 39;
+/// A Linux capability corelane asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cap {
+    /// Attach XDP programs, change queues and multicast filters.
+    NetAdmin,
+    /// Open AF_XDP sockets.
+    NetRaw,
+    /// Lock the UMEM's pages without a locked-memory limit.
+    IpcLock,
+    /// Create BPF maps and load programs.
+    Bpf,
+    /// Let the verifier accept the program's pointer arithmetic.
+    Perfmon,
+    /// The catch-all: stands in for `Bpf` and `Perfmon`.
+    SysAdmin,
+}
 
-/// Checks that this process may load XDP programs and open AF_XDP sockets.
-pub fn check_privileges() -> Result<(), Error> {
-    let eff = effective_caps();
-    let has = |c: u32| eff & (1u64 << c) != 0;
-    let mut missing = Vec::new();
-    if !has(CAP_NET_ADMIN) {
-        missing.push("CAP_NET_ADMIN");
+impl Cap {
+    /// The capability's number in `linux/capability.h`.
+    pub fn number(self) -> u32 {
+        match self {
+            Cap::NetAdmin => 12,
+            Cap::NetRaw => 13,
+            Cap::IpcLock => 14,
+            Cap::SysAdmin => 21,
+            Cap::Perfmon => 38,
+            Cap::Bpf => 39,
+        }
     }
-    if !has(CAP_NET_RAW) {
-        missing.push("CAP_NET_RAW");
+
+    /// Its name as `capabilities(7)` and `setpriv` spell it (`CAP_NET_RAW`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Cap::NetAdmin => "CAP_NET_ADMIN",
+            Cap::NetRaw => "CAP_NET_RAW",
+            Cap::IpcLock => "CAP_IPC_LOCK",
+            Cap::SysAdmin => "CAP_SYS_ADMIN",
+            Cap::Perfmon => "CAP_PERFMON",
+            Cap::Bpf => "CAP_BPF",
+        }
     }
-    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
-        missing.push("CAP_BPF");
-    }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Privilege(format!(
-            "this process lacks {}",
-            missing.join(", ")
-        )))
+
+    fn bit(self) -> u64 {
+        1 << self.number()
     }
 }
 
-fn effective_caps() -> u64 {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return 0;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0)
+impl std::fmt::Display for Cap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What attaching the steering program needs.
+pub const ATTACH_CAPS: [Cap; 3] = [Cap::NetAdmin, Cap::Bpf, Cap::Perfmon];
+/// What opening AF_XDP sockets needs (plus locked memory: `CAP_IPC_LOCK` or a limit).
+pub const SOCKET_CAPS: [Cap; 1] = [Cap::NetRaw];
+
+/// True when the calling thread's effective set holds `cap` (or `CAP_SYS_ADMIN`, for the two
+/// it stands in for).
+pub fn has_cap(cap: Cap) -> bool {
+    let eff = crate::sys::thread_caps().map_or(0, |(e, _)| e);
+    let sys_admin = matches!(cap, Cap::Bpf | Cap::Perfmon) && eff & Cap::SysAdmin.bit() != 0;
+    eff & cap.bit() != 0 || sys_admin
+}
+
+/// The capabilities of `need` the calling thread lacks.
+pub fn missing_caps(need: &[Cap]) -> Vec<Cap> {
+    need.iter().copied().filter(|c| !has_cap(*c)).collect()
+}
+
+/// Checks that this process may both attach the XDP program and open AF_XDP sockets (a runtime
+/// that does everything itself).
+pub fn check_privileges() -> Result<(), Error> {
+    let need = [Cap::NetAdmin, Cap::NetRaw, Cap::Bpf, Cap::Perfmon];
+    check(
+        &need,
+        "a corelane runtime that attaches its own XDP program needs CAP_NET_ADMIN, CAP_NET_RAW, \
+         CAP_BPF and CAP_PERFMON: run it as root, grant those (setpriv --ambient-caps \
+         +net_admin,+net_raw,+bpf,+perfmon), or let `corelane-xdp grant` attach the program so \
+         the server needs only CAP_NET_RAW",
+    )
+}
+
+/// Checks that this process may attach the XDP program (the grant broker's part).
+pub fn check_attach_privileges() -> Result<(), Error> {
+    check(
+        &ATTACH_CAPS,
+        "attaching the XDP program needs CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON: run it as root \
+         or grant those (setpriv --ambient-caps +net_admin,+bpf,+perfmon)",
+    )
+}
+
+/// Checks that this process may open AF_XDP sockets (all a server with a grant needs).
+pub fn check_socket_privileges() -> Result<(), Error> {
+    check(
+        &SOCKET_CAPS,
+        "an AF_XDP socket needs CAP_NET_RAW: run as root or grant it (setpriv --ambient-caps \
+         +net_raw, or AmbientCapabilities=CAP_NET_RAW in a systemd unit)",
+    )
+}
+
+fn check(need: &[Cap], fix: &str) -> Result<(), Error> {
+    let missing = missing_caps(need);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = missing.iter().map(|c| c.name()).collect();
+    Err(Error::Privilege(format!(
+        "this process lacks {}; {fix}",
+        names.join(", ")
+    )))
+}
+
+/// Checks that `bytes` of UMEM can be locked: `CAP_IPC_LOCK`, or a locked-memory limit that
+/// holds them (after raising it as far as this process may).
+pub fn check_memlock(bytes: u64) -> Result<(), Error> {
+    crate::sys::raise_memlock();
+    if has_cap(Cap::IpcLock) {
+        return Ok(());
+    }
+    let limit = crate::sys::memlock_limit();
+    if limit >= bytes {
+        return Ok(());
+    }
+    Err(Error::Privilege(memlock_message(bytes, limit)))
+}
+
+pub(crate) fn memlock_message(bytes: u64, limit: u64) -> String {
+    format!(
+        "the UMEMs need {} KiB of locked memory and the locked-memory limit is {} KiB (shared \
+         by every process of this user); grant CAP_IPC_LOCK, or raise the limit (`ulimit -l \
+         unlimited`, `prlimit --memlock=unlimited`, LimitMEMLOCK=infinity in a systemd unit)",
+        bytes.div_ceil(1024),
+        limit / 1024
+    )
+}
+
+/// Keeps only `keep` of the calling thread's capabilities (those it has) and drops the rest
+/// for good: effective, permitted and inheritable sets, and the ambient set. Threads started
+/// by this thread afterwards start without them. Other threads are not changed: call it
+/// before starting them.
+///
+/// A process running as user 0 regains every capability when it executes a program; a
+/// process of another user does not.
+///
+/// # Errors
+/// The kernel refused (it does not refuse dropping).
+pub fn retain_caps(keep: &[Cap]) -> std::io::Result<()> {
+    let mask = keep.iter().fold(0u64, |m, c| m | c.bit());
+    crate::sys::set_thread_caps(mask)
+}
+
+/// The calling thread's effective capabilities, by number (bit N set: capability N held).
+pub fn effective_caps() -> u64 {
+    crate::sys::thread_caps().map_or(0, |(e, _)| e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_numbers_match_capability_h() {
+        assert_eq!(Cap::NetRaw.number(), 13);
+        assert_eq!(Cap::Bpf.number(), 39);
+        assert_eq!(Cap::Perfmon.name(), "CAP_PERFMON");
+    }
+
+    #[test]
+    fn dropping_in_a_thread_leaves_it_without_and_other_threads_alone() {
+        let before = effective_caps();
+        let inside = std::thread::spawn(|| {
+            retain_caps(&[]).expect("dropping never fails");
+            let after = effective_caps();
+            let child = std::thread::spawn(effective_caps).join().unwrap();
+            (after, child, check_socket_privileges().is_err())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside.0, 0, "the thread kept capabilities");
+        assert_eq!(inside.1, 0, "a thread it started regained capabilities");
+        assert!(inside.2, "the socket check passed without CAP_NET_RAW");
+        assert_eq!(effective_caps(), before, "another thread lost capabilities");
+    }
+
+    #[test]
+    fn a_missing_capability_is_one_line_naming_it_and_the_fix() {
+        let msg = std::thread::spawn(|| {
+            retain_caps(&[]).unwrap();
+            check_privileges().unwrap_err().to_string()
+        })
+        .join()
+        .unwrap();
+        assert!(!msg.contains('\n'), "{msg}");
+        for c in [
+            "CAP_NET_ADMIN",
+            "CAP_NET_RAW",
+            "CAP_BPF",
+            "CAP_PERFMON",
+            "corelane-xdp",
+        ] {
+            assert!(msg.contains(c), "{c} missing from: {msg}");
+        }
+    }
 }

@@ -7,9 +7,7 @@ use std::io;
 #[non_exhaustive]
 pub enum Error {
     /// Not root and missing a capability AF_XDP or BPF needs.
-    #[error(
-        "missing privilege: {0}; run as root (sudo) or grant CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF and CAP_IPC_LOCK"
-    )]
+    #[error("missing privilege: {0}")]
     Privilege(String),
     /// The interface does not exist in this network namespace.
     #[error(
@@ -41,6 +39,9 @@ pub enum Error {
         /// The owner's process id, when its record says.
         pid: Option<u32>,
     },
+    /// The grant broker refused a request or went away.
+    #[error("{0}")]
+    Grant(String),
     /// Loading the embedded program failed.
     #[error("loading the XDP program failed: {0}")]
     Load(String),
@@ -101,7 +102,7 @@ fn bind_hint(errno: Option<i32>, ifname: &str, queue: u32) -> String {
         }
         Some(libc::EOPNOTSUPP) => " (the driver does not support this bind mode)".to_string(),
         Some(libc::EPERM) | Some(libc::EACCES) => {
-            " (AF_XDP needs root or CAP_NET_RAW and CAP_NET_ADMIN)".to_string()
+            " (an AF_XDP socket needs CAP_NET_RAW)".to_string()
         }
         Some(e) => format!(" ({})", io::Error::from_raw_os_error(e)),
         None => String::new(),
@@ -111,7 +112,7 @@ fn bind_hint(errno: Option<i32>, ifname: &str, queue: u32) -> String {
 impl From<Error> for io::Error {
     fn from(e: Error) -> io::Error {
         let kind = match &e {
-            Error::Privilege(_) => io::ErrorKind::PermissionDenied,
+            Error::Privilege(_) | Error::Grant(_) => io::ErrorKind::PermissionDenied,
             Error::NoInterface(_) => io::ErrorKind::NotFound,
             Error::InUse(_) | Error::XdpBusy(_) => io::ErrorKind::AddrInUse,
             Error::Config(_) => io::ErrorKind::InvalidInput,

@@ -115,3 +115,26 @@ pub fn driver_info(ifname: &str) -> Result<DriverInfo, Error> {
         bus_info: text(&info.bus_info),
     })
 }
+
+/// Sets an interface's receive queues to `need` (more or fewer), through combined channels
+/// or separate receive channels as the driver has them, and returns what they were.
+pub fn set_rx_queues(ifname: &str, old: Channels, need: u32) -> Result<Channels, Error> {
+    let want = if old.max_combined > 0 && old.max_rx == 0 {
+        Channels {
+            combined: need,
+            ..old
+        }
+    } else {
+        Channels {
+            rx: need.saturating_sub(old.combined),
+            tx: old
+                .tx
+                .max(need.saturating_sub(old.combined))
+                .min(old.max_tx),
+            ..old
+        }
+    };
+    set_channels(ifname, want)?;
+    tracing::info!("{ifname}: receive queues set to {need} for this run");
+    Ok(old)
+}

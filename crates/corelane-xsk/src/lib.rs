@@ -24,20 +24,27 @@ mod caps;
 mod claim;
 mod error;
 mod ethtool;
+pub mod grant;
 mod netdev;
 mod routes;
 mod socket;
 mod steering;
 mod sys;
 
-pub use caps::check_privileges;
+pub use caps::{
+    ATTACH_CAPS, Cap, SOCKET_CAPS, check_attach_privileges, check_memlock, check_privileges,
+    check_socket_privileges, effective_caps, has_cap, missing_caps, retain_caps,
+};
 pub use claim::{Claim, iface_dir, netns_id, run_dir, set_channels_retrying};
 pub use corelane_frame::{
     Frame, FrameCounts, FrameIo, FrameLedger, FrameState, LedgerError, MemFrame, MemLink, MemPort,
     MemStats, Proto, UmemId,
 };
 pub use error::Error;
-pub use ethtool::{Channels, DriverInfo, channels, driver_info, rx_queue_count, set_channels};
+pub use ethtool::{
+    Channels, DriverInfo, channels, driver_info, rx_queue_count, set_channels, set_rx_queues,
+};
+pub use grant::GrantClient;
 pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, kernel_addrs, kernel_routes};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};

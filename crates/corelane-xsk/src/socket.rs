@@ -13,7 +13,7 @@ use xsk_rs::config::{
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::error::{Error, errno_of};
-use crate::sys::{raise_memlock, set_tx_budget, sockopt_zerocopy};
+use crate::sys::{set_tx_budget, sockopt_zerocopy};
 use corelane_frame::{Frame, FrameCounts, FrameIo, FramePool, FrameState, UmemId};
 
 /// Whether to ask for zero-copy.
@@ -145,9 +145,9 @@ impl XskQueue {
     /// Binds an AF_XDP socket to queue `queue_id` of `ifname` (in the caller's network namespace).
     /// The XDP program is not loaded here: corelane loads its own with [`crate::Steering`].
     pub fn open(ifname: &str, queue_id: u32, config: &XskConfig) -> Result<Self, Error> {
-        crate::caps::check_privileges()?;
+        crate::caps::check_socket_privileges()?;
         crate::netdev::check_interface(ifname)?;
-        raise_memlock();
+        crate::caps::check_memlock(u64::from(config.frames) * u64::from(config.frame_size))?;
         match config.zero_copy {
             ZeroCopy::Off => Self::bind(ifname, queue_id, config, BindMode::Copy),
             ZeroCopy::Require => Self::bind(ifname, queue_id, config, BindMode::ZeroCopy),
@@ -180,10 +180,20 @@ impl XskQueue {
             .comp_queue_size(ring)
             .build()
             .map_err(|e| cfg_err(format!("UMEM config: {e}")))?;
-        let (umem, templates) = Umem::new(umem_config, frames, false).map_err(|e| Error::Umem {
-            errno: errno_of(&e),
-            detail: e.to_string(),
-        })?;
+        let (umem, templates) =
+            Umem::new(umem_config, frames, false).map_err(|e| match errno_of(&e) {
+                Some(libc::EPERM) => crate::caps::check_socket_privileges()
+                    .err()
+                    .unwrap_or_else(|| Error::Privilege(format!("creating the UMEM: {e}"))),
+                Some(libc::ENOBUFS) => Error::Privilege(crate::caps::memlock_message(
+                    u64::from(c.frames) * u64::from(c.frame_size),
+                    crate::sys::memlock_limit(),
+                )),
+                errno => Error::Umem {
+                    errno,
+                    detail: e.to_string(),
+                },
+            })?;
         let mut flags = BindFlags::XDP_USE_NEED_WAKEUP;
         flags |= match mode {
             BindMode::Copy => BindFlags::XDP_COPY,

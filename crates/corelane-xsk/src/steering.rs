@@ -11,9 +11,10 @@ use aya::programs::{ProgramError, Xdp, XdpMode};
 
 use corelane_frame::Proto;
 
-use crate::caps::check_privileges;
+use crate::caps::check_attach_privileges;
 use crate::claim::Claim;
 use crate::error::Error;
+use crate::grant::GrantClient;
 use crate::netdev::check_interface;
 
 /// The compiled steering program (built from `xdp/corelane.bpf.c` by `xdp/build.sh`).
@@ -81,19 +82,32 @@ pub struct XdpCounters {
     pub no_socket: u64,
 }
 
-/// The steering program attached to one interface. Dropping it detaches the program and closes
-/// its maps; the attachment is a BPF link, so the kernel also detaches it if the process dies.
+/// The steering program on one interface: attached by this process ([`Steering::attach`]), or
+/// held by a grant broker that this process asks ([`Steering::granted`]). Dropping it detaches
+/// the program (or ends the grant's session); the attachment is a BPF link, so the kernel also
+/// detaches it if the process dies.
 pub struct Steering {
     ifname: String,
     mode: AttachedMode,
     fallback_reason: Option<String>,
+    port_refs: StdHashMap<(Proto, u16), u32>,
+    via: Via,
+}
+
+enum Via {
+    Program(Box<Program>),
+    Grant(GrantClient),
+}
+
+/// The program and its maps, held by this process.
+struct Program {
+    ifname: String,
     owned_v4: HashMap<MapData, u32, u8>,
     owned_v6: HashMap<MapData, [u8; 16], u8>,
     tcp_ports: Array<MapData, u8>,
     udp_ports: Array<MapData, u8>,
     xsks: XskMap<MapData>,
     stats: PerCpuArray<MapData, u64>,
-    port_refs: StdHashMap<(Proto, u16), u32>,
     /// Solicited-node multicast groups joined on the interface for owned IPv6 addresses, with
     /// how many addresses share each.
     groups: StdHashMap<[u8; 6], u32>,
@@ -109,7 +123,7 @@ fn solicited_node_mac(a: [u8; 16]) -> [u8; 6] {
     [0x33, 0x33, 0xff, a[13], a[14], a[15]]
 }
 
-impl Drop for Steering {
+impl Drop for Program {
     fn drop(&mut self) {
         for mac in self.groups.keys() {
             let _ = crate::netdev::multicast(&self.ifname, *mac, false);
@@ -125,6 +139,7 @@ impl std::fmt::Debug for Steering {
         f.debug_struct("Steering")
             .field("ifname", &self.ifname)
             .field("mode", &self.mode)
+            .field("granted", &self.is_granted())
             .finish_non_exhaustive()
     }
 }
@@ -139,15 +154,15 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
 impl Steering {
     /// Loads the embedded program and attaches it to `ifname` (in the caller's namespace).
     pub fn attach(ifname: &str, mode: AttachMode) -> Result<Self, Error> {
-        check_privileges()?;
+        check_attach_privileges()?;
         check_interface(ifname)?;
-        let mut ebpf = Ebpf::load(XDP_OBJECT).map_err(|e| Error::Load(chain(&e)))?;
+        let mut ebpf = Ebpf::load(XDP_OBJECT).map_err(|e| Error::Load(load_detail(&e)))?;
         let prog: &mut Xdp = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| Error::Load(format!("program {PROGRAM} missing from the object")))?
             .try_into()
             .map_err(|e: ProgramError| Error::Load(chain(&e)))?;
-        prog.load().map_err(|e| Error::Load(chain(&e)))?;
+        prog.load().map_err(|e| Error::Load(load_detail(&e)))?;
         let (mode, fallback_reason) = match mode {
             AttachMode::Generic => {
                 attach(prog, ifname, XdpMode::Skb)?;
@@ -172,40 +187,66 @@ impl Steering {
                 detail: "missing from the object".into(),
             })
         };
-        let owned_v4 =
-            HashMap::try_from(take(&mut ebpf, "owned_v4")?).map_err(map_err("owned_v4"))?;
-        let owned_v6 =
-            HashMap::try_from(take(&mut ebpf, "owned_v6")?).map_err(map_err("owned_v6"))?;
-        let tcp_ports =
-            Array::try_from(take(&mut ebpf, "tcp_ports")?).map_err(map_err("tcp_ports"))?;
-        let udp_ports =
-            Array::try_from(take(&mut ebpf, "udp_ports")?).map_err(map_err("udp_ports"))?;
-        let xsks = XskMap::try_from(take(&mut ebpf, "xsks")?).map_err(map_err("xsks"))?;
-        let stats = PerCpuArray::try_from(take(&mut ebpf, "stats")?).map_err(map_err("stats"))?;
+        let program = Program {
+            ifname: ifname.to_string(),
+            owned_v4: HashMap::try_from(take(&mut ebpf, "owned_v4")?)
+                .map_err(map_err("owned_v4"))?,
+            owned_v6: HashMap::try_from(take(&mut ebpf, "owned_v6")?)
+                .map_err(map_err("owned_v6"))?,
+            tcp_ports: Array::try_from(take(&mut ebpf, "tcp_ports")?)
+                .map_err(map_err("tcp_ports"))?,
+            udp_ports: Array::try_from(take(&mut ebpf, "udp_ports")?)
+                .map_err(map_err("udp_ports"))?,
+            xsks: XskMap::try_from(take(&mut ebpf, "xsks")?).map_err(map_err("xsks"))?,
+            stats: PerCpuArray::try_from(take(&mut ebpf, "stats")?).map_err(map_err("stats"))?,
+            groups: StdHashMap::new(),
+            claim: None,
+            _ebpf: ebpf,
+        };
         Ok(Steering {
             ifname: ifname.to_string(),
             mode,
             fallback_reason,
-            owned_v4,
-            owned_v6,
-            tcp_ports,
-            udp_ports,
-            xsks,
-            stats,
             port_refs: StdHashMap::new(),
-            groups: StdHashMap::new(),
-            claim: None,
-            _ebpf: ebpf,
+            via: Via::Program(Box::new(program)),
         })
     }
 
-    /// Records every multicast group this steering joins on the interface in `claim`, so a
-    /// process that dies leaves none behind (the next runtime's claim leaves them).
-    pub fn set_claim(&mut self, claim: Arc<Claim>) {
-        for mac in self.groups.keys() {
-            claim.note_group(*mac, true);
+    /// Steering through the broker `client` holds a grant from (`corelane-xdp grant`): this
+    /// process needs no privilege for it, and may steer only what the grant allows.
+    pub fn granted(ifname: &str, client: GrantClient) -> Steering {
+        Steering {
+            ifname: ifname.to_string(),
+            mode: client.mode(),
+            fallback_reason: client.fallback_reason().map(str::to_string),
+            port_refs: StdHashMap::new(),
+            via: Via::Grant(client),
         }
-        self.claim = Some(claim);
+    }
+
+    /// The broker's connection, when steering goes through a grant.
+    pub fn grant(&self) -> Option<&GrantClient> {
+        match &self.via {
+            Via::Grant(g) => Some(g),
+            Via::Program(_) => None,
+        }
+    }
+
+    /// True when a broker holds the program and this process steers through its grant.
+    pub fn is_granted(&self) -> bool {
+        self.grant().is_some()
+    }
+
+    /// Records every multicast group this steering joins on the interface in `claim`, so a
+    /// process that dies leaves none behind (the next runtime's claim leaves them). Under a
+    /// grant the broker does this.
+    pub fn set_claim(&mut self, claim: Arc<Claim>) {
+        if let Via::Program(p) = &mut self.via {
+            for mac in p.groups.keys() {
+                claim.note_group(*mac, true);
+            }
+            p.claim = Some(claim);
+        }
     }
 
     /// The interface the program is attached to.
@@ -225,6 +266,76 @@ impl Steering {
 
     /// Steers frames for `addr` (and ARP or NDP for it) to the stack.
     pub fn own_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        match &mut self.via {
+            Via::Program(p) => p.own_addr(addr),
+            Via::Grant(g) => g.own_addr(addr),
+        }
+    }
+
+    /// Stops steering frames for `addr`.
+    pub fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        match &mut self.via {
+            Via::Program(p) => p.disown_addr(addr),
+            Via::Grant(g) => g.disown_addr(addr),
+        }
+    }
+
+    /// Steers `proto` segments to `port` on owned addresses. Ports are reference counted: each
+    /// socket that opens the port calls this, and [`Steering::release_port`] when it closes.
+    pub fn own_port(&mut self, proto: Proto, port: u16) -> Result<(), Error> {
+        let refs = self.port_refs.get(&(proto, port)).copied().unwrap_or(0);
+        if refs == 0 {
+            self.set_port(proto, port, true)?;
+        }
+        self.port_refs.insert((proto, port), refs + 1);
+        Ok(())
+    }
+
+    /// Drops one reference to `port`; the last one stops steering it.
+    pub fn release_port(&mut self, proto: Proto, port: u16) -> Result<(), Error> {
+        let Some(refs) = self.port_refs.get_mut(&(proto, port)) else {
+            return Ok(());
+        };
+        *refs -= 1;
+        if *refs == 0 {
+            self.port_refs.remove(&(proto, port));
+            self.set_port(proto, port, false)?;
+        }
+        Ok(())
+    }
+
+    fn set_port(&mut self, proto: Proto, port: u16, on: bool) -> Result<(), Error> {
+        match &mut self.via {
+            Via::Program(p) => p.set_port(proto, port, on),
+            Via::Grant(g) => g.port(proto, port, on),
+        }
+    }
+
+    /// True when `port` is steered for `proto`.
+    pub fn port_owned(&self, proto: Proto, port: u16) -> bool {
+        self.port_refs.contains_key(&(proto, port))
+    }
+
+    /// Redirects frames arriving on `queue` to the AF_XDP socket `fd`. The kernel removes the
+    /// entry itself when the socket closes.
+    pub fn register(&mut self, queue: u32, fd: RawFd) -> Result<(), Error> {
+        match &mut self.via {
+            Via::Program(p) => p.xsks.set(queue, fd, 0).map_err(map_err("xsks")),
+            Via::Grant(g) => g.register(queue, fd),
+        }
+    }
+
+    /// The program's counters, summed over CPUs.
+    pub fn counters(&self) -> Result<XdpCounters, Error> {
+        match &self.via {
+            Via::Program(p) => p.counters(),
+            Via::Grant(g) => g.counters(),
+        }
+    }
+}
+
+impl Program {
+    fn own_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
         match addr {
             IpAddr::V4(a) => self
                 .owned_v4
@@ -258,8 +369,7 @@ impl Steering {
         }
     }
 
-    /// Stops steering frames for `addr`.
-    pub fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+    fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
         match addr {
             IpAddr::V4(a) => self
                 .owned_v4
@@ -285,51 +395,16 @@ impl Steering {
         }
     }
 
-    /// Steers `proto` segments to `port` on owned addresses. Ports are reference counted: each
-    /// socket that opens the port calls this, and [`Steering::release_port`] when it closes.
-    pub fn own_port(&mut self, proto: Proto, port: u16) -> Result<(), Error> {
-        let refs = self.port_refs.entry((proto, port)).or_insert(0);
-        if *refs == 0 {
-            let (map, name) = match proto {
-                Proto::Tcp => (&mut self.tcp_ports, "tcp_ports"),
-                Proto::Udp => (&mut self.udp_ports, "udp_ports"),
-            };
-            map.set(u32::from(port), 1, 0).map_err(map_err(name))?;
-        }
-        *refs += 1;
-        Ok(())
-    }
-
-    /// Drops one reference to `port`; the last one stops steering it.
-    pub fn release_port(&mut self, proto: Proto, port: u16) -> Result<(), Error> {
-        let Some(refs) = self.port_refs.get_mut(&(proto, port)) else {
-            return Ok(());
+    fn set_port(&mut self, proto: Proto, port: u16, on: bool) -> Result<(), Error> {
+        let (map, name) = match proto {
+            Proto::Tcp => (&mut self.tcp_ports, "tcp_ports"),
+            Proto::Udp => (&mut self.udp_ports, "udp_ports"),
         };
-        *refs -= 1;
-        if *refs == 0 {
-            self.port_refs.remove(&(proto, port));
-            let (map, name) = match proto {
-                Proto::Tcp => (&mut self.tcp_ports, "tcp_ports"),
-                Proto::Udp => (&mut self.udp_ports, "udp_ports"),
-            };
-            map.set(u32::from(port), 0, 0).map_err(map_err(name))?;
-        }
-        Ok(())
+        map.set(u32::from(port), u8::from(on), 0)
+            .map_err(map_err(name))
     }
 
-    /// True when `port` is steered for `proto`.
-    pub fn port_owned(&self, proto: Proto, port: u16) -> bool {
-        self.port_refs.contains_key(&(proto, port))
-    }
-
-    /// Redirects frames arriving on `queue` to the AF_XDP socket `fd`. The kernel removes the
-    /// entry itself when the socket closes.
-    pub fn register(&mut self, queue: u32, fd: RawFd) -> Result<(), Error> {
-        self.xsks.set(queue, fd, 0).map_err(map_err("xsks"))
-    }
-
-    /// The program's counters, summed over CPUs.
-    pub fn counters(&self) -> Result<XdpCounters, Error> {
+    fn counters(&self) -> Result<XdpCounters, Error> {
         let mut sums = [0u64; STAT_SLOTS];
         for (slot, sum) in sums.iter_mut().enumerate() {
             let v = self
@@ -364,7 +439,8 @@ fn attach(prog: &mut Xdp, ifname: &str, mode: XdpMode) -> Result<(), Error> {
             }
             if errno == Some(libc::EPERM) {
                 return Err(Error::Privilege(format!(
-                    "attaching XDP to {ifname}: {detail}"
+                    "attaching XDP to {ifname} was refused ({detail}); it needs CAP_NET_ADMIN \
+                     in the interface's network namespace"
                 )));
             }
             let hint = if mode == XdpMode::Driver {
@@ -393,4 +469,20 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = c.source();
     }
     s
+}
+
+/// What loading failed with, in one line: the verifier's log (often a hundred lines) only when
+/// `CORELANE_VERIFIER_LOG` is set.
+fn load_detail(e: &(dyn std::error::Error + 'static)) -> String {
+    let full = chain(e);
+    if std::env::var_os("CORELANE_VERIFIER_LOG").is_some() {
+        return full;
+    }
+    match full.split_once('\n') {
+        Some((first, _)) => format!(
+            "{}; set CORELANE_VERIFIER_LOG=1 for the verifier's log",
+            first.trim_end_matches(':')
+        ),
+        None => full,
+    }
 }

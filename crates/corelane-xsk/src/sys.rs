@@ -167,3 +167,103 @@ pub(crate) fn raise_memlock() {
     // SAFETY: setrlimit reads a valid rlimit; failure leaves the limit as it was.
     let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
 }
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// The calling thread's (effective, permitted) capability sets as bit masks.
+pub(crate) fn thread_caps() -> io::Result<(u64, u64)> {
+    let mut head = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget writes two CapData words for version 3 into `data`, which has exactly
+    // two; `head` is a valid header for the calling thread (pid 0).
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut head, data.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok((
+        join(data[0].effective, data[1].effective),
+        join(data[0].permitted, data[1].permitted),
+    ))
+}
+
+/// Sets the calling thread's effective and permitted sets to `keep` (within what it has),
+/// its inheritable set to nothing, and clears its ambient set: a capability dropped here
+/// cannot come back in this thread, in threads it starts later or in programs it runs (unless
+/// they are set-uid or the user is root: see the caller).
+pub(crate) fn set_thread_caps(keep: u64) -> io::Result<()> {
+    let (_, permitted) = thread_caps()?;
+    let keep = keep & permitted;
+    let mut head = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let word = |i: u32| (keep >> (32 * i)) as u32;
+    let data = [
+        CapData {
+            effective: word(0),
+            permitted: word(0),
+            inheritable: 0,
+        },
+        CapData {
+            effective: word(1),
+            permitted: word(1),
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: prctl with PR_CAP_AMBIENT_CLEAR_ALL takes no pointers.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: capset reads a valid header and two CapData words (version 3) that live for
+    // the call.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut head, data.as_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The soft `RLIMIT_MEMLOCK` in bytes (`u64::MAX` when unlimited).
+pub(crate) fn memlock_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return 0;
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        lim.rlim_cur
+    }
+}

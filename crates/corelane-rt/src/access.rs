@@ -1,0 +1,155 @@
+//! How the runtime gets at its interface: by attaching the XDP program itself (it needs the
+//! privileges for that), or through a grant from `corelane-xdp grant` (it needs only
+//! `CAP_NET_RAW`); opening the AF_XDP sockets; and dropping the capabilities nothing needs
+//! afterwards.
+
+use std::sync::Arc;
+
+use corelane_xsk::{AttachMode, Cap, Channels, Claim, GrantClient, Steering, XskConfig, XskQueue};
+
+use crate::Error;
+
+/// Where the runtime's XDP program comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Xdp {
+    /// Through the grant of a `corelane-xdp grant` serving the interface, if one does;
+    /// attached by the runtime otherwise.
+    #[default]
+    Auto,
+    /// Attached by the runtime (root, or `CAP_NET_ADMIN`, `CAP_NET_RAW`, `CAP_BPF` and
+    /// `CAP_PERFMON`).
+    Attach,
+    /// Only through a grant: an error when no broker serves the interface.
+    Granted,
+}
+
+/// The runtime's hold on its interface before the program is there.
+pub(crate) enum Access {
+    /// It attaches the program itself, under its own claim.
+    Attach(Arc<Claim>),
+    /// A broker holds the program and the claim.
+    Granted(GrantClient),
+}
+
+impl Access {
+    /// Connects to the broker or claims the interface, as `xdp` says, after checking the
+    /// privileges that mode needs.
+    pub(crate) fn get(ifname: &str, xdp: Xdp) -> Result<Access, Error> {
+        let grant = match xdp {
+            Xdp::Attach => None,
+            Xdp::Auto => GrantClient::connect(ifname)?,
+            Xdp::Granted => Some(GrantClient::connect(ifname)?.ok_or_else(|| {
+                Error::Config(format!(
+                    "no corelane-xdp grant serves {ifname} (nothing listens at {}); start one \
+                     as root: corelane-xdp grant {ifname} --addr ADDR --tcp PORTS --user USER",
+                    corelane_xsk::grant::grant_socket_path(ifname)
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
+                ))
+            })?),
+        };
+        match grant {
+            Some(g) => {
+                corelane_xsk::check_socket_privileges()?;
+                Ok(Access::Granted(g))
+            }
+            None => {
+                corelane_xsk::check_privileges()?;
+                // Before anything reads or changes the interface: one runtime per interface,
+                // and what a dead one left behind is undone first.
+                Ok(Access::Attach(Arc::new(Claim::take(ifname)?)))
+            }
+        }
+    }
+
+    pub(crate) fn claim(&self) -> Option<&Arc<Claim>> {
+        match self {
+            Access::Attach(c) => Some(c),
+            Access::Granted(_) => None,
+        }
+    }
+
+    /// The live statistics' writer: in the claim's directory, or in the file the broker
+    /// makes (a server without privileges cannot write the run directory).
+    pub(crate) fn publisher(
+        &self,
+        ifname: &str,
+        cores: usize,
+        conn_cap: usize,
+    ) -> std::io::Result<corelane_stat::Publisher> {
+        let names = crate::publish::NAMES;
+        match self {
+            Access::Attach(c) => corelane_stat::Publisher::create(
+                &c.dir().join("stats"),
+                ifname,
+                cores,
+                names,
+                conn_cap,
+            ),
+            Access::Granted(g) => {
+                let (file, path) = g.stats_file().map_err(std::io::Error::from)?;
+                corelane_stat::Publisher::create_in(&file, &path, ifname, cores, names, conn_cap)
+            }
+        }
+    }
+
+    /// Gives the interface `need` receive queues. Returns the channels to put back when the
+    /// runtime ends (None under a grant: the broker puts them back).
+    pub(crate) fn set_queues(
+        &self,
+        ifname: &str,
+        now: Channels,
+        need: u32,
+    ) -> Result<Option<Channels>, corelane_xsk::Error> {
+        match self {
+            Access::Attach(_) => corelane_xsk::set_rx_queues(ifname, now, need).map(Some),
+            Access::Granted(g) => g.set_rx_queues(need).map(|()| None),
+        }
+    }
+
+    /// The steering program: attached now, or the broker's.
+    pub(crate) fn steering(self, ifname: &str, mode: AttachMode) -> Result<Steering, Error> {
+        Ok(match self {
+            Access::Attach(claim) => {
+                let mut s = Steering::attach(ifname, mode)?;
+                s.set_claim(claim);
+                s
+            }
+            Access::Granted(g) => Steering::granted(ifname, g),
+        })
+    }
+}
+
+/// Opens one AF_XDP socket per queue in `queues` (on the calling thread, so that the
+/// capabilities can be dropped before any core thread starts) and puts each behind its queue.
+pub(crate) fn open_sockets(
+    ifname: &str,
+    queues: &[u32],
+    xsk: &XskConfig,
+    steering: &mut Steering,
+) -> Result<Vec<XskQueue>, Error> {
+    // The kernel counts every UMEM of the user against one locked-memory limit: checked for
+    // all of them at once, so the error gives the whole amount.
+    let umem = u64::from(xsk.frames) * u64::from(xsk.frame_size);
+    corelane_xsk::check_memlock(umem * queues.len() as u64)?;
+    let mut out = Vec::with_capacity(queues.len());
+    for &q in queues {
+        let sock = XskQueue::open(ifname, q, xsk)?;
+        steering.register(q, sock.fd())?;
+        out.push(sock);
+    }
+    Ok(out)
+}
+
+/// Drops the capabilities the runtime no longer needs, in the calling thread (the one that
+/// builds the runtime, before it starts any other): none under a grant; `CAP_NET_ADMIN` and
+/// `CAP_BPF` when it holds the program (to change addresses and put the queues back).
+pub(crate) fn drop_capabilities(granted: bool) -> Result<(), Error> {
+    let keep: &[Cap] = if granted {
+        &[]
+    } else {
+        &[Cap::NetAdmin, Cap::Bpf]
+    };
+    corelane_xsk::retain_caps(keep)
+        .map_err(|e| Error::Config(format!("dropping capabilities: {e}")))
+}

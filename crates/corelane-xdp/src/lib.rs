@@ -1,0 +1,564 @@
+//! The privileged half of corelane: a broker that attaches the XDP steering program to an
+//! interface and grants one server at a time the addresses and ports it may steer.
+//!
+//! The server then needs only `CAP_NET_RAW` (for its AF_XDP sockets) and locked memory; it asks
+//! the broker over a Unix socket for every change (the protocol is in
+//! [`corelane_xsk::grant`]), and the broker refuses what the grant does not cover. The broker
+//! holds the interface's claim, so a crash of either side leaves nothing behind: when the
+//! server goes, the broker stops steering what it asked for; when the broker goes, the kernel
+//! detaches the program, and the next broker or runtime puts back the queue count.
+//!
+//! ```no_run
+//! use corelane_xdp::{Broker, Grant};
+//! let grant = Grant::parse("veth0", &["10.0.0.1"], &["7", "49152-65535"], &["7"], &[0])?;
+//! let broker = Broker::start(grant)?;
+//! println!("{}", broker.describe());
+//! let stop = std::sync::atomic::AtomicBool::new(false);
+//! broker.serve(&stop)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::HashSet;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::net::IpAddr;
+use std::ops::RangeInclusive;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr, sockopt};
+
+use corelane_xsk::grant::{grant_socket_path, proto_name, recv_message, send_message};
+use corelane_xsk::{AttachMode, Channels, Claim, Error, Proto, Steering};
+
+/// What a server may steer on one interface, and who may ask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The interface.
+    pub ifname: String,
+    /// Addresses the server may own.
+    pub addrs: Vec<IpAddr>,
+    /// TCP ports it may steer.
+    pub tcp: Vec<RangeInclusive<u16>>,
+    /// UDP ports it may steer.
+    pub udp: Vec<RangeInclusive<u16>>,
+    /// The users whose processes may take the grant.
+    pub uids: Vec<u32>,
+    /// How to attach the program.
+    pub attach: AttachMode,
+}
+
+impl Grant {
+    /// A grant from the command line's words: addresses, port lists (`7`, `8000-8099`, or
+    /// several separated by commas) and user ids.
+    ///
+    /// # Errors
+    /// A word that is not an address, a port, a range or a user id, named.
+    pub fn parse(
+        ifname: &str,
+        addrs: &[&str],
+        tcp: &[&str],
+        udp: &[&str],
+        uids: &[u32],
+    ) -> Result<Grant, String> {
+        let addrs = addrs
+            .iter()
+            .map(|a| {
+                a.parse::<IpAddr>()
+                    .map_err(|_| format!("`{a}` is not an IP address"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Grant {
+            ifname: ifname.to_string(),
+            addrs,
+            tcp: parse_ports(tcp)?,
+            udp: parse_ports(udp)?,
+            uids: uids.to_vec(),
+            attach: AttachMode::Auto,
+        })
+    }
+
+    fn ports(&self, proto: Proto) -> &[RangeInclusive<u16>] {
+        match proto {
+            Proto::Tcp => &self.tcp,
+            Proto::Udp => &self.udp,
+        }
+    }
+
+    /// True when the grant lets the server steer `proto` port `port`.
+    pub fn allows_port(&self, proto: Proto, port: u16) -> bool {
+        self.ports(proto).iter().any(|r| r.contains(&port))
+    }
+
+    /// One line: addresses, ports and users.
+    pub fn summary(&self) -> String {
+        let addrs: Vec<String> = self.addrs.iter().map(|a| a.to_string()).collect();
+        let uids: Vec<String> = self.uids.iter().map(|u| u.to_string()).collect();
+        format!(
+            "addresses {}; tcp {}; udp {}; uid {}",
+            list_or_none(&addrs),
+            ranges(&self.tcp),
+            ranges(&self.udp),
+            list_or_none(&uids)
+        )
+    }
+}
+
+fn list_or_none(v: &[String]) -> String {
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+fn ranges(r: &[RangeInclusive<u16>]) -> String {
+    let v: Vec<String> = r
+        .iter()
+        .map(|r| {
+            if r.start() == r.end() {
+                r.start().to_string()
+            } else {
+                format!("{}-{}", r.start(), r.end())
+            }
+        })
+        .collect();
+    list_or_none(&v)
+}
+
+/// Parses port words: `7`, `8000-8099`, `7,9,1000-1100`.
+///
+/// # Errors
+/// A word that is not a port or an ascending range, named.
+pub fn parse_ports(words: &[&str]) -> Result<Vec<RangeInclusive<u16>>, String> {
+    let mut out = Vec::new();
+    for part in words.iter().flat_map(|w| w.split(',')) {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        let bad = || format!("`{part}` is not a port (1-65535) or a range of ports (8000-8099)");
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let lo: u16 = lo.trim().parse().map_err(|_| bad())?;
+        let hi: u16 = hi.trim().parse().map_err(|_| bad())?;
+        if lo == 0 || hi < lo {
+            return Err(bad());
+        }
+        out.push(lo..=hi);
+    }
+    Ok(out)
+}
+
+/// What the current server asked for, undone when it goes.
+#[derive(Debug, Default)]
+struct Session {
+    pid: u32,
+    uid: u32,
+    addrs: Vec<IpAddr>,
+    ports: HashSet<(Proto, u16)>,
+    stats: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// None once the broker has stopped.
+    steering: Option<Steering>,
+    claim: Arc<Claim>,
+    /// The interface's channels before the first change (put back when the broker stops).
+    restore: Option<Channels>,
+    session: Option<Session>,
+}
+
+/// The broker: the program attached, the grant's socket listening.
+#[derive(Debug)]
+pub struct Broker {
+    grant: Arc<Grant>,
+    listener: OwnedFd,
+    path: PathBuf,
+    state: Arc<Mutex<State>>,
+    mode: String,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Broker {
+    /// Claims the interface, attaches the program and listens for a server.
+    ///
+    /// # Errors
+    /// Missing privileges (one line, naming them), no such interface, another corelane on
+    /// it, a driver that refuses the program, or a run directory that cannot be written.
+    pub fn start(grant: Grant) -> Result<Broker, Error> {
+        corelane_xsk::check_attach_privileges()?;
+        if grant.uids.is_empty() {
+            return Err(Error::Config(
+                "a grant needs at least one user (--user NAME)".into(),
+            ));
+        }
+        let claim = Arc::new(Claim::take(&grant.ifname)?);
+        let mut steering = Steering::attach(&grant.ifname, grant.attach)?;
+        steering.set_claim(claim.clone());
+        let mode = match steering.fallback_reason() {
+            Some(why) => format!("{} {why}", steering.mode()),
+            None => steering.mode().to_string(),
+        };
+        let path = grant_socket_path(&grant.ifname)?;
+        let _ = fs::remove_file(&path);
+        let listener = socket::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(io::Error::from)?;
+        let addr = UnixAddr::new(&path).map_err(io::Error::from)?;
+        socket::bind(listener.as_raw_fd(), &addr).map_err(io::Error::from)?;
+        // Anyone may connect: who may take the grant is checked on the connection.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666))?;
+        socket::listen(&listener, Backlog::new(8).map_err(io::Error::from)?)
+            .map_err(io::Error::from)?;
+        // accept() wakes every 200 ms to see whether the broker should stop.
+        let tick = nix::sys::time::TimeVal::new(0, 200_000);
+        socket::setsockopt(&listener, sockopt::ReceiveTimeout, &tick).map_err(io::Error::from)?;
+        Ok(Broker {
+            grant: Arc::new(grant),
+            listener,
+            path,
+            state: Arc::new(Mutex::new(State {
+                steering: Some(steering),
+                claim,
+                restore: None,
+                session: None,
+            })),
+            mode,
+        })
+    }
+
+    /// The grant's socket.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// One paragraph: interface, mode, socket, the grant, and what a crash of the last
+    /// process left behind (undone).
+    pub fn describe(&self) -> String {
+        let st = lock(&self.state);
+        let mut s = format!(
+            "{}: XDP program attached in {} mode; grant socket {}\ngrant: {}",
+            self.grant.ifname,
+            self.mode,
+            self.path.display(),
+            self.grant.summary()
+        );
+        if !st.claim.undone().is_empty() {
+            s += &format!(
+                "\na corelane process died on {} without cleaning up; undone: {}",
+                self.grant.ifname,
+                st.claim.undone().join(", ")
+            );
+        }
+        s
+    }
+
+    /// Serves servers, one at a time, until `stop` is set; then detaches the program, puts
+    /// the interface's queues back and removes the socket.
+    ///
+    /// # Errors
+    /// Accepting failed for a reason other than the wake-up timeout.
+    pub fn serve(&self, stop: &AtomicBool) -> Result<(), Error> {
+        while !stop.load(Ordering::SeqCst) {
+            let fd = match socket::accept4(self.listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+                Ok(fd) => fd,
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(Error::Io(e.into())),
+            };
+            // SAFETY: accept4 just returned this descriptor; nothing else owns it.
+            let conn = unsafe { OwnedFd::from_raw_fd(fd) };
+            let (state, grant) = (self.state.clone(), self.grant.clone());
+            std::thread::Builder::new()
+                .name("corelane-xdp-session".into())
+                .spawn(move || session(&state, &grant, &conn))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+        let mut st = lock(&self.state);
+        if let Some(s) = st.session.take()
+            && let Some(p) = s.stats
+        {
+            let _ = fs::remove_file(p);
+        }
+        // Detach first: the driver may refuse fewer queues while a program is attached.
+        drop(st.steering.take());
+        if let Some(old) = st.restore.take() {
+            match corelane_xsk::set_channels_retrying(&self.grant.ifname, old) {
+                Ok(()) => st.claim.note_channels(None),
+                Err(e) => tracing::warn!("{}: restoring its queues: {e}", self.grant.ifname),
+            }
+        }
+    }
+}
+
+/// One server's connection: the hello, then requests until it closes.
+fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
+    let cred = match socket::getsockopt(conn, sockopt::PeerCredentials) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("a connection without credentials: {e}");
+            return;
+        }
+    };
+    let (pid, uid) = (cred.pid() as u32, cred.uid());
+    let fd = conn.as_raw_fd();
+    match recv_message(fd) {
+        Ok(Some((hello, _))) if hello == "hello" => {}
+        _ => return,
+    }
+    let welcome = {
+        let mut st = lock(state);
+        if !grant.uids.contains(&uid) {
+            Err(format!(
+                "uid {uid} is not granted {} (granted: uid {}); start corelane-xdp grant with \
+                 --user {uid}",
+                grant.ifname,
+                list_or_none(&grant.uids.iter().map(|u| u.to_string()).collect::<Vec<_>>())
+            ))
+        } else if let Some(s) = &st.session {
+            Err(format!(
+                "{} is served by another corelane runtime (pid {}: `kill {}`); stop it first",
+                grant.ifname, s.pid, s.pid
+            ))
+        } else if let Some(steering) = &st.steering {
+            let mode = match steering.fallback_reason() {
+                Some(why) => format!("{} {why}", steering.mode()),
+                None => steering.mode().to_string(),
+            };
+            st.session = Some(Session {
+                pid,
+                uid,
+                ..Session::default()
+            });
+            Ok(mode)
+        } else {
+            Err("the broker is stopping".to_string())
+        }
+    };
+    match welcome {
+        Ok(mode) => {
+            println!("corelane-xdp: pid {pid} (uid {uid}) took the grant");
+            if send_message(fd, &format!("ok {mode}"), None).is_err() {
+                end_session(state, grant);
+                return;
+            }
+        }
+        Err(why) => {
+            println!("corelane-xdp: refused pid {pid} (uid {uid}): {why}");
+            let _ = send_message(fd, &format!("err {why}"), None);
+            return;
+        }
+    }
+    // Requests until the server closes (or dies: the kernel closes for it).
+    while let Ok(Some((text, passed))) = recv_message(fd) {
+        let (reply, out) = match handle(state, grant, &text, passed) {
+            Ok((r, out)) => (format!("ok {r}").trim_end().to_string(), out),
+            Err(why) => (format!("err {why}"), None),
+        };
+        let sent = send_message(fd, &reply, out.as_ref().map(|f| f.as_raw_fd()));
+        if sent.is_err() {
+            break;
+        }
+    }
+    end_session(state, grant);
+}
+
+/// Stops steering everything the departed server asked for.
+fn end_session(state: &Mutex<State>, grant: &Grant) {
+    let mut st = lock(state);
+    let Some(s) = st.session.take() else { return };
+    if let Some(steering) = st.steering.as_mut() {
+        for (proto, port) in &s.ports {
+            let _ = steering.release_port(*proto, *port);
+        }
+        for a in &s.addrs {
+            let _ = steering.disown_addr(*a);
+        }
+    }
+    if let Some(p) = &s.stats {
+        let _ = fs::remove_file(p);
+    }
+    println!(
+        "corelane-xdp: pid {} (uid {}) left {}: released {} address(es) and {} port(s)",
+        s.pid,
+        s.uid,
+        grant.ifname,
+        s.addrs.len(),
+        s.ports.len()
+    );
+}
+
+type Reply = (String, Option<std::fs::File>);
+
+/// Carries out one request, or says why not.
+fn handle(
+    state: &Mutex<State>,
+    grant: &Grant,
+    text: &str,
+    passed: Option<OwnedFd>,
+) -> Result<Reply, String> {
+    let mut st = lock(state);
+    let st = &mut *st;
+    let (Some(steering), Some(session)) = (st.steering.as_mut(), st.session.as_mut()) else {
+        return Err("the broker is stopping".into());
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let e = |e: Error| e.to_string();
+    let ok = || Ok((String::new(), None));
+    match words[..] {
+        [verb @ ("addr" | "unaddr"), a] => {
+            let a: IpAddr = a.parse().map_err(|_| format!("`{a}` is not an address"))?;
+            if verb == "unaddr" {
+                if let Some(i) = session.addrs.iter().position(|x| *x == a) {
+                    session.addrs.remove(i);
+                    steering.disown_addr(a).map_err(e)?;
+                }
+                return ok();
+            }
+            if !grant.addrs.contains(&a) {
+                return Err(format!(
+                    "{a} is not granted to this server on {} (granted: {}); add --addr {a} to \
+                     corelane-xdp grant",
+                    grant.ifname,
+                    list_or_none(
+                        &grant
+                            .addrs
+                            .iter()
+                            .map(|a| a.to_string())
+                            .collect::<Vec<_>>()
+                    )
+                ));
+            }
+            if !session.addrs.contains(&a) {
+                steering.own_addr(a).map_err(e)?;
+                session.addrs.push(a);
+            }
+            ok()
+        }
+        [verb @ ("port" | "unport"), proto, port] => {
+            let proto = match proto {
+                "tcp" => Proto::Tcp,
+                "udp" => Proto::Udp,
+                _ => return Err(format!("`{proto}` is not tcp or udp")),
+            };
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("`{port}` is not a port"))?;
+            if verb == "unport" {
+                if session.ports.remove(&(proto, port)) {
+                    steering.release_port(proto, port).map_err(e)?;
+                }
+                return ok();
+            }
+            if !grant.allows_port(proto, port) {
+                let name = proto_name(proto);
+                return Err(format!(
+                    "{name} port {port} is not granted to this server on {} (granted {name}: \
+                     {}); add --{name} {port} to corelane-xdp grant",
+                    grant.ifname,
+                    ranges(grant.ports(proto))
+                ));
+            }
+            if session.ports.insert((proto, port)) {
+                steering.own_port(proto, port).map_err(e)?;
+            }
+            ok()
+        }
+        ["queue", q] => {
+            let q: u32 = q.parse().map_err(|_| format!("`{q}` is not a queue"))?;
+            let Some(sock) = passed else {
+                return Err("`queue` needs the AF_XDP socket's descriptor".into());
+            };
+            if q >= corelane_xsk::MAX_QUEUES {
+                return Err(format!(
+                    "queue {q}: the program serves queues below {}",
+                    corelane_xsk::MAX_QUEUES
+                ));
+            }
+            steering.register(q, sock.as_raw_fd()).map_err(|err| {
+                format!("queue {q}: the descriptor is not a bound AF_XDP socket ({err})")
+            })?;
+            ok()
+        }
+        ["channels", n] => {
+            let need: u32 = n.parse().map_err(|_| format!("`{n}` is not a count"))?;
+            let now = corelane_xsk::channels(&grant.ifname)
+                .map_err(e)?
+                .ok_or_else(|| format!("{}: the driver does not set its queues", grant.ifname))?;
+            if now.rx_queues() != need {
+                let old = corelane_xsk::set_rx_queues(&grant.ifname, now, need).map_err(e)?;
+                if st.restore.is_none() {
+                    st.restore = Some(old);
+                    st.claim.note_channels(Some(old));
+                }
+            }
+            ok()
+        }
+        ["counters"] => {
+            let c = steering.counters().map_err(e)?;
+            Ok((
+                format!("{} {} {} {}", c.steered, c.passed, c.malformed, c.no_socket),
+                None,
+            ))
+        }
+        ["stats"] => {
+            let path = st.claim.dir().join("stats");
+            let _ = fs::remove_file(&path);
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&path)
+                .map_err(|err| format!("{}: {err}", path.display()))?;
+            session.stats = Some(path.clone());
+            Ok((path.display().to_string(), Some(file)))
+        }
+        _ => Err(format!("unknown request `{text}`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_parse_singles_lists_and_ranges() {
+        let r = parse_ports(&["7", "8000-8002,9"]).unwrap();
+        assert_eq!(r, vec![7..=7, 8000..=8002, 9..=9]);
+        for bad in ["0", "9-8", "x", "70000", "1-"] {
+            let e = parse_ports(&[bad]).unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_grant_allows_only_its_ports_and_names_them() {
+        let g = Grant::parse("veth0", &["10.0.0.1"], &["7", "49152-65535"], &[], &[0]).unwrap();
+        assert!(g.allows_port(Proto::Tcp, 7));
+        assert!(g.allows_port(Proto::Tcp, 50000));
+        assert!(!g.allows_port(Proto::Tcp, 8));
+        assert!(!g.allows_port(Proto::Udp, 7));
+        assert_eq!(
+            g.summary(),
+            "addresses 10.0.0.1; tcp 7, 49152-65535; udp none; uid 0"
+        );
+        assert!(Grant::parse("veth0", &["10.0.0.300"], &[], &[], &[0]).is_err());
+    }
+}

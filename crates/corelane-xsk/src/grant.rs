@@ -1,0 +1,284 @@
+//! A grant: the XDP program attached by a privileged broker (`corelane-xdp grant`), and a server
+//! that steers through it with no privilege but `CAP_NET_RAW`.
+//!
+//! The broker attaches the program, holds its maps and the interface's claim, and listens on a
+//! Unix socket (`SOCK_SEQPACKET`) at `/run/corelane/net-COOKIE/IFNAME/grant`. A server connects,
+//! and the broker checks its user (`SO_PEERCRED`) against the grant. From then on every change
+//! the server wants is a request the broker checks and carries out:
+//!
+//! | request | reply | checked |
+//! |---|---|---|
+//! | `hello` | `ok MODE [why native was refused]` | the user |
+//! | `addr IP` / `unaddr IP` | `ok` | IP is granted |
+//! | `port tcp\|udp N` / `unport tcp\|udp N` | `ok` | N is in a granted range |
+//! | `queue Q` with the AF_XDP socket's descriptor | `ok` | the descriptor is an AF_XDP socket |
+//! | `channels N` | `ok` | N within the driver's maximum |
+//! | `counters` | `ok STEERED PASSED MALFORMED NO_SOCKET` | |
+//! | `stats` | `ok PATH` with the stats file's descriptor | |
+//!
+//! Errors are `err MESSAGE`, one line naming what was refused and how to grant it. The server
+//! never holds a map descriptor: it cannot steer an address or port it was not granted, only
+//! put its own sockets behind the queues. (What it sends is not limited: an AF_XDP socket, like
+//! a raw socket, transmits any frame.) When the server's connection closes (it exited or
+//! died), the broker stops steering everything the server asked for; the kernel removes the
+//! server's sockets from the program's socket map as they close.
+
+#![allow(unsafe_code)] // Only `OwnedFd::from_raw_fd` on descriptors the kernel just passed us.
+
+use std::fs::File;
+use std::io::{IoSlice, IoSliceMut};
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use nix::sys::socket::{
+    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+    UnixAddr, sockopt,
+};
+
+use corelane_frame::Proto;
+
+use crate::error::Error;
+use crate::steering::{AttachedMode, XdpCounters};
+
+/// Longest message either side sends.
+pub const MAX_MESSAGE: usize = 4096;
+
+/// Where the broker for `ifname` listens, in the calling thread's network namespace.
+pub fn grant_socket_path(ifname: &str) -> std::io::Result<PathBuf> {
+    Ok(crate::claim::iface_dir(ifname)?.join("grant"))
+}
+
+/// Sends one message, with a descriptor when `fd` is given.
+///
+/// # Errors
+/// The socket is closed or the message does not fit.
+pub fn send_message(sock: RawFd, text: &str, fd: Option<RawFd>) -> std::io::Result<()> {
+    let fds = fd.map(|f| [f]);
+    let cmsgs: Vec<ControlMessage<'_>> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
+    socket::sendmsg::<()>(
+        sock,
+        &[IoSlice::new(text.as_bytes())],
+        &cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    Ok(())
+}
+
+/// Receives one message and the descriptor that came with it. `Ok(None)` when the peer closed
+/// the connection.
+///
+/// # Errors
+/// The socket failed or timed out, or the message was truncated or not UTF-8.
+pub fn recv_message(sock: RawFd) -> std::io::Result<Option<(String, Option<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let (n, fds, truncated) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg =
+            socket::recvmsg::<()>(sock, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(r) = c {
+                fds.extend(r);
+            }
+        }
+        let truncated = msg
+            .flags
+            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+        (msg.bytes, fds, truncated)
+    };
+    // SAFETY: the kernel just installed these descriptors in this process for us; nothing
+    // else refers to them, so each gets exactly one owner.
+    let mut owned: Vec<OwnedFd> = fds
+        .into_iter()
+        .map(|f| unsafe { OwnedFd::from_raw_fd(f) })
+        .collect();
+    if n == 0 && owned.is_empty() {
+        return Ok(None);
+    }
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    if truncated || owned.len() > 1 {
+        return Err(bad("message too long or with more than one descriptor"));
+    }
+    buf.truncate(n);
+    let text = String::from_utf8(buf).map_err(|_| bad("message is not UTF-8"))?;
+    Ok(Some((text, owned.pop())))
+}
+
+/// The connection of a server to the broker that holds its interface's XDP program.
+#[derive(Debug)]
+pub struct GrantClient {
+    sock: OwnedFd,
+    path: PathBuf,
+    mode: AttachedMode,
+    fallback_reason: Option<String>,
+}
+
+impl GrantClient {
+    /// Connects to the broker for `ifname`. `Ok(None)` when no broker serves it (no socket, or
+    /// a socket nobody listens on: a broker that died).
+    ///
+    /// # Errors
+    /// A broker is there and refused this process (its user is not granted, or another server
+    /// holds the grant), or did not answer.
+    pub fn connect(ifname: &str) -> Result<Option<GrantClient>, Error> {
+        let path = grant_socket_path(ifname)?;
+        Self::connect_at(&path)
+    }
+
+    /// Connects to the broker listening at `path`. `Ok(None)` when nobody listens there.
+    ///
+    /// # Errors
+    /// As [`GrantClient::connect`].
+    pub fn connect_at(path: &Path) -> Result<Option<GrantClient>, Error> {
+        let sock = socket::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(std::io::Error::from)?;
+        let addr = UnixAddr::new(path).map_err(std::io::Error::from)?;
+        match socket::connect(sock.as_raw_fd(), &addr) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ECONNREFUSED) => return Ok(None),
+            Err(nix::errno::Errno::EACCES) => {
+                return Err(Error::Privilege(format!(
+                    "{} may not be opened by this user; the broker's socket must be writable \
+                     (corelane-xdp grant makes it so)",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(Error::Io(e.into())),
+        }
+        let timeout = nix::sys::time::TimeVal::new(5, 0);
+        socket::setsockopt(&sock, sockopt::ReceiveTimeout, &timeout)
+            .map_err(std::io::Error::from)?;
+        let mut client = GrantClient {
+            sock,
+            path: path.to_path_buf(),
+            mode: AttachedMode::Generic,
+            fallback_reason: None,
+        };
+        let hello = client.request("hello", None)?;
+        let (mode, why) = hello.split_once(' ').unwrap_or((hello.as_str(), ""));
+        client.mode = match mode {
+            "native" => AttachedMode::Native,
+            _ => AttachedMode::Generic,
+        };
+        client.fallback_reason = (!why.is_empty()).then(|| why.to_string());
+        Ok(Some(client))
+    }
+
+    /// The broker's socket.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The mode the broker attached the program in.
+    pub fn mode(&self) -> AttachedMode {
+        self.mode
+    }
+
+    /// Why native mode was refused, when the broker fell back to generic mode.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
+    /// Sends `text` (with `fd`) and returns the reply's text after `ok`.
+    fn request(&self, text: &str, fd: Option<RawFd>) -> Result<String, Error> {
+        let gone = |detail: String| {
+            Error::Grant(format!(
+                "the broker at {} {detail}; is `corelane-xdp grant` still running?",
+                self.path.display()
+            ))
+        };
+        send_message(self.sock.as_raw_fd(), text, fd)
+            .map_err(|e| gone(format!("did not take `{text}`: {e}")))?;
+        let reply = match recv_message(self.sock.as_raw_fd()) {
+            Ok(Some((reply, _))) => reply,
+            Ok(None) => return Err(gone(format!("closed the connection at `{text}`"))),
+            Err(e) => return Err(gone(format!("did not answer `{text}`: {e}"))),
+        };
+        if let Some(rest) = reply.strip_prefix("ok") {
+            Ok(rest.trim_start().to_string())
+        } else {
+            let why = reply.strip_prefix("err ").unwrap_or(&reply);
+            Err(Error::Grant(why.to_string()))
+        }
+    }
+
+    /// Asks the broker to steer `addr` to this server.
+    pub(crate) fn own_addr(&self, addr: IpAddr) -> Result<(), Error> {
+        self.request(&format!("addr {addr}"), None).map(drop)
+    }
+
+    /// Asks the broker to stop steering `addr`.
+    pub(crate) fn disown_addr(&self, addr: IpAddr) -> Result<(), Error> {
+        self.request(&format!("unaddr {addr}"), None).map(drop)
+    }
+
+    /// Asks the broker to steer `proto` port `port` (`on`) or stop (`!on`).
+    pub(crate) fn port(&self, proto: Proto, port: u16, on: bool) -> Result<(), Error> {
+        let verb = if on { "port" } else { "unport" };
+        self.request(&format!("{verb} {} {port}", proto_name(proto)), None)
+            .map(drop)
+    }
+
+    /// Hands the broker the AF_XDP socket `fd` for `queue`.
+    pub(crate) fn register(&self, queue: u32, fd: RawFd) -> Result<(), Error> {
+        self.request(&format!("queue {queue}"), Some(fd)).map(drop)
+    }
+
+    /// Asks the broker to give the interface `need` receive queues.
+    pub fn set_rx_queues(&self, need: u32) -> Result<(), Error> {
+        self.request(&format!("channels {need}"), None).map(drop)
+    }
+
+    /// The program's counters, from the broker.
+    pub(crate) fn counters(&self) -> Result<XdpCounters, Error> {
+        let text = self.request("counters", None)?;
+        let v: Vec<u64> = text
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        match v[..] {
+            [steered, passed, malformed, no_socket] => Ok(XdpCounters {
+                steered,
+                passed,
+                malformed,
+                no_socket,
+            }),
+            _ => Err(Error::Grant(format!(
+                "malformed counters from the broker: {text}"
+            ))),
+        }
+    }
+
+    /// The stats file the broker made for this server, opened for writing, and its path.
+    ///
+    /// # Errors
+    /// The broker refused or sent no descriptor.
+    pub fn stats_file(&self) -> Result<(File, PathBuf), Error> {
+        send_message(self.sock.as_raw_fd(), "stats", None)?;
+        match recv_message(self.sock.as_raw_fd())? {
+            Some((reply, Some(fd))) if reply.starts_with("ok ") => {
+                Ok((File::from(fd), PathBuf::from(&reply[3..])))
+            }
+            Some((reply, _)) => Err(Error::Grant(
+                reply.strip_prefix("err ").unwrap_or(&reply).to_string(),
+            )),
+            None => Err(Error::Grant("the broker closed the connection".into())),
+        }
+    }
+}
+
+/// `tcp` or `udp`, as the protocol spells them.
+pub fn proto_name(p: Proto) -> &'static str {
+    match p {
+        Proto::Tcp => "tcp",
+        Proto::Udp => "udp",
+    }
+}

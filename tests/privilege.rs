@@ -1,0 +1,392 @@
+//! Least privilege, tested as an unprivileged user (`nobody`) with exactly the capabilities
+//! each mode documents, through `setpriv`:
+//! - a server under a grant from `corelane-xdp grant` runs with `CAP_NET_RAW` and
+//!   `CAP_IPC_LOCK` alone, ends up with no capability in any thread, and can steer only what
+//!   was granted; the broker runs with `CAP_NET_ADMIN`, `CAP_BPF` and `CAP_PERFMON` and keeps
+//!   the first two;
+//! - a server that attaches its own program runs with those four plus `CAP_IPC_LOCK` and keeps
+//!   `CAP_NET_ADMIN` and `CAP_BPF`;
+//! - every missing privilege is one line naming the capability and the fix.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use common::*;
+use corelane_testnet::{VethPair, require_root};
+
+const NOBODY: u32 = 65534;
+const CAP_NET_ADMIN: u64 = 1 << 12;
+const CAP_BPF: u64 = 1 << 39;
+
+/// A run directory `nobody` may write (each test its own: claims never collide).
+fn run_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("corelane-priv-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    dir
+}
+
+/// `program args` in the server namespace as user `uid` with exactly `caps` (setpriv names:
+/// `net_raw`, ...), in run directory `run`.
+fn as_user(
+    net: &VethPair,
+    run: &Path,
+    uid: u32,
+    caps: &[&str],
+    program: &Path,
+    args: &[&str],
+) -> Command {
+    let set = std::iter::once("-all".to_string())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd = net.server_ns().command("setpriv");
+    cmd.env("CORELANE_RUN_DIR", run)
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={NOBODY}"))
+        .arg("--clear-groups")
+        .arg(format!("--inh-caps={set}"))
+        .arg(format!("--ambient-caps={set}"))
+        .arg(format!("--bounding-set={set}"))
+        .arg("--")
+        .arg(program)
+        .args(args);
+    cmd
+}
+
+fn broker_bin() -> PathBuf {
+    workspace_bin("corelane-xdp").unwrap()
+}
+
+/// The broker, as `nobody` with exactly what it needs, granting `.3` and `fd00:77::3` with
+/// TCP and UDP port 7 to `nobody`.
+fn start_broker(net: &VethPair, run: &Path) -> Echo {
+    let cmd = as_user(
+        net,
+        run,
+        NOBODY,
+        &["net_admin", "bpf", "perfmon"],
+        &broker_bin(),
+        &[
+            "grant",
+            net.server_if(),
+            "--addr",
+            SERVER_V4,
+            "--addr",
+            SERVER_V6,
+            "--tcp",
+            "7",
+            "--udp",
+            "7",
+            "--user",
+            "nobody",
+        ],
+    );
+    Echo::start_cmd(cmd, "corelane-xdp")
+}
+
+fn echo_args(net: &VethPair) -> Vec<String> {
+    [
+        "--iface",
+        net.server_if(),
+        "--cores",
+        "1",
+        "--addr",
+        "10.77.0.3/24",
+        "--addr",
+        "fd00:77::3/64",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn echo_as(net: &VethPair, run: &Path, uid: u32, caps: &[&str], extra: &[&str]) -> Command {
+    let mut args = echo_args(net);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    as_user(net, run, uid, caps, &echo_bin(), &args)
+}
+
+/// Runs to completion; status and everything printed.
+fn finish(mut cmd: Command) -> (ExitStatus, String) {
+    let out = cmd.output().expect("run");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status, text)
+}
+
+/// The effective capabilities of every thread of `pid`.
+fn thread_caps(pid: u32) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let t = t.unwrap().path();
+        let status = std::fs::read_to_string(t.join("status")).unwrap_or_default();
+        let name = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:"))
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .expect("CapEff");
+        out.push((name, eff));
+    }
+    assert!(!out.is_empty());
+    out
+}
+
+fn wait_for(e: &Echo, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !e.output().contains(text) {
+        assert!(Instant::now() < deadline, "no `{text}`:\n{}", e.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The one line containing "error", after checking there is exactly one.
+fn one_error_line(status: ExitStatus, out: &str) -> String {
+    assert!(!status.success(), "expected a failure:\n{out}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(lines.len(), 1, "want exactly one error line:\n{out}");
+    assert!(!out.contains("verifier log"), "{out}");
+    lines[0].to_string()
+}
+
+#[test]
+fn a_granted_server_needs_only_net_raw_and_steers_only_its_grant() {
+    if !require_root("a_granted_server_needs_only_net_raw_and_steers_only_its_grant") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("granted");
+    let broker = start_broker(&net, &run);
+    let server = Echo::start_cmd(
+        echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]),
+        "echo",
+    );
+    assert!(
+        server.output().contains("by corelane-xdp grant"),
+        "{}",
+        server.output()
+    );
+    wait_for(
+        &broker,
+        &format!("pid {} (uid {NOBODY}) took", server.pid()),
+    );
+    // Once started, no thread of the server holds any capability; the broker keeps what it
+    // needs for map updates and queue changes.
+    for (name, caps) in thread_caps(server.pid()) {
+        assert_eq!(caps, 0, "server thread {name} kept capabilities {caps:#x}");
+    }
+    for (name, caps) in thread_caps(broker.pid()) {
+        assert_eq!(
+            caps,
+            CAP_NET_ADMIN | CAP_BPF,
+            "broker thread {name}: {caps:#x}"
+        );
+    }
+    let v4 = SocketAddr::new(SERVER_V4.parse().unwrap(), 7);
+    let v6 = SocketAddr::new(SERVER_V6.parse().unwrap(), 7);
+    assert_echoes(&net, v4, 256 * 1024, 1);
+    assert_echoes(&net, v6, 64 * 1024, 2);
+    // Its live statistics are published through the file the broker handed it.
+    let list = net
+        .server_ns()
+        .command(workspace_bin("corelane-stat").unwrap().to_str().unwrap())
+        .env("CORELANE_RUN_DIR", &run)
+        .arg("list")
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        list.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(&server.pid().to_string())),
+        "corelane-stat list: {list}"
+    );
+
+    // A second server is refused, naming the first.
+    let (status, out) = finish(echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]));
+    let line = one_error_line(status, &out);
+    assert!(line.contains(&format!("pid {}", server.pid())), "{line}");
+    // A user the grant does not name is refused.
+    let (status, out) = finish(echo_as(&net, &run, 65533, &["net_raw", "ipc_lock"], &[]));
+    assert!(one_error_line(status, &out).contains("uid 65533 is not granted"));
+
+    // Killed: the broker stops steering what it asked for, and the next server serves.
+    server.signal(libc::SIGKILL);
+    let (_, _) = server.wait();
+    wait_for(&broker, "left");
+    let server = Echo::start_cmd(
+        echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]),
+        "echo",
+    );
+    assert_echoes(&net, v4, 64 * 1024, 3);
+    let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+
+    // Outside the grant: an address, and a port (the bind fails, named, in one line).
+    let (status, out) = finish(echo_as(
+        &net,
+        &run,
+        NOBODY,
+        &["net_raw", "ipc_lock"],
+        &["--addr", "10.77.0.9/24"],
+    ));
+    assert!(
+        one_error_line(status, &out).contains("10.77.0.9 is not granted"),
+        "{out}"
+    );
+    let server = Echo::start_cmd(
+        echo_as(
+            &net,
+            &run,
+            NOBODY,
+            &["net_raw", "ipc_lock"],
+            &["--port", "9"],
+        ),
+        "echo",
+    );
+    wait_for(&server, "tcp port 9 is not granted");
+    drop(server);
+
+    // The broker stops on SIGTERM: program detached, socket and claim gone.
+    broker.signal(libc::SIGTERM);
+    let (status, out) = broker.wait();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("program detached"), "{out}");
+    assert_no_xdp(&net);
+    let left: Vec<_> = walk(&run);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&run);
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_server_that_attaches_needs_four_capabilities_and_keeps_two() {
+    if !require_root("a_server_that_attaches_needs_four_capabilities_and_keeps_two") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("attach");
+    let caps = ["net_admin", "net_raw", "bpf", "perfmon", "ipc_lock"];
+    let server = Echo::start_cmd(
+        echo_as(&net, &run, NOBODY, &caps, &["--xdp", "attach"]),
+        "echo",
+    );
+    for (name, caps) in thread_caps(server.pid()) {
+        assert_eq!(caps, CAP_NET_ADMIN | CAP_BPF, "thread {name}: {caps:#x}");
+    }
+    assert_echoes(
+        &net,
+        SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
+        128 * 1024,
+        4,
+    );
+    let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+    assert_no_xdp(&net);
+    let _ = std::fs::remove_dir_all(&run);
+}
+
+#[test]
+fn each_missing_privilege_is_one_line_naming_it_and_the_fix() {
+    if !require_root("each_missing_privilege_is_one_line_naming_it_and_the_fix") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("missing");
+    // Attaching without CAP_PERFMON: named before the verifier is reached.
+    let (status, out) = finish(echo_as(
+        &net,
+        &run,
+        NOBODY,
+        &["net_admin", "net_raw", "bpf", "ipc_lock"],
+        &[],
+    ));
+    let line = one_error_line(status, &out);
+    for want in ["lacks CAP_PERFMON;", "setpriv", "corelane-xdp grant"] {
+        assert!(line.contains(want), "{want}: {line}");
+    }
+    // The broker without CAP_PERFMON.
+    let broker = as_user(
+        &net,
+        &run,
+        NOBODY,
+        &["net_admin", "bpf"],
+        &broker_bin(),
+        &[
+            "grant",
+            net.server_if(),
+            "--addr",
+            SERVER_V4,
+            "--user",
+            "nobody",
+        ],
+    );
+    let (status, out) = finish(broker);
+    let line = one_error_line(status, &out);
+    assert!(line.contains("lacks CAP_PERFMON"), "{line}");
+    assert_no_xdp(&net);
+
+    let broker = start_broker(&net, &run);
+    // Under a grant, without CAP_NET_RAW.
+    let (status, out) = finish(echo_as(&net, &run, NOBODY, &[], &[]));
+    let line = one_error_line(status, &out);
+    assert!(line.contains("lacks CAP_NET_RAW"), "{line}");
+    // Without CAP_IPC_LOCK and under a locked-memory limit smaller than the UMEM.
+    let mut args = echo_args(&net);
+    args.splice(
+        0..0,
+        ["--memlock=65536:65536".to_string(), "--".to_string()],
+    );
+    args.insert(2, echo_bin().display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, out) = finish(as_user(
+        &net,
+        &run,
+        NOBODY,
+        &["net_raw"],
+        Path::new("/usr/bin/prlimit"),
+        &args,
+    ));
+    let line = one_error_line(status, &out);
+    for want in ["locked memory", "64 KiB", "CAP_IPC_LOCK", "ulimit -l"] {
+        assert!(line.contains(want), "{want}: {line}");
+    }
+    // Demanding a grant where none is served.
+    broker.signal(libc::SIGTERM);
+    let (status, out) = broker.wait();
+    assert!(status.success(), "{out}");
+    let (status, out) = finish(echo_as(
+        &net,
+        &run,
+        NOBODY,
+        &["net_raw", "ipc_lock"],
+        &["--xdp", "granted"],
+    ));
+    let line = one_error_line(status, &out);
+    assert!(line.contains("no corelane-xdp grant serves"), "{line}");
+    let _ = std::fs::remove_dir_all(&run);
+}

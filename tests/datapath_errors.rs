@@ -63,7 +63,12 @@ fn datapath_error_without_privileges() {
         &net,
         status,
         &out,
-        &["missing privilege", "CAP_NET_ADMIN", "run as root"],
+        &[
+            "missing privilege",
+            "lacks CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF, CAP_PERFMON;",
+            "run it as root",
+            "corelane-xdp grant",
+        ],
     );
 }
 

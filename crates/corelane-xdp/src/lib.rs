@@ -18,20 +18,21 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
-use std::io;
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr, sockopt};
-
-use corelane_xsk::grant::{grant_socket_path, proto_name, recv_message, send_message};
+use corelane_xsk::grant::{
+    accept, grant_socket_path, listen_at, peer, proto_name, recv_message, send_message,
+};
 use corelane_xsk::{AttachMode, Channels, Claim, Error, Proto, Steering};
 
 /// What a server may steer on one interface, and who may ask.
@@ -207,23 +208,8 @@ impl Broker {
             None => steering.mode().to_string(),
         };
         let path = grant_socket_path(&grant.ifname)?;
-        let _ = fs::remove_file(&path);
-        let listener = socket::socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(io::Error::from)?;
-        let addr = UnixAddr::new(&path).map_err(io::Error::from)?;
-        socket::bind(listener.as_raw_fd(), &addr).map_err(io::Error::from)?;
-        // Anyone may connect: who may take the grant is checked on the connection.
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o666))?;
-        socket::listen(&listener, Backlog::new(8).map_err(io::Error::from)?)
-            .map_err(io::Error::from)?;
         // accept() wakes every 200 ms to see whether the broker should stop.
-        let tick = nix::sys::time::TimeVal::new(0, 200_000);
-        socket::setsockopt(&listener, sockopt::ReceiveTimeout, &tick).map_err(io::Error::from)?;
+        let listener = listen_at(&path, std::time::Duration::from_millis(200))?;
         Ok(Broker {
             grant: Arc::new(grant),
             listener,
@@ -271,13 +257,9 @@ impl Broker {
     /// Accepting failed for a reason other than the wake-up timeout.
     pub fn serve(&self, stop: &AtomicBool) -> Result<(), Error> {
         while !stop.load(Ordering::SeqCst) {
-            let fd = match socket::accept4(self.listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-                Ok(fd) => fd,
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(Error::Io(e.into())),
+            let Some(conn) = accept(&self.listener)? else {
+                continue;
             };
-            // SAFETY: accept4 just returned this descriptor; nothing else owns it.
-            let conn = unsafe { OwnedFd::from_raw_fd(fd) };
             let (state, grant) = (self.state.clone(), self.grant.clone());
             std::thread::Builder::new()
                 .name("corelane-xdp-session".into())
@@ -309,14 +291,13 @@ impl Drop for Broker {
 
 /// One server's connection: the hello, then requests until it closes.
 fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
-    let cred = match socket::getsockopt(conn, sockopt::PeerCredentials) {
-        Ok(c) => c,
+    let (pid, uid) = match peer(conn) {
+        Ok(p) => p,
         Err(e) => {
             tracing::warn!("a connection without credentials: {e}");
             return;
         }
     };
-    let (pid, uid) = (cred.pid() as u32, cred.uid());
     let fd = conn.as_raw_fd();
     match recv_message(fd) {
         Ok(Some((hello, _))) if hello == "hello" => {}

@@ -23,13 +23,14 @@
 //! died), the broker stops steering everything the server asked for; the kernel removes the
 //! server's sockets from the program's socket map as they close.
 
-#![allow(unsafe_code)] // Only `OwnedFd::from_raw_fd` on descriptors the kernel just passed us.
+#![allow(unsafe_code)] // Only `OwnedFd::from_raw_fd` on descriptors the kernel just gave us.
 
 use std::fs::File;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nix::sys::socket::{
     self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
@@ -105,6 +106,52 @@ pub fn recv_message(sock: RawFd) -> std::io::Result<Option<(String, Option<Owned
     buf.truncate(n);
     let text = String::from_utf8(buf).map_err(|_| bad("message is not UTF-8"))?;
     Ok(Some((text, owned.pop())))
+}
+
+/// A listening `SOCK_SEQPACKET` socket at `path` (a stale one removed first) that anyone may
+/// connect to (who may take the grant is checked on the connection), whose `accept` wakes
+/// every `tick` so the caller can see whether to stop.
+///
+/// # Errors
+/// The socket cannot be made, bound or listened on.
+pub fn listen_at(path: &Path, tick: Duration) -> std::io::Result<OwnedFd> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let sock = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    socket::bind(sock.as_raw_fd(), &UnixAddr::new(path)?)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    socket::listen(&sock, socket::Backlog::new(8)?)?;
+    let tick =
+        nix::sys::time::TimeVal::new(tick.as_secs() as i64, i64::from(tick.subsec_micros()) as _);
+    socket::setsockopt(&sock, sockopt::ReceiveTimeout, &tick)?;
+    Ok(sock)
+}
+
+/// The next connection to `listener`, or `None` when the wait timed out or was interrupted.
+///
+/// # Errors
+/// Accepting failed otherwise.
+pub fn accept(listener: &OwnedFd) -> std::io::Result<Option<OwnedFd>> {
+    match socket::accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+        // SAFETY: accept4 just returned this descriptor; nothing else owns it.
+        Ok(fd) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The process id and user id of the process at the other end of `conn`.
+///
+/// # Errors
+/// The kernel gave no credentials.
+pub fn peer(conn: &OwnedFd) -> std::io::Result<(u32, u32)> {
+    let c = socket::getsockopt(conn, sockopt::PeerCredentials)?;
+    Ok((c.pid() as u32, c.uid()))
 }
 
 /// The connection of a server to the broker that holds its interface's XDP program.

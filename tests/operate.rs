@@ -167,3 +167,38 @@ fn operate_stat_cli_and_metrics_agree_with_the_load() -> Result<(), String> {
     );
     Ok(())
 }
+
+#[test]
+fn operate_top_started_first_follows_a_server_restart() -> Result<(), String> {
+    if !require_root("operate_top_restart") {
+        return Ok(());
+    }
+    let net = net(1);
+    // Started before any server: it waits, then follows each one.
+    let mut cmd = net.server_ns().command(stat_bin()?.to_str().ok_or("path")?);
+    cmd.args(["--iface", net.server_if(), "top", "--interval", "0.1"]);
+    let top = Echo::spawn_cmd(cmd);
+    let seen = |pid: u32| {
+        let want = format!("{} pid {pid} at", net.server_if());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !top.output().contains(&want) {
+            if std::time::Instant::now() > deadline {
+                return Err(format!("top never showed `{want}`:\n{}", top.output()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    for _ in 0..2 {
+        let server = Echo::start(&net, &["--addr", "10.77.0.3/24", "--cores", "1"]);
+        seen(server.pid())?;
+        let (status, out) = server.stop();
+        assert_clean_exit(status, &out);
+    }
+    assert!(
+        top.output().contains("; waiting"),
+        "top did not say it was waiting between servers:\n{}",
+        top.output()
+    );
+    Ok(())
+}

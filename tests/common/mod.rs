@@ -96,7 +96,7 @@ impl Echo {
 
     /// Runs `cmd` and waits until it prints `{name}: serving`.
     pub fn start_cmd(cmd: Command, name: &str) -> Echo {
-        let mut e = Echo::spawn(cmd);
+        let mut e = Echo::spawn_cmd(cmd);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !e.output().contains(&format!("{name}: serving")) {
             if let Some(status) = e.child.as_mut().unwrap().try_wait().unwrap() {
@@ -113,7 +113,8 @@ impl Echo {
         e
     }
 
-    fn spawn(mut cmd: Command) -> Echo {
+    /// Runs `cmd`, collecting what it prints.
+    pub fn spawn_cmd(mut cmd: Command) -> Echo {
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

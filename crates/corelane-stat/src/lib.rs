@@ -44,7 +44,7 @@ pub use conn::{Conn, TCP_STATES};
 use map::Mapping;
 pub use ns::{netns_id, run_dir};
 pub use read::{ConnSnapshot, CoreCounters, Stats};
-pub use write::{CoreWriter, Publisher};
+pub use write::{CoreWriter, Publisher, new_stats_file};
 
 /// "corelane" in ASCII, the file's first word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"corelane");

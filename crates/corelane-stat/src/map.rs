@@ -5,7 +5,6 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
@@ -27,23 +26,6 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Creates `path` (mode 0644, replacing a file that was there) of `words` zeroed words
-    /// and maps it read-write.
-    ///
-    /// # Errors
-    /// The file cannot be created, sized or mapped.
-    pub(crate) fn create(path: &Path, words: usize) -> io::Result<Mapping> {
-        // A fresh inode: a reader still holding the old file keeps its old (closed) view.
-        let _ = std::fs::remove_file(path);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(path)?;
-        Mapping::create_in(&file, words)
-    }
-
     /// Sizes and maps `file`, opened for reading and writing by whoever made it.
     ///
     /// # Errors

@@ -6,6 +6,23 @@ use std::sync::atomic::{Ordering, fence};
 
 use crate::*;
 
+/// Creates a fresh, empty stats file at `path` (mode 0644: readable by everyone, as
+/// `/proc/net/tcp` is), replacing the one there: a reader still holding the old one keeps its
+/// old (closed) view.
+///
+/// # Errors
+/// The file cannot be created.
+pub fn new_stats_file(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+}
+
 /// The writing side: created by a runtime, one [`CoreWriter`] per core.
 #[derive(Debug)]
 pub struct Publisher {
@@ -30,9 +47,10 @@ impl Publisher {
         names: &[&str],
         conn_cap: usize,
     ) -> io::Result<Publisher> {
-        let layout = Layout::new(cores, names, conn_cap);
-        let map = Mapping::create(path, layout.words())?;
-        Ok(Publisher::init(map, layout, path, ifname, names, true))
+        let file = new_stats_file(path)?;
+        let mut p = Publisher::create_in(&file, path, ifname, cores, names, conn_cap)?;
+        p.remove = true;
+        Ok(p)
     }
 
     /// Like [`Publisher::create`], in `file`, which someone else made at `path` (opened for
@@ -51,17 +69,10 @@ impl Publisher {
     ) -> io::Result<Publisher> {
         let layout = Layout::new(cores, names, conn_cap);
         let map = Mapping::create_in(file, layout.words())?;
-        Ok(Publisher::init(map, layout, path, ifname, names, false))
+        Ok(Publisher::init(map, layout, path, ifname, names))
     }
 
-    fn init(
-        map: Mapping,
-        layout: Layout,
-        path: &Path,
-        ifname: &str,
-        names: &[&str],
-        remove: bool,
-    ) -> Publisher {
+    fn init(map: Mapping, layout: Layout, path: &Path, ifname: &str, names: &[&str]) -> Publisher {
         let cores = layout.cores;
         let conn_cap = layout.conn_cap;
         let map = std::sync::Arc::new(map);
@@ -100,7 +111,7 @@ impl Publisher {
             map,
             layout,
             path: path.to_path_buf(),
-            remove,
+            remove: false,
         }
     }
 

@@ -21,11 +21,10 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashSet;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -500,13 +499,7 @@ fn handle(
         }
         ["stats"] => {
             let path = st.claim.dir().join("stats");
-            let _ = fs::remove_file(&path);
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(&path)
+            let file = corelane_stat::new_stats_file(&path)
                 .map_err(|err| format!("{}: {err}", path.display()))?;
             session.stats = Some(path.clone());
             Ok((path.display().to_string(), Some(file)))

@@ -377,3 +377,42 @@ fn runtime_stream_options_abort_and_connected_udp() {
     );
     assert!(report.frames_balanced());
 }
+
+#[test]
+fn runtime_congestion_is_chosen_on_the_builder_and_per_stream() {
+    if !require_root("runtime_congestion") {
+        return;
+    }
+    let net = net(1);
+    let listener = net
+        .client_ns()
+        .run(|| std::net::TcpListener::bind("10.77.0.2:9102").unwrap())
+        .unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut b = Vec::new();
+        let _ = s.read_to_end(&mut b);
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let served = serve_on(
+        &net,
+        |b| b.cores(1).congestion(corelane::Congestion::NewReno),
+        move |_core| {
+            let tx = tx.clone();
+            async move {
+                let s = TcpStream::connect("10.77.0.2:9102").await.unwrap();
+                let first = s.info().unwrap().congestion;
+                s.set_congestion(corelane::Congestion::Cubic).unwrap();
+                let then = s.info().unwrap().congestion;
+                let _ = tx.send((first, then));
+            }
+        },
+    )
+    .unwrap();
+    let (first, then) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(first, corelane::Congestion::NewReno, "the builder's choice");
+    assert_eq!(then, corelane::Congestion::Cubic, "the stream's own choice");
+    served.stop.stop();
+    served.thread.join().unwrap().unwrap();
+    peer.join().unwrap();
+}

@@ -199,6 +199,23 @@ impl Builder {
         self
     }
 
+    /// The congestion controller of new TCP connections (default CUBIC); each stream may
+    /// change its own with [`TcpStream::set_congestion`](crate::net::TcpStream::set_congestion).
+    ///
+    /// ```no_run
+    /// use corelane_rt::Runtime;
+    /// use corelane_stack::Congestion;
+    /// let rt = Runtime::builder("veth0")
+    ///     .addr("10.0.0.1/24")
+    ///     .congestion(Congestion::NewReno)
+    ///     .build()?;
+    /// # Ok::<(), corelane_rt::Error>(())
+    /// ```
+    pub fn congestion(mut self, c: corelane_stack::Congestion) -> Self {
+        self.stack.tcp.congestion = c;
+        self
+    }
+
     /// Default TCP listen backlog.
     pub fn backlog(mut self, n: usize) -> Self {
         self.stack.backlog = n;

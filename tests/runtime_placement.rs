@@ -121,11 +121,19 @@ fn runtime_placement_raises_queues_for_the_cores_and_restores_them() {
     let server = net
         .server_ns()
         .spawn(move || {
+            let before = corelane::allowed_cpus();
             let rt = Runtime::builder(&ifname)
                 .addr("10.77.0.3/24")
                 .cores(2)
                 .build()
                 .expect("runtime");
+            // `build` opened each lane's socket on that lane's CPU, and let the building
+            // thread go where it was allowed before.
+            assert_eq!(
+                corelane::allowed_cpus(),
+                before,
+                "the building thread stayed pinned"
+            );
             to_test.send(rt.plan().to_string()).unwrap();
             rt.run(|_core| {
                 let mut flag = flag.clone();

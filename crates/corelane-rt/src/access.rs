@@ -120,25 +120,33 @@ impl Access {
     }
 }
 
-/// Opens one AF_XDP socket per queue in `queues` (on the calling thread, so that the
-/// capabilities can be dropped before any core thread starts) and puts each behind its queue.
+/// Opens one AF_XDP socket per lane (`(queue, cpu)`) on the calling thread, so that the
+/// capabilities can be dropped before any core thread starts, and puts each behind its queue.
+/// The thread runs on each lane's CPU while it opens that lane's socket: the kernel pins the
+/// UMEM's pages where the thread that registers it runs, so they land on the lane's NUMA node.
 pub(crate) fn open_sockets(
     ifname: &str,
-    queues: &[u32],
+    lanes: &[(u32, usize)],
     xsk: &XskConfig,
     steering: &mut Steering,
 ) -> Result<Vec<XskQueue>, Error> {
     // The kernel counts every UMEM of the user against one locked-memory limit: checked for
     // all of them at once, so the error gives the whole amount.
     let umem = u64::from(xsk.frames) * u64::from(xsk.frame_size);
-    corelane_xsk::check_memlock(umem * queues.len() as u64)?;
-    let mut out = Vec::with_capacity(queues.len());
-    for &q in queues {
-        let sock = XskQueue::open(ifname, q, xsk)?;
-        steering.register(q, sock.fd())?;
-        out.push(sock);
-    }
-    Ok(out)
+    corelane_xsk::check_memlock(umem * lanes.len() as u64)?;
+    let before = crate::cpu::allowed_cpus();
+    let opened = (|| {
+        let mut out = Vec::with_capacity(lanes.len());
+        for &(q, cpu) in lanes {
+            crate::cpu::pin(cpu)?;
+            let sock = XskQueue::open(ifname, q, xsk)?;
+            steering.register(q, sock.fd())?;
+            out.push(sock);
+        }
+        Ok(out)
+    })();
+    crate::cpu::set_allowed(&before)?;
+    opened
 }
 
 /// Drops the capabilities the runtime no longer needs, in the calling thread (the one that

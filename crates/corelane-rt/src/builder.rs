@@ -528,8 +528,12 @@ impl Builder {
         for a in &self.addrs {
             steering.own_addr(a.address().into())?;
         }
-        let queues: Vec<u32> = plan.lanes.iter().map(|l| l.queue).collect();
-        let sockets = crate::access::open_sockets(&self.ifname, &queues, &self.xsk, &mut steering)?;
+        let lanes: Vec<(u32, usize)> = plan
+            .lanes
+            .iter()
+            .map(|l| (l.queue, l.protocol_cpu))
+            .collect();
+        let sockets = crate::access::open_sockets(&self.ifname, &lanes, &self.xsk, &mut steering)?;
         if !self.keep_capabilities {
             crate::access::drop_capabilities(steering.is_granted())?;
         }

@@ -22,6 +22,29 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// Lets the calling thread run on `cpus` (an empty list changes nothing).
+pub(crate) fn set_allowed(cpus: &[usize]) -> Result<(), Error> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `c` is below CPU_SETSIZE and `set` is initialised.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: pid 0 is this thread; `set` is a valid set of its size, read by the call.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "cannot let a thread run on CPUs {cpus:?}: {}",
+            std::io::Error::last_os_error()
+        )))
+    }
+}
+
 pub(crate) fn pin(cpu: usize) -> Result<(), Error> {
     if core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
         Ok(())

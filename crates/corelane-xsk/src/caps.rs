@@ -180,31 +180,40 @@ mod tests {
         assert_eq!(Cap::Perfmon.name(), "CAP_PERFMON");
     }
 
-    #[test]
-    fn dropping_in_a_thread_leaves_it_without_and_other_threads_alone() {
-        let before = effective_caps();
-        let inside = std::thread::spawn(|| {
-            retain_caps(&[]).expect("dropping never fails");
-            let after = effective_caps();
-            let child = std::thread::spawn(effective_caps).join().unwrap();
-            (after, child, check_socket_privileges().is_err())
-        })
-        .join()
-        .unwrap();
-        assert_eq!(inside.0, 0, "the thread kept capabilities");
-        assert_eq!(inside.1, 0, "a thread it started regained capabilities");
-        assert!(inside.2, "the socket check passed without CAP_NET_RAW");
-        assert_eq!(effective_caps(), before, "another thread lost capabilities");
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    /// Runs `f` on a fresh thread (dropping capabilities there leaves the test's own alone).
+    fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+        std::thread::spawn(f)
+            .join()
+            .map_err(|_| "the thread panicked".to_string())
     }
 
     #[test]
-    fn a_missing_capability_is_one_line_naming_it_and_the_fix() {
-        let msg = std::thread::spawn(|| {
-            retain_caps(&[]).unwrap();
-            check_privileges().unwrap_err().to_string()
-        })
-        .join()
-        .unwrap();
+    fn dropping_in_a_thread_leaves_it_without_and_other_threads_alone() -> TestResult {
+        let before = effective_caps();
+        let (after, child, refused) = on_thread(|| -> Result<_, String> {
+            retain_caps(&[]).map_err(|e| e.to_string())?;
+            let after = effective_caps();
+            let child = on_thread(effective_caps)?;
+            Ok((after, child, check_socket_privileges().is_err()))
+        })??;
+        assert_eq!(after, 0, "the thread kept capabilities");
+        assert_eq!(child, 0, "a thread it started regained capabilities");
+        assert!(refused, "the socket check passed without CAP_NET_RAW");
+        assert_eq!(effective_caps(), before, "another thread lost capabilities");
+        Ok(())
+    }
+
+    #[test]
+    fn a_missing_capability_is_one_line_naming_it_and_the_fix() -> TestResult {
+        let msg = on_thread(|| -> Result<String, String> {
+            retain_caps(&[]).map_err(|e| e.to_string())?;
+            match check_privileges() {
+                Ok(()) => Err("the check passed with no capabilities".into()),
+                Err(e) => Ok(e.to_string()),
+            }
+        })??;
         assert!(!msg.contains('\n'), "{msg}");
         for c in [
             "CAP_NET_ADMIN",
@@ -215,5 +224,6 @@ mod tests {
         ] {
             assert!(msg.contains(c), "{c} missing from: {msg}");
         }
+        Ok(())
     }
 }

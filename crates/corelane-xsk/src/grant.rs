@@ -236,6 +236,12 @@ impl GrantClient {
 
     /// Sends `text` (with `fd`) and returns the reply's text after `ok`.
     fn request(&self, text: &str, fd: Option<RawFd>) -> Result<String, Error> {
+        self.exchange(text, fd).map(|(reply, _)| reply)
+    }
+
+    /// Sends `text` (with `fd`) and returns the reply's text after `ok` and the descriptor
+    /// that came with it.
+    fn exchange(&self, text: &str, fd: Option<RawFd>) -> Result<(String, Option<OwnedFd>), Error> {
         let gone = |detail: String| {
             Error::Grant(format!(
                 "the broker at {} {detail}; is `corelane-xdp grant` still running?",
@@ -244,13 +250,13 @@ impl GrantClient {
         };
         send_message(self.sock.as_raw_fd(), text, fd)
             .map_err(|e| gone(format!("did not take `{text}`: {e}")))?;
-        let reply = match recv_message(self.sock.as_raw_fd()) {
-            Ok(Some((reply, _))) => reply,
+        let (reply, passed) = match recv_message(self.sock.as_raw_fd()) {
+            Ok(Some(r)) => r,
             Ok(None) => return Err(gone(format!("closed the connection at `{text}`"))),
             Err(e) => return Err(gone(format!("did not answer `{text}`: {e}"))),
         };
         if let Some(rest) = reply.strip_prefix("ok") {
-            Ok(rest.trim_start().to_string())
+            Ok((rest.trim_start().to_string(), passed))
         } else {
             let why = reply.strip_prefix("err ").unwrap_or(&reply);
             Err(Error::Grant(why.to_string()))
@@ -309,15 +315,11 @@ impl GrantClient {
     /// # Errors
     /// The broker refused or sent no descriptor.
     pub fn stats_file(&self) -> Result<(File, PathBuf), Error> {
-        send_message(self.sock.as_raw_fd(), "stats", None)?;
-        match recv_message(self.sock.as_raw_fd())? {
-            Some((reply, Some(fd))) if reply.starts_with("ok ") => {
-                Ok((File::from(fd), PathBuf::from(&reply[3..])))
-            }
-            Some((reply, _)) => Err(Error::Grant(
-                reply.strip_prefix("err ").unwrap_or(&reply).to_string(),
+        match self.exchange("stats", None)? {
+            (path, Some(fd)) => Ok((File::from(fd), PathBuf::from(path))),
+            (_, None) => Err(Error::Grant(
+                "the broker sent no descriptor with the stats file".into(),
             )),
-            None => Err(Error::Grant("the broker closed the connection".into())),
         }
     }
 }

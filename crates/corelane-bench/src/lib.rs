@@ -13,6 +13,28 @@ pub mod sys {
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         hz.max(1) as f64
     }
+
+    /// Raises this process's open-file limit (soft and hard) to at least `n`.
+    pub fn raise_nofile(n: u64) -> std::io::Result<()> {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit through a valid pointer to a local.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if lim.rlim_cur >= n {
+            return Ok(());
+        }
+        lim.rlim_cur = n;
+        lim.rlim_max = lim.rlim_max.max(n);
+        // SAFETY: setrlimit reads one rlimit through a valid pointer to a local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
 
 use std::io::Write;

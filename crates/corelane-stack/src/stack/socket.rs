@@ -315,12 +315,13 @@ impl Stack {
         waker: Option<&Waker>,
         peek: bool,
     ) -> Poll<io::Result<usize>> {
+        let now = self.clock;
         self.poll_tcp(id, |c| {
             if c.readable() > 0 && !buf.is_empty() {
                 if peek {
                     return (Poll::Ready(Ok(c.peek(buf))), false);
                 }
-                let (n, update) = c.read(buf);
+                let (n, update) = c.read(now, buf);
                 (Poll::Ready(Ok(n)), update)
             } else if let Some(kind) = c.error() {
                 (Poll::Ready(Err(ended(kind))), false)

@@ -370,7 +370,7 @@ fn out_of_order_data_is_sacked_newest_block_first_and_filled_in_place() {
     assert_eq!(out[0].ack, Some(PEER_ISN + 2001));
     assert_eq!(out[0].sack, vec![(PEER_ISN + 3001, PEER_ISN + 4001)]);
     let mut buf = [0u8; 4096];
-    assert_eq!(s.c.read(&mut buf).0, 2000);
+    assert_eq!(s.c.read(s.now, &mut buf).0, 2000);
 }
 
 #[test]

@@ -153,6 +153,8 @@ pub(crate) struct Conn {
     pub(super) ack_at: Option<Instant>,
     pub(super) keep_at: Option<Instant>,
     pub(super) end_at: Option<Instant>,
+    /// When emptied buffers larger than the pool's unit are given back.
+    pub(super) trim_at: Option<Instant>,
     pub(super) pace_ns: u64,
     pub(super) pace_blocked: bool,
     pub(super) syn_sent_at: Option<Instant>,
@@ -296,6 +298,7 @@ impl Conn {
             ack_at: None,
             keep_at: None,
             end_at: None,
+            trim_at: None,
             pace_ns: 0,
             pace_blocked: false,
             syn_sent_at: None,
@@ -545,6 +548,7 @@ impl Conn {
         self.ack_at = None;
         self.keep_at = None;
         self.end_at = None;
+        self.trim_at = None;
         self.syn_due = false;
         self.tlp_due = false;
         self.win_probe_due = false;

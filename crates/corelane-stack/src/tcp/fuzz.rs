@@ -81,7 +81,8 @@ fn random_segments_never_panic_in_any_state() {
                 0 => s.advance(Duration::from_millis(rng.below(3000))),
                 1 => {
                     let mut buf = [0u8; 3000];
-                    s.c.read(&mut buf);
+                    let now = s.now;
+                    s.c.read(now, &mut buf);
                 }
                 2 => {
                     s.c.write(&[5u8; 3000]);

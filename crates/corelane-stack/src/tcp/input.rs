@@ -247,6 +247,9 @@ impl Conn {
             }
             acked = ack.since(self.snd_una);
             self.snd.consume(data);
+            if self.snd.is_empty() {
+                self.trim(now);
+            }
             self.snd_una = ack;
             self.last_progress = now;
             self.dupacks = 0;

@@ -2,6 +2,45 @@
 //! on) and the receive buffer (bytes ready to read, then room where out-of-order segments are
 //! placed at their offset). Nothing is allocated until the first byte arrives, and [`Ring::free`]
 //! gives the memory back.
+//!
+//! A ring starts with a [`SMALL`] buffer taken from a per-thread pool (each core runs on one
+//! thread, so the pool is per core and needs no lock) and grows by doubling. A small buffer
+//! goes back to the pool when freed, so a request/response connection that empties its rings
+//! after every exchange takes and returns one without touching the allocator, and an idle
+//! connection holds none.
+
+use std::cell::RefCell;
+
+/// The size of a ring's first buffer, the unit the pool keeps.
+pub(crate) const SMALL: usize = 4096;
+
+/// Most buffers the pool keeps per thread (1 MiB); more are given back to the allocator.
+const POOL_MAX: usize = 256;
+
+thread_local! {
+    static POOL: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn take_small() -> Vec<u8> {
+    POOL.with_borrow_mut(|p| p.pop())
+        .unwrap_or_else(|| vec![0u8; SMALL])
+}
+
+fn give_back(buf: Vec<u8>) {
+    if buf.len() == SMALL {
+        POOL.with_borrow_mut(|p| {
+            if p.len() < POOL_MAX {
+                p.push(buf);
+            }
+        });
+    }
+}
+
+/// Buffers in this thread's pool.
+#[cfg(test)]
+pub(crate) fn pooled() -> usize {
+    POOL.with_borrow(|p| p.len())
+}
 
 /// The ring. `len` bytes from `head` are the readable (or unacknowledged) part; positions past
 /// it may hold out-of-order bytes written with [`Ring::write_at`].
@@ -26,14 +65,14 @@ impl Ring {
     }
 
     /// Bytes allocated.
-    #[cfg(test)]
+    #[inline]
     pub(crate) fn capacity(&self) -> usize {
         self.buf.len()
     }
 
-    /// Gives the memory back (the contents are lost).
+    /// Gives the memory back (the contents are lost): a small buffer to the pool.
     pub(crate) fn free(&mut self) {
-        self.buf = Vec::new();
+        give_back(std::mem::take(&mut self.buf));
         self.head = 0;
         self.len = 0;
     }
@@ -46,13 +85,18 @@ impl Ring {
         if cap <= old {
             return;
         }
-        let cap = cap.max((old * 2).max(4096).min(limit));
+        let cap = cap.max((old * 2).max(SMALL).min(limit));
+        if old == 0 && cap == SMALL {
+            self.buf = take_small();
+            self.head = 0;
+            return;
+        }
         let mut buf = vec![0u8; cap];
         // Unroll the old ring (all of it: out-of-order bytes past `len` are kept) to offset 0.
         let (a, b) = self.buf.split_at(self.head);
         buf[..b.len()].copy_from_slice(b);
         buf[b.len()..old].copy_from_slice(a);
-        self.buf = buf;
+        give_back(std::mem::replace(&mut self.buf, buf));
         self.head = 0;
     }
 
@@ -146,5 +190,30 @@ mod tests {
         assert!(r.is_empty());
         r.free();
         assert_eq!(r.capacity(), 0);
+    }
+
+    #[test]
+    fn small_buffers_come_from_and_go_back_to_the_pool() {
+        let before = super::pooled();
+        let mut r = Ring::default();
+        r.reserve_total(100, 1 << 20);
+        assert_eq!(r.capacity(), super::SMALL);
+        r.push(b"hello");
+        r.free();
+        assert_eq!(super::pooled(), before + 1);
+        // Taken again (not zeroed: a ring's bytes past its contents are never read).
+        r.reserve_total(1, 1 << 20);
+        assert_eq!(super::pooled(), before);
+        // Growing gives the small buffer back; freeing a large one does not pool it.
+        r.reserve_total(super::SMALL + 1, 1 << 20);
+        assert_eq!(super::pooled(), before + 1);
+        r.free();
+        assert_eq!(super::pooled(), before + 1);
+        // A ring limited below the pool's size allocates its own.
+        let mut small = Ring::default();
+        small.reserve_total(10, 1024);
+        assert_eq!(small.capacity(), 1024);
+        small.free();
+        assert_eq!(super::pooled(), before + 1);
     }
 }

@@ -37,6 +37,7 @@ impl Conn {
             self.ack_at,
             self.keep_at,
             self.end_at,
+            self.trim_at,
         ]
         .into_iter()
         .flatten()
@@ -99,6 +100,9 @@ impl Conn {
         if self.keep_at.is_some_and(|t| t <= now) {
             self.keep_at = None;
             self.on_keepalive(now);
+        }
+        if self.trim_at.is_some_and(|t| t <= now) {
+            self.on_trim();
         }
         if self.end_at.is_some_and(|t| t <= now) {
             self.end_at = None;

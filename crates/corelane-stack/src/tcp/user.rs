@@ -6,6 +6,10 @@ use std::task::Waker;
 use smoltcp::time::{Duration, Instant};
 
 use super::conn::{Conn, TcpState};
+use super::ring::SMALL;
+
+/// How long a large emptied buffer is kept before it is given back.
+pub(super) const TRIM_AFTER: Duration = Duration::from_millis(500);
 
 impl Conn {
     /// The RTT variation.
@@ -28,12 +32,14 @@ impl Conn {
         self.fin_rcvd || self.state == TcpState::Closed || self.state == TcpState::TimeWait
     }
 
-    /// Reads into `buf`. Returns the count and whether a window update is worth sending.
-    pub(crate) fn read(&mut self, buf: &mut [u8]) -> (usize, bool) {
+    /// Reads into `buf`. Returns the count and whether the connection wants an output pass (a
+    /// window update is worth sending, or a timer to give back an emptied buffer was set).
+    pub(crate) fn read(&mut self, now: Instant, buf: &mut [u8]) -> (usize, bool) {
         let n = self.rcv.read(buf);
         if n == 0 {
             return (0, false);
         }
+        let armed = self.trim(now);
         // Receiver-side silly window avoidance (RFC 9293 3.8.6.2.2): announce the window once
         // it has grown by a segment or half the buffer.
         let right = self.rcv_nxt.plus(self.rcv_cap - self.rcv.len());
@@ -42,7 +48,45 @@ impl Conn {
         if update {
             self.ack_now = true;
         }
-        (n, update)
+        (n, update || armed)
+    }
+
+    /// Gives back the buffers that emptied: a small one at once (to the core's pool), a larger
+    /// one only if it is still empty [`TRIM_AFTER`] later (a bulk transfer whose ring drains
+    /// between writes keeps its buffer). Returns true when it set that timer.
+    pub(super) fn trim(&mut self, now: Instant) -> bool {
+        let mut later = false;
+        if self.snd.is_empty() && self.snd.capacity() > 0 {
+            if self.snd.capacity() <= SMALL {
+                self.snd.free();
+            } else {
+                later = true;
+            }
+        }
+        if self.rcv.is_empty() && self.ooo.is_empty() && self.rcv.capacity() > 0 {
+            if self.rcv.capacity() <= SMALL {
+                self.rcv.free();
+            } else {
+                later = true;
+            }
+        }
+        if later && self.trim_at.is_none() {
+            self.trim_at = Some(now + TRIM_AFTER);
+            return true;
+        }
+        false
+    }
+
+    /// The trim timer: every ring still empty is given back, whatever its size.
+    pub(super) fn on_trim(&mut self) {
+        self.trim_at = None;
+        if self.snd.is_empty() {
+            self.snd.free();
+        }
+        if self.rcv.is_empty() && self.ooo.is_empty() {
+            self.rcv.free();
+            self.ooo = Vec::new();
+        }
     }
 
     /// Copies what is readable into `buf` without taking it; returns how much.

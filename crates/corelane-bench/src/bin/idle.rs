@@ -360,7 +360,11 @@ fn one(net: &VethPair, args: &Args, setup: &str, ports: u16) -> Result<Row, Stri
     let exe = exe.to_string_lossy();
     let n = args.conns;
     let per = args.per_process.max(1);
-    let servers = if setup == "kernel" { n.div_ceil(per) } else { 1 };
+    let servers = if setup == "kernel" {
+        n.div_ceil(per)
+    } else {
+        1
+    };
     let mut procs = Vec::new();
     for _ in 0..servers {
         let mut cmd = net.server_ns().command(&exe);
@@ -387,10 +391,10 @@ fn one(net: &VethPair, args: &Args, setup: &str, ports: u16) -> Result<Row, Stri
         cmd.args(["hold", "--ip", ip, "--first", &first.to_string()])
             .args(["--count", &per.min(n - first).to_string()])
             .args(["--parallel", &args.parallel.to_string()]);
-        clients.push(Proc::spawn(cmd, "a client")?);
-    }
-    for c in &mut clients {
+        // One client process at a time: its connections are open before the next starts.
+        let mut c = Proc::spawn(cmd, "a client")?;
         c.ready("a client")?;
+        clients.push(c);
     }
     let open_s = started.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(1));
@@ -420,7 +424,10 @@ fn run(args: &Args) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     net.client_ns()
-        .exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=1024 65000"])
+        .exec(
+            "sysctl",
+            &["-qw", "net.ipv4.ip_local_port_range=1024 65000"],
+        )
         .map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
     for setup in &args.setups {

@@ -21,6 +21,8 @@ mod cc;
 #[cfg(test)]
 mod conformance;
 #[cfg(test)]
+mod conformance_memory;
+#[cfg(test)]
 mod conformance_recovery;
 #[cfg(test)]
 mod conformance_timeouts;

@@ -1,0 +1,62 @@
+//! What an idle connection holds: once everything received was read and everything sent was
+//! acknowledged, no buffer; a large buffer is kept while a transfer may go on, and given back
+//! when it stayed empty. On the same scripted connection as `conformance.rs`.
+
+use super::conformance::{PEER_ISN, Script, seg};
+use super::ring::SMALL;
+use super::user::TRIM_AFTER;
+
+#[test]
+fn an_exchange_leaves_no_buffer_behind() {
+    let (mut s, una) = Script::established(false);
+    let mut req = seg(PEER_ISN + 1, una);
+    req.len = 64;
+    s.input(req);
+    assert_eq!(s.c.rcv.capacity(), SMALL, "the request is held");
+    let mut buf = [0u8; 64];
+    let now = s.now;
+    assert_eq!(s.c.read(now, &mut buf).0, 64);
+    assert_eq!(
+        s.c.rcv.capacity(),
+        0,
+        "read: the receive buffer is given back"
+    );
+    assert_eq!(s.c.write(&[1u8; 64]), 64);
+    assert_eq!(s.c.snd.capacity(), SMALL);
+    let out = s.out();
+    assert_eq!(out.iter().map(|o| o.len).sum::<usize>(), 64);
+    s.input(seg(PEER_ISN + 65, una + 64));
+    assert_eq!(
+        s.c.snd.capacity(),
+        0,
+        "acknowledged: the send buffer is given back"
+    );
+    assert!(s.c.trim_at.is_none(), "nothing left to trim later");
+}
+
+#[test]
+fn a_large_buffer_is_kept_while_it_may_refill_and_given_back_when_it_stays_empty() {
+    let (mut s, una) = Script::established(false);
+    let n = 2 * SMALL + 1000;
+    assert_eq!(s.c.write(&vec![2u8; n]), n);
+    let cap = s.c.snd.capacity();
+    assert!(cap > SMALL);
+    let sent: usize = s.out().iter().map(|o| o.len).sum();
+    assert_eq!(sent, n, "the initial window takes it all");
+    s.input(seg(PEER_ISN + 1, una + n as u32));
+    assert_eq!(s.c.snd.capacity(), cap, "kept: the writer may go on");
+    let at = s.c.trim_at.expect("a trim timer");
+    assert_eq!(at - s.now, TRIM_AFTER);
+    // Written again before the timer: the buffer is in use when it fires and stays.
+    assert_eq!(s.c.write(&[3u8; 10]), 10);
+    s.advance(TRIM_AFTER);
+    s.out();
+    assert_eq!(s.c.snd.capacity(), cap);
+    assert!(s.c.trim_at.is_none());
+    // Acknowledged and quiet: given back when the new timer fires.
+    s.input(seg(PEER_ISN + 1, una + n as u32 + 10));
+    assert_eq!(s.c.snd.capacity(), cap);
+    s.advance(TRIM_AFTER);
+    s.out();
+    assert_eq!(s.c.snd.capacity(), 0);
+}

@@ -30,6 +30,7 @@
 mod cases;
 mod hosts;
 mod load;
+mod regress;
 mod report;
 mod runs;
 
@@ -77,6 +78,9 @@ struct Cli {
     /// Where to write compare.md, compare.json and compare.png.
     #[arg(long, default_value = "target/compare")]
     out: PathBuf,
+    /// The committed run to report the change against; `none` for no comparison.
+    #[arg(long, default_value = "docs/results/compare.json")]
+    baseline: String,
     /// Print every run's figures as well as the progress bar.
     #[arg(long, short)]
     verbose: bool,
@@ -226,6 +230,7 @@ fn run(cli: Cli) -> Result<(), String> {
             seconds: cli.seconds,
             warmup: cli.warmup,
             repeat: cli.repeat,
+            baseline: (cli.baseline != "none").then(|| PathBuf::from(&cli.baseline)),
         },
         &kinds,
         &setups,

@@ -16,6 +16,8 @@ pub(crate) struct Meta {
     pub(crate) seconds: f64,
     pub(crate) warmup: f64,
     pub(crate) repeat: usize,
+    /// The committed run to report the change against (None: none).
+    pub(crate) baseline: Option<std::path::PathBuf>,
 }
 
 /// compare.json.
@@ -38,6 +40,8 @@ struct Row {
     runs: usize,
     rate: f64,
     unit: &'static str,
+    /// The repetitions' rates: (highest - lowest) / median.
+    spread: f64,
     p50_us: f64,
     p99_us: f64,
     p999_us: f64,
@@ -134,6 +138,7 @@ pub(crate) fn write(
                 runs: samples[ki][si].len(),
                 rate,
                 unit,
+                spread: spread(&samples[ki][si], kind.bulk()),
                 p50_us: m.p50_us,
                 p99_us: m.p99_us,
                 p999_us: m.p999_us,
@@ -173,7 +178,11 @@ pub(crate) fn write(
         let p = out.join(name);
         std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
     };
-    write("compare.md", &markdown(meta, &kernel_release, &table))?;
+    // Read before compare.json is written: `out` may be where the baseline is.
+    let baseline = match &meta.baseline {
+        Some(p) => crate::regress::load(p)?.map(|v| (p.clone(), v)),
+        None => None,
+    };
     let report = Report {
         server_cpus: &meta.server_cpus,
         client_cpu: meta.client_cpu,
@@ -184,6 +193,15 @@ pub(crate) fn write(
         results,
     };
     let json = serde_json::to_string_pretty(&report).map_err(|e| format!("compare.json: {e}"))?;
+    let mut md = markdown(meta, &report.kernel, &table);
+    if let Some((path, old)) = baseline {
+        let new = serde_json::to_value(&report).map_err(|e| format!("compare.json: {e}"))?;
+        let section = crate::regress::section(&path, &crate::regress::changes(&old, &new));
+        println!("\n{section}");
+        md.push('\n');
+        md.push_str(&section);
+    }
+    write("compare.md", &md)?;
     write("compare.json", &(json + "\n"))?;
     let panels = panels(kinds, setups, samples);
     let png = out.join("compare.png");
@@ -201,6 +219,19 @@ pub(crate) fn write(
         }
     );
     Ok(())
+}
+
+/// (highest - lowest) / median of the repetitions' rates (Gbit/s for bulk).
+fn spread(v: &[Sample], bulk: bool) -> f64 {
+    let rates: Vec<f64> = v
+        .iter()
+        .map(|s| if bulk { s.gbit } else { s.rate })
+        .collect();
+    let (lo, hi) = rates
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
+    let med = corelane_bench::median(&rates);
+    if med > 0.0 { (hi - lo) / med } else { 0.0 }
 }
 
 fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {

@@ -1,5 +1,6 @@
-//! The comparison program end to end, shortened: every setup serves every kind of case on a real
-//! veth pair, and the reports carry a figure and a ratio for each.
+//! The comparison program end to end, shortened: every setup (the peers included) serves every
+//! kind of case on a real veth pair, the reports carry a figure and a ratio for each, and the
+//! change against the committed run is reported.
 
 use std::process::Command;
 
@@ -24,6 +25,11 @@ fn compare_runs_every_setup_and_writes_reports_with_ratios() {
             "--out",
         ])
         .arg(&out)
+        .arg("--baseline")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/results/compare.json"
+        ))
         .output()
         .expect("running compare");
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -36,7 +42,13 @@ fn compare_runs_every_setup_and_writes_reports_with_ratios() {
     let json: serde_json::Value = serde_json::from_str(&json).expect("compare.json parses");
     let results = json["results"].as_array().expect("a results array");
     for case in ["rr64_c4", "bulk_in", "connect"] {
-        for setup in ["kernel", "corelane-server", "corelane-both"] {
+        for setup in [
+            "kernel",
+            "epoll-c",
+            "monoio",
+            "corelane-server",
+            "corelane-both",
+        ] {
             let row = results
                 .iter()
                 .find(|r| r["case"] == case && r["setup"] == setup)
@@ -52,5 +64,8 @@ fn compare_runs_every_setup_and_writes_reports_with_ratios() {
         }
     }
     assert!(md.contains("| rr 64 B x 4 conn | corelane-both |"), "{md}");
+    // The change against the committed run: the cases both have (bulk in, connect) compared.
+    assert!(md.contains("## Change against"), "{md}");
+    assert!(stdout.contains("## Change against"), "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
 }

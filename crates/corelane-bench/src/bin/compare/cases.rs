@@ -48,6 +48,10 @@ pub(crate) enum Setup {
     CorelaneServer,
     CorelaneBoth,
     CorelaneClient,
+    /// The kernel-socket load generator against the C epoll server.
+    Epoll,
+    /// The kernel-socket load generator against a monoio (io_uring, thread-per-core) server.
+    Monoio,
 }
 
 impl Setup {
@@ -57,6 +61,8 @@ impl Setup {
             Setup::CorelaneServer => "corelane-server",
             Setup::CorelaneBoth => "corelane-both",
             Setup::CorelaneClient => "corelane-client",
+            Setup::Epoll => "epoll-c",
+            Setup::Monoio => "monoio",
         }
     }
 
@@ -66,8 +72,11 @@ impl Setup {
             "corelane-server" => Ok(Setup::CorelaneServer),
             "corelane-both" => Ok(Setup::CorelaneBoth),
             "corelane-client" => Ok(Setup::CorelaneClient),
+            "epoll-c" => Ok(Setup::Epoll),
+            "monoio" => Ok(Setup::Monoio),
             o => Err(format!(
-                "--setups: `{o}` is not kernel, corelane-server, corelane-both or corelane-client"
+                "--setups: `{o}` is not kernel, corelane-server, corelane-both, corelane-client, \
+                 epoll-c or monoio"
             )),
         }
     }

@@ -39,16 +39,58 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(port: u16, mut s: S
 
 /// A server running in its namespace, and how to stop it.
 pub(crate) struct Server {
-    pub(crate) stop: Box<dyn FnOnce() + Send>,
-    pub(crate) thread: corelane_testnet::NsThread<Result<(), String>>,
+    /// Stops the server and waits for it.
+    stop: Box<dyn FnOnce() -> Result<(), String> + Send>,
     pub(crate) addr: &'static str,
 }
 
 impl Server {
-    pub(crate) fn stop(self) -> Result<(), String> {
-        (self.stop)();
-        self.thread.join().map_err(|e| e.to_string())?
+    /// A server run by `thread`, which `stop` tells to end.
+    pub(crate) fn threaded(
+        stop: impl FnOnce() + Send + 'static,
+        thread: corelane_testnet::NsThread<Result<(), String>>,
+        addr: &'static str,
+    ) -> Server {
+        Server {
+            stop: Box::new(move || {
+                stop();
+                thread.join().map_err(|e| e.to_string())?
+            }),
+            addr,
+        }
     }
+
+    pub(crate) fn stop(self) -> Result<(), String> {
+        (self.stop)()
+    }
+}
+
+/// The C epoll server (`c/epoll_server.c`, built by build.rs), one thread per server CPU.
+pub(crate) fn epoll_server(net: &VethPair, cpus: &[usize]) -> Result<Server, String> {
+    use std::io::BufRead;
+    let exe = concat!(env!("OUT_DIR"), "/epoll_server");
+    let mut cmd = net.server_ns().command(exe);
+    cmd.args([ECHO, SINK, SOURCE].map(|p| p.to_string()))
+        .args(cpus.iter().map(|c| c.to_string()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| format!("starting {exe}: {e}"))?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err("the epoll server did not start (see above)".into());
+    }
+    Ok(Server {
+        stop: Box::new(move || {
+            let _ = child.kill();
+            child.wait().map(|_| ()).map_err(|e| e.to_string())
+        }),
+        addr: KERNEL_SERVER,
+    })
 }
 
 pub(crate) fn kernel_server(net: &VethPair, cpus: &[usize]) -> Result<Server, String> {
@@ -107,13 +149,13 @@ pub(crate) fn kernel_server(net: &VethPair, cpus: &[usize]) -> Result<Server, St
             .recv_timeout(Duration::from_secs(10))
             .map_err(|_| "the kernel server did not start".to_string())??;
     }
-    Ok(Server {
-        stop: Box::new(move || {
+    Ok(Server::threaded(
+        move || {
             let _ = stop_tx.send(true);
-        }),
+        },
         thread,
-        addr: KERNEL_SERVER,
-    })
+        KERNEL_SERVER,
+    ))
 }
 
 pub(crate) fn reuseport_listener(port: u16) -> io::Result<tokio::net::TcpListener> {
@@ -181,11 +223,11 @@ pub(crate) fn corelane_server(net: &VethPair, cpus: &[usize]) -> Result<Server, 
             .recv_timeout(Duration::from_secs(10))
             .map_err(|_| "the corelane server did not start".to_string())??;
     }
-    Ok(Server {
-        stop: Box::new(move || stop.stop()),
+    Ok(Server::threaded(
+        move || stop.stop(),
         thread,
-        addr: CORELANE_SERVER,
-    })
+        CORELANE_SERVER,
+    ))
 }
 
 // ----- clients ------------------------------------------------------------------------------

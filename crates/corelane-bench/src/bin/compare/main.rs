@@ -1,9 +1,12 @@
 //! corelane against the kernel's TCP stack on the same veth pair, the same CPUs and the same
 //! load, in one run.
 //!
-//! Three setups take turns within every repetition of every case:
+//! The setups take turns within every repetition of every case:
 //! - `kernel`: the kernel stack on both ends (a tokio server, one current_thread runtime per
 //!   server CPU with SO_REUSEPORT listeners, and the kernel-socket load generator);
+//! - `epoll-c`: the same load generator against a C epoll server (`c/epoll_server.c`: one
+//!   thread per server CPU, no runtime: the kernel's best case);
+//! - `monoio`: the same load generator against a monoio server (io_uring, thread per core);
 //! - `corelane-server`: the same kernel-socket load generator against a corelane server;
 //! - `corelane-both`: the same load generator running on corelane against a corelane server.
 //!
@@ -30,6 +33,7 @@
 mod cases;
 mod hosts;
 mod load;
+mod monoio_host;
 mod regress;
 mod report;
 mod runs;
@@ -61,9 +65,13 @@ struct Cli {
     /// Connection counts for the request/response cases.
     #[arg(long, default_value = "1,16,256")]
     conns: String,
-    /// Setups: kernel, corelane-server, corelane-both (and corelane-client: corelane's load
-    /// generator against the kernel server).
-    #[arg(long, default_value = "kernel,corelane-server,corelane-both")]
+    /// Setups: kernel, epoll-c (the C epoll server), monoio (an io_uring thread-per-core
+    /// server), corelane-server, corelane-both (and corelane-client: corelane's load generator
+    /// against the kernel server).
+    #[arg(
+        long,
+        default_value = "kernel,epoll-c,monoio,corelane-server,corelane-both"
+    )]
     setups: String,
     /// Server CPUs, comma separated (default: every allowed CPU but the last).
     #[arg(long)]

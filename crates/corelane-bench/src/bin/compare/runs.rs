@@ -9,7 +9,7 @@ use corelane_bench::median;
 use corelane_testnet::VethPair;
 
 use crate::cases::{ECHO, Kind, Setup};
-use crate::hosts::{corelane_client, corelane_server, kernel_client, kernel_server};
+use crate::hosts::{corelane_client, corelane_server, epoll_server, kernel_client, kernel_server};
 use crate::load::{MEASURE, STOP, WARM};
 
 /// Busy time per CPU (user, nice, system, irq, softirq, steal) in seconds, from /proc/stat.
@@ -75,6 +75,10 @@ pub(crate) fn one_run(
 ) -> Result<Sample, String> {
     let server = if setup.corelane_server() {
         corelane_server(ctx.net, &ctx.server_cpus)?
+    } else if setup == Setup::Epoll {
+        epoll_server(ctx.net, &ctx.server_cpus)?
+    } else if setup == Setup::Monoio {
+        crate::monoio_host::monoio_server(ctx.net, &ctx.server_cpus)?
     } else {
         kernel_server(ctx.net, &ctx.server_cpus)?
     };

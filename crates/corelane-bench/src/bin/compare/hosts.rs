@@ -65,6 +65,31 @@ impl Server {
     }
 }
 
+/// Joins a server's per-CPU threads.
+pub(crate) fn join_all(
+    threads: Vec<std::thread::JoinHandle<()>>,
+    what: &str,
+) -> Result<(), String> {
+    for t in threads {
+        t.join()
+            .map_err(|_| format!("a {what} server thread panicked"))?;
+    }
+    Ok(())
+}
+
+/// Waits until `n` server threads say they listen (or one says why it could not).
+pub(crate) fn wait_ready(
+    rx: &std::sync::mpsc::Receiver<Result<(), String>>,
+    n: usize,
+    what: &str,
+) -> Result<(), String> {
+    for _ in 0..n {
+        rx.recv_timeout(Duration::from_secs(10))
+            .map_err(|_| format!("the {what} server did not start"))??;
+    }
+    Ok(())
+}
+
 /// The C epoll server (`c/epoll_server.c`, built by build.rs), one thread per server CPU.
 pub(crate) fn epoll_server(net: &VethPair, cpus: &[usize]) -> Result<Server, String> {
     use std::io::BufRead;
@@ -138,17 +163,10 @@ pub(crate) fn kernel_server(net: &VethPair, cpus: &[usize]) -> Result<Server, St
                     });
                 }));
             }
-            for t in threads {
-                t.join().map_err(|_| "a kernel server thread panicked")?;
-            }
-            Ok(())
+            join_all(threads, "kernel")
         })
         .map_err(|e| e.to_string())?;
-    for _ in 0..n {
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|_| "the kernel server did not start".to_string())??;
-    }
+    wait_ready(&ready_rx, n, "kernel")?;
     Ok(Server::threaded(
         move || {
             let _ = stop_tx.send(true);
@@ -218,11 +236,7 @@ pub(crate) fn corelane_server(net: &VethPair, cpus: &[usize]) -> Result<Server, 
             _ => "the corelane server did not start".to_string(),
         });
     };
-    for _ in 0..n {
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|_| "the corelane server did not start".to_string())??;
-    }
+    wait_ready(&ready_rx, n, "corelane")?;
     Ok(Server::threaded(
         move || stop.stop(),
         thread,

@@ -16,7 +16,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{ListenerOpts, TcpListener, TcpStream};
 
 use crate::cases::{CHUNK, ECHO, KERNEL_SERVER, SINK};
-use crate::hosts::Server;
+use crate::hosts::{Server, join_all, wait_ready};
 
 async fn serve(port: u16, mut s: TcpStream) {
     let _ = s.set_nodelay(true);
@@ -110,17 +110,10 @@ pub(crate) fn monoio_server(net: &VethPair, cpus: &[usize]) -> Result<Server, St
                     });
                 }));
             }
-            for t in threads {
-                t.join().map_err(|_| "a monoio server thread panicked")?;
-            }
-            Ok(())
+            join_all(threads, "monoio")
         })
         .map_err(|e| e.to_string())?;
-    for _ in 0..n {
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|_| "the monoio server did not start".to_string())??;
-    }
+    wait_ready(&ready_rx, n, "monoio")?;
     Ok(Server::threaded(
         move || stop.store(true, Ordering::Relaxed),
         thread,

@@ -219,15 +219,6 @@ struct Mem {
     slab: i64,
 }
 
-fn mem(pid: u32) -> Result<Mem, String> {
-    let status = format!("/proc/{pid}/status");
-    Ok(Mem {
-        rss: kib(&status, "VmRSS:")?,
-        virt: kib(&status, "VmSize:")?,
-        slab: kib("/proc/meminfo", "Slab:")?,
-    })
-}
-
 /// Opens connections `first..first + count` (connection `i` goes to port
 /// `FIRST_PORT + i / PER_PORT`), each exchanging 64 bytes, and returns them open.
 async fn connect_all(
@@ -348,9 +339,9 @@ fn mem_of(pids: &[u32]) -> Result<Mem, String> {
         slab: kib("/proc/meminfo", "Slab:")?,
     };
     for &pid in pids {
-        let one = mem(pid)?;
-        m.rss += one.rss;
-        m.virt += one.virt;
+        let status = format!("/proc/{pid}/status");
+        m.rss += kib(&status, "VmRSS:")?;
+        m.virt += kib(&status, "VmSize:")?;
     }
     Ok(m)
 }

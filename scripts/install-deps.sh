@@ -7,7 +7,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 pkgs=(build-essential pkg-config clang llvm m4 libelf-dev zlib1g-dev libbpf-dev libhwloc-dev
-      libudev-dev linux-libc-dev iproute2 ethtool nftables iputils-ping util-linux python3 curl wrk
+      libudev-dev linux-libc-dev iproute2 ethtool nftables iputils-ping util-linux python3 curl wrk nginx
       fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -18,6 +18,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Where an init system lets it, nginx's package starts a server on port 80; the comparison
+  # runs its own, pinned, in a network namespace.
+  if [ -f /run/nginx.pid ]; then nginx -s quit 2>/dev/null || true; fi
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; install Rust (stable, 1.91 or newer) with rustup" >&2

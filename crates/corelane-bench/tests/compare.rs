@@ -1,5 +1,5 @@
 //! The comparison program end to end, shortened: every setup (the peers included) serves every
-//! kind of case on a real veth pair, the reports carry a figure and a ratio for each, and the
+//! kind of case on a real veth pair (nginx the HTTP case, with wrk as the load), the reports carry a figure and a ratio for each, and the
 //! change against the committed run is reported.
 
 use std::process::Command;
@@ -19,8 +19,10 @@ fn compare_runs_every_setup_and_writes_reports_with_ratios() {
             "--warmup",
             "0.1",
             "--cases",
-            "rr64,bulk-in,connect",
+            "rr64,bulk-in,connect,http",
             "--conns",
+            "4",
+            "--http-conns",
             "4",
             "--out",
         ])
@@ -63,6 +65,28 @@ fn compare_runs_every_setup_and_writes_reports_with_ratios() {
             );
         }
     }
+    // HTTP: wrk against hyper on either stack and against nginx, with ratios to nginx; nginx
+    // takes part in nothing else.
+    for setup in ["kernel", "nginx", "corelane-server"] {
+        let row = results
+            .iter()
+            .find(|r| r["case"] == "http_c4" && r["setup"] == setup)
+            .unwrap_or_else(|| panic!("no http_c4 / {setup} in\n{json:#}"));
+        assert!(row["rate"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert!(row["p99_us"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert_eq!(
+            row["vs_nginx"]["rate"].as_f64().is_some(),
+            setup != "nginx",
+            "{row}"
+        );
+    }
+    assert!(
+        !results
+            .iter()
+            .any(|r| r["setup"] == "nginx" && r["case"] != "http_c4"),
+        "{json:#}"
+    );
+    assert!(md.contains("### HTTP against nginx"), "{md}");
     assert!(md.contains("| rr 64 B x 4 conn | corelane-both |"), "{md}");
     // The change against the committed run: the cases both have (bulk in, connect) compared.
     assert!(md.contains("## Change against"), "{md}");

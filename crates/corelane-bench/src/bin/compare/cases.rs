@@ -3,6 +3,9 @@
 pub(crate) const ECHO: u16 = 7001;
 pub(crate) const SINK: u16 = 7002;
 pub(crate) const SOURCE: u16 = 7003;
+/// HTTP/1.1: `GET /` answered with [`HTTP_BODY`] (hyper on tokio or corelane, or nginx).
+pub(crate) const HTTP: u16 = 8080;
+pub(crate) const HTTP_BODY: &str = "hello from the compare server\n";
 pub(crate) const KERNEL_SERVER: &str = "10.77.0.1";
 pub(crate) const KERNEL_CLIENT: &str = "10.77.0.2";
 pub(crate) const CORELANE_SERVER: &str = "10.77.0.3";
@@ -12,10 +15,17 @@ pub(crate) const CONNECT_CONNS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
-    Rr { size: usize, conns: usize },
+    Rr {
+        size: usize,
+        conns: usize,
+    },
     BulkIn,
     BulkOut,
     Connect,
+    /// HTTP/1.1 keep-alive `GET /` from wrk with `conns` connections.
+    Http {
+        conns: usize,
+    },
 }
 
 impl Kind {
@@ -25,6 +35,7 @@ impl Kind {
             Kind::BulkIn => "bulk in (client to server)".into(),
             Kind::BulkOut => "bulk out (server to client)".into(),
             Kind::Connect => format!("connect ({CONNECT_CONNS} at a time)"),
+            Kind::Http { conns } => format!("http GET (wrk) x {conns} conn"),
         }
     }
 
@@ -34,11 +45,24 @@ impl Kind {
             Kind::BulkIn => "bulk_in".into(),
             Kind::BulkOut => "bulk_out".into(),
             Kind::Connect => "connect".into(),
+            Kind::Http { conns } => format!("http_c{conns}"),
         }
     }
 
     pub(crate) fn bulk(self) -> bool {
         matches!(self, Kind::BulkIn | Kind::BulkOut)
+    }
+
+    /// Whether `setup` takes part in this case: HTTP is served by the kernel and corelane
+    /// servers (hyper) and nginx, with wrk (a kernel client) as the load; nginx serves nothing
+    /// else.
+    pub(crate) fn runs_on(self, setup: Setup) -> bool {
+        match self {
+            Kind::Http { .. } => {
+                matches!(setup, Setup::Kernel | Setup::CorelaneServer | Setup::Nginx)
+            }
+            _ => setup != Setup::Nginx,
+        }
     }
 }
 
@@ -52,6 +76,8 @@ pub(crate) enum Setup {
     Epoll,
     /// The kernel-socket load generator against a monoio (io_uring, thread-per-core) server.
     Monoio,
+    /// Debian's nginx, for the HTTP case only.
+    Nginx,
 }
 
 impl Setup {
@@ -63,6 +89,7 @@ impl Setup {
             Setup::CorelaneClient => "corelane-client",
             Setup::Epoll => "epoll-c",
             Setup::Monoio => "monoio",
+            Setup::Nginx => "nginx",
         }
     }
 
@@ -74,9 +101,10 @@ impl Setup {
             "corelane-client" => Ok(Setup::CorelaneClient),
             "epoll-c" => Ok(Setup::Epoll),
             "monoio" => Ok(Setup::Monoio),
+            "nginx" => Ok(Setup::Nginx),
             o => Err(format!(
                 "--setups: `{o}` is not kernel, corelane-server, corelane-both, corelane-client, \
-                 epoll-c or monoio"
+                 epoll-c, monoio or nginx"
             )),
         }
     }

@@ -14,12 +14,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::spawn_local;
 
 use crate::cases::{
-    CHUNK, CORELANE_CLIENT, CORELANE_SERVER, ECHO, KERNEL_SERVER, Kind, SINK, SOURCE,
+    CHUNK, CORELANE_CLIENT, CORELANE_SERVER, ECHO, HTTP, HTTP_BODY, KERNEL_SERVER, Kind, SINK,
+    SOURCE,
 };
 use crate::load::{ClientOut, Corelane, Kernel, load};
 
 /// Serves one accepted connection by the port it came in on.
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(port: u16, mut s: S) {
+    if port == HTTP {
+        return serve_http(s).await;
+    }
     let mut buf = vec![0u8; CHUNK];
     match port {
         ECHO => {
@@ -35,6 +39,21 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(port: u16, mut s: S
             while s.write_all(&buf).await.is_ok() {}
         }
     }
+}
+
+/// HTTP/1.1 with hyper, as the http example serves it: every request is answered with
+/// [`HTTP_BODY`].
+async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(s: S) {
+    use hyper::service::service_fn;
+    let svc = service_fn(|_req: hyper::Request<hyper::body::Incoming>| async {
+        Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(HTTP_BODY.as_bytes()),
+        )))
+    });
+    // A client that goes away mid-request is its own business.
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+        .await;
 }
 
 /// A server running in its namespace, and how to stop it.
@@ -56,6 +75,17 @@ impl Server {
                 stop();
                 thread.join().map_err(|e| e.to_string())?
             }),
+            addr,
+        }
+    }
+
+    /// A server in a child process, which `stop` ends and waits for.
+    pub(crate) fn process(
+        stop: impl FnOnce() -> Result<(), String> + Send + 'static,
+        addr: &'static str,
+    ) -> Server {
+        Server {
+            stop: Box::new(stop),
             addr,
         }
     }
@@ -109,13 +139,13 @@ pub(crate) fn epoll_server(net: &VethPair, cpus: &[usize]) -> Result<Server, Str
         let _ = child.wait();
         return Err("the epoll server did not start (see above)".into());
     }
-    Ok(Server {
-        stop: Box::new(move || {
+    Ok(Server::process(
+        move || {
             let _ = child.kill();
             child.wait().map(|_| ()).map_err(|e| e.to_string())
-        }),
-        addr: KERNEL_SERVER,
-    })
+        },
+        KERNEL_SERVER,
+    ))
 }
 
 pub(crate) fn kernel_server(net: &VethPair, cpus: &[usize]) -> Result<Server, String> {
@@ -141,7 +171,7 @@ pub(crate) fn kernel_server(net: &VethPair, cpus: &[usize]) -> Result<Server, St
                     let local = tokio::task::LocalSet::new();
                     local.block_on(&rt, async move {
                         let mut listeners = Vec::new();
-                        for port in [ECHO, SINK, SOURCE] {
+                        for port in [ECHO, SINK, SOURCE, HTTP] {
                             match reuseport_listener(port) {
                                 Ok(l) => listeners.push((port, l)),
                                 Err(e) => {
@@ -201,7 +231,7 @@ pub(crate) fn corelane_server(net: &VethPair, cpus: &[usize]) -> Result<Server, 
             let _ = stop_tx.send(rt.stop_handle());
             let ready_tx = Mutex::new(ready_tx);
             rt.run(|_core| {
-                let bound: Result<Vec<_>, String> = [ECHO, SINK, SOURCE]
+                let bound: Result<Vec<_>, String> = [ECHO, SINK, SOURCE, HTTP]
                     .into_iter()
                     .map(|p| {
                         corelane::net::TcpListener::bind(p)

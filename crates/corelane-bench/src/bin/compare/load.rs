@@ -223,7 +223,8 @@ pub(crate) async fn stream_load<N: Net>(
             }
             N::reset(s);
         }
-        Kind::Connect => {}
+        // Connections are opened by the caller; HTTP's load is wrk, not this generator.
+        Kind::Connect | Kind::Http { .. } => {}
     }
     Ok(())
 }

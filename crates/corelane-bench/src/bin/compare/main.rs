@@ -8,11 +8,13 @@
 //!   thread per server CPU, no runtime: the kernel's best case);
 //! - `monoio`: the same load generator against a monoio server (io_uring, thread per core);
 //! - `corelane-server`: the same kernel-socket load generator against a corelane server;
-//! - `corelane-both`: the same load generator running on corelane against a corelane server.
+//! - `corelane-both`: the same load generator running on corelane against a corelane server;
+//! - `nginx`: Debian's nginx, in the HTTP case only (`http`).
 //!
 //! Cases: request/response with 1-byte and 64-byte messages at 1, 16 and 256 connections
 //! (requests/s, latency p50/p99/p99.9), bulk transfer each way on one connection (Gbit/s), and
-//! new connections per second (connect, 1-byte exchange, reset). For each, the server's CPU
+//! new connections per second (connect, 1-byte exchange, reset), and HTTP/1.1 `GET /` with wrk
+//! as the load against hyper on either stack and nginx (`http.rs`). For each, the server's CPU
 //! time (busy time of the server CPUs from /proc/stat: user, system, softirq, irq) and the whole
 //! machine's, per million requests or per GB. corelane runs in adaptive poll mode, so idle time
 //! is not spent spinning. The report gives medians over the repetitions and the corelane/kernel
@@ -32,6 +34,7 @@
 
 mod cases;
 mod hosts;
+mod http;
 mod load;
 mod monoio_host;
 mod regress;
@@ -59,18 +62,22 @@ struct Cli {
     /// Repetitions of every case (the setups alternate within each).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
-    /// Cases: rr1, rr64 (request/response), bulk-in (client to server), bulk-out, connect.
-    #[arg(long, default_value = "rr1,rr64,bulk-in,bulk-out,connect")]
+    /// Cases: rr1, rr64 (request/response), bulk-in (client to server), bulk-out, connect,
+    /// http (HTTP/1.1 GET with wrk as the load).
+    #[arg(long, default_value = "rr1,rr64,bulk-in,bulk-out,connect,http")]
     cases: String,
     /// Connection counts for the request/response cases.
     #[arg(long, default_value = "1,16,256")]
     conns: String,
+    /// Connection counts for the HTTP case (wrk's -c).
+    #[arg(long, default_value = "1,64")]
+    http_conns: String,
     /// Setups: kernel, epoll-c (the C epoll server), monoio (an io_uring thread-per-core
-    /// server), corelane-server, corelane-both (and corelane-client: corelane's load generator
-    /// against the kernel server).
+    /// server), nginx (Debian's, for the http case), corelane-server, corelane-both (and
+    /// corelane-client: corelane's load generator against the kernel server).
     #[arg(
         long,
-        default_value = "kernel,epoll-c,monoio,corelane-server,corelane-both"
+        default_value = "kernel,epoll-c,monoio,nginx,corelane-server,corelane-both"
     )]
     setups: String,
     /// Server CPUs, comma separated (default: every allowed CPU but the last).
@@ -119,6 +126,9 @@ fn run(cli: Cli) -> Result<(), String> {
     let conns = parse_list("--conns", &cli.conns, |x| {
         x.parse::<usize>().ok().filter(|&n| n > 0)
     })?;
+    let http_conns = parse_list("--http-conns", &cli.http_conns, |x| {
+        x.parse::<usize>().ok().filter(|&n| n > 0)
+    })?;
     let mut kinds = Vec::new();
     for c in parse_list("--cases", &cli.cases, |x| Some(x.to_string()))? {
         match c.as_str() {
@@ -129,9 +139,10 @@ fn run(cli: Cli) -> Result<(), String> {
             "bulk-in" => kinds.push(Kind::BulkIn),
             "bulk-out" => kinds.push(Kind::BulkOut),
             "connect" => kinds.push(Kind::Connect),
+            "http" => kinds.extend(http_conns.iter().map(|&conns| Kind::Http { conns })),
             o => {
                 return Err(format!(
-                    "--cases: `{o}` is not rr1, rr64, bulk-in, bulk-out or connect"
+                    "--cases: `{o}` is not rr1, rr64, bulk-in, bulk-out, connect or http"
                 ));
             }
         }
@@ -195,13 +206,20 @@ fn run(cli: Cli) -> Result<(), String> {
         cli.warmup,
         if cli.offloads { "on" } else { "off" }
     );
-    let total = kinds.len() * setups.len() * cli.repeat;
+    let total = cli.repeat
+        * kinds
+            .iter()
+            .map(|k| setups.iter().filter(|s| k.runs_on(**s)).count())
+            .sum::<usize>();
     let mut samples = vec![vec![Vec::new(); setups.len()]; kinds.len()];
     let started = Instant::now();
     let mut done = 0;
     for rep in 0..cli.repeat {
         for (ki, kind) in kinds.iter().enumerate() {
             for (si, setup) in setups.iter().enumerate() {
+                if !kind.runs_on(*setup) {
+                    continue;
+                }
                 progress(
                     done,
                     total,

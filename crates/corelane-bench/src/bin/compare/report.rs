@@ -52,6 +52,9 @@ struct Row {
     cost_unit: &'static str,
     /// corelane / kernel; None on the kernel's own rows.
     vs_kernel: Option<VsKernel>,
+    /// The HTTP case's rows against nginx's; None elsewhere and on nginx's own rows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_nginx: Option<VsKernel>,
 }
 
 #[derive(Serialize, Clone, Copy)]
@@ -72,10 +75,21 @@ pub(crate) fn write(
 ) -> Result<(), String> {
     let mut rows = Vec::new();
     let mut results = Vec::new();
+    let mut vs_nginx_rows = Vec::new();
     let kernel = setups.iter().position(|s| *s == Setup::Kernel);
+    let nginx = setups.iter().position(|s| *s == Setup::Nginx);
     for (ki, kind) in kinds.iter().enumerate() {
-        let base = kernel.map(|k| summary(&samples[ki][k]));
+        let base = kernel
+            .filter(|&k| !samples[ki][k].is_empty())
+            .map(|k| summary(&samples[ki][k]));
+        let nginx_base = nginx
+            .filter(|&n| !samples[ki][n].is_empty())
+            .map(|n| summary(&samples[ki][n]));
         for (si, setup) in setups.iter().enumerate() {
+            if samples[ki][si].is_empty() {
+                // This setup takes no part in this case (nginx serves HTTP only).
+                continue;
+            }
             let m = summary(&samples[ki][si]);
             let (rate, unit) = if kind.bulk() {
                 (m.gbit, "Gbit/s")
@@ -89,7 +103,7 @@ pub(crate) fn write(
             } else {
                 "CPU s per M"
             };
-            let vs = base.filter(|_| *setup != Setup::Kernel).map(|b| {
+            let against = |b: Sample| {
                 let brate = if kind.bulk() { b.gbit } else { b.rate };
                 VsKernel {
                     rate: ratio(rate, brate),
@@ -97,9 +111,21 @@ pub(crate) fn write(
                     server_cost: ratio(m.server_cost, b.server_cost),
                     machine_cost: ratio(m.machine_cost, b.machine_cost),
                 }
-            });
+            };
+            let vs = base.filter(|_| *setup != Setup::Kernel).map(against);
+            let vs_nginx = nginx_base.filter(|_| *setup != Setup::Nginx).map(against);
+            if let Some(v) = vs_nginx {
+                vs_nginx_rows.push(vec![
+                    kind.name(),
+                    setup.name().to_string(),
+                    format!("{:.2}", v.rate),
+                    format!("{:.2}", v.p99),
+                    format!("{:.2}", v.server_cost),
+                    format!("{:.2}", v.machine_cost),
+                ]);
+            }
             let lat = |x: f64| {
-                if kind.bulk() {
+                if kind.bulk() || !x.is_finite() || x == 0.0 {
                     "-".to_string()
                 } else {
                     format!("{x:.1}")
@@ -148,6 +174,7 @@ pub(crate) fn write(
                 machine_cost: m.machine_cost,
                 cost_unit,
                 vs_kernel: vs,
+                vs_nginx,
             });
         }
     }
@@ -169,6 +196,26 @@ pub(crate) fn write(
         &rows,
     );
     println!("\n{table}");
+    let nginx_table = (!vs_nginx_rows.is_empty()).then(|| {
+        format!(
+            "### HTTP against nginx\n\nThe same wrk load; ratios to nginx's figures (rate above 1 \
+             is better, latency and CPU below 1).\n\n{}",
+            markdown_table(
+                &[
+                    "case",
+                    "setup",
+                    "rate / nginx",
+                    "p99 / nginx",
+                    "server CPU / nginx",
+                    "machine CPU / nginx",
+                ],
+                &vs_nginx_rows,
+            )
+        )
+    });
+    if let Some(t) = &nginx_table {
+        println!("\n{t}");
+    }
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let kernel_release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .unwrap_or_default()
@@ -194,6 +241,10 @@ pub(crate) fn write(
     };
     let json = serde_json::to_string_pretty(&report).map_err(|e| format!("compare.json: {e}"))?;
     let mut md = markdown(meta, &report.kernel, &table);
+    if let Some(t) = &nginx_table {
+        md.push('\n');
+        md.push_str(t);
+    }
     if let Some((path, old)) = baseline {
         let new = serde_json::to_value(&report).map_err(|e| format!("compare.json: {e}"))?;
         let section = crate::regress::section(&path, &crate::regress::changes(&old, &new));
@@ -242,7 +293,13 @@ fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {
          within every repetition.\n\n\
          - `kernel`: kernel stack on both ends (tokio, one current_thread runtime per server CPU, \
          SO_REUSEPORT); `corelane-server`: the same kernel-socket load generator against corelane; \
-         `corelane-both`: the load generator on corelane as well.\n\
+         `corelane-both`: the load generator on corelane as well; `epoll-c`: a C epoll server \
+         (one thread per server CPU, no runtime); `monoio`: monoio's io_uring runtime, one per \
+         server CPU.\n\
+         - HTTP (`http GET`): wrk (one thread, keep-alive, on the load generator's CPU) against \
+         hyper on the kernel (`kernel`) or on corelane (`corelane-server`), as the http example \
+         serves it, and against Debian's nginx (`nginx`: one worker per server CPU, pinned, no \
+         access log); the same short body from each. wrk reports no p99.9.\n\
          - Server CPU: busy time (user, system, irq, softirq) of the server CPUs; machine CPU: all \
          CPUs. Per million requests (or connections), or per GB for bulk. On veth the receive \
          side's softirq runs on the sender's CPU, so part of each stack's receive work is charged \
@@ -278,7 +335,9 @@ fn panels(kinds: &[Kind], setups: &[Setup], samples: &[Vec<Vec<Sample>>]) -> Vec
                         .iter()
                         .enumerate()
                         .filter_map(|(ki, k)| match k {
-                            Kind::Rr { size: sz, conns } if *sz == size => {
+                            Kind::Rr { size: sz, conns }
+                                if *sz == size && !samples[ki][si].is_empty() =>
+                            {
                                 Some((*conns as f64, f(&summary(&samples[ki][si]))))
                             }
                             _ => None,

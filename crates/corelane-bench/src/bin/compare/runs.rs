@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use corelane_bench::median;
 use corelane_testnet::VethPair;
 
-use crate::cases::{ECHO, Kind, Setup};
+use crate::cases::{ECHO, HTTP, Kind, Setup};
 use crate::hosts::{corelane_client, corelane_server, epoll_server, kernel_client, kernel_server};
 use crate::load::{MEASURE, STOP, WARM};
 
@@ -73,7 +73,9 @@ pub(crate) fn one_run(
     kind: Kind,
     verbose: bool,
 ) -> Result<Sample, String> {
-    let server = if setup.corelane_server() {
+    let server = if setup == Setup::Nginx {
+        crate::http::nginx_server(ctx.net, &ctx.server_cpus)?
+    } else if setup.corelane_server() {
         corelane_server(ctx.net, &ctx.server_cpus)?
     } else if setup == Setup::Epoll {
         epoll_server(ctx.net, &ctx.server_cpus)?
@@ -82,6 +84,13 @@ pub(crate) fn one_run(
     } else {
         kernel_server(ctx.net, &ctx.server_cpus)?
     };
+    if let Kind::Http { conns } = kind {
+        let out = http_run(ctx, server.addr, conns);
+        let stopped = server.stop();
+        let out = out?;
+        stopped?;
+        return Ok(out);
+    }
     let addr: SocketAddr = format!("{}:{ECHO}", server.addr)
         .parse()
         .map_err(|_| "address")?;
@@ -160,6 +169,41 @@ pub(crate) fn one_run(
         machine_cpu_s,
         server_cost: per(server_cpu_s),
         machine_cost: per(machine_cpu_s),
+        errors: out.errors as f64,
+    })
+}
+
+/// The HTTP case: wrk for the warm-up, then wrk again for the measured time.
+fn http_run(ctx: &Ctx<'_>, server: &str, conns: usize) -> Result<Sample, String> {
+    let url = format!("http://{server}:{HTTP}/");
+    crate::http::wrk(ctx.net, ctx.client_cpu, conns, &url, ctx.warmup)?;
+    let before = cpu_busy()?;
+    let out = crate::http::wrk(ctx.net, ctx.client_cpu, conns, &url, ctx.seconds)?;
+    let after = cpu_busy()?;
+    if out.requests == 0 {
+        return Err(format!(
+            "wrk completed no request ({} error(s))",
+            out.errors
+        ));
+    }
+    let busy = |cpus: &mut dyn Iterator<Item = usize>| -> f64 {
+        cpus.map(|c| after.get(c).unwrap_or(&0.0) - before.get(c).unwrap_or(&0.0))
+            .sum()
+    };
+    let server_cpu_s = busy(&mut ctx.server_cpus.iter().copied());
+    let machine_cpu_s = busy(&mut (0..after.len()));
+    let millions = (out.requests as f64 / 1e6).max(1e-12);
+    Ok(Sample {
+        rate: out.requests as f64 / out.secs,
+        gbit: 0.0,
+        p50_us: out.p50_us,
+        p99_us: out.p99_us,
+        // wrk's distribution stops at the 99th percentile.
+        p999_us: f64::NAN,
+        server_cpu_s,
+        machine_cpu_s,
+        server_cost: server_cpu_s / millions,
+        machine_cost: machine_cpu_s / millions,
         errors: out.errors as f64,
     })
 }

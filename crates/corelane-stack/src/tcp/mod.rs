@@ -23,6 +23,8 @@ mod conformance;
 #[cfg(test)]
 mod conformance_memory;
 #[cfg(test)]
+mod conformance_pacing;
+#[cfg(test)]
 mod conformance_recovery;
 #[cfg(test)]
 mod conformance_timeouts;
@@ -85,10 +87,12 @@ pub struct TcpConfig {
     /// The receive window a connection starts with; it grows toward the measured
     /// bandwidth-delay product, up to the stack's `tcp_rx_buffer`.
     pub rx_initial: usize,
-    /// Pace segments at a rate derived from the window and the RTT, in bursts of at most
-    /// `burst` segments, instead of sending a whole window at once.
+    /// Pace segments at a rate derived from the window and the RTT, in bursts of `burst`
+    /// segments (or about a millisecond of the rate, when that is more), instead of sending a
+    /// whole window at once.
     pub pacing: bool,
-    /// Most segments sent back to back before pacing waits.
+    /// Segments sent back to back before pacing waits, at rates where a millisecond carries
+    /// fewer.
     pub burst: usize,
     /// Offer SACK (RFC 2018).
     pub sack: bool,

@@ -11,6 +11,12 @@ use super::secret::Secret;
 use super::seq::Seq;
 use super::wire::{FIN, Out, PSH, RST, SYN};
 
+/// The least time a paced burst covers: about a millisecond of the pacing rate, the size of burst
+/// Linux allows a paced flow (its pacing shift of 10). At `burst` segments alone, a path whose
+/// turns take longer than that many segment gaps (veth in copy mode: the peer's receive runs
+/// inside our transmit call) would be held to `burst` segments per turn.
+const BURST_TIME_NS: f64 = 1_000_000.0;
+
 fn now_ns(now: Instant) -> u64 {
     now.total_micros().max(0) as u64 * 1000
 }
@@ -83,7 +89,10 @@ impl Conn {
         let factor = if self.cc.slow_start() { 2.0 } else { 1.2 };
         let rate = self.cc.cwnd as f64 * factor / (srtt.total_micros().max(1) as f64 * 1000.0);
         let gap = (bytes as f64 / rate) as u64;
-        let burst = ((self.cfg.burst.max(1) * self.smss) as f64 / rate) as u64;
+        // The burst allowance: `burst` segments, or the pacing rate's worth of BURST_TIME when
+        // that is more (a fast path's turns take longer than `burst` segments' gaps, and a
+        // fixed count would cap the rate at `burst` segments per turn).
+        let burst = ((self.cfg.burst.max(1) * self.smss) as f64 / rate).max(BURST_TIME_NS) as u64;
         let t = now_ns(now);
         self.pace_ns = self.pace_ns.max(t.saturating_sub(burst)) + gap;
     }

@@ -72,8 +72,8 @@ pub use corelane_rt::{
 pub use corelane_stack::frag::{FragLimits, FragStats};
 pub use corelane_stack::udp::UdpStats;
 pub use corelane_stack::{
-    Congestion, DeviceStats, PipelineStats, StackConfig, StackError, StackStats, TcpConfig,
-    TcpInfo, TcpState, TcpStats,
+    Congestion, DeviceStats, EcnMode, PipelineStats, StackConfig, StackError, StackStats,
+    TcpConfig, TcpInfo, TcpState, TcpStats,
 };
 /// Machine topology and the placement planner (hwloc): plan against this machine or a
 /// described one.

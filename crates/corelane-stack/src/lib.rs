@@ -43,7 +43,7 @@ pub use node::{Node, Pair};
 pub use pipeline::{Alone, Disposition, Peers, Pipeline, PipelineStats, Stage, Turn, Unclaimed};
 pub use smoltcp;
 pub use stack::{AcceptOptions, FlowId, Stack, StackStats, TcpInfo};
-pub use tcp::{Congestion, TcpConfig, TcpState, TcpStats};
+pub use tcp::{Congestion, EcnMode, TcpConfig, TcpState, TcpStats};
 pub use tune::{BatchTuner, LevelStats, TuneConfig};
 
 #[cfg(test)]

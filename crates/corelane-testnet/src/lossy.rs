@@ -2,7 +2,8 @@
 //! its two ports; an nftables `bridge` forward hook drops a chosen fraction of frames in either
 //! direction, an nftables `netdev` ingress hook duplicates a fraction and sends a fraction on a
 //! detour through a stage that holds each frame for a set delay (reordering it behind the frames
-//! that follow), and a `tbf` qdisc on a
+//! that follow); the bridge hook can also mark a fraction of the ECN-capable frames Congestion
+//! Experienced, as an ECN queue would instead of dropping them; and a `tbf` qdisc on a
 //! router port makes a rate-limited bottleneck. Segmentation offloads are off on every port so
 //! each frame on the wire is one segment (a 64 KB GSO super-packet dropped whole would not be
 //! a 1% loss). The server end serves a kernel server and a corelane server side by side.
@@ -71,6 +72,10 @@ pub struct PathCounters {
     pub reorder_released: u64,
     /// Frames the reordering stage dropped (it holds at most 65 536 at once).
     pub reorder_dropped: u64,
+    /// ECN-capable frames marked Congestion Experienced toward the server.
+    pub marked_to_server: u64,
+    /// ECN-capable frames marked Congestion Experienced toward the client.
+    pub marked_to_client: u64,
 }
 
 /// How to build a [`LossyPath`].
@@ -241,6 +246,7 @@ struct Settings {
     loss: (Loss, Loss),
     dup: (Loss, Loss),
     reorder: (Loss, Loss),
+    mark: (Loss, Loss),
 }
 
 /// Three namespaces: the server end (where corelane and a kernel server run), a router that
@@ -327,6 +333,13 @@ impl LossyPath {
         self.update(|s| s.reorder = (to_server, to_client))
     }
 
+    /// Marks Congestion Experienced (RFC 3168) on `to_server` of the ECN-capable (ECT(0))
+    /// IPv4 and IPv6 frames going to the server and `to_client` of those going to the client,
+    /// as an ECN-capable queue would instead of dropping them. Resets the counters.
+    pub fn set_mark(&self, to_server: Loss, to_client: Loss) -> Result<()> {
+        self.update(|s| s.mark = (to_server, to_client))
+    }
+
     fn update(&self, f: impl FnOnce(&mut Settings)) -> Result<()> {
         let mut s = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut s);
@@ -347,11 +360,17 @@ impl LossyPath {
             "table bridge corelane_loss {{
   counter to_server {{}}
   counter to_client {{}}
+  counter marked_to_server {{}}
+  counter marked_to_client {{}}
   chain forward {{
     type filter hook forward priority 0; policy accept;
     iifname \"{rc}\" numgen random mod 100000 < {} counter name \"to_server\" drop
     iifname \"{rs}\" numgen random mod 100000 < {} counter name \"to_client\" drop
     oifname \"{ro}\" drop
+    iifname \"{rc}\" ip ecn ect0 numgen random mod 100000 < {ms} counter name \"marked_to_server\" ip ecn set ce
+    iifname \"{rc}\" ip6 ecn ect0 numgen random mod 100000 < {ms} counter name \"marked_to_server\" ip6 ecn set ce
+    iifname \"{rs}\" ip ecn ect0 numgen random mod 100000 < {mc} counter name \"marked_to_client\" ip ecn set ce
+    iifname \"{rs}\" ip6 ecn ect0 numgen random mod 100000 < {mc} counter name \"marked_to_client\" ip6 ecn set ce
   }}
   chain output {{
     type filter hook output priority 0; policy accept;
@@ -375,7 +394,14 @@ table netdev corelane_dup {{
   }}
 }}
 ",
-            s.loss.0.0, s.loss.1.0, s.dup.0.0, s.reorder.0.0, s.dup.1.0, s.reorder.1.0
+            s.loss.0.0,
+            s.loss.1.0,
+            s.dup.0.0,
+            s.reorder.0.0,
+            s.dup.1.0,
+            s.reorder.1.0,
+            ms = s.mark.0.0,
+            mc = s.mark.1.0,
         );
         let mut child = self
             .router_ns
@@ -462,6 +488,8 @@ table netdev corelane_dup {{
         let (uc, _) = read("netdev corelane_dup", "to_client")?;
         let (rs, _) = read("netdev corelane_dup", "reorder_to_server")?;
         let (rc, _) = read("netdev corelane_dup", "reorder_to_client")?;
+        let (ms, _) = read("bridge corelane_loss", "marked_to_server")?;
+        let (mc, _) = read("bridge corelane_loss", "marked_to_client")?;
         let stage = self.stage.lock().unwrap_or_else(|p| p.into_inner());
         let (released, lost) = stage.as_ref().map_or((0, 0), |s| {
             (
@@ -480,6 +508,8 @@ table netdev corelane_dup {{
             reordered_to_client: rc,
             reorder_released: released,
             reorder_dropped: lost,
+            marked_to_server: ms,
+            marked_to_client: mc,
         })
     }
 }

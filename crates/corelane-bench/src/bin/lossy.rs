@@ -54,6 +54,11 @@ struct Args {
     /// 8 full-size frames).
     #[arg(long, default_value_t = 200)]
     reorder_delay_us: u64,
+    /// Share of the ECN-capable data frames the router marks Congestion Experienced instead of
+    /// dropping, for the ECN scenario (the client asks for ECN in it), percent (0: no such
+    /// scenario).
+    #[arg(long, default_value_t = 2.0)]
+    mark: f64,
     /// A bottleneck toward the client, Mbit/s (none by default).
     #[arg(long)]
     rate: Option<u32>,
@@ -108,6 +113,7 @@ struct Run {
     ack_loss: f64,
     dup: f64,
     reorder: f64,
+    mark: f64,
     ok: bool,
     error: Option<String>,
     mbit: f64,
@@ -329,6 +335,12 @@ fn run(args: &Args) -> Result<(), String> {
             ..Scenario::default()
         });
     }
+    if args.mark > 0.0 {
+        scenarios.push(Scenario {
+            mark: args.mark,
+            ..Scenario::default()
+        });
+    }
     let delay = Duration::from_micros(args.reorder_delay_us);
     let mut runs = Vec::new();
     for sc in &scenarios {
@@ -337,7 +349,13 @@ fn run(args: &Args) -> Result<(), String> {
             ack,
             dup,
             reorder,
+            mark,
         } = *sc;
+        // The kernel client asks for ECN where the router marks (servers accept by default).
+        let ecn = if mark > 0.0 { "1" } else { "2" };
+        net.client_ns()
+            .exec("sysctl", &["-qw", &format!("net.ipv4.tcp_ecn={ecn}")])
+            .map_err(|e| e.to_string())?;
         for rep in 0..args.repeat {
             for setup in &args.setups {
                 let (ip, rx) = match setup.as_str() {
@@ -350,6 +368,8 @@ fn run(args: &Args) -> Result<(), String> {
                 net.set_duplicate(Loss::NONE, Loss::percent(dup))
                     .map_err(|e| e.to_string())?;
                 net.set_reorder(Loss::NONE, Loss::percent(reorder), delay)
+                    .map_err(|e| e.to_string())?;
+                net.set_mark(Loss::NONE, Loss::percent(mark))
                     .map_err(|e| e.to_string())?;
                 let addr: SocketAddr = format!("{ip}:{PORT}").parse().map_err(|_| "address")?;
                 let timeout = Duration::from_secs(args.timeout);
@@ -365,6 +385,7 @@ fn run(args: &Args) -> Result<(), String> {
                     ack_loss: ack,
                     dup,
                     reorder,
+                    mark,
                     retrans_segs: sent.retrans_segs,
                     rto: sent.rto,
                     dropped_data_frames: c.dropped_to_client,
@@ -384,7 +405,7 @@ fn run(args: &Args) -> Result<(), String> {
                     Err(e) => r.error = Some(e),
                 }
                 println!(
-                    "rep {} data {data}% ack {ack}% dup {dup}% reorder {reorder}% {:<9} {:>8.1} Mbit/s {:>6.2} s stall {:>6.1} ms retrans {} (dropped {}) rto {} {}",
+                    "rep {} data {data}% ack {ack}% dup {dup}% reorder {reorder}% mark {mark}% {:<9} {:>8.1} Mbit/s {:>6.2} s stall {:>6.1} ms retrans {} (dropped {}) rto {} {}",
                     rep + 1,
                     r.setup,
                     r.mbit,
@@ -419,6 +440,7 @@ struct Scenario {
     ack: f64,
     dup: f64,
     reorder: f64,
+    mark: f64,
 }
 
 fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), String> {
@@ -432,6 +454,7 @@ fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), Strin
                         && r.ack_loss == sc.ack
                         && r.dup == sc.dup
                         && r.reorder == sc.reorder
+                        && r.mark == sc.mark
                 })
                 .collect()
         };
@@ -462,6 +485,7 @@ fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), Strin
             format!("{}%", sc.ack),
             format!("{}%", sc.dup),
             format!("{}%", sc.reorder),
+            format!("{}%", sc.mark),
             format!("{kr:.0}"),
             format!("{cr:.0}"),
             if kr > 0.0 {
@@ -481,6 +505,7 @@ fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), Strin
             "ACK loss",
             "dup",
             "reordered",
+            "CE-marked",
             "kernel Mbit/s",
             "corelane Mbit/s",
             "corelane / kernel",
@@ -495,9 +520,11 @@ fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), Strin
         "# corelane against the kernel through a lossy router\n\n{} MiB per transfer from a \
          server in the server namespace to a kernel client, through a bridge that drops the \
          given share of frames (data: toward the client; ACK: toward the server){}; reordered \
-         frames are held {} us; median of {} run(s). The kernel server runs {}, corelane CUBIC. Retransmissions are the sender's \
+         frames are held {} us; CE-marked: the share of ECN-capable data frames the router marks \
+         Congestion Experienced (the client asks for ECN in that scenario); median of {} run(s). The kernel server runs {}, corelane CUBIC. Retransmissions are the sender's \
          segments; dropped are the data frames the router dropped.\n\n{table}\n\nReproduce: \
-         `cargo run --release -p corelane-bench --bin lossy -- --mib {} --loss {}{} --kernel-cc {}`\n",
+         `cargo run --release -p corelane-bench --bin lossy -- --mib {} --loss {}{} --ack-loss {} --dup {} \
+         --reorder {} --mark {} --repeat {} --kernel-cc {}`\n",
         args.mib,
         args.rate
             .map_or(String::new(), |r| format!(", a {r} Mbit/s bottleneck")),
@@ -511,6 +538,11 @@ fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), Strin
             .collect::<Vec<_>>()
             .join(","),
         args.rate.map_or(String::new(), |r| format!(" --rate {r}")),
+        args.ack_loss,
+        args.dup,
+        args.reorder,
+        args.mark,
+        args.repeat,
         args.kernel_cc,
     );
     println!("\n{md}");

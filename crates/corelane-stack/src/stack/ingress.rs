@@ -125,7 +125,7 @@ impl Stack {
                         if f.mac != Some(inn.src_mac) {
                             f.mac = Some(inn.src_mac);
                         }
-                        c.input(now, &inn.seg);
+                        c.input_ecn(now, &inn.seg, inn.ecn);
                     }
                     None => self.stats.tcp_malformed += 1,
                 }
@@ -180,7 +180,7 @@ impl Stack {
             Class::Tcp { key, .. } => match (self.table.get(&key), wire::parse(frame)) {
                 (Some(i), Some(inn)) => {
                     if let Some(c) = self.slots[i as usize].flow.as_mut().and_then(|f| f.conn()) {
-                        c.input(now, &inn.seg);
+                        c.input_ecn(now, &inn.seg, inn.ecn);
                     }
                     self.settle(i);
                     self.queue_egress(i);
@@ -258,7 +258,7 @@ impl Stack {
             sizes,
             now,
         );
-        conn.input(now, seg);
+        conn.input_ecn(now, seg, inn.ecn);
         self.tcp_done.cookies_ok += 1;
         let i = self.adopt(conn, inn.src_mac);
         // Already established: straight to the accept queue.
@@ -321,7 +321,7 @@ impl Stack {
             return;
         };
         let sizes = self.sizes(inn.remote.addr);
-        let conn = Conn::accept(
+        let mut conn = Conn::accept(
             self.cfg.tcp,
             &self.secret,
             (inn.local, inn.remote),
@@ -329,6 +329,7 @@ impl Stack {
             sizes,
             now,
         );
+        conn.ecn_on_syn(inn.ecn);
         let mac = inn.src_mac;
         dev.consume();
         self.adopt(conn, mac);

@@ -17,7 +17,9 @@ use super::{Congestion, TcpConfig};
 pub(super) struct Sent {
     pub(super) seq: u32,
     ack: Option<u32>,
-    flags: u8,
+    pub(super) flags: u8,
+    /// The IP header said ECT(0).
+    pub(super) ect: bool,
     window: u16,
     pub(super) len: usize,
     sack: Vec<(u32, u32)>,
@@ -33,6 +35,7 @@ impl Sent {
             seq: o.seq.0,
             ack: o.ack.map(|a| a.0),
             flags: o.flags,
+            ect: o.ect,
             window: o.window,
             len: o.payload_len(),
             sack: o.sack[..o.nsack].iter().map(|&(l, r)| (l.0, r.0)).collect(),
@@ -102,7 +105,7 @@ pub(super) fn ends() -> (IpEndpoint, IpEndpoint) {
 }
 
 impl Script {
-    fn repr(s: &Seg) -> TcpRepr<'static> {
+    pub(super) fn repr(s: &Seg) -> TcpRepr<'static> {
         let (local, remote) = ends();
         TcpRepr {
             src_port: remote.port,

@@ -188,6 +188,7 @@ pub(crate) struct Conn {
     pub(super) dupacks: u32,
     pub(super) tlp_out: bool,
     pub(super) peak_flight: usize,
+    pub(super) ecn: super::ecn::Ecn,
     // Receive window auto-tuning.
     pub(super) rcv_space: usize,
     pub(super) rcv_space_at: Instant,
@@ -323,6 +324,7 @@ impl Conn {
             dupacks: 0,
             tlp_out: false,
             peak_flight: 0,
+            ecn: Default::default(),
             rcv_space: 0,
             rcv_space_at: now,
             rcv_rtt_ms: 0,

@@ -76,7 +76,14 @@ fn random_segments_never_panic_in_any_state() {
                 g.sack[b] = Some((l, l.wrapping_add(rng.below(20_000) as u32)));
             }
             g.syn_opts = rng.below(4) == 0;
-            s.input(g);
+            // ECN marks and flags at random: negotiated or not, none may upset the engine.
+            let bits = rng.below(8);
+            let ecn = super::ecn::EcnIn::of((bits & 1) as u8 * 3, (bits as u8 >> 1) << 6);
+            if round % 3 == 0 {
+                s.c.ecn_on_syn(ecn);
+            }
+            let r = Script::repr(&g);
+            s.c.input_ecn(s.now, &r, ecn);
             match rng.below(6) {
                 0 => s.advance(Duration::from_millis(rng.below(3000))),
                 1 => {

@@ -8,18 +8,26 @@ use smoltcp::wire::{TcpControl, TcpRepr};
 
 use super::board::Delivered;
 use super::conn::{Conn, Peer, Recovery, TcpState, Undo};
+use super::ecn::EcnIn;
 use super::seq::Seq;
 
 /// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
 
 impl Conn {
-    /// A segment for this connection arrived.
+    /// A segment for this connection arrived, with no ECN marks.
+    #[cfg(test)]
     pub(crate) fn input(&mut self, now: Instant, seg: &TcpRepr<'_>) {
+        self.input_ecn(now, seg, EcnIn::default());
+    }
+
+    /// A segment for this connection arrived; `ecn`: its IP header's ECN field and its ECE
+    /// and CWR flags.
+    pub(crate) fn input_ecn(&mut self, now: Instant, seg: &TcpRepr<'_>, ecn: EcnIn) {
         self.stats.segs_in += 1;
         match self.state {
             TcpState::Closed | TcpState::Listen => return,
-            TcpState::SynSent => return self.input_syn_sent(now, seg),
+            TcpState::SynSent => return self.input_syn_sent(now, seg, ecn),
             _ => {}
         }
         let rst = seg.control == TcpControl::Rst;
@@ -144,6 +152,8 @@ impl Conn {
         if matches!(self.state, TcpState::Closed) || ack_only {
             return;
         }
+        self.ecn_on_ack(ecn);
+        self.ecn_on_segment(ecn, !seg.payload.is_empty());
         if self.state == TcpState::TimeWait {
             // A retransmitted FIN: ACK it and wait again.
             if fin {
@@ -179,7 +189,7 @@ impl Conn {
     }
 
     /// SYN-SENT (RFC 9293 section 3.10.7.3).
-    fn input_syn_sent(&mut self, now: Instant, seg: &TcpRepr<'_>) {
+    fn input_syn_sent(&mut self, now: Instant, seg: &TcpRepr<'_>, ecn: EcnIn) {
         let ack = seg.ack_number.map(|a| Seq(a.0 as u32));
         if let Some(a) = ack
             && (a.le(self.iss) || a.gt(self.snd_nxt))
@@ -207,6 +217,7 @@ impl Conn {
         self.snd_wl1 = self.irs;
         match ack {
             Some(a) => {
+                self.ecn_on_syn_ack(ecn);
                 self.snd_una = a;
                 self.snd_wl2 = a;
                 self.snd_wnd = usize::from(seg.window_len) << self.snd_wscale;

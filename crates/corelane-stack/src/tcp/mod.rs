@@ -21,6 +21,8 @@ mod cc;
 #[cfg(test)]
 mod conformance;
 #[cfg(test)]
+mod conformance_ecn;
+#[cfg(test)]
 mod conformance_memory;
 #[cfg(test)]
 mod conformance_pacing;
@@ -29,6 +31,7 @@ mod conformance_recovery;
 #[cfg(test)]
 mod conformance_timeouts;
 mod conn;
+mod ecn;
 #[cfg(test)]
 mod fuzz;
 mod icmp;
@@ -47,6 +50,7 @@ pub(crate) mod wire;
 pub use cc::Congestion;
 pub(crate) use conn::{Conn, Sizes};
 pub use conn::{TcpState, TcpStats};
+pub use ecn::EcnMode;
 pub use icmp::{IcmpError, MIN_PMTU_V4, MIN_PMTU_V6};
 pub(crate) use output::cookie_syn_ack;
 pub(crate) use secret::Secret;
@@ -100,6 +104,8 @@ pub struct TcpConfig {
     pub timestamps: bool,
     /// Answer SYNs past a listener's SYN backlog with SYN cookies instead of dropping them.
     pub syn_cookies: bool,
+    /// Explicit Congestion Notification (RFC 3168): accepted when a peer asks by default.
+    pub ecn: EcnMode,
 }
 
 impl Default for TcpConfig {
@@ -122,6 +128,7 @@ impl Default for TcpConfig {
             sack: true,
             timestamps: true,
             syn_cookies: true,
+            ecn: EcnMode::Accept,
         }
     }
 }

@@ -43,6 +43,7 @@ impl Conn {
         let mut o = Out {
             seq: self.snd_nxt,
             ack: Some(self.rcv_nxt),
+            flags: self.ecn_flags(),
             window: field as u16,
             ..Out::default()
         };
@@ -110,15 +111,25 @@ impl Conn {
         let off = start.since(self.data_base());
         let mut o = self.header(now);
         o.seq = start;
-        o.flags = if fin { FIN } else { 0 };
+        if fin {
+            o.flags |= FIN;
+        }
         if off + len == self.snd.len() && len > 0 {
             o.flags |= PSH;
         }
+        // New data inside the window (not a retransmission, not a window probe).
+        let new = len > 0 && start == self.snd_nxt && start.lt(self.snd_una.plus(self.snd_wnd));
+        let (ect, cwr) = self.ecn_data(new);
+        o.ect = ect;
+        o.flags |= cwr;
         o.payload = self.snd.slices(off, len);
         let ok = emit(&o);
         if ok {
             self.stats.segs_out += 1;
             self.paced(now, len + 64);
+            if cwr != 0 {
+                self.ecn_cwr_sent();
+            }
         } else {
             self.ack_now = true;
         }
@@ -127,10 +138,15 @@ impl Conn {
 
     fn send_syn(&mut self, now: Instant, emit: &mut dyn FnMut(&Out<'_>) -> bool) -> bool {
         let active = self.state == TcpState::SynSent;
+        let ecn = if active {
+            self.ecn_syn_flags()
+        } else {
+            self.ecn_syn_ack_flags()
+        };
         let o = Out {
             seq: self.iss,
             ack: (!active).then_some(self.rcv_nxt),
-            flags: SYN,
+            flags: SYN | ecn,
             window: self.rcv_cap.min(0xffff) as u16,
             mss: Some(self.sizes.mss),
             wscale: (active || self.wscale_ok).then_some(self.rcv_wscale),

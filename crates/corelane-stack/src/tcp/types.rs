@@ -93,6 +93,10 @@ pub struct TcpStats {
     pub pmtu_updates: u64,
     /// ICMP errors that reached a connection and were acted on (the MTU ones included).
     pub icmp_errors: u64,
+    /// Data segments received marked Congestion Experienced (ECN, RFC 3168).
+    pub ecn_ce: u64,
+    /// Window reductions for an ECN-Echo from the peer.
+    pub ecn_reductions: u64,
 }
 
 impl std::ops::AddAssign for TcpStats {
@@ -118,5 +122,7 @@ impl std::ops::AddAssign for TcpStats {
         self.undos += o.undos;
         self.pmtu_updates += o.pmtu_updates;
         self.icmp_errors += o.icmp_errors;
+        self.ecn_ce += o.ecn_ce;
+        self.ecn_reductions += o.ecn_reductions;
     }
 }

@@ -9,6 +9,7 @@ use smoltcp::wire::{
     TcpControl, TcpPacket, TcpRepr,
 };
 
+use super::ecn::EcnIn;
 use super::seq::Seq;
 
 /// TCP flag bits.
@@ -23,6 +24,8 @@ pub(crate) const PSH: u8 = 0x08;
 pub(crate) const ACK: u8 = 0x10;
 
 const ETH: usize = 14;
+/// The ECN field's ECT(0) codepoint.
+const ECT0: u8 = 0b10;
 
 /// Where a connection's frames go: both hardware addresses and both endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,8 +49,10 @@ pub(crate) struct Out<'a> {
     pub(crate) seq: Seq,
     /// Acknowledgment number (sets ACK).
     pub(crate) ack: Option<Seq>,
-    /// SYN, FIN, RST, PSH bits.
+    /// SYN, FIN, RST, PSH, ECE, CWR bits.
     pub(crate) flags: u8,
+    /// ECN-capable transport: the IP header says ECT(0) (RFC 3168).
+    pub(crate) ect: bool,
     /// Window field (already scaled down).
     pub(crate) window: u16,
     /// MSS option.
@@ -202,7 +207,7 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, ip_id: u16, seg: &Out<'_>) {
             buf[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
             let ip = &mut buf[ETH..ETH + 20];
             ip[0] = 0x45;
-            ip[1] = 0;
+            ip[1] = if seg.ect { ECT0 } else { 0 };
             ip[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
             ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
             // Don't fragment: path MTU discovery (RFC 1191).
@@ -218,7 +223,8 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, ip_id: u16, seg: &Out<'_>) {
         (IpAddress::Ipv6(l), IpAddress::Ipv6(r)) => {
             buf[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
             let ip = &mut buf[ETH..ETH + 40];
-            ip[..4].copy_from_slice(&0x6000_0000u32.to_be_bytes());
+            let ecn = if seg.ect { u32::from(ECT0) << 20 } else { 0 };
+            ip[..4].copy_from_slice(&(0x6000_0000u32 | ecn).to_be_bytes());
             ip[4..6].copy_from_slice(&(tcp_len as u16).to_be_bytes());
             ip[6] = 6;
             ip[7] = path.ttl;
@@ -295,6 +301,8 @@ pub(crate) struct In<'a> {
     pub(crate) remote: IpEndpoint,
     /// The segment.
     pub(crate) seg: TcpRepr<'a>,
+    /// Its IP header's ECN field and its ECE and CWR flags (which TcpRepr leaves out).
+    pub(crate) ecn: EcnIn,
 }
 
 /// Parses a frame the classify stage called TCP. None for what smoltcp's parser refuses (a SYN
@@ -303,7 +311,7 @@ pub(crate) fn parse(frame: &[u8]) -> Option<In<'_>> {
     let eth = EthernetFrame::new_checked(frame).ok()?;
     let mut src_mac = [0u8; 6];
     src_mac.copy_from_slice(&frame[6..12]);
-    let (src, dst, payload) = match eth.ethertype() {
+    let (src, dst, payload, ip_ecn) = match eth.ethertype() {
         EthernetProtocol::Ipv4 => {
             let ip = Ipv4Packet::new_checked(&frame[ETH..]).ok()?;
             if ip.next_header() != IpProtocol::Tcp {
@@ -316,6 +324,7 @@ pub(crate) fn parse(frame: &[u8]) -> Option<In<'_>> {
                 IpAddress::Ipv4(s),
                 IpAddress::Ipv4(d),
                 frame.get(ETH + hl..ETH + total)?,
+                frame[ETH + 1] & 3,
             )
         }
         EthernetProtocol::Ipv6 => {
@@ -329,6 +338,8 @@ pub(crate) fn parse(frame: &[u8]) -> Option<In<'_>> {
                 IpAddress::Ipv6(s),
                 IpAddress::Ipv6(d),
                 frame.get(ETH + 40..ETH + 40 + len)?,
+                // The traffic class spans bytes 0 and 1; its low two bits are the ECN field.
+                (frame[ETH + 1] >> 4) & 3,
             )
         }
         _ => return None,
@@ -340,6 +351,8 @@ pub(crate) fn parse(frame: &[u8]) -> Option<In<'_>> {
         local: IpEndpoint::new(dst, seg.dst_port),
         remote: IpEndpoint::new(src, seg.src_port),
         seg,
+        // new_checked made sure the fixed header is there.
+        ecn: EcnIn::of(ip_ecn, payload[13]),
     })
 }
 
@@ -481,6 +494,47 @@ mod tests {
         let inn = parse(&buf).ok_or("does not parse")?;
         let r = reset_for(&inn.seg).ok_or("no reset")?;
         assert_eq!((r.seq, r.ack, r.flags), (Seq(0), Some(Seq(501)), RST));
+        Ok(())
+    }
+
+    #[test]
+    fn ecn_fields_round_trip_and_a_router_mark_reads_as_ce() -> Result {
+        use crate::tcp::ecn::{CWR, ECE, EcnIn};
+        for v6 in [false, true] {
+            let p = path(v6)?;
+            let seg = Out {
+                seq: Seq(1),
+                ack: Some(Seq(2)),
+                flags: ECE | CWR,
+                ect: true,
+                payload: (b"data", b""),
+                ..Out::default()
+            };
+            let mut buf = vec![0u8; seg.frame_len(&p)];
+            write(&mut buf, &p, 1, &seg);
+            assert!(matches!(classify(&buf), Class::Tcp { .. }), "v6 {v6}");
+            let inn = parse(&buf).ok_or("does not parse")?;
+            assert_eq!(
+                inn.ecn,
+                EcnIn {
+                    ce: false,
+                    ece: true,
+                    cwr: true
+                },
+                "v6 {v6}"
+            );
+            // A router marks it CE (ECN field 0b11) and fixes the IPv4 header checksum.
+            if v6 {
+                buf[ETH + 1] |= 0b11 << 4;
+            } else {
+                buf[ETH + 1] |= 0b11;
+                buf[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
+                let c = !fold(sum(&buf[ETH..ETH + 20]));
+                buf[ETH + 10..ETH + 12].copy_from_slice(&c.to_ne_bytes());
+            }
+            assert!(matches!(classify(&buf), Class::Tcp { .. }), "v6 {v6}");
+            assert!(parse(&buf).ok_or("does not parse")?.ecn.ce, "v6 {v6}");
+        }
         Ok(())
     }
 }

@@ -4,10 +4,13 @@
 //! bounded by the backlog and the process's memory does not grow with the flood. A short
 //! slice of the `synflood` benchmark.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+mod common;
+
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::echo_once;
 
 use corelane::{Runtime, StackStats};
 use corelane_testnet::{SynFlood, VethPair, require_root};
@@ -26,23 +29,6 @@ fn rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
-}
-
-/// Connects, sends a line and reads it back.
-fn echo_once(addr: SocketAddr) -> Result<Duration, String> {
-    let t = Instant::now();
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
-        .map_err(|e| format!("connect: {e}"))?;
-    let took = t.elapsed();
-    s.set_read_timeout(Some(Duration::from_secs(3)))
-        .map_err(|e| e.to_string())?;
-    s.write_all(b"ping\n").map_err(|e| format!("write: {e}"))?;
-    let mut buf = [0u8; 5];
-    s.read_exact(&mut buf).map_err(|e| format!("read: {e}"))?;
-    if &buf != b"ping\n" {
-        return Err(format!("echoed {buf:?}"));
-    }
-    Ok(took)
 }
 
 #[test]

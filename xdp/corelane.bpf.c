@@ -7,7 +7,15 @@
 // IPv6 addresses go there too, and so do ICMP, ICMPv6 and IPv4 and IPv6 fragments addressed to an
 // owned address (the stack answers echo requests, acts on errors and reassembles fragments).
 // Everything else passes to the kernel untouched, so ping, ssh and kernel listeners on the
-// kernel's own addresses keep working. Frames too short for the headers they announce
+// kernel's own addresses keep working.
+//
+// A listener under a SYN flood may have its SYNs answered here: for a port whose entry in
+// `tcp_ports` has PORT_COOKIES set, a bare IPv4 SYN is turned into its SYN-ACK in place and sent
+// back (XDP_TX), its sequence number a SYN cookie computed exactly as corelane's stack computes
+// and checks them (crates/corelane-stack/src/tcp/secret.rs and cookie_syn_ack in output.rs), from
+// the key and clock in `cookie_cfg`. The flood then costs the CPU it arrives on a few hundred
+// nanoseconds per SYN and never reaches the AF_XDP ring, where it would crowd out real clients;
+// the final ACK goes to the stack, which opens the connection from the cookie. Frames too short for the headers they announce
 // are counted as malformed and passed: the kernel drops them as it always would.
 //
 // Build (the committed object is what corelane embeds; see xdp/build.sh):
@@ -33,7 +41,25 @@ enum {
 	STAT_PASSED = 1,    // given to the kernel (not ours)
 	STAT_MALFORMED = 2, // truncated headers; passed to the kernel
 	STAT_NO_SOCKET = 3, // ours, but no socket on this queue: passed to the kernel
-	STAT_MAX = 4,
+	STAT_COOKIES = 4,   // SYNs answered here with a SYN cookie
+	STAT_MAX = 5,
+};
+
+// Bits of a `tcp_ports` entry.
+#define PORT_OWNED 1
+#define PORT_COOKIES 2
+
+// What the SYN-ACK of a cookie needs from the stack (corelane-xsk's `CookieParams`).
+struct cookie_cfg {
+	__u64 k0;        // SipHash key
+	__u64 k1;
+	__u64 epoch_ns;  // CLOCK_MONOTONIC of the stack's time zero
+	__u16 mss;       // this side's MSS (IPv4)
+	__u16 window;    // the SYN-ACK's window field
+	__u8 wscale;     // this side's window scale
+	__u8 timestamps; // answer timestamps (TSval carries the peer's window scale and SACK-permitted)
+	__u8 sack;       // SACK enabled
+	__u8 ttl;
 };
 
 struct in6_key {
@@ -79,6 +105,14 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } xsks SEC(".maps");
+
+// The stack's cookie parameters (one entry; mss 0 until the stack sets them).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cookie_cfg);
+} cookie_cfg SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -156,6 +190,294 @@ static __always_inline int l4_steer(struct xdp_md *ctx, __u8 proto, void *l4, vo
 	return pass();
 }
 
+// ---- SYN cookies -------------------------------------------------------------------------
+
+static __always_inline __u64 rotl(__u64 x, int b)
+{
+	return (x << b) | (x >> (64 - b));
+}
+
+#define SIPROUND                                                                               \
+	do {                                                                                   \
+		v0 += v1;                                                                      \
+		v1 = rotl(v1, 13) ^ v0;                                                        \
+		v0 = rotl(v0, 32);                                                             \
+		v2 += v3;                                                                      \
+		v3 = rotl(v3, 16) ^ v2;                                                        \
+		v0 += v3;                                                                      \
+		v3 = rotl(v3, 21) ^ v0;                                                        \
+		v2 += v1;                                                                      \
+		v1 = rotl(v1, 17) ^ v2;                                                        \
+		v2 = rotl(v2, 32);                                                             \
+	} while (0)
+
+#define SIPCOMPRESS(m)                                                                         \
+	do {                                                                                   \
+		v3 ^= (m);                                                                     \
+		SIPROUND;                                                                      \
+		SIPROUND;                                                                      \
+		v0 ^= (m);                                                                     \
+	} while (0)
+
+// SipHash-2-4 over the stack's six words: local address, 0, remote address, 0, ports, extra.
+static __always_inline __u64 siphash6(const struct cookie_cfg *c, __u64 local, __u64 remote,
+				      __u64 ports, __u64 extra)
+{
+	__u64 v0 = c->k0 ^ 0x736f6d6570736575ULL;
+	__u64 v1 = c->k1 ^ 0x646f72616e646f6dULL;
+	__u64 v2 = c->k0 ^ 0x6c7967656e657261ULL;
+	__u64 v3 = c->k1 ^ 0x7465646279746573ULL;
+	SIPCOMPRESS(local);
+	SIPCOMPRESS(0);
+	SIPCOMPRESS(remote);
+	SIPCOMPRESS(0);
+	SIPCOMPRESS(ports);
+	SIPCOMPRESS(extra);
+	SIPCOMPRESS(48ULL << 56);
+	v2 ^= 0xff;
+	SIPROUND;
+	SIPROUND;
+	SIPROUND;
+	SIPROUND;
+	return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static __always_inline __u16 csum_fold(__u64 s)
+{
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return ~s;
+}
+
+// What the SYN said, kept across bpf_xdp_adjust_tail (which invalidates packet pointers).
+struct syn_info {
+	__u8 smac[ETH_ALEN];
+	__u8 dmac[ETH_ALEN];
+	__u32 saddr; // network order
+	__u32 daddr;
+	__u16 sport; // network order
+	__u16 dport;
+	__u32 isn;   // host order
+	__u32 tsval; // host order
+	__u16 mss;
+	__u8 wscale; // 0xf: none
+	__u8 sackp;
+	__u8 has_ts;
+};
+
+// Rewrites the frame into the SYN-ACK: Ethernet, IPv4, TCP with `optlen` bytes of options
+// (4: MSS; 16: MSS, SACK-permitted or two NOPs, timestamps; 20: those and window scale).
+static __always_inline int write_syn_ack(struct xdp_md *ctx, const struct syn_info *in,
+					 const struct cookie_cfg *c, __u32 cookie, __u32 our_ts,
+					 const int optlen)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	int want = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr) + optlen;
+	if (bpf_xdp_adjust_tail(ctx, want - (int)(end - data)))
+		return -1;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct tcphdr *th = (void *)(ip + 1);
+	__u8 *o = (void *)(th + 1);
+	if ((void *)(o + optlen) > end)
+		return -1;
+	__builtin_memcpy(eth->h_dest, in->smac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, in->dmac, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr) + optlen);
+	ip->id = 0;
+	ip->frag_off = bpf_htons(0x4000);
+	ip->ttl = c->ttl ? c->ttl : 64;
+	ip->protocol = IPPROTO_TCP;
+	ip->check = 0;
+	ip->saddr = in->daddr;
+	ip->daddr = in->saddr;
+	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(struct iphdr), 0));
+	__builtin_memset(th, 0, sizeof(struct tcphdr));
+	th->source = in->dport;
+	th->dest = in->sport;
+	th->seq = bpf_htonl(cookie);
+	th->ack_seq = bpf_htonl(in->isn + 1);
+	th->doff = (sizeof(struct tcphdr) + optlen) / 4;
+	th->syn = 1;
+	th->ack = 1;
+	th->window = bpf_htons(c->window);
+	o[0] = 2;
+	o[1] = 4;
+	o[2] = c->mss >> 8;
+	o[3] = c->mss & 0xff;
+	if (optlen >= 16) {
+		if (c->sack && in->sackp) {
+			o[4] = 4;
+			o[5] = 2;
+		} else {
+			o[4] = 1;
+			o[5] = 1;
+		}
+		o[6] = 8;
+		o[7] = 10;
+		__u32 tv = bpf_htonl(our_ts), te = bpf_htonl(in->tsval);
+		__builtin_memcpy(o + 8, &tv, 4);
+		__builtin_memcpy(o + 12, &te, 4);
+	}
+	if (optlen == 20) {
+		o[16] = 1;
+		o[17] = 3;
+		o[18] = 3;
+		o[19] = c->wscale;
+	}
+	__u64 pseudo = (__u64)in->saddr + in->daddr + bpf_htons(IPPROTO_TCP) +
+		       bpf_htons(sizeof(struct tcphdr) + optlen);
+	th->check = csum_fold(
+		bpf_csum_diff(0, 0, (__be32 *)th, sizeof(struct tcphdr) + optlen, pseudo));
+	return XDP_TX;
+}
+
+// The offset of the first option of `kind` among the `olen` bytes of options at `base`, or -1.
+static __always_inline int find_opt(const __u8 *base, void *end, __u32 olen, __u8 kind)
+{
+	__u32 off = 0;
+	for (int i = 0; i < 10; i++) {
+		if (off >= olen || off >= 40)
+			return -1;
+		// Keep the mask: the verifier bounds the offset by it, not by the test above.
+		barrier_var(off);
+		const __u8 *p = base + (off & 63);
+		if ((void *)(p + 2) > end)
+			return -1;
+		if (p[0] == 0)
+			return -1;
+		if (p[0] == kind)
+			return off;
+		__u32 len = p[0] == 1 ? 1 : p[1];
+		if (len < 1)
+			return -1;
+		off += len;
+	}
+	return -1;
+}
+
+// The MSS values a cookie can carry (secret.rs's MSS_TABLE): the index of the largest that is
+// at most `mss`, else 0.
+static __always_inline __u32 mss_index(__u32 mss)
+{
+	const __u16 table[8] = {536, 1200, 1220, 1360, 1400, 1440, 1460, 8960};
+	__u32 idx = 0;
+	for (int i = 1; i < 8; i++)
+		if (table[i] <= mss)
+			idx = i;
+	return idx;
+}
+
+// Answers a bare IPv4 SYN (the caller checked the frame is IPv4 with a 20-byte header and
+// TCP) to a port whose cookies are on. Returns -1 when it does not apply.
+static __always_inline int syn_cookie(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct tcphdr *th = (void *)(ip + 1);
+	if ((void *)(th + 1) > end)
+		return -1;
+	if (!th->syn || th->ack || th->rst || th->fin)
+		return -1;
+	__u32 port = bpf_ntohs(th->dest);
+	__u8 *pv = bpf_map_lookup_elem(&tcp_ports, &port);
+	if (!pv || !(*pv & PORT_COOKIES))
+		return -1;
+	__u32 zero = 0;
+	struct cookie_cfg *c = bpf_map_lookup_elem(&cookie_cfg, &zero);
+	if (!c || !c->mss)
+		return -1;
+	struct syn_info in = {};
+	__builtin_memcpy(in.smac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(in.dmac, eth->h_dest, ETH_ALEN);
+	in.saddr = ip->saddr;
+	in.daddr = ip->daddr;
+	in.sport = th->source;
+	in.dport = th->dest;
+	in.isn = bpf_ntohl(th->seq);
+	in.mss = 536; // RFC 9293's default for IPv4
+	in.wscale = 0xf;
+	// The options: MSS, window scale, SACK-permitted, timestamps, looked for one kind at a time
+	// (a walk that records every kind as it goes is more paths than the verifier will follow).
+	__u32 olen = th->doff * 4;
+	if (olen < sizeof(struct tcphdr))
+		return -1;
+	olen -= sizeof(struct tcphdr);
+	__u8 *base = (void *)(th + 1);
+	int at = find_opt(base, end, olen, 2);
+	barrier_var(at);
+	__u8 *p = base + (at & 63);
+	if (at >= 0 && (void *)(p + 4) <= end && p[1] == 4)
+		in.mss = ((__u16)p[2] << 8) | p[3];
+	at = find_opt(base, end, olen, 3);
+	barrier_var(at);
+	p = base + (at & 63);
+	if (at >= 0 && (void *)(p + 3) <= end && p[1] == 3)
+		in.wscale = p[2] < 14 ? p[2] : 14;
+	at = find_opt(base, end, olen, 4);
+	barrier_var(at);
+	p = base + (at & 63);
+	in.sackp = at >= 0 && (void *)(p + 2) <= end && p[1] == 2;
+	at = find_opt(base, end, olen, 8);
+	barrier_var(at);
+	p = base + (at & 63);
+	if (at >= 0 && (void *)(p + 10) <= end && p[1] == 10) {
+		__u32 v;
+		__builtin_memcpy(&v, p + 2, 4);
+		in.tsval = bpf_ntohl(v);
+		in.has_ts = 1;
+	}
+	// The cookie (secret.rs's Secret::cookie): 5 bits of the 64 s clock, 3 bits of MSS, 24
+	// bits of keyed hash over the four-tuple, the peer's ISN and the clock.
+	__u64 now = bpf_ktime_get_ns();
+	__u64 ms = now > c->epoch_ns ? (now - c->epoch_ns) / 1000000 : 0;
+	__u64 tick = ms / 64000;
+	__u32 mss = in.mss < c->mss ? in.mss : c->mss;
+	__u64 local = bpf_ntohl(in.daddr), remote = bpf_ntohl(in.saddr);
+	__u64 ports = (__u64)bpf_ntohs(in.dport) << 16 | bpf_ntohs(in.sport);
+	__u64 extra = 3 | (__u64)in.isn << 8 | (tick & 31) << 40;
+	__u32 h = (__u32)siphash6(c, local, remote, ports, extra) & 0x00ffffff;
+	__u32 cookie = (__u32)(tick & 31) << 27 | mss_index(mss) << 24 | h;
+	int r;
+	if (in.has_ts && c->timestamps) {
+		// TSval: the connection's clock (milliseconds plus its offset), its low 5 bits
+		// replaced by the peer's window scale and SACK-permitted, from 32 ms back.
+		__u32 clock = (__u32)ms + (__u32)siphash6(c, local, remote, ports, 2);
+		__u32 ts = ((clock - 0x20) & ~0x1fU) | in.wscale | (__u32)(c->sack && in.sackp) << 4;
+		if (in.wscale != 0xf)
+			r = write_syn_ack(ctx, &in, c, cookie, ts, 20);
+		else
+			r = write_syn_ack(ctx, &in, c, cookie, ts, 16);
+	} else {
+		r = write_syn_ack(ctx, &in, c, cookie, 0, 4);
+	}
+	if (r == XDP_TX)
+		count(STAT_COOKIES);
+	return r;
+}
+
+// A TCP segment in an IPv4 frame with a 20-byte header, from the frame's current bounds.
+static __always_inline int tcp_steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct tcphdr *th = data + sizeof(struct ethhdr) + sizeof(struct iphdr);
+	if ((void *)(th + 1) > end)
+		return malformed();
+	return port_owned(&tcp_ports, th->dest) ? steer(ctx) : pass();
+}
+
 // ARP for IPv4 over Ethernet: hardware type, protocol type, lengths, opcode, then sender
 // hardware/protocol address and target hardware/protocol address.
 struct arp_eth_ipv4 {
@@ -198,6 +520,13 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 	void *l4 = l3 + ip->ihl * 4;
 	if (l4 > end)
 		return malformed();
+	if (ip->protocol == IPPROTO_TCP && ip->ihl == 5) {
+		if (syn_cookie(ctx) == XDP_TX)
+			return XDP_TX;
+		// Not answered here: steered as any segment (from fresh pointers, as the frame may
+		// have been resized).
+		return tcp_steer(ctx);
+	}
 	return l4_steer(ctx, ip->protocol, l4, end);
 }
 

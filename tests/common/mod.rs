@@ -284,6 +284,24 @@ pub fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
     Err(last.unwrap())
 }
 
+/// Connects once (no retry), sends a line and reads it back; returns how long the connect
+/// took.
+pub fn echo_once(addr: SocketAddr) -> Result<Duration, String> {
+    let t = Instant::now();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+        .map_err(|e| format!("connect: {e}"))?;
+    let took = t.elapsed();
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"ping\n").map_err(|e| format!("write: {e}"))?;
+    let mut buf = [0u8; 5];
+    s.read_exact(&mut buf).map_err(|e| format!("read: {e}"))?;
+    if &buf != b"ping\n" {
+        return Err(format!("echoed {buf:?}"));
+    }
+    Ok(took)
+}
+
 pub fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }

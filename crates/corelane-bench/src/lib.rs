@@ -207,16 +207,17 @@ pub fn pin(cpu: usize) -> bool {
 }
 
 /// Starts a one-core corelane runtime (CPU 0) on `ifname` in `ns`, owning `cidr` and listening
-/// on `port` (with `backlog`, or the default); every accepted connection is given to `serve`
-/// as a task of its own. Returns once the listener is bound, with the handle that stops it.
+/// on `port`, built as `tune` says beyond that (`|b| b` for the defaults); every accepted
+/// connection is given to `serve` as a task of its own. Returns once the listener is bound,
+/// with the handle that stops it.
 pub fn corelane_server<F, Fut>(
     ns: &corelane_testnet::Netns,
     ifname: &str,
     cidr: &str,
     port: u16,
-    backlog: Option<usize>,
+    tune: impl FnOnce(corelane::Builder) -> corelane::Builder + Send + 'static,
     serve: F,
-) -> Result<corelane::StopHandle, String>
+) -> Result<CorelaneServer, String>
 where
     F: Fn(corelane::net::TcpStream) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
@@ -227,38 +228,62 @@ where
     let addr: corelane::Cidr = cidr.parse().map_err(|e| format!("{e}"))?;
     let (stop_tx, stop_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-    ns.spawn(move || -> Result<(), String> {
-        let mut b = corelane::Runtime::builder(&ifname).addr(addr).cpus(vec![0]);
-        if let Some(n) = backlog {
-            b = b.backlog(n);
-        }
-        let rt = b.build().map_err(|e| e.to_string())?;
-        let _ = stop_tx.send(rt.stop_handle());
-        let ready_tx = Mutex::new(ready_tx);
-        rt.run(|_| {
-            let l = corelane::net::TcpListener::bind(port).map_err(|e| e.to_string());
-            let _ = ready_tx
-                .lock()
-                .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
-            let serve = serve.clone();
-            async move {
-                let Ok(l) = l else { return };
-                while let Ok((s, _)) = l.accept().await {
-                    tokio::task::spawn_local(serve(s));
+    let thread = ns
+        .spawn(move || -> Result<(), String> {
+            let b = corelane::Runtime::builder(&ifname).addr(addr).cpus(vec![0]);
+            let rt = tune(b).build().map_err(|e| e.to_string())?;
+            let _ = stop_tx.send(rt.stop_handle());
+            let ready_tx = Mutex::new(ready_tx);
+            rt.run(|_| {
+                let l = corelane::net::TcpListener::bind(port).map_err(|e| e.to_string());
+                let _ = ready_tx
+                    .lock()
+                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+                let serve = serve.clone();
+                async move {
+                    let Ok(l) = l else { return };
+                    while let Ok((s, _)) = l.accept().await {
+                        tokio::task::spawn_local(serve(s));
+                    }
                 }
-            }
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
         })
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-    })
-    .map_err(|e| e.to_string())?;
-    let stop = stop_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the corelane server did not start")?;
+        .map_err(|e| e.to_string())?;
+    let Ok(stop) = stop_rx.recv_timeout(Duration::from_secs(10)) else {
+        return Err(match thread.join() {
+            Ok(Err(e)) => format!("the corelane server did not start: {e}"),
+            _ => "the corelane server did not start".into(),
+        });
+    };
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| "the corelane server did not start")??;
-    Ok(stop)
+    Ok(CorelaneServer { stop, thread })
+}
+
+/// A corelane server started by [`corelane_server`].
+pub struct CorelaneServer {
+    stop: corelane::StopHandle,
+    thread: corelane_testnet::NsThread<Result<(), String>>,
+}
+
+impl std::fmt::Debug for CorelaneServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CorelaneServer").finish_non_exhaustive()
+    }
+}
+
+impl CorelaneServer {
+    /// Stops the runtime and waits until it has ended (its XDP program detached), so another
+    /// may start on the interface.
+    pub fn stop(self) {
+        self.stop.stop();
+        if let Ok(Err(e)) = self.thread.join() {
+            eprintln!("corelane server: {e}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ pub struct Builder {
     pub(crate) metrics: Option<std::net::SocketAddr>,
     pub(crate) xdp: crate::Xdp,
     pub(crate) keep_capabilities: bool,
+    pub(crate) xdp_cookies: Option<bool>,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
@@ -563,6 +564,7 @@ impl Builder {
             .map(|_| handoff::Doorbell::new())
             .collect::<io::Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
+            cookies: crate::cookies::XdpCookies::new(self.xdp_cookies, &steering),
             steering: Mutex::new(steering),
             addrs: Mutex::new(self.addrs.clone()),
             addrs_gen: std::sync::atomic::AtomicU64::new(0),

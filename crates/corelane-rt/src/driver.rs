@@ -41,6 +41,10 @@ pub(crate) struct Driver {
     pub(crate) warned_checksums: bool,
     /// This core's slot of the live statistics (None when they are off).
     pub(crate) publish: Option<crate::publish::Publish>,
+    /// Listener ports that answered SYNs with cookies this turn.
+    pub(crate) cookie_ports: Vec<u16>,
+    /// When this core next looks whether a SYN flood is over.
+    pub(crate) cookie_check_at: Option<StdInstant>,
 }
 
 impl Driver {
@@ -88,6 +92,16 @@ impl Driver {
             tracing::warn!("core {}: transmit: {e}", core.index);
         }
         stack.take_freed_ports(freed);
+        stack.take_cookie_ports(&mut self.cookie_ports);
+        let cookies = &core.shared.cookies;
+        if !self.cookie_ports.is_empty()
+            || (cookies.active() && self.cookie_check_at.is_none_or(|t| clock >= t))
+        {
+            let epoch = self.epoch;
+            let steering = &core.shared.steering;
+            cookies.update(steering, &stack, epoch, clock, &mut self.cookie_ports);
+            self.cookie_check_at = Some(clock + crate::cookies::CHECK_EVERY / 4);
+        }
         let mut st = core.stats();
         st.pipeline = self.pipe.stats();
         if let Some(tu) = &self.pipe.tuner {

@@ -20,6 +20,8 @@ use crate::{Builder, Error, PollMode, handoff};
 /// frame), the stop flag and the doorbells.
 pub(crate) struct Shared {
     pub(crate) steering: Mutex<Steering>,
+    /// SYN cookies in the XDP program while a listener is flooded.
+    pub(crate) cookies: crate::cookies::XdpCookies,
     /// The owned addresses, as the cores should have them.
     pub(crate) addrs: Mutex<Vec<corelane_stack::smoltcp::wire::IpCidr>>,
     /// Bumped on every change of `addrs`.
@@ -102,6 +104,7 @@ impl Runtime {
             metrics: None,
             xdp: crate::Xdp::Auto,
             keep_capabilities: false,
+            xdp_cookies: None,
         }
     }
 

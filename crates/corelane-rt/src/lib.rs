@@ -39,6 +39,7 @@ mod access;
 mod addrs;
 mod builder;
 mod cidr;
+mod cookies;
 mod cpu;
 mod driver;
 mod error;

@@ -81,6 +81,7 @@ pub(crate) const NAMES: &[&str] = &[
     "xdp_passed",
     "xdp_malformed",
     "xdp_no_socket",
+    "xdp_syn_cookies",
 ];
 
 fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<u64> {
@@ -155,6 +156,7 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         x.passed,
         x.malformed,
         x.no_socket,
+        x.syn_cookies,
     ]
 }
 

@@ -123,6 +123,8 @@ impl Runtime {
                 .as_ref()
                 .and_then(|p| p.core(info.index))
                 .map(|w| crate::publish::Publish::new(w, info.index)),
+            cookie_ports: Vec::new(),
+            cookie_check_at: None,
         };
         let linger = self.cfg.linger;
         if let Some(app) = app {

@@ -42,7 +42,7 @@ pub use flows::FlowTable;
 pub use node::{Node, Pair};
 pub use pipeline::{Alone, Disposition, Peers, Pipeline, PipelineStats, Stage, Turn, Unclaimed};
 pub use smoltcp;
-pub use stack::{AcceptOptions, FlowId, Stack, StackStats, TcpInfo};
+pub use stack::{AcceptOptions, FlowId, Stack, StackStats, SynCookieTemplate, TcpInfo};
 pub use tcp::{Congestion, EcnMode, TcpConfig, TcpState, TcpStats};
 pub use tune::{BatchTuner, LevelStats, TuneConfig};
 

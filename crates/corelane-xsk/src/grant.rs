@@ -303,6 +303,7 @@ impl GrantClient {
                 passed,
                 malformed,
                 no_socket,
+                syn_cookies: 0,
             }),
             _ => Err(Error::Grant(format!(
                 "malformed counters from the broker: {text}"

@@ -49,6 +49,6 @@ pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, kernel_addrs, kernel_routes};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};
 pub use steering::{
-    AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,
-    XDP_OBJECT, XdpCounters,
+    AttachMode, AttachedMode, CookieParams, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS,
+    Steering, XDP_OBJECT, XdpCounters, monotonic_ns,
 };

@@ -27,17 +27,77 @@ pub const MAX_ADDRS: u32 = 64;
 /// Most queues the program can redirect to a socket (`MAX_QUEUES`).
 pub const MAX_QUEUES: u32 = 64;
 /// Counter slots of its `stats` map, in [`XdpCounters`] order (`STAT_MAX`).
-pub const STAT_SLOTS: usize = 4;
+pub const STAT_SLOTS: usize = 5;
 /// The maps the loader takes from the object and the entries each has. A test reads the
 /// compiled object and checks every one, so the C program and this crate cannot drift apart.
-pub const MAPS: [(&str, u32); 6] = [
+pub const MAPS: [(&str, u32); 7] = [
     ("owned_v4", MAX_ADDRS),
     ("owned_v6", MAX_ADDRS),
     ("tcp_ports", 65536),
     ("udp_ports", 65536),
     ("xsks", MAX_QUEUES),
     ("stats", STAT_SLOTS as u32),
+    ("cookie_cfg", 1),
 ];
+
+/// A `tcp_ports` entry's bits (`PORT_OWNED`, `PORT_COOKIES`).
+const PORT_OWNED: u8 = 1;
+const PORT_COOKIES: u8 = 2;
+
+/// What the program needs to answer SYNs with the stack's SYN cookies (`struct cookie_cfg` in
+/// `xdp/corelane.bpf.c`, field for field): the stack's secret key, its clock, and the options
+/// its own cookie SYN-ACK would carry. Whoever holds the key can forge cookies for the stack.
+#[repr(C)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct CookieParams {
+    /// The SipHash key of the stack's cookies.
+    pub k0: u64,
+    /// Its second half.
+    pub k1: u64,
+    /// The stack's time zero on `CLOCK_MONOTONIC`, nanoseconds ([`monotonic_ns`]).
+    pub epoch_ns: u64,
+    /// This side's MSS over IPv4.
+    pub mss: u16,
+    /// The SYN-ACK's window field.
+    pub window: u16,
+    /// This side's window scale.
+    pub wscale: u8,
+    /// 1: answer timestamps (the peer's window scale and SACK-permitted ride in TSval).
+    pub timestamps: u8,
+    /// 1: SACK is enabled.
+    pub sack: u8,
+    /// The IPv4 TTL.
+    pub ttl: u8,
+}
+
+impl std::fmt::Debug for CookieParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CookieParams")
+            .field("epoch_ns", &self.epoch_ns)
+            .field("mss", &self.mss)
+            .field("window", &self.window)
+            .field("wscale", &self.wscale)
+            .field("timestamps", &self.timestamps)
+            .field("sack", &self.sack)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+#[allow(unsafe_code)]
+// SAFETY: CookieParams is repr(C), made of integers only with no padding (3 x 8 + 2 x 2 + 4 x 1
+// = 32 bytes), so every bit pattern is a valid value and it can be copied to and from a map.
+unsafe impl aya::Pod for CookieParams {}
+
+/// `t` on `CLOCK_MONOTONIC` (the clock `std::time::Instant` and `bpf_ktime_get_ns` read), in
+/// nanoseconds.
+pub fn monotonic_ns(t: std::time::Instant) -> u64 {
+    let now = std::time::Instant::now();
+    let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|ts| ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
+        .unwrap_or(0);
+    mono.saturating_sub(now.saturating_duration_since(t).as_nanos() as u64)
+}
 
 /// How to attach the program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,6 +140,8 @@ pub struct XdpCounters {
     pub malformed: u64,
     /// Frames that were ours but arrived on a queue with no socket (given to the kernel).
     pub no_socket: u64,
+    /// SYNs the program answered with a SYN cookie ([`Steering::set_syn_cookies`]).
+    pub syn_cookies: u64,
 }
 
 /// The steering program on one interface: attached by this process ([`Steering::attach`]), or
@@ -108,6 +170,7 @@ struct Program {
     udp_ports: Array<MapData, u8>,
     xsks: XskMap<MapData>,
     stats: PerCpuArray<MapData, u64>,
+    cookie_cfg: Array<MapData, CookieParams>,
     /// Solicited-node multicast groups joined on the interface for owned IPv6 addresses, with
     /// how many addresses share each.
     groups: StdHashMap<[u8; 6], u32>,
@@ -199,6 +262,8 @@ impl Steering {
                 .map_err(map_err("udp_ports"))?,
             xsks: XskMap::try_from(take(&mut ebpf, "xsks")?).map_err(map_err("xsks"))?,
             stats: PerCpuArray::try_from(take(&mut ebpf, "stats")?).map_err(map_err("stats"))?,
+            cookie_cfg: Array::try_from(take(&mut ebpf, "cookie_cfg")?)
+                .map_err(map_err("cookie_cfg"))?,
             groups: StdHashMap::new(),
             claim: None,
             _ebpf: ebpf,
@@ -311,6 +376,47 @@ impl Steering {
         }
     }
 
+    /// Gives the program what it needs to answer SYNs with the stack's cookies. Returns false
+    /// under a grant, where the broker holds the program and SYNs stay the stack's.
+    pub fn set_cookie_params(&mut self, p: &CookieParams) -> Result<bool, Error> {
+        match &mut self.via {
+            Via::Program(prog) => {
+                prog.cookie_cfg
+                    .set(0, *p, 0)
+                    .map_err(map_err("cookie_cfg"))?;
+                Ok(true)
+            }
+            Via::Grant(_) => Ok(false),
+        }
+    }
+
+    /// Has the program answer bare SYNs to TCP `port` with a SYN cookie (on), or steer them to
+    /// the stack again (off). Needs [`Steering::set_cookie_params`] first. Does nothing for a
+    /// port that is not steered, and returns false under a grant.
+    ///
+    /// On veth in native mode the answer goes out through the peer's XDP receive path, which
+    /// the kernel runs only when the peer has an XDP program or GRO on (`ethtool -K PEER gro
+    /// on`); otherwise it is dropped.
+    pub fn set_syn_cookies(&mut self, port: u16, on: bool) -> Result<bool, Error> {
+        if !self.port_owned(Proto::Tcp, port) {
+            return Ok(false);
+        }
+        match &mut self.via {
+            Via::Program(prog) => {
+                let v = if on {
+                    PORT_OWNED | PORT_COOKIES
+                } else {
+                    PORT_OWNED
+                };
+                prog.tcp_ports
+                    .set(u32::from(port), v, 0)
+                    .map_err(map_err("tcp_ports"))?;
+                Ok(true)
+            }
+            Via::Grant(_) => Ok(false),
+        }
+    }
+
     /// True when `port` is steered for `proto`.
     pub fn port_owned(&self, proto: Proto, port: u16) -> bool {
         self.port_refs.contains_key(&(proto, port))
@@ -418,6 +524,7 @@ impl Program {
             passed: sums[1],
             malformed: sums[2],
             no_socket: sums[3],
+            syn_cookies: sums[4],
         })
     }
 }

@@ -63,6 +63,11 @@ fn xdp_object_has_the_program_and_maps_the_loader_takes() {
     assert_eq!(size("owned_v6"), (16, 1));
     assert_eq!(size("stats"), (4, 8));
     assert_eq!(
+        size("cookie_cfg"),
+        (4, std::mem::size_of::<corelane_xsk::CookieParams>() as u32),
+        "struct cookie_cfg and CookieParams differ"
+    );
+    assert_eq!(
         obj.maps.len(),
         corelane_xsk::MAPS.len(),
         "a map the loader does not know"

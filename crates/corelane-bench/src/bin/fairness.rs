@@ -102,13 +102,13 @@ fn set_cubic(l: &TcpListener) -> Result<(), String> {
     Ok(())
 }
 
-fn corelane_server(net: &LossyPath) -> Result<corelane::StopHandle, String> {
+fn corelane_server(net: &LossyPath) -> Result<corelane_bench::CorelaneServer, String> {
     corelane_bench::corelane_server(
         net.server_ns(),
         net.server_if(),
         &format!("{CORELANE}/24"),
         PORT,
-        None,
+        |b| b,
         |mut s| async move {
             let buf = vec![0x5au8; 64 * 1024];
             while s.write_all(&buf).await.is_ok() {}

@@ -213,14 +213,14 @@ fn corelane_server(
     net: &LossyPath,
     total: usize,
     tx: mpsc::Sender<Sent>,
-) -> Result<corelane::StopHandle, String> {
+) -> Result<corelane_bench::CorelaneServer, String> {
     let pat = std::sync::Arc::new(pattern());
     corelane_bench::corelane_server(
         net.server_ns(),
         net.server_if(),
         &format!("{CORELANE}/24"),
         PORT,
-        None,
+        |b| b,
         move |mut s| {
             let (pat, tx) = (pat.clone(), tx.clone());
             async move {

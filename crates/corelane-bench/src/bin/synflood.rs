@@ -3,7 +3,9 @@
 //! as fast as the client end takes them for `--seconds`, while a real client connects (and
 //! echoes a line) every `--every-ms`. Reports the flood's rate, how many real connections
 //! completed, their connect times (median, 99th percentile, worst), and the server's memory
-//! growth (corelane: this process's RSS; kernel: the machine's slab).
+//! growth (corelane: this process's RSS; kernel: the machine's slab). corelane runs twice:
+//! with its XDP program answering the flooded listener's SYNs with cookies (`corelane`, the
+//! default off veth, asked for here) and with its stack answering them (`corelane-stack`).
 //!
 //! ```text
 //! cargo run --release -p corelane-bench --bin synflood -- --seconds 20
@@ -22,6 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const KERNEL: &str = "10.85.0.1";
 const CORELANE: &str = "10.85.0.3";
 const PORT: u16 = 7;
+const XDP_OBJECT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../xdp/corelane.bpf.o");
 
 #[derive(Parser, Debug)]
 #[command(about = "A SYN flood against corelane and against the kernel")]
@@ -38,8 +41,13 @@ struct Args {
     /// The listeners' backlog.
     #[arg(long, default_value_t = 128)]
     backlog: usize,
-    /// Setups: kernel, corelane.
-    #[arg(long, value_delimiter = ',', default_value = "kernel,corelane")]
+    /// Setups: kernel, corelane (the XDP program answers a flooded listener's SYNs with
+    /// cookies), corelane-stack (the stack answers them).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kernel,corelane,corelane-stack"
+    )]
     setups: Vec<String>,
     /// Where synflood.md goes.
     #[arg(long, default_value = "target/synflood")]
@@ -127,13 +135,17 @@ fn kernel_server(net: &VethPair, backlog: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn corelane_server(net: &VethPair, backlog: usize) -> Result<corelane::StopHandle, String> {
+fn corelane_server(
+    net: &VethPair,
+    backlog: usize,
+    xdp_cookies: bool,
+) -> Result<corelane_bench::CorelaneServer, String> {
     corelane_bench::corelane_server(
         net.server_ns(),
         net.server_if(),
         &format!("{CORELANE}/24"),
         PORT,
-        Some(backlog),
+        move |b| b.backlog(backlog).xdp_syn_cookies(xdp_cookies),
         |mut s| async move {
             let mut buf = [0u8; 64];
             while let Ok(n) = s.read(&mut buf).await {
@@ -241,6 +253,24 @@ fn run(args: &Args) -> Result<(), String> {
         .client_addr("10.85.0.2/24")
         .build()
         .map_err(|e| e.to_string())?;
+    // veth delivers XDP_TX (corelane's SYN-ACKs under a flood) only to a peer that runs an XDP
+    // program itself: corelane's, owning nothing, passes everything. Every setup has it.
+    net.client_ns()
+        .exec(
+            "ip",
+            &[
+                "link",
+                "set",
+                "dev",
+                net.client_if(),
+                "xdpdrv",
+                "obj",
+                XDP_OBJECT,
+                "sec",
+                "xdp",
+            ],
+        )
+        .map_err(|e| format!("an XDP program on the client end: {e}"))?;
     let mut outcomes = Vec::new();
     for setup in &args.setups {
         match setup.as_str() {
@@ -252,13 +282,17 @@ fn run(args: &Args) -> Result<(), String> {
                 kernel_server(&net, args.backlog)?;
                 outcomes.push(flood(&net, args, "kernel", KERNEL)?);
             }
-            "corelane" => {
-                let stop = corelane_server(&net, args.backlog)?;
-                let o = flood(&net, args, "corelane", CORELANE);
+            "corelane" | "corelane-stack" => {
+                let stop = corelane_server(&net, args.backlog, setup == "corelane")?;
+                let o = flood(&net, args, setup, CORELANE);
                 stop.stop();
                 outcomes.push(o?);
             }
-            other => return Err(format!("unknown setup {other:?} (kernel, corelane)")),
+            other => {
+                return Err(format!(
+                    "unknown setup {other:?} (kernel, corelane, corelane-stack)"
+                ));
+            }
         }
     }
     let rows: Vec<Vec<String>> = outcomes
@@ -296,9 +330,12 @@ fn run(args: &Args) -> Result<(), String> {
     let md = format!(
         "# A SYN flood against corelane and the kernel\n\n{} s of spoofed SYNs from random \
          10.200.0.0/16 sources, as fast as the client end of a veth pair takes them, while a \
-         real client connects and echoes a line every {} ms. Backlog {} for both; the kernel \
-         with `tcp_syncookies=1`. Memory: corelane's process RSS, the kernel's slab, peak \
-         during the flood minus before.\n\n{table}\n\nReproduce: `cargo run --release -p \
+         real client connects and echoes a line every {} ms. Backlog {} for all; the kernel \
+         with `tcp_syncookies=1`; `corelane`: its XDP program answers the flooded listener's \
+         SYNs with cookies, `corelane-stack`: its stack does. The client end runs an XDP \
+         program that passes everything (veth delivers XDP_TX only to such a peer). Memory: \
+         corelane's process RSS, the kernel's slab, peak during the flood minus \
+         before.\n\n{table}\n\nReproduce: `cargo run --release -p \
          corelane-bench --bin synflood -- --seconds {}`\n",
         args.seconds, args.every_ms, args.backlog, args.seconds
     );

@@ -307,9 +307,11 @@ impl Stack {
             now,
         );
         let path = self.reply_path(&inn);
+        let port = inn.local.port;
         dev.consume();
         if Self::send_segment(dev, &mut self.ip_id, &path, &out) {
             self.tcp_done.cookies_sent += 1;
+            self.note_cookie_port(port);
         }
     }
 

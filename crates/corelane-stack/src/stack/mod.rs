@@ -26,6 +26,7 @@
 //! `addrs.rs` the owned addresses and routes.
 
 mod addrs;
+mod cookies;
 mod egress;
 mod icmp;
 mod ingress;
@@ -35,6 +36,7 @@ mod neigh;
 mod socket;
 mod udp;
 
+pub use cookies::SynCookieTemplate;
 pub use listen::AcceptOptions;
 pub use socket::TcpInfo;
 
@@ -208,6 +210,8 @@ pub struct Stack {
     release_pending: HashSet<u16, FxBuildHasher>,
     ports: HashSet<(Proto, u16), FxBuildHasher>,
     freed_ports: Vec<(Proto, u16)>,
+    /// Listener ports that answered a SYN with a cookie since the runtime last asked.
+    cookie_ports: Vec<u16>,
     egress: Vec<u32>,
     egress_spare: Vec<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
@@ -282,6 +286,7 @@ impl Stack {
             release_pending: HashSet::default(),
             ports: HashSet::default(),
             freed_ports: Vec::new(),
+            cookie_ports: Vec::new(),
             egress: Vec::with_capacity(cfg.batch * 2),
             egress_spare: Vec::with_capacity(cfg.batch * 2),
             timers: BinaryHeap::with_capacity(cfg.flows),

@@ -396,6 +396,14 @@ impl Conn {
     }
 }
 
+/// The window field and window scale of a cookie SYN-ACK (`cookie_syn_ack`).
+pub(crate) fn cookie_window(cfg: &TcpConfig, sizes: Sizes) -> (u16, u8) {
+    (
+        cfg.rx_initial.min(sizes.rx_max).min(0xffff) as u16,
+        scale_for(sizes.rx_max),
+    )
+}
+
 /// The SYN-ACK of a listener whose SYN backlog is full: its ISN is a SYN cookie, and when the
 /// SYN had timestamps the low bits of this side's TSval carry the peer's window scale and
 /// SACK-permitted, so nothing need be kept (RFC 4987 section 3.6). Without timestamps the
@@ -424,9 +432,11 @@ pub(crate) fn cookie_syn_ack(
         seq: isn,
         ack: Some(peer_isn.plus(1)),
         flags: SYN,
-        window: cfg.rx_initial.min(sizes.rx_max).min(0xffff) as u16,
+        window: cookie_window(cfg, sizes).0,
         mss: Some(sizes.mss),
-        wscale: ts.and(syn.window_scale).map(|_| scale_for(sizes.rx_max)),
+        wscale: ts
+            .and(syn.window_scale)
+            .map(|_| cookie_window(cfg, sizes).1),
         sack_perm: ts.is_some() && cfg.sack && syn.sack_permitted,
         ts,
         ..Out::default()

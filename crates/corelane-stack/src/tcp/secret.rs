@@ -101,6 +101,11 @@ impl Secret {
         Secret { key: (a, b) }
     }
 
+    /// The SipHash key, for a program that makes this stack's cookies on its behalf.
+    pub(crate) fn key(&self) -> (u64, u64) {
+        self.key
+    }
+
     /// RFC 6528's initial sequence number for a connection.
     pub(crate) fn isn(&self, local: IpEndpoint, remote: IpEndpoint, now: Instant) -> Seq {
         let f = siphash(self.key, &words(local, remote, 1)) as u32;

@@ -1,0 +1,76 @@
+//! SYN cookies answered outside the stack: what a program that answers SYNs on this stack's
+//! behalf (corelane's XDP program, under a flood) needs to send the SYN-ACK the stack's own
+//! cookie path would, and which listeners are flooded now.
+
+use smoltcp::wire::{IpAddress, Ipv4Address};
+
+use super::{DEFAULT_TTL, Stack};
+
+/// The SYN-ACK of a cookie, as this stack would send it over IPv4 (`cookie_syn_ack`): the key
+/// its cookies are made with and the fields and options it carries. Whoever holds the key can
+/// forge cookies for this stack: it goes only to the program that answers for it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SynCookieTemplate {
+    /// The SipHash key of the stack's cookies (and of its timestamp offsets).
+    pub key: (u64, u64),
+    /// This side's MSS over IPv4.
+    pub mss: u16,
+    /// The window field.
+    pub window: u16,
+    /// This side's window scale (sent when the SYN had timestamps and a window scale).
+    pub wscale: u8,
+    /// Timestamps are answered (and carry the peer's window scale and SACK-permitted).
+    pub timestamps: bool,
+    /// SACK is enabled.
+    pub sack: bool,
+    /// The IPv4 TTL.
+    pub ttl: u8,
+}
+
+impl std::fmt::Debug for SynCookieTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SynCookieTemplate")
+            .field("mss", &self.mss)
+            .field("window", &self.window)
+            .field("wscale", &self.wscale)
+            .field("timestamps", &self.timestamps)
+            .field("sack", &self.sack)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stack {
+    /// What a program answering SYNs for this stack needs (see [`SynCookieTemplate`]), or
+    /// None when the stack sends no cookies (`TcpConfig::syn_cookies` off).
+    pub fn syn_cookie_template(&self) -> Option<SynCookieTemplate> {
+        if !self.cfg.tcp.syn_cookies {
+            return None;
+        }
+        let sizes = self.sizes(IpAddress::Ipv4(Ipv4Address::UNSPECIFIED));
+        let (window, wscale) = crate::tcp::cookie_window(&self.cfg.tcp, sizes);
+        Some(SynCookieTemplate {
+            key: self.secret.key(),
+            mss: sizes.mss,
+            window,
+            wscale,
+            timestamps: self.cfg.tcp.timestamps,
+            sack: self.cfg.tcp.sack,
+            ttl: DEFAULT_TTL,
+        })
+    }
+
+    /// A listener on `port` answered a SYN with a cookie: its backlog is full.
+    pub(super) fn note_cookie_port(&mut self, port: u16) {
+        if !self.cookie_ports.contains(&port) {
+            self.cookie_ports.push(port);
+        }
+    }
+
+    /// Moves the ports of the listeners that answered SYNs with cookies since the last call
+    /// into `out` (a runtime may then have them answered before the stack, see
+    /// [`Stack::syn_cookie_template`]).
+    pub fn take_cookie_ports(&mut self, out: &mut Vec<u16>) {
+        out.append(&mut self.cookie_ports);
+    }
+}

@@ -1,0 +1,180 @@
+//! SYN cookies answered by the XDP program: a spoofed SYN flood fills a corelane listener's
+//! SYN backlog, the stack's first cookies turn the program's answer on for the port, and from
+//! then on the flood is answered on the CPU it arrives on without reaching the stack. Real
+//! clients keep connecting during it: their SYNs are answered by the program too, and their
+//! ACKs open connections in the stack from cookies it never made itself, so the program's
+//! cookies (SipHash in BPF) and the stack's check agree. The veth peer runs an XDP program
+//! too, which veth needs to deliver the program's answers (XDP_TX).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use common::echo_once;
+use corelane::{Runtime, StackStats};
+use corelane_testnet::{SynFlood, VethPair, require_root};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const CORELANE: &str = "10.86.0.3";
+const BACKLOG: usize = 16;
+
+#[test]
+fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<(), String> {
+    if !require_root("xdp syn cookies") {
+        return Ok(());
+    }
+    let net = VethPair::builder()
+        .server_addr("10.86.0.1/24")
+        .client_addr("10.86.0.2/24")
+        .build()
+        .map_err(|e| e.to_string())?;
+    // veth hands the program's answers (XDP_TX) to a peer only when the peer runs an XDP
+    // program of its own: corelane's, owning nothing, passes everything.
+    let object = concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o");
+    net.client_ns()
+        .exec(
+            "ip",
+            &[
+                "link",
+                "set",
+                "dev",
+                net.client_if(),
+                "xdpdrv",
+                "obj",
+                object,
+                "sec",
+                "xdp",
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+    // The stack's counters at every accept.
+    let seen: Arc<Mutex<Vec<StackStats>>> = Arc::default();
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let ifname = net.server_if().to_string();
+    let last = seen.clone();
+    let server = net
+        .server_ns()
+        .spawn(move || -> Result<corelane::RunReport, String> {
+            let rt = Runtime::builder(&ifname)
+                .addr(format!("{CORELANE}/24"))
+                .cpus(vec![0])
+                .backlog(BACKLOG)
+                .xdp_syn_cookies(true)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let _ = stop_tx.send(rt.stop_handle());
+            let ready_tx = Mutex::new(ready_tx);
+            let last = Mutex::new(last);
+            rt.run(|_| {
+                let l = corelane::net::TcpListener::bind(7).map_err(|e| e.to_string());
+                let _ = ready_tx
+                    .lock()
+                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+                let last = last.lock().map(|s| s.clone()).ok();
+                async move {
+                    let (Ok(l), Some(last)) = (l, last) else {
+                        return;
+                    };
+                    while let Ok((mut s, _)) = l.accept().await {
+                        if let (Some(st), Ok(mut v)) = (corelane::core_stats(), last.lock()) {
+                            v.push(st.stack);
+                        }
+                        tokio::task::spawn_local(async move {
+                            let mut buf = [0u8; 64];
+                            while let Ok(n) = s.read(&mut buf).await {
+                                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())
+        })
+        .map_err(|e| e.to_string())?;
+    let stop = stop_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the server did not start")?;
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the server did not start")??;
+    let addr: SocketAddr = format!("{CORELANE}:7").parse().map_err(|_| "addr")?;
+    net.client_ns()
+        .run(move || echo_once(addr))
+        .map_err(|e| e.to_string())??;
+    let mac = net
+        .server_ns()
+        .mac(net.server_if())
+        .map_err(|e| e.to_string())?;
+    // Bounded: at most 2 seconds and 3 million SYNs (the time ends it first here).
+    let target = format!("{CORELANE}:7").parse().map_err(|_| "addr")?;
+    let flood = SynFlood::builder(target, mac)
+        .limit(3_000_000, Duration::from_secs(2))
+        .start(net.client_ns(), net.client_if())
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(300));
+    // Real connections during the flood.
+    let tries = net
+        .client_ns()
+        .run(move || {
+            (0..10)
+                .map(|_| {
+                    let r = echo_once(addr);
+                    std::thread::sleep(Duration::from_millis(50));
+                    r
+                })
+                .collect::<Vec<_>>()
+        })
+        .map_err(|e| e.to_string())?;
+    let flooded = flood.stop().map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(50));
+    stop.stop();
+    let report = server.join().map_err(|e| e.to_string())??;
+    let accepts = seen.lock().map_err(|_| "poisoned")?.clone();
+    let stack = accepts.last().cloned().unwrap_or_default();
+    eprintln!(
+        "flood {} SYNs; XDP cookies {}; stack cookies sent {}, opened from cookies {}; {tries:?}",
+        flooded.sent, report.xdp.syn_cookies, stack.tcp.cookies_sent, stack.tcp.cookies_ok
+    );
+    let failures: Vec<_> = tries.iter().filter(|t| t.is_err()).collect();
+    assert!(failures.is_empty(), "real connections failed: {failures:?}");
+    assert!(flooded.sent >= 10_000, "the flood sent only {flooded:?}");
+    // The program answered most of the flood, the stack only what came before it took over.
+    assert!(
+        report.xdp.syn_cookies >= flooded.sent / 2,
+        "the program answered {} of {} SYNs",
+        report.xdp.syn_cookies,
+        flooded.sent
+    );
+    assert!(
+        stack.tcp.cookies_sent < report.xdp.syn_cookies / 10,
+        "the stack answered {} itself",
+        stack.tcp.cookies_sent
+    );
+    // The real clients' connections during the flood (every accept after the first) were
+    // opened from cookies, and the stack sent none meanwhile: the program's cookies.
+    assert_eq!(accepts.len(), 11, "{accepts:?}");
+    let during = &accepts[1..];
+    assert!(
+        during
+            .windows(2)
+            .all(|w| w[1].tcp.cookies_ok == w[0].tcp.cookies_ok + 1),
+        "not opened from cookies: {:?}",
+        during.iter().map(|s| s.tcp.cookies_ok).collect::<Vec<_>>()
+    );
+    assert!(
+        during
+            .iter()
+            .all(|s| s.tcp.cookies_sent == during[0].tcp.cookies_sent),
+        "the stack answered SYNs meanwhile: {:?}",
+        during
+            .iter()
+            .map(|s| s.tcp.cookies_sent)
+            .collect::<Vec<_>>()
+    );
+    Ok(())
+}

@@ -217,26 +217,6 @@ impl Builder {
         self
     }
 
-    /// Explicit Congestion Notification (RFC 3168) on TCP connections: by default accepted
-    /// when a peer asks ([`EcnMode::Accept`](corelane_stack::EcnMode::Accept), as Linux);
-    /// [`EcnMode::On`](corelane_stack::EcnMode::On) asks on connections this side opens too.
-    /// A connection with ECN reduces its window when a router marks its segments instead of
-    /// waiting for one to be dropped.
-    ///
-    /// ```no_run
-    /// use corelane_rt::Runtime;
-    /// use corelane_stack::EcnMode;
-    /// let rt = Runtime::builder("veth0")
-    ///     .addr("10.0.0.1/24")
-    ///     .ecn(EcnMode::On)
-    ///     .build()?;
-    /// # Ok::<(), corelane_rt::Error>(())
-    /// ```
-    pub fn ecn(mut self, mode: corelane_stack::EcnMode) -> Self {
-        self.stack.tcp.ecn = mode;
-        self
-    }
-
     /// Default TCP listen backlog.
     pub fn backlog(mut self, n: usize) -> Self {
         self.stack.backlog = n;

@@ -38,6 +38,7 @@
 mod access;
 mod addrs;
 mod builder;
+mod builder_tcp;
 mod cidr;
 mod cookies;
 mod cpu;

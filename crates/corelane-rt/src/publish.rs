@@ -82,6 +82,8 @@ pub(crate) const NAMES: &[&str] = &[
     "xdp_malformed",
     "xdp_no_socket",
     "xdp_syn_cookies",
+    "tcp_mem_bytes",
+    "tcp_mem_limited",
 ];
 
 fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<u64> {
@@ -157,6 +159,8 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         x.malformed,
         x.no_socket,
         x.syn_cookies,
+        s.tcp_mem,
+        s.tcp_mem_limited,
     ]
 }
 

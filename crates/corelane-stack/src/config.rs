@@ -17,6 +17,12 @@ pub struct StackConfig {
     pub tcp_rx_buffer: usize,
     /// Largest send buffer per TCP connection, in bytes (allocated as the application writes).
     pub tcp_tx_buffer: usize,
+    /// Most bytes the TCP buffers of this stack (one core) may hold, or None for no cap. Past
+    /// it a write takes only what fits in the buffer it has (a writer with none waits until
+    /// memory is given back) and receive windows stop growing; what a window already
+    /// promised is still taken. [`StackStats::tcp_mem`](crate::StackStats::tcp_mem) counts
+    /// the bytes held, `tcp_mem_limited` the refusals.
+    pub tcp_mem_limit: Option<usize>,
     /// Default most connections per listener that are half-open or waiting to be accepted.
     pub backlog: usize,
     /// Datagrams buffered per UDP socket, each way.
@@ -47,6 +53,7 @@ impl Default for StackConfig {
         StackConfig {
             tcp_rx_buffer: 256 * 1024,
             tcp_tx_buffer: 256 * 1024,
+            tcp_mem_limit: None,
             backlog: 256,
             udp_packets: 256,
             udp_bytes: 256 * 1024,

@@ -507,3 +507,66 @@ fn a_closed_listener_keeps_its_port_until_its_last_connection_is_freed()
     assert!(p.a.stack.close_listener(8));
     Ok(())
 }
+
+/// Counts its wake-ups.
+struct CountWakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountWakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_memory_cap_holds_writers_back_and_wakes_them_when_memory_is_given_back() {
+    // The client's TCP buffers may hold 64 KiB; four connections write 256 KiB each.
+    let cap = 64 * 1024;
+    let client = StackConfig {
+        tcp_mem_limit: Some(cap),
+        ..cfg()
+    };
+    let mut p = pair_with(cfg(), client);
+    p.a.stack.listen_tcp(7, None).unwrap();
+    let conns: Vec<FlowId> = (0..4)
+        .map(|_| p.b.stack.connect_tcp(server_ep()).unwrap().0)
+        .collect();
+    let data = pattern(256 * 1024);
+    let wakes = std::sync::Arc::new(CountWakes(Default::default()));
+    let waker = std::task::Waker::from(wakes.clone());
+    let (mut sent, mut received, mut most) = (vec![0usize; 4], 0usize, 0u64);
+    let mut accepted = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let done = p
+        .drive(Duration::from_secs(100), |p| {
+            while let Some(h) = p.a.stack.accept(7) {
+                accepted.push(h);
+            }
+            for &h in &accepted {
+                while let Some(n @ 1..) = ready(p.a.stack.tcp_read(h, &mut buf, None)) {
+                    received += n;
+                }
+            }
+            for (c, s) in conns.iter().zip(sent.iter_mut()) {
+                if p.b.stack.tcp_state(*c) == Some(TcpState::Established) && *s < data.len() {
+                    *s += ready(p.b.stack.tcp_write(*c, &data[*s..], Some(&waker))).unwrap_or(0);
+                }
+            }
+            most = most.max(p.b.stack.stats().tcp_mem);
+            received == 4 * data.len()
+        })
+        .unwrap();
+    assert!(done, "received {received} of {}", 4 * data.len());
+    let st = p.b.stack.stats();
+    assert!(
+        most <= cap as u64,
+        "the buffers held {most} bytes, over {cap}"
+    );
+    assert!(st.tcp_mem_limited > 0, "no write was held back: {st:?}");
+    assert!(
+        wakes.0.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "a writer held back for memory was never woken"
+    );
+    // Everything acknowledged and idle: every buffer given back (large ones after a while).
+    p.drive_for(Duration::from_secs(2), |_| {}).unwrap();
+    assert_eq!(p.b.stack.stats().tcp_mem, 0);
+}

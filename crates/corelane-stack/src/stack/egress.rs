@@ -7,7 +7,7 @@ use std::io;
 use corelane_frame::{FrameCounts, FrameIo};
 use smoltcp::time::{Duration, Instant};
 
-use super::{Sock, Stack};
+use super::{FlowId, Sock, Stack};
 use crate::device::XdpDevice;
 use crate::tcp::TcpState;
 
@@ -16,6 +16,7 @@ impl Stack {
     /// due, and schedules each one's next timer. Returns how many flows were polled.
     pub fn egress<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>) -> usize {
         self.clock = self.clock.max(now);
+        self.wake_memory_waiters();
         while let Some(&Reverse((t, index, generation))) = self.timers.peek() {
             if t > now {
                 break;
@@ -115,7 +116,36 @@ impl Stack {
     /// True when flows wait for an egress pass (the application wrote, or a pass ran out of
     /// budget).
     pub fn egress_pending(&self) -> bool {
-        !self.egress.is_empty()
+        !self.egress.is_empty() || self.memory_freed_for_waiters()
+    }
+
+    /// Flow `id`'s writer waits: if for memory (the cap refused its buffer room), it is woken
+    /// when some is given back.
+    pub(super) fn wait_for_memory(&mut self, id: FlowId) {
+        let blocked = self.conn(id).is_some_and(|c| c.write_blocked_by_memory());
+        if blocked && !self.mem_waiters.contains(&id.index) {
+            self.mem_waiters.push(id.index);
+        }
+    }
+
+    /// Writers wait for memory and a buffer's worth is free again.
+    fn memory_freed_for_waiters(&self) -> bool {
+        !self.mem_waiters.is_empty() && !self.mem.over(crate::tcp::SMALL_BUFFER)
+    }
+
+    fn wake_memory_waiters(&mut self) {
+        if !self.memory_freed_for_waiters() {
+            return;
+        }
+        for index in std::mem::take(&mut self.mem_waiters) {
+            if let Some(c) = self.slots[index as usize]
+                .flow
+                .as_mut()
+                .and_then(|f| f.conn())
+            {
+                c.wake_writer();
+            }
+        }
     }
 
     /// The earliest flow timer, if any (it may be one that no longer matters: waking early is

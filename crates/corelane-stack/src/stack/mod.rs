@@ -122,6 +122,10 @@ pub struct StackStats {
     pub tcp: TcpStats,
     /// UDP counters, summed over every socket this stack has had.
     pub udp: UdpStats,
+    /// Bytes the TCP buffers hold now.
+    pub tcp_mem: u64,
+    /// Times a TCP buffer was refused room by `StackConfig::tcp_mem_limit`.
+    pub tcp_mem_limited: u64,
     /// Fragment reassembly and fragmenting.
     pub frag: FragStats,
 }
@@ -212,6 +216,9 @@ pub struct Stack {
     freed_ports: Vec<(Proto, u16)>,
     /// Listener ports that answered a SYN with a cookie since the runtime last asked.
     cookie_ports: Vec<u16>,
+    /// What the TCP buffers hold, under `cfg.tcp_mem_limit`; flows whose writer waits for it.
+    mem: std::sync::Arc<crate::tcp::MemBudget>,
+    mem_waiters: Vec<u32>,
     egress: Vec<u32>,
     egress_spare: Vec<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
@@ -287,6 +294,8 @@ impl Stack {
             ports: HashSet::default(),
             freed_ports: Vec::new(),
             cookie_ports: Vec::new(),
+            mem: crate::tcp::MemBudget::new(cfg.tcp_mem_limit),
+            mem_waiters: Vec::new(),
             egress: Vec::with_capacity(cfg.batch * 2),
             egress_spare: Vec::with_capacity(cfg.batch * 2),
             timers: BinaryHeap::with_capacity(cfg.flows),
@@ -325,6 +334,8 @@ impl Stack {
             tcp,
             udp,
             frag: self.frag.stats(),
+            tcp_mem: self.mem.used() as u64,
+            tcp_mem_limited: self.mem.limited(),
             ..self.stats
         }
     }
@@ -346,7 +357,8 @@ impl Stack {
         }
     }
 
-    fn insert_tcp(&mut self, conn: Conn, setup: impl FnOnce(&mut Flow)) -> u32 {
+    fn insert_tcp(&mut self, mut conn: Conn, setup: impl FnOnce(&mut Flow)) -> u32 {
+        conn.set_mem(&self.mem);
         let port = conn.local().port;
         self.insert(Sock::Tcp(Box::new(conn)), Proto::Tcp, port, setup)
     }

@@ -203,7 +203,7 @@ impl Stack {
         buf: &[u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
-        self.poll_tcp(id, |c| {
+        let r = self.poll_tcp(id, |c| {
             if let Some(kind) = c.error() {
                 return (Poll::Ready(Err(ended(kind))), false);
             }
@@ -226,7 +226,11 @@ impl Stack {
                 }
                 (Poll::Pending, false)
             }
-        })
+        });
+        if r.is_pending() {
+            self.wait_for_memory(id);
+        }
+        r
     }
 
     /// Bytes TCP flow `id` can take into its send buffer now.

@@ -140,9 +140,10 @@ impl Conn {
         if now - self.rcv_space_at < rtt {
             return;
         }
-        let target = 2 * self.rcv_space + 16 * self.smss;
-        if target > self.rcv_cap {
-            self.rcv_cap = target.min(self.rcv_max());
+        let target = (2 * self.rcv_space + 16 * self.smss).min(self.rcv_max());
+        // Under the stack's memory cap the window stops growing (what it promised stands).
+        if target > self.rcv_cap && self.rcv.affordable(target, target) >= target {
+            self.rcv_cap = target;
         }
         self.rcv_space = 0;
         self.rcv_space_at = now;

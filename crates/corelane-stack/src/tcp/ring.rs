@@ -8,8 +8,13 @@
 //! goes back to the pool when freed, so a request/response connection that empties its rings
 //! after every exchange takes and returns one without touching the allocator, and an idle
 //! connection holds none.
+//!
+//! The rings of one stack count what they hold in its [`MemBudget`], which may cap it: past
+//! the cap a ring does not grow (a writer waits, a receive window stops growing).
 
 use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// The size of a ring's first buffer, the unit the pool keeps.
 pub(crate) const SMALL: usize = 4096;
@@ -42,6 +47,62 @@ pub(crate) fn pooled() -> usize {
     POOL.with_borrow(|p| p.len())
 }
 
+/// The bytes the rings of one stack (one core) hold, and the most they may (`cap`).
+#[derive(Debug)]
+pub(crate) struct MemBudget {
+    used: AtomicUsize,
+    cap: usize,
+    limited: AtomicU64,
+}
+
+impl MemBudget {
+    /// A budget of `cap` bytes (None: no cap, only the count).
+    pub(crate) fn new(cap: Option<usize>) -> Arc<MemBudget> {
+        Arc::new(MemBudget {
+            used: AtomicUsize::new(0),
+            cap: cap.unwrap_or(usize::MAX),
+            limited: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes held now.
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Times a ring was refused room because of the cap.
+    pub(crate) fn limited(&self) -> u64 {
+        self.limited.load(Ordering::Relaxed)
+    }
+
+    /// True when `more` bytes would not fit under the cap.
+    pub(crate) fn over(&self, more: usize) -> bool {
+        self.used().saturating_add(more) > self.cap
+    }
+
+    /// Bytes that still fit under the cap.
+    fn room(&self) -> usize {
+        self.cap.saturating_sub(self.used())
+    }
+
+    fn refused(&self) {
+        self.limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn add(&self, n: usize) {
+        self.used.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        // Saturating: a ring given its budget after it allocated never counted that much.
+        let _ = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(n))
+            });
+    }
+}
+
 /// The ring. `len` bytes from `head` are the readable (or unacknowledged) part; positions past
 /// it may hold out-of-order bytes written with [`Ring::write_at`].
 #[derive(Debug, Default)]
@@ -49,6 +110,13 @@ pub(crate) struct Ring {
     buf: Vec<u8>,
     head: usize,
     len: usize,
+    mem: Option<Arc<MemBudget>>,
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        self.free();
+    }
 }
 
 impl Ring {
@@ -70,11 +138,53 @@ impl Ring {
         self.buf.len()
     }
 
+    /// Counts this ring's memory in `mem` from now on.
+    pub(crate) fn set_budget(&mut self, mem: &Arc<MemBudget>) {
+        if let Some(old) = &self.mem {
+            old.sub(self.buf.len());
+        }
+        mem.add(self.buf.len());
+        self.mem = Some(mem.clone());
+    }
+
     /// Gives the memory back (the contents are lost): a small buffer to the pool.
     pub(crate) fn free(&mut self) {
+        if let Some(m) = &self.mem {
+            m.sub(self.buf.len());
+        }
         give_back(std::mem::take(&mut self.buf));
         self.head = 0;
         self.len = 0;
+    }
+
+    /// The capacity [`Ring::reserve_total`] would grow to for `cap` bytes under `limit`.
+    fn grown(&self, cap: usize, limit: usize) -> usize {
+        let old = self.buf.len();
+        if cap <= old {
+            old
+        } else {
+            cap.max((old * 2).max(SMALL).min(limit))
+        }
+    }
+
+    /// True when its budget has no room left at all.
+    pub(crate) fn budget_exhausted(&self) -> bool {
+        self.mem.as_ref().is_some_and(|m| m.room() == 0)
+    }
+
+    /// The most the ring may hold in all when asked for `cap` bytes under `limit` (what
+    /// [`Ring::reserve_total`] would grow it to), as far as its budget's cap allows; a cut
+    /// counts as a refusal. Never less than what it holds now.
+    pub(crate) fn affordable(&self, cap: usize, limit: usize) -> usize {
+        let old = self.buf.len();
+        let want = self.grown(cap, limit);
+        match &self.mem {
+            Some(m) if want > old && m.over(want - old) => {
+                m.refused();
+                old + m.room()
+            }
+            _ => want,
+        }
     }
 
     /// Makes room for `cap` bytes in all (never shrinks), keeping the contents and anything
@@ -85,7 +195,10 @@ impl Ring {
         if cap <= old {
             return;
         }
-        let cap = cap.max((old * 2).max(SMALL).min(limit));
+        let cap = self.grown(cap, limit);
+        if let Some(m) = &self.mem {
+            m.add(cap - old);
+        }
         if old == 0 && cap == SMALL {
             self.buf = take_small();
             self.head = 0;
@@ -215,5 +328,35 @@ mod tests {
         assert_eq!(small.capacity(), 1024);
         small.free();
         assert_eq!(super::pooled(), before + 1);
+    }
+
+    #[test]
+    fn a_budget_counts_what_its_rings_hold_and_caps_their_growth() {
+        let mem = super::MemBudget::new(Some(3 * super::SMALL));
+        let (mut a, mut b) = (Ring::default(), Ring::default());
+        a.reserve_total(10, 1 << 20);
+        // Given a budget after allocating: what it holds counts from then on.
+        a.set_budget(&mem);
+        b.set_budget(&mem);
+        assert_eq!(mem.used(), super::SMALL);
+        // b asks for 4 buffers' worth; 2 fit.
+        let total = b.affordable(4 * super::SMALL, 1 << 20);
+        assert_eq!(total, 2 * super::SMALL);
+        assert_eq!(mem.limited(), 1);
+        b.reserve_total(total, total);
+        assert_eq!(mem.used(), 3 * super::SMALL);
+        assert!(b.budget_exhausted());
+        // Freeing and dropping give it back.
+        a.free();
+        assert_eq!(mem.used(), 2 * super::SMALL);
+        drop(b);
+        assert_eq!(mem.used(), 0);
+        // Without a cap nothing is refused, everything is counted.
+        let open = super::MemBudget::new(None);
+        let mut c = Ring::default();
+        c.set_budget(&open);
+        assert_eq!(c.affordable(1 << 20, 1 << 20), 1 << 20);
+        c.reserve_total(1 << 20, 1 << 20);
+        assert_eq!((open.used(), open.limited()), (1 << 20, 0));
     }
 }

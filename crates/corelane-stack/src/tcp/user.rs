@@ -120,14 +120,36 @@ impl Conn {
 
     /// Queues as much of `data` as fits. Returns the count.
     pub(crate) fn write(&mut self, data: &[u8]) -> usize {
-        let n = data.len().min(self.send_room());
+        let mut n = data.len().min(self.send_room());
         if n == 0 {
             return 0;
         }
-        self.snd
-            .reserve_total(self.snd.len() + n, self.sizes.tx_max);
+        // Under the stack's memory cap the buffer grows only as far as the cap allows (a writer
+        // that gets nothing waits for memory to be given back).
+        let total = self.snd.affordable(self.snd.len() + n, self.sizes.tx_max);
+        n = n.min(total.saturating_sub(self.snd.len()));
+        if n == 0 {
+            return 0;
+        }
+        self.snd.reserve_total(self.snd.len() + n, total);
         self.snd.push(&data[..n]);
         n
+    }
+
+    /// Counts this connection's buffers in the stack's `mem` (before either holds anything).
+    pub(crate) fn set_mem(&mut self, mem: &std::sync::Arc<super::ring::MemBudget>) {
+        self.snd.set_budget(mem);
+        self.rcv.set_budget(mem);
+    }
+
+    /// True when a write would take bytes but the memory cap refuses the room for them.
+    pub(crate) fn write_blocked_by_memory(&self) -> bool {
+        self.send_room() > 0 && self.snd.capacity() == self.snd.len() && self.snd.budget_exhausted()
+    }
+
+    /// Wakes a writer (one that waited for memory to be given back).
+    pub(crate) fn wake_writer(&mut self) {
+        self.wake_tx();
     }
 
     /// Closes for writing: a FIN follows the queued data.

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant as StdInstant};
 
 use corelane_stack::smoltcp::time::Instant;
-use corelane_stack::{Pipeline, Proto};
+use corelane_stack::{Pipeline, Proto, TIMED_EVERY};
 use corelane_xsk::FrameIo as _;
 use corelane_xsk::XskQueue;
 use tokio::io::unix::AsyncFd;
@@ -45,6 +45,8 @@ pub(crate) struct Driver {
     pub(crate) cookie_ports: Vec<u16>,
     /// When this core next looks whether a SYN flood is over.
     pub(crate) cookie_check_at: Option<StdInstant>,
+    /// Yields to the tasks so far.
+    pub(crate) yields: u64,
 }
 
 impl Driver {
@@ -267,10 +269,16 @@ impl Driver {
         }
     }
 
-    async fn yield_to_tasks(&self) {
+    /// Lets the core's tasks run; one yield in [`TIMED_EVERY`] is timed (and counts for that
+    /// many), as the pipeline's stages are.
+    async fn yield_to_tasks(&mut self) {
+        self.yields += 1;
+        if !self.yields.is_multiple_of(TIMED_EVERY) {
+            return tokio::task::yield_now().await;
+        }
         let t = StdInstant::now();
         tokio::task::yield_now().await;
-        self.core.stats().tasks.record(1, t);
+        self.core.stats().tasks.record_weighted(t, TIMED_EVERY);
     }
 
     /// Keeps the pipeline (and, by yielding, the core's tasks) running until nothing is left

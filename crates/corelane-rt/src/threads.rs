@@ -125,6 +125,7 @@ impl Runtime {
                 .map(|w| crate::publish::Publish::new(w, info.index)),
             cookie_ports: Vec::new(),
             cookie_check_at: None,
+            yields: 0,
         };
         let linger = self.cfg.linger;
         if let Some(app) = app {

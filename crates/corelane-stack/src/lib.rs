@@ -40,7 +40,9 @@ pub use corelane_frame::Proto;
 pub use device::{DeviceStats, RxToken, TxToken, XdpDevice};
 pub use flows::FlowTable;
 pub use node::{Node, Pair};
-pub use pipeline::{Alone, Disposition, Peers, Pipeline, PipelineStats, Stage, Turn, Unclaimed};
+pub use pipeline::{
+    Alone, Disposition, Peers, Pipeline, PipelineStats, Stage, TIMED_EVERY, Turn, Unclaimed,
+};
 pub use smoltcp;
 pub use stack::{AcceptOptions, FlowId, Stack, StackStats, SynCookieTemplate, TcpInfo};
 pub use tcp::{Congestion, EcnMode, TcpConfig, TcpState, TcpStats};

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::echo_once;
 
 use corelane::{Runtime, StackStats};
-use corelane_testnet::{SynFlood, VethPair, require_root};
+use corelane_testnet::{VethPair, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CORELANE: &str = "10.84.0.3";
@@ -105,30 +105,15 @@ fn a_syn_flood_leaves_the_listener_serving_with_bounded_memory() -> Result<(), S
         .run(move || echo_once(addr))
         .map_err(|e| e.to_string())??;
     let rss_before = rss_kib();
-    let mac = net
-        .server_ns()
-        .mac(net.server_if())
-        .map_err(|e| e.to_string())?;
-    // Bounded: at most 3 seconds and 2 million SYNs; stopped once the client is done.
-    let flood = SynFlood::builder(target, mac)
-        .limit(2_000_000, Duration::from_secs(3))
-        .start(net.client_ns(), net.client_if())
-        .map_err(|e| e.to_string())?;
-    std::thread::sleep(Duration::from_millis(200));
-    // Ten real connections during the flood, one every 50 ms.
-    let tries = net
-        .client_ns()
-        .run(move || {
-            (0..10)
-                .map(|_| {
-                    let r = echo_once(addr);
-                    std::thread::sleep(Duration::from_millis(50));
-                    r
-                })
-                .collect::<Vec<_>>()
-        })
-        .map_err(|e| e.to_string())?;
-    let report = flood.stop().map_err(|e| e.to_string())?;
+    // Bounded: at most 3 seconds and 2 million SYNs; stopped once the client is done. Ten real
+    // connections during it, one every 50 ms.
+    let (report, tries) = common::flood_and_connect(
+        &net,
+        target,
+        2_000_000,
+        Duration::from_secs(3),
+        Duration::from_millis(200),
+    )?;
     let (took, failures): (Vec<_>, Vec<_>) = tries.into_iter().partition(Result::is_ok);
     let took: Vec<Duration> = took.into_iter().flatten().collect();
     let rss_after = rss_kib();

@@ -5,14 +5,16 @@
 //! its window with nothing lost and nothing resent; the kernel client sends 8 MiB to corelane:
 //! corelane sees the marks and echoes them. Every byte arrives intact both ways.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::{payload, sha256 as sha};
 use corelane::{Runtime, TcpStats};
 use corelane_testnet::{Loss, LossyPath, require_root};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const KERNEL: &str = "10.83.0.1";
@@ -21,13 +23,7 @@ const CORELANE: &str = "10.83.0.3";
 const N: usize = 8 << 20;
 
 fn data() -> Vec<u8> {
-    (0..N)
-        .map(|i| (i.wrapping_mul(151) ^ (i >> 9)) as u8)
-        .collect()
-}
-
-fn sha(b: &[u8]) -> [u8; 32] {
-    Sha256::digest(b).into()
+    payload(N, 151)
 }
 
 /// What the corelane side reports for each of its two connections.

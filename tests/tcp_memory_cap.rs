@@ -3,14 +3,16 @@
 //! cap wait and are woken as buffers are given back; every byte arrives intact, the buffers
 //! never hold more than the cap, and the refusals are counted.
 
+mod common;
+
 use std::io::Read;
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use common::{payload, sha256};
 use corelane::Runtime;
 use corelane_testnet::{VethPair, require_root};
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 const CORELANE: &str = "10.87.0.3";
@@ -19,9 +21,7 @@ const N: usize = 2 << 20;
 const CLIENTS: usize = 8;
 
 fn data() -> Vec<u8> {
-    (0..N)
-        .map(|i| (i.wrapping_mul(7) ^ (i >> 13)) as u8)
-        .collect()
+    payload(N, 7)
 }
 
 #[test]
@@ -85,7 +85,7 @@ fn a_core_under_a_memory_cap_serves_every_client_within_it() {
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .expect("listening");
-    let want: [u8; 32] = Sha256::digest(data()).into();
+    let want = sha256(&data());
     let got = net
         .client_ns()
         .run(|| {
@@ -97,7 +97,7 @@ fn a_core_under_a_memory_cap_serves_every_client_within_it() {
                             .expect("timeout");
                         let mut v = Vec::with_capacity(N);
                         s.read_to_end(&mut v).expect("receive");
-                        <[u8; 32]>::from(Sha256::digest(&v))
+                        sha256(&v)
                     })
                 })
                 .collect();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::echo_once;
 use corelane::{Runtime, StackStats};
-use corelane_testnet::{SynFlood, VethPair, require_root};
+use corelane_testnet::{VethPair, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CORELANE: &str = "10.86.0.3";
@@ -34,20 +34,7 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
     // program of its own: corelane's, owning nothing, passes everything.
     let object = concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o");
     net.client_ns()
-        .exec(
-            "ip",
-            &[
-                "link",
-                "set",
-                "dev",
-                net.client_if(),
-                "xdpdrv",
-                "obj",
-                object,
-                "sec",
-                "xdp",
-            ],
-        )
+        .attach_xdp(net.client_if(), object)
         .map_err(|e| e.to_string())?;
     // The stack's counters at every accept.
     let seen: Arc<Mutex<Vec<StackStats>>> = Arc::default();
@@ -106,31 +93,16 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
     net.client_ns()
         .run(move || echo_once(addr))
         .map_err(|e| e.to_string())??;
-    let mac = net
-        .server_ns()
-        .mac(net.server_if())
-        .map_err(|e| e.to_string())?;
-    // Bounded: at most 2 seconds and 3 million SYNs (the time ends it first here).
+    // Bounded: at most 2 seconds and 3 million SYNs (the time ends it first here); real
+    // connections from 300 ms on.
     let target = format!("{CORELANE}:7").parse().map_err(|_| "addr")?;
-    let flood = SynFlood::builder(target, mac)
-        .limit(3_000_000, Duration::from_secs(2))
-        .start(net.client_ns(), net.client_if())
-        .map_err(|e| e.to_string())?;
-    std::thread::sleep(Duration::from_millis(300));
-    // Real connections during the flood.
-    let tries = net
-        .client_ns()
-        .run(move || {
-            (0..10)
-                .map(|_| {
-                    let r = echo_once(addr);
-                    std::thread::sleep(Duration::from_millis(50));
-                    r
-                })
-                .collect::<Vec<_>>()
-        })
-        .map_err(|e| e.to_string())?;
-    let flooded = flood.stop().map_err(|e| e.to_string())?;
+    let (flooded, tries) = common::flood_and_connect(
+        &net,
+        target,
+        3_000_000,
+        Duration::from_secs(2),
+        Duration::from_millis(300),
+    )?;
     std::thread::sleep(Duration::from_millis(50));
     stop.stop();
     let report = server.join().map_err(|e| e.to_string())??;

@@ -302,6 +302,42 @@ pub fn echo_once(addr: SocketAddr) -> Result<Duration, String> {
     Ok(took)
 }
 
+/// Floods `target` from the client end (at most `syns` SYNs in `time`), and once it has run
+/// `settle`, connects and echoes ten times, 50 ms apart; returns the flood's report and how
+/// each connection went.
+pub fn flood_and_connect(
+    net: &VethPair,
+    target: std::net::SocketAddrV4,
+    syns: u64,
+    time: Duration,
+    settle: Duration,
+) -> Result<(corelane_testnet::FloodReport, Vec<Result<Duration, String>>), String> {
+    let mac = net
+        .server_ns()
+        .mac(net.server_if())
+        .map_err(|e| e.to_string())?;
+    let flood = corelane_testnet::SynFlood::builder(target, mac)
+        .limit(syns, time)
+        .start(net.client_ns(), net.client_if())
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(settle);
+    let addr = SocketAddr::V4(target);
+    let tries = net
+        .client_ns()
+        .run(move || {
+            (0..10)
+                .map(|_| {
+                    let r = echo_once(addr);
+                    std::thread::sleep(Duration::from_millis(50));
+                    r
+                })
+                .collect::<Vec<_>>()
+        })
+        .map_err(|e| e.to_string())?;
+    let report = flood.stop().map_err(|e| e.to_string())?;
+    Ok((report, tries))
+}
+
 pub fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }

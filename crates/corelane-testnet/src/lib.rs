@@ -283,6 +283,16 @@ impl Netns {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Attaches the XDP program of the object file `object` (section `xdp`) to `ifname` in
+    /// native mode. On veth a peer needs one for the other end's XDP_TX to reach it; corelane's
+    /// own object, owning nothing, passes everything.
+    pub fn attach_xdp(&self, ifname: &str, object: &str) -> Result<()> {
+        let args = [
+            "link", "set", "dev", ifname, "xdpdrv", "obj", object, "sec", "xdp",
+        ];
+        self.exec("ip", &args).map(|_| ())
+    }
+
     /// Moves the calling thread into this namespace for good. Use [`Netns::run`] or
     /// [`Netns::spawn`] to keep the caller where it is.
     pub fn enter_current_thread(&self) -> Result<()> {

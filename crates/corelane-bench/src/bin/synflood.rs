@@ -256,20 +256,7 @@ fn run(args: &Args) -> Result<(), String> {
     // veth delivers XDP_TX (corelane's SYN-ACKs under a flood) only to a peer that runs an XDP
     // program itself: corelane's, owning nothing, passes everything. Every setup has it.
     net.client_ns()
-        .exec(
-            "ip",
-            &[
-                "link",
-                "set",
-                "dev",
-                net.client_if(),
-                "xdpdrv",
-                "obj",
-                XDP_OBJECT,
-                "sec",
-                "xdp",
-            ],
-        )
+        .attach_xdp(net.client_if(), XDP_OBJECT)
         .map_err(|e| format!("an XDP program on the client end: {e}"))?;
     let mut outcomes = Vec::new();
     for setup in &args.setups {

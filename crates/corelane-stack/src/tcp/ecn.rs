@@ -8,7 +8,7 @@
 //! (and not CWR) agrees. Only new data segments are ECN-capable (ECT(0)): never the SYN or
 //! SYN-ACK, pure ACKs, retransmissions or window probes (section 6.1.5 and 6.1.6).
 
-use super::conn::{Conn, Recovery};
+use super::conn::Conn;
 
 /// The ECN-Echo flag.
 pub(crate) const ECE: u8 = 0x40;
@@ -126,17 +126,9 @@ impl Conn {
         if !(self.ecn.ok && e.ece) || self.recovery.is_some() {
             return;
         }
-        let flight = self.board.in_flight() + self.board.lost();
-        self.cc.on_loss(flight);
         // A D-SACK proves nothing about a mark: no undo of this reduction.
         self.undo = None;
-        self.recovery = Some(Recovery {
-            recover: self.snd_nxt,
-            timeout: false,
-            prr_delivered: 0,
-            prr_out: 0,
-            recover_fs: self.snd_nxt.since(self.snd_una),
-        });
+        self.enter_recovery();
         self.ecn.cwr_due = true;
         self.stats.ecn_reductions += 1;
     }

@@ -399,20 +399,12 @@ impl Conn {
             self.board.mark_first_lost();
         }
         if self.board.lost() > 0 && self.recovery.is_none() {
-            let flight = self.board.in_flight() + self.board.lost();
             self.undo = Some(Undo {
                 prior: self.cc.clone(),
                 left: 0,
                 from: self.snd_una,
             });
-            self.cc.on_loss(flight);
-            self.recovery = Some(Recovery {
-                recover: self.snd_nxt,
-                timeout: false,
-                prr_delivered: 0,
-                prr_out: 0,
-                recover_fs: self.snd_nxt.since(self.snd_una),
-            });
+            self.enter_recovery();
             self.stats.fast_recoveries += 1;
             self.tlp_at = None;
             self.reo_quiet += 1;
@@ -421,6 +413,20 @@ impl Conn {
                 self.reo_quiet = 0;
             }
         }
+    }
+
+    /// Reduces the window for congestion (a loss, or an ECN-Echo) and starts the episode in
+    /// which PRR brings it down over the next round trip, until what is sent now is acked.
+    pub(super) fn enter_recovery(&mut self) {
+        let flight = self.board.in_flight() + self.board.lost();
+        self.cc.on_loss(flight);
+        self.recovery = Some(Recovery {
+            recover: self.snd_nxt,
+            timeout: false,
+            prr_delivered: 0,
+            prr_out: 0,
+            recover_fs: self.snd_nxt.since(self.snd_una),
+        });
     }
 
     /// A D-SACK: the path reorders more than the window allowed for; widen it by a quarter

@@ -39,6 +39,15 @@ pub(crate) fn cpu_busy() -> Result<Vec<f64>, String> {
     Ok(out)
 }
 
+/// Busy seconds between two [`cpu_busy`] readings: of the server CPUs, and of every CPU.
+fn busy_between(before: &[f64], after: &[f64], server: &[usize]) -> (f64, f64) {
+    let busy = |c: usize| after.get(c).unwrap_or(&0.0) - before.get(c).unwrap_or(&0.0);
+    (
+        server.iter().map(|&c| busy(c)).sum(),
+        (0..after.len()).map(busy).sum(),
+    )
+}
+
 // ----- one run ------------------------------------------------------------------------------
 
 /// One run's figures.
@@ -138,12 +147,7 @@ pub(crate) fn one_run(
             out.errors
         );
     }
-    let busy = |cpus: &mut dyn Iterator<Item = usize>| -> f64 {
-        cpus.map(|c| after.get(c).unwrap_or(&0.0) - before.get(c).unwrap_or(&0.0))
-            .sum()
-    };
-    let server_cpu_s = busy(&mut ctx.server_cpus.iter().copied());
-    let machine_cpu_s = busy(&mut (0..after.len()));
+    let (server_cpu_s, machine_cpu_s) = busy_between(&before, &after, &ctx.server_cpus);
     out.lat_ns.sort_unstable();
     let pct = |q: f64| -> f64 {
         if out.lat_ns.is_empty() {
@@ -186,12 +190,7 @@ fn http_run(ctx: &Ctx<'_>, server: &str, conns: usize) -> Result<Sample, String>
             out.errors
         ));
     }
-    let busy = |cpus: &mut dyn Iterator<Item = usize>| -> f64 {
-        cpus.map(|c| after.get(c).unwrap_or(&0.0) - before.get(c).unwrap_or(&0.0))
-            .sum()
-    };
-    let server_cpu_s = busy(&mut ctx.server_cpus.iter().copied());
-    let machine_cpu_s = busy(&mut (0..after.len()));
+    let (server_cpu_s, machine_cpu_s) = busy_between(&before, &after, &ctx.server_cpus);
     let millions = (out.requests as f64 / 1e6).max(1e-12);
     Ok(Sample {
         rate: out.requests as f64 / out.secs,

@@ -221,7 +221,10 @@ pub fn find(run_dir: &Path, netns: Option<&str>) -> Vec<PathBuf> {
 pub fn is_gauge(name: &str) -> bool {
     name.starts_with("frames_")
         || name.starts_with("batch_")
-        || matches!(name, "fill_target" | "flows" | "neighbors")
+        || matches!(
+            name,
+            "fill_target" | "flows" | "neighbors" | "tcp_mem_bytes"
+        )
 }
 
 /// The statistics in Prometheus' text exposition format (version 0.0.4): one metric per

@@ -42,60 +42,52 @@ fn a_syn_flood_leaves_the_listener_serving_with_bounded_memory() -> Result<(), S
         .build()
         .map_err(|e| e.to_string())?;
     let seen: Arc<Mutex<Vec<StackStats>>> = Arc::default();
-    let (stop_tx, stop_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel();
     let ifname = net.server_if().to_string();
     let samples = seen.clone();
-    let server = net
-        .server_ns()
-        .spawn(move || -> Result<(), String> {
-            let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24"))
-                .cpus(vec![0])
-                .backlog(BACKLOG)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = stop_tx.send(rt.stop_handle());
-            let ready_tx = Mutex::new(ready_tx);
-            let samples = Mutex::new(samples);
-            rt.run(|_| {
-                let l = corelane::net::TcpListener::bind(7).map_err(|e| e.to_string());
-                let _ = ready_tx
-                    .lock()
-                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
-                let samples = samples.lock().map(|s| s.clone()).ok();
-                async move {
-                    let (Ok(l), Some(samples)) = (l, samples) else {
-                        return;
-                    };
-                    // Every 20 ms, what the stack holds.
+    let builder = move || {
+        Runtime::builder(&ifname)
+            .addr(format!("{CORELANE}/24"))
+            .cpus(vec![0])
+            .backlog(BACKLOG)
+    };
+    let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
+        let ready_tx = Mutex::new(ready_tx);
+        let samples = Mutex::new(samples);
+        rt.run(|_| {
+            let l = corelane::net::TcpListener::bind(7).map_err(|e| e.to_string());
+            let _ = ready_tx
+                .lock()
+                .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+            let samples = samples.lock().map(|s| s.clone()).ok();
+            async move {
+                let (Ok(l), Some(samples)) = (l, samples) else {
+                    return;
+                };
+                // Every 20 ms, what the stack holds.
+                tokio::task::spawn_local(async move {
+                    loop {
+                        if let (Some(s), Ok(mut v)) = (corelane::core_stats(), samples.lock()) {
+                            v.push(s.stack);
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                });
+                while let Ok((mut s, _)) = l.accept().await {
                     tokio::task::spawn_local(async move {
-                        loop {
-                            if let (Some(s), Ok(mut v)) = (corelane::core_stats(), samples.lock()) {
-                                v.push(s.stack);
+                        let mut buf = [0u8; 64];
+                        while let Ok(n) = s.read(&mut buf).await {
+                            if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                                break;
                             }
-                            tokio::time::sleep(Duration::from_millis(20)).await;
                         }
                     });
-                    while let Ok((mut s, _)) = l.accept().await {
-                        tokio::task::spawn_local(async move {
-                            let mut buf = [0u8; 64];
-                            while let Ok(n) = s.read(&mut buf).await {
-                                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                                    break;
-                                }
-                            }
-                        });
-                    }
                 }
-            })
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+            }
         })
-        .map_err(|e| e.to_string())?;
-    let stop = stop_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the server did not start")?;
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    })?;
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| "the server did not start")??;
@@ -121,7 +113,7 @@ fn a_syn_flood_leaves_the_listener_serving_with_bounded_memory() -> Result<(), S
     let after = net.client_ns().run(move || echo_once(addr));
     std::thread::sleep(Duration::from_millis(50));
     stop.stop();
-    server.join().map_err(|e| e.to_string())??;
+    server.join().map_err(|e| e.to_string())???;
     let samples = seen.lock().map_err(|_| "poisoned")?.clone();
     let max_flows = samples.iter().map(|s| s.flows).max().unwrap_or(0);
     let last = samples.last().cloned().unwrap_or_default();

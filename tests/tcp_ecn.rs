@@ -69,66 +69,59 @@ fn corelane_and_the_kernel_negotiate_ecn_and_act_on_marks_instead_of_losses() {
     net.set_mark(Loss::percent(2.0), Loss::percent(2.0))
         .expect("marking");
     let (tx, rx) = mpsc::channel::<Report>();
-    let (stop_tx, stop_rx) = mpsc::channel();
     let ifname = net.server_if().to_string();
-    let server = net
-        .server_ns()
-        .spawn(move || {
-            let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24"))
-                .cpus(vec![0])
-                .build()
-                .expect("runtime");
-            let _ = stop_tx.send(rt.stop_handle());
-            let tx = std::sync::Mutex::new(tx);
-            rt.run(|_| {
-                let tx = tx.lock().expect("lock").clone();
-                async move {
-                    let up = corelane::net::TcpListener::bind(5021).expect("bind");
-                    let down = corelane::net::TcpListener::bind(5020).expect("bind");
-                    // Connect only now: a SYN before the port is steered gets no answer, and
-                    // the kernel sends it again without asking for ECN (its fallback).
-                    let _ = tx.send(Report::Listening);
-                    let tx2 = tx.clone();
-                    let upload = tokio::task::spawn_local(async move {
-                        let r = async {
-                            let (mut s, _) = up.accept().await?;
-                            let mut v = Vec::with_capacity(N);
-                            s.read_to_end(&mut v).await?;
-                            s.shutdown().await?;
-                            Ok::<_, std::io::Error>((v, s.info()?.stats))
-                        }
-                        .await;
-                        let _ = tx2.send(match r {
-                            Ok((v, stats)) => Report::Received {
-                                hash: sha(&v),
-                                len: v.len(),
-                                stats,
-                            },
-                            Err(e) => Report::Failed(format!("receive: {e}")),
-                        });
-                    });
+    let builder = move || {
+        Runtime::builder(&ifname)
+            .addr(format!("{CORELANE}/24"))
+            .cpus(vec![0])
+    };
+    let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
+        let tx = std::sync::Mutex::new(tx);
+        rt.run(|_| {
+            let tx = tx.lock().expect("lock").clone();
+            async move {
+                let up = corelane::net::TcpListener::bind(5021).expect("bind");
+                let down = corelane::net::TcpListener::bind(5020).expect("bind");
+                // Connect only now: a SYN before the port is steered gets no answer, and
+                // the kernel sends it again without asking for ECN (its fallback).
+                let _ = tx.send(Report::Listening);
+                let tx2 = tx.clone();
+                let upload = tokio::task::spawn_local(async move {
                     let r = async {
-                        let (mut s, _) = down.accept().await?;
-                        s.write_all(&data()).await?;
+                        let (mut s, _) = up.accept().await?;
+                        let mut v = Vec::with_capacity(N);
+                        s.read_to_end(&mut v).await?;
                         s.shutdown().await?;
-                        let _ = s.read(&mut [0u8; 16]).await?;
-                        Ok::<_, std::io::Error>(s.info()?.stats)
+                        Ok::<_, std::io::Error>((v, s.info()?.stats))
                     }
                     .await;
-                    let _ = tx.send(match r {
-                        Ok(stats) => Report::Sent(stats),
-                        Err(e) => Report::Failed(format!("send: {e}")),
+                    let _ = tx2.send(match r {
+                        Ok((v, stats)) => Report::Received {
+                            hash: sha(&v),
+                            len: v.len(),
+                            stats,
+                        },
+                        Err(e) => Report::Failed(format!("receive: {e}")),
                     });
-                    let _ = upload.await;
+                });
+                let r = async {
+                    let (mut s, _) = down.accept().await?;
+                    s.write_all(&data()).await?;
+                    s.shutdown().await?;
+                    let _ = s.read(&mut [0u8; 16]).await?;
+                    Ok::<_, std::io::Error>(s.info()?.stats)
                 }
-            })
-            .expect("run");
+                .await;
+                let _ = tx.send(match r {
+                    Ok(stats) => Report::Sent(stats),
+                    Err(e) => Report::Failed(format!("send: {e}")),
+                });
+                let _ = upload.await;
+            }
         })
-        .expect("corelane");
-    let stop = stop_rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("started");
+        .expect("run");
+    })
+    .expect("corelane");
     assert!(matches!(
         rx.recv_timeout(Duration::from_secs(10)),
         Ok(Report::Listening)
@@ -167,7 +160,7 @@ fn corelane_and_the_kernel_negotiate_ecn_and_act_on_marks_instead_of_losses() {
     }
     let c = net.counters().expect("counters");
     stop.stop();
-    server.join().expect("corelane thread");
+    server.join().expect("corelane thread").expect("corelane");
     let sent = sent.expect("sent");
     let (hash, len, got_stats) = received.expect("received");
     assert_eq!(len, N);

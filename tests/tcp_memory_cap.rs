@@ -36,52 +36,45 @@ fn a_core_under_a_memory_cap_serves_every_client_within_it() {
         .expect("veth pair");
     // (most bytes held, refusals), sampled by the server every millisecond.
     let seen: Arc<Mutex<(u64, u64)>> = Arc::default();
-    let (stop_tx, stop_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel();
     let ifname = net.server_if().to_string();
     let samples = seen.clone();
-    let server = net
-        .server_ns()
-        .spawn(move || {
-            let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24"))
-                .cpus(vec![0])
-                .tcp_memory_limit(CAP)
-                .build()
-                .expect("runtime");
-            let _ = stop_tx.send(rt.stop_handle());
-            let ready_tx = Mutex::new(ready_tx);
-            let samples = Mutex::new(samples);
-            rt.run(|_| {
-                let l = corelane::net::TcpListener::bind(9).expect("bind");
-                let _ = ready_tx.lock().map(|t| t.send(()));
-                let samples = samples.lock().expect("lock").clone();
-                async move {
-                    tokio::task::spawn_local(async move {
-                        loop {
-                            if let (Some(s), Ok(mut v)) = (corelane::core_stats(), samples.lock()) {
-                                v.0 = v.0.max(s.stack.tcp_mem);
-                                v.1 = s.stack.tcp_mem_limited;
-                            }
-                            tokio::time::sleep(Duration::from_millis(1)).await;
+    let builder = move || {
+        Runtime::builder(&ifname)
+            .addr(format!("{CORELANE}/24"))
+            .cpus(vec![0])
+            .tcp_memory_limit(CAP)
+    };
+    let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
+        let ready_tx = Mutex::new(ready_tx);
+        let samples = Mutex::new(samples);
+        rt.run(|_| {
+            let l = corelane::net::TcpListener::bind(9).expect("bind");
+            let _ = ready_tx.lock().map(|t| t.send(()));
+            let samples = samples.lock().expect("lock").clone();
+            async move {
+                tokio::task::spawn_local(async move {
+                    loop {
+                        if let (Some(s), Ok(mut v)) = (corelane::core_stats(), samples.lock()) {
+                            v.0 = v.0.max(s.stack.tcp_mem);
+                            v.1 = s.stack.tcp_mem_limited;
                         }
-                    });
-                    let payload = std::rc::Rc::new(data());
-                    while let Ok((mut s, _)) = l.accept().await {
-                        let payload = payload.clone();
-                        tokio::task::spawn_local(async move {
-                            let _ = s.write_all(&payload).await;
-                            let _ = s.shutdown().await;
-                        });
+                        tokio::time::sleep(Duration::from_millis(1)).await;
                     }
+                });
+                let payload = std::rc::Rc::new(data());
+                while let Ok((mut s, _)) = l.accept().await {
+                    let payload = payload.clone();
+                    tokio::task::spawn_local(async move {
+                        let _ = s.write_all(&payload).await;
+                        let _ = s.shutdown().await;
+                    });
                 }
-            })
-            .expect("run");
+            }
         })
-        .expect("server");
-    let stop = stop_rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("started");
+        .expect("run");
+    })
+    .expect("server");
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .expect("listening");
@@ -109,7 +102,7 @@ fn a_core_under_a_memory_cap_serves_every_client_within_it() {
         .expect("clients");
     std::thread::sleep(Duration::from_millis(20));
     stop.stop();
-    server.join().expect("server thread");
+    server.join().expect("server thread").expect("server");
     assert_eq!(got.len(), CLIENTS);
     assert!(got.iter().all(|h| *h == want), "a download arrived changed");
     let (most, limited) = *seen.lock().expect("lock");

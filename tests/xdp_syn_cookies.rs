@@ -38,54 +38,46 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
         .map_err(|e| e.to_string())?;
     // The stack's counters at every accept.
     let seen: Arc<Mutex<Vec<StackStats>>> = Arc::default();
-    let (stop_tx, stop_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel();
     let ifname = net.server_if().to_string();
     let last = seen.clone();
-    let server = net
-        .server_ns()
-        .spawn(move || -> Result<corelane::RunReport, String> {
-            let rt = Runtime::builder(&ifname)
-                .addr(format!("{CORELANE}/24"))
-                .cpus(vec![0])
-                .backlog(BACKLOG)
-                .xdp_syn_cookies(true)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = stop_tx.send(rt.stop_handle());
-            let ready_tx = Mutex::new(ready_tx);
-            let last = Mutex::new(last);
-            rt.run(|_| {
-                let l = corelane::net::TcpListener::bind(7).map_err(|e| e.to_string());
-                let _ = ready_tx
-                    .lock()
-                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
-                let last = last.lock().map(|s| s.clone()).ok();
-                async move {
-                    let (Ok(l), Some(last)) = (l, last) else {
-                        return;
-                    };
-                    while let Ok((mut s, _)) = l.accept().await {
-                        if let (Some(st), Ok(mut v)) = (corelane::core_stats(), last.lock()) {
-                            v.push(st.stack);
-                        }
-                        tokio::task::spawn_local(async move {
-                            let mut buf = [0u8; 64];
-                            while let Ok(n) = s.read(&mut buf).await {
-                                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                                    break;
-                                }
-                            }
-                        });
+    let builder = move || {
+        Runtime::builder(&ifname)
+            .addr(format!("{CORELANE}/24"))
+            .cpus(vec![0])
+            .backlog(BACKLOG)
+            .xdp_syn_cookies(true)
+    };
+    let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
+        let ready_tx = Mutex::new(ready_tx);
+        let last = Mutex::new(last);
+        rt.run(|_| {
+            let l = corelane::net::TcpListener::bind(7).map_err(|e| e.to_string());
+            let _ = ready_tx
+                .lock()
+                .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+            let last = last.lock().map(|s| s.clone()).ok();
+            async move {
+                let (Ok(l), Some(last)) = (l, last) else {
+                    return;
+                };
+                while let Ok((mut s, _)) = l.accept().await {
+                    if let (Some(st), Ok(mut v)) = (corelane::core_stats(), last.lock()) {
+                        v.push(st.stack);
                     }
+                    tokio::task::spawn_local(async move {
+                        let mut buf = [0u8; 64];
+                        while let Ok(n) = s.read(&mut buf).await {
+                            if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
                 }
-            })
-            .map_err(|e| e.to_string())
+            }
         })
-        .map_err(|e| e.to_string())?;
-    let stop = stop_rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the server did not start")?;
+        .map_err(|e| e.to_string())
+    })?;
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| "the server did not start")??;
@@ -105,7 +97,7 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
     )?;
     std::thread::sleep(Duration::from_millis(50));
     stop.stop();
-    let report = server.join().map_err(|e| e.to_string())??;
+    let report = server.join().map_err(|e| e.to_string())???;
     let accepts = seen.lock().map_err(|_| "poisoned")?.clone();
     let stack = accepts.last().cloned().unwrap_or_default();
     eprintln!(

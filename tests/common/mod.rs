@@ -338,6 +338,37 @@ pub fn flood_and_connect(
     Ok((report, tries))
 }
 
+/// Builds the runtime `build` describes on a thread in `ns` and hands it to `run` there;
+/// returns, once it is built, the handle that stops it and the thread (whose result is `run`'s,
+/// or why the runtime could not be built).
+pub fn serve_in<T: Send + 'static>(
+    ns: &corelane_testnet::Netns,
+    build: impl FnOnce() -> corelane::Builder + Send + 'static,
+    run: impl FnOnce(corelane::Runtime) -> T + Send + 'static,
+) -> Result<
+    (
+        corelane::StopHandle,
+        corelane_testnet::NsThread<Result<T, String>>,
+    ),
+    String,
+> {
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    let thread = ns
+        .spawn(move || {
+            let rt = build().build().map_err(|e| e.to_string())?;
+            let _ = stop_tx.send(rt.stop_handle());
+            Ok(run(rt))
+        })
+        .map_err(|e| e.to_string())?;
+    match stop_rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(stop) => Ok((stop, thread)),
+        Err(_) => Err(match thread.join() {
+            Ok(Err(e)) => format!("the runtime did not start: {e}"),
+            _ => "the runtime did not start".to_string(),
+        }),
+    }
+}
+
 pub fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }

@@ -33,7 +33,9 @@ fn take_small() -> Vec<u8> {
 
 fn give_back(buf: Vec<u8>) {
     if buf.len() == SMALL {
-        POOL.with_borrow_mut(|p| {
+        // A ring dropped while its thread ends (the pool already gone) frees its buffer.
+        let _ = POOL.try_with(|p| {
+            let mut p = p.borrow_mut();
             if p.len() < POOL_MAX {
                 p.push(buf);
             }
@@ -358,5 +360,21 @@ mod tests {
         assert_eq!(c.affordable(1 << 20, 1 << 20), 1 << 20);
         c.reserve_total(1 << 20, 1 << 20);
         assert_eq!((open.used(), open.limited()), (1 << 20, 0));
+    }
+
+    #[test]
+    fn a_ring_dropped_as_its_thread_ends_frees_its_buffer_without_the_pool() {
+        thread_local! {
+            static HELD: std::cell::RefCell<Option<Ring>> = const { std::cell::RefCell::new(None) };
+        }
+        // HELD is set up before the pool, so its destructor runs after the pool's.
+        let t = std::thread::spawn(|| {
+            HELD.with_borrow_mut(|h| {
+                let mut r = Ring::default();
+                r.reserve_total(10, 1 << 20);
+                *h = Some(r);
+            });
+        });
+        assert!(t.join().is_ok());
     }
 }

@@ -14,7 +14,6 @@ use common::echo_once;
 
 use corelane::{Runtime, StackStats};
 use corelane_testnet::{VethPair, require_root};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CORELANE: &str = "10.84.0.3";
 const BACKLOG: usize = 64;
@@ -73,15 +72,8 @@ fn a_syn_flood_leaves_the_listener_serving_with_bounded_memory() -> Result<(), S
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 });
-                while let Ok((mut s, _)) = l.accept().await {
-                    tokio::task::spawn_local(async move {
-                        let mut buf = [0u8; 64];
-                        while let Ok(n) = s.read(&mut buf).await {
-                            if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                        }
-                    });
+                while let Ok((s, _)) = l.accept().await {
+                    tokio::task::spawn_local(common::echo_stream(s));
                 }
             }
         })

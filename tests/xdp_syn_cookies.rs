@@ -15,7 +15,6 @@ use std::time::Duration;
 use common::echo_once;
 use corelane::{Runtime, StackStats};
 use corelane_testnet::{VethPair, require_root};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CORELANE: &str = "10.86.0.3";
 const BACKLOG: usize = 16;
@@ -61,18 +60,11 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
                 let (Ok(l), Some(last)) = (l, last) else {
                     return;
                 };
-                while let Ok((mut s, _)) = l.accept().await {
+                while let Ok((s, _)) = l.accept().await {
                     if let (Some(st), Ok(mut v)) = (corelane::core_stats(), last.lock()) {
                         v.push(st.stack);
                     }
-                    tokio::task::spawn_local(async move {
-                        let mut buf = [0u8; 64];
-                        while let Ok(n) = s.read(&mut buf).await {
-                            if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                        }
-                    });
+                    tokio::task::spawn_local(common::echo_stream(s));
                 }
             }
         })

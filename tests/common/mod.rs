@@ -369,6 +369,17 @@ pub fn serve_in<T: Send + 'static>(
     }
 }
 
+/// Echoes what a corelane connection sends until it closes (or fails).
+pub async fn echo_stream(mut s: corelane::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = [0u8; 64];
+    while let Ok(n) = s.read(&mut buf).await {
+        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+}
+
 pub fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }

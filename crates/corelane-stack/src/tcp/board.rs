@@ -355,6 +355,16 @@ impl Board {
         self.lost - before
     }
 
+    /// The newest segment in flight (not delivered, not deemed lost): what a probe in recovery
+    /// sends again when there is no hole to fill and no new data.
+    pub(crate) fn newest_in_flight(&self) -> Option<(usize, TxSeg)> {
+        let i = self
+            .segs
+            .iter()
+            .rposition(|s| matches!(s.state, SegState::Sent | SegState::Retrans))?;
+        Some((i, self.segs[i]))
+    }
+
     /// The newest segment was sent again (a tail loss probe): it stays in flight.
     pub(crate) fn probe_last(&mut self, now: Instant) -> Option<TxSeg> {
         let s = self.segs.back_mut()?;

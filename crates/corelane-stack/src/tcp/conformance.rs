@@ -23,7 +23,7 @@ pub(super) struct Sent {
     window: u16,
     pub(super) len: usize,
     sack: Vec<(u32, u32)>,
-    ts: Option<(u32, u32)>,
+    pub(super) ts: Option<(u32, u32)>,
     mss: Option<u16>,
     wscale: Option<u8>,
     sack_perm: bool,

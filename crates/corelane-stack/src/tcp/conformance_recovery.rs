@@ -62,6 +62,8 @@ fn a_tail_loss_is_probed_before_the_retransmission_timer() {
 #[test]
 fn the_retransmission_timer_backs_off_from_a_200_ms_floor() {
     let (mut s, una) = ten_in_flight();
+    // The timer alone (the recovery probe would send the next hole between expiries).
+    s.c.cfg.recovery_probe = false;
     // A fast path: SRTT far below the floor.
     s.c.rtt.sample(Duration::from_micros(50));
     s.c.tlp_at = None;
@@ -153,4 +155,131 @@ fn icmp_unreachable_refuses_an_opening_connection_or_is_reported_when_it_times_o
         s.out();
     }
     assert_eq!(s.c.error(), Some(std::io::ErrorKind::HostUnreachable));
+}
+
+/// `ten_in_flight` on a 1 ms path.
+fn ten_in_flight_1ms() -> (Script, u32) {
+    let (mut s, una) = ten_in_flight();
+    for _ in 0..16 {
+        s.c.rtt.sample(Duration::from_millis(1));
+    }
+    s.c.arm_tlp(s.now);
+    (s, una)
+}
+
+#[test]
+fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_timer() {
+    let (mut s, una) = ten_in_flight_1ms();
+    s.c.write(&[9u8; 3000]);
+    s.advance(Duration::from_millis(2));
+    // Segment 0 lost, 1..10 arrive: it is resent, with the new data PRR allows.
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 1000, una + 10_000));
+    s.input(ack);
+    let out = s.out();
+    let seqs: Vec<u32> = out.iter().map(|o| o.seq).collect();
+    assert_eq!(seqs, vec![una, una + 10_000, una + 11_000, una + 12_000]);
+    // All of that is lost: nothing comes back. Two SRTT later (10 ms at least), one probe:
+    // no hole is left and no data is new, so the newest segment in flight goes again.
+    let d = s.jump();
+    assert_eq!(d, Duration::from_millis(10));
+    let out = s.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].seq, una + 12_000);
+    assert_eq!(s.c.stats.recovery_probes, 1);
+    assert_eq!(s.c.stats.tail_probes, 0);
+    // Silence again: no second probe, the retransmission timer is next.
+    assert!(s.c.tlp_at.is_none());
+    // The probe arrives: its SACK tells RACK that everything sent before it is lost, the
+    // retransmission of segment 0 included, long before the 200 ms timer.
+    s.advance(Duration::from_millis(1));
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 12_000, una + 13_000));
+    ack.sack[1] = Some((una + 1000, una + 10_000));
+    s.input(ack);
+    let out = s.out();
+    assert_eq!(out.first().map(|o| o.seq), Some(una), "{out:?}");
+    assert_eq!(s.c.stats.rto_expiries, 0);
+    // Without the probe the timer would have been the only way out.
+    let (mut s, una) = ten_in_flight_1ms();
+    s.c.cfg.recovery_probe = false;
+    s.advance(Duration::from_millis(2));
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 1000, una + 10_000));
+    s.input(ack);
+    assert_eq!(s.out().len(), 1);
+    let d = s.jump();
+    // Armed when the flight went out, 2 ms before the SACK.
+    assert_eq!(d, Duration::from_millis(198));
+    assert_eq!(s.out()[0].seq, una);
+    assert_eq!(s.c.stats.rto_expiries, 1);
+    assert_eq!(s.c.stats.recovery_probes, 0);
+}
+
+#[test]
+fn after_a_timeout_a_probe_sends_the_next_hole_and_a_lost_retransmission_waits_no_doubled_timer() {
+    let (mut s, una) = ten_in_flight_1ms();
+    s.c.tlp_at = None;
+    s.c.tlp_out = true;
+    // The whole flight is lost: the timer, then the first segment alone (a window of one).
+    let d = s.jump();
+    assert_eq!(d, Duration::from_millis(200));
+    let out = s.out();
+    assert_eq!(out.iter().map(|o| o.seq).collect::<Vec<_>>(), vec![una]);
+    assert_eq!(s.c.rtt.rto(), Duration::from_millis(400), "backed off");
+    // That is lost too. 10 ms on, the probe: the next hole.
+    let d = s.jump();
+    assert_eq!(d, Duration::from_millis(10));
+    let out = s.out();
+    assert_eq!(
+        out.iter().map(|o| o.seq).collect::<Vec<_>>(),
+        vec![una + 1000]
+    );
+    assert_eq!(s.c.stats.recovery_probes, 1);
+    // It arrives; RACK finds the first segment's retransmission lost and sends it again
+    // without waiting 400 ms.
+    s.advance(Duration::from_millis(1));
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 1000, una + 2000));
+    s.input(ack);
+    let out = s.out();
+    assert_eq!(out.first().map(|o| o.seq), Some(una), "{out:?}");
+    assert_eq!(s.c.stats.rto_expiries, 1);
+}
+
+#[test]
+fn an_ack_echoing_a_retransmission_s_timestamp_is_a_sample_and_ends_the_backoff() {
+    for echo_retransmission in [true, false] {
+        let (mut s, una) = Script::established(true);
+        for _ in 0..16 {
+            s.c.rtt.sample(Duration::from_millis(1));
+        }
+        s.c.write(&[9u8; 2000]);
+        let first = s.out();
+        assert!(first.len() >= 2, "{first:?}");
+        s.c.tlp_at = None;
+        s.c.tlp_out = true;
+        s.jump();
+        let again = s.out();
+        assert_eq!(again[0].seq, una);
+        assert_eq!(s.c.rtt.rto(), Duration::from_millis(400));
+        // The peer acknowledges the first segment. Its echo names the transmission it
+        // answers: the retransmission (a sample: the backoff ends) or the original (it is
+        // ambiguous which one arrived, so Karn's rule holds and the backoff stays).
+        s.advance(Duration::from_millis(1));
+        let echoed = if echo_retransmission {
+            &again[0]
+        } else {
+            &first[0]
+        };
+        let mut ack = seg(PEER_ISN + 1, una.wrapping_add(again[0].len as u32));
+        ack.ts = Some((3, echoed.ts.expect("timestamps").0));
+        s.input(ack);
+        let rto = if echo_retransmission { 200 } else { 400 };
+        assert_eq!(
+            s.c.rtt.rto(),
+            Duration::from_millis(rto),
+            "{echo_retransmission}"
+        );
+    }
 }

@@ -312,6 +312,17 @@ impl Conn {
         }
         if let Some(r) = d.rtt {
             self.rtt.sample(r);
+        } else if acked > 0
+            && d.retx_acked > 0
+            && self.ts_ok
+            && let Some((xmit, _)) = d.newest
+            && seg.timestamp.is_some_and(|t| t.tsecr == self.ts_now(xmit))
+        {
+            // Only retransmissions were acknowledged, and the ACK echoes the timestamp of the
+            // newest: it answers that transmission, not the first, so its time is a sample
+            // Karn's rule need not refuse (RFC 7323 section 4; RFC 3522 tells the two apart
+            // the same way), and the timer's backoff ends with it.
+            self.rtt.sample(now - xmit);
         }
         if let Some(n) = d.newest {
             let newer = self
@@ -377,6 +388,10 @@ impl Conn {
             self.reo_at = None;
         } else if acked > 0 {
             self.rto_at = Some(now + self.rtt.rto());
+            self.arm_tlp(now);
+        } else if d.bytes > 0 && self.recovery.is_some() {
+            // In recovery a SACK is the progress the recovery probe waits for.
+            self.tlp_out = false;
             self.arm_tlp(now);
         }
     }
@@ -465,17 +480,20 @@ impl Conn {
         self.rtt.srtt().map_or(q, |s| q.min(s))
     }
 
-    /// Arms the tail loss probe (RFC 8985 section 7.2): 2 SRTT, plus the peer's worst
-    /// delayed ACK when a single segment is in flight, never later than the RTO.
+    /// Arms the loss probe: outside recovery the tail loss probe (RFC 8985 section 7.2), 2
+    /// SRTT plus the peer's worst delayed ACK when a single segment is in flight; in recovery
+    /// (with `recovery_probe`) 2 SRTT from the last delivery or transmission, as a peer with
+    /// holes ACKs at once. At least 10 ms, never later than the RTO.
     pub(super) fn arm_tlp(&mut self, now: Instant) {
-        if !self.sack_ok || self.recovery.is_some() || self.tlp_out {
+        let recovering = self.recovery.is_some();
+        if !self.sack_ok || self.tlp_out || (recovering && !self.cfg.recovery_probe) {
             return;
         }
         let Some(srtt) = self.rtt.srtt() else {
             return;
         };
         let mut pto = srtt * 2;
-        if self.board.len() == 1 {
+        if !recovering && self.board.len() == 1 {
             pto += Duration::from_millis(200);
         }
         let pto = pto.max(Duration::from_millis(10)).min(self.rtt.rto());

@@ -107,6 +107,14 @@ pub struct TcpConfig {
     pub syn_cookies: bool,
     /// Explicit Congestion Notification (RFC 3168): accepted when a peer asks by default.
     pub ecn: EcnMode,
+    /// Probe a silent flight during loss recovery, not only at its tail: when nothing is
+    /// delivered for two smoothed RTTs (at least 10 ms) while recovering, send one segment
+    /// more (the next hole, else new data, else the last segment), so that its SACK lets RACK
+    /// find a lost retransmission instead of the retransmission timer and its doubling.
+    /// RFC 8985 arms its tail loss probe only outside recovery; on a path losing several
+    /// percent the whole of a recovery's small window is lost often enough that each such
+    /// event costs a timeout or two. One segment per silence, within the peer's window.
+    pub recovery_probe: bool,
 }
 
 impl Default for TcpConfig {
@@ -130,6 +138,7 @@ impl Default for TcpConfig {
             timestamps: true,
             syn_cookies: true,
             ecn: EcnMode::Accept,
+            recovery_probe: true,
         }
     }
 }

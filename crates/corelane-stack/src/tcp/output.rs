@@ -252,16 +252,38 @@ impl Conn {
             if self.rto_at.is_none() {
                 self.rto_at = Some(now + self.rtt.rto());
             }
+            self.arm_tlp(now);
             n += 1;
         }
 
-        // A tail loss probe: new data if there is some, else the last segment again.
+        // A loss probe: new data if there is some, else the last segment again. In recovery
+        // the next hole comes first, and the segment sent again is the newest not delivered,
+        // so that whatever the peer reports of it is news to RACK.
         let mut force = false;
         if self.tlp_due && n < budget {
             self.tlp_due = false;
             self.tlp_out = true;
-            self.stats.tail_probes += 1;
-            if self.unsent() > 0 && self.snd_una.plus(self.snd_wnd).gt(self.snd_nxt) {
+            let recovering = self.recovery.is_some();
+            let hole = if recovering {
+                self.stats.recovery_probes += 1;
+                self.board.next_lost()
+            } else {
+                self.stats.tail_probes += 1;
+                None
+            };
+            let new_data = self.unsent() > 0 && self.snd_una.plus(self.snd_wnd).gt(self.snd_nxt);
+            let again = match hole {
+                None if recovering && !new_data => self.board.newest_in_flight(),
+                other => other,
+            };
+            if let Some((i, s)) = again {
+                if !self.send_range(now, s.start, s.end, s.fin, emit) {
+                    return n;
+                }
+                self.board.resent(i, now);
+                self.sent_again(s.len() - usize::from(s.fin));
+                n += 1;
+            } else if new_data {
                 force = true;
             } else if let Some(s) = self.board.back().copied() {
                 if !self.send_range(now, s.start, s.end, s.fin, emit) {

@@ -85,7 +85,7 @@ impl Conn {
         }
         if self.tlp_at.is_some_and(|t| t <= now) {
             self.tlp_at = None;
-            if self.recovery.is_none() && !self.board.is_empty() {
+            if !self.board.is_empty() {
                 self.tlp_due = true;
             }
         }

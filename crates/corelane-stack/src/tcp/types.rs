@@ -68,6 +68,8 @@ pub struct TcpStats {
     pub fast_recoveries: u64,
     /// Tail loss probes sent.
     pub tail_probes: u64,
+    /// Loss probes sent during recovery, after a silence (`TcpConfig::recovery_probe`).
+    pub recovery_probes: u64,
     /// Challenge ACKs sent (RFC 5961).
     pub challenge_acks: u64,
     /// Segments dropped by PAWS (RFC 7323).
@@ -110,6 +112,7 @@ impl std::ops::AddAssign for TcpStats {
         self.rto_expiries += o.rto_expiries;
         self.fast_recoveries += o.fast_recoveries;
         self.tail_probes += o.tail_probes;
+        self.recovery_probes += o.recovery_probes;
         self.challenge_acks += o.challenge_acks;
         self.paws_dropped += o.paws_dropped;
         self.out_of_window += o.out_of_window;

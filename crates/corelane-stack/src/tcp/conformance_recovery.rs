@@ -67,7 +67,7 @@ fn the_retransmission_timer_backs_off_from_a_200_ms_floor() {
     // A fast path: SRTT far below the floor.
     s.c.rtt.sample(Duration::from_micros(50));
     s.c.tlp_at = None;
-    s.c.tlp_out = true;
+    s.c.probes_out = u8::MAX;
     s.c.rto_at = Some(s.now + s.c.rtt.rto());
     let mut gaps = Vec::new();
     for _ in 0..4 {
@@ -188,8 +188,8 @@ fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_time
     assert_eq!(out[0].seq, una + 12_000);
     assert_eq!(s.c.stats.recovery_probes, 1);
     assert_eq!(s.c.stats.tail_probes, 0);
-    // Silence again: no second probe, the retransmission timer is next.
-    assert!(s.c.tlp_at.is_none());
+    // If that brings nothing either, a second probe twice as late.
+    assert_eq!(s.c.tlp_at, Some(s.now + Duration::from_millis(20)));
     // The probe arrives: its SACK tells RACK that everything sent before it is lost, the
     // retransmission of segment 0 included, long before the 200 ms timer.
     s.advance(Duration::from_millis(1));
@@ -217,30 +217,34 @@ fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_time
 }
 
 #[test]
-fn after_a_timeout_a_probe_sends_the_next_hole_and_a_lost_retransmission_waits_no_doubled_timer() {
+fn after_a_timeout_probes_send_the_next_holes_and_a_lost_retransmission_waits_no_doubled_timer() {
     let (mut s, una) = ten_in_flight_1ms();
     s.c.tlp_at = None;
-    s.c.tlp_out = true;
+    s.c.probes_out = u8::MAX;
     // The whole flight is lost: the timer, then the first segment alone (a window of one).
     let d = s.jump();
     assert_eq!(d, Duration::from_millis(200));
     let out = s.out();
     assert_eq!(out.iter().map(|o| o.seq).collect::<Vec<_>>(), vec![una]);
     assert_eq!(s.c.rtt.rto(), Duration::from_millis(400), "backed off");
-    // That is lost too. 10 ms on, the probe: the next hole.
-    let d = s.jump();
-    assert_eq!(d, Duration::from_millis(10));
-    let out = s.out();
-    assert_eq!(
-        out.iter().map(|o| o.seq).collect::<Vec<_>>(),
-        vec![una + 1000]
-    );
-    assert_eq!(s.c.stats.recovery_probes, 1);
-    // It arrives; RACK finds the first segment's retransmission lost and sends it again
-    // without waiting 400 ms.
+    // That is lost too. 10 ms on, the probe: the next hole; lost as well, and 20 ms later a
+    // second probe, the hole after.
+    for (i, wait) in [(1, 10), (2, 20)] {
+        let d = s.jump();
+        assert_eq!(d, Duration::from_millis(wait));
+        let out = s.out();
+        let seqs: Vec<u32> = out.iter().map(|o| o.seq).collect();
+        assert_eq!(seqs, vec![una + 1000 * i]);
+        assert_eq!(s.c.stats.recovery_probes, u64::from(i));
+    }
+    // No third: the timer is next, a backed-off RTO after the last probe.
+    assert!(s.c.tlp_at.is_none());
+    assert_eq!(s.c.poll_at(), Some(s.now + Duration::from_millis(400)));
+    // The second probe arrives; RACK finds the first segment's retransmission lost and sends
+    // it again without waiting for the timer.
     s.advance(Duration::from_millis(1));
     let mut ack = seg(PEER_ISN + 1, una);
-    ack.sack[0] = Some((una + 1000, una + 2000));
+    ack.sack[0] = Some((una + 2000, una + 3000));
     s.input(ack);
     let out = s.out();
     assert_eq!(out.first().map(|o| o.seq), Some(una), "{out:?}");
@@ -258,7 +262,7 @@ fn an_ack_echoing_a_retransmission_s_timestamp_is_a_sample_and_ends_the_backoff(
         let first = s.out();
         assert!(first.len() >= 2, "{first:?}");
         s.c.tlp_at = None;
-        s.c.tlp_out = true;
+        s.c.probes_out = u8::MAX;
         s.jump();
         let again = s.out();
         assert_eq!(again[0].seq, una);

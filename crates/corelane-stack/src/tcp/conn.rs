@@ -186,7 +186,7 @@ pub(crate) struct Conn {
     /// What undoes the last fast recovery's reduction if it proves spurious.
     pub(super) undo: Option<Undo>,
     pub(super) dupacks: u32,
-    pub(super) tlp_out: bool,
+    pub(super) probes_out: u8,
     pub(super) peak_flight: usize,
     pub(super) ecn: super::ecn::Ecn,
     // Receive window auto-tuning.
@@ -322,7 +322,7 @@ impl Conn {
             reo_quiet: 0,
             undo: None,
             dupacks: 0,
-            tlp_out: false,
+            probes_out: 0,
             peak_flight: 0,
             ecn: Default::default(),
             rcv_space: 0,

@@ -11,6 +11,9 @@ use super::conn::{Conn, Peer, Recovery, TcpState, Undo};
 use super::ecn::EcnIn;
 use super::seq::Seq;
 
+/// Probes sent into one silence of a recovery before the retransmission timer is left to it.
+const RECOVERY_PROBES: u8 = 2;
+
 /// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
 
@@ -264,7 +267,7 @@ impl Conn {
             self.snd_una = ack;
             self.last_progress = now;
             self.dupacks = 0;
-            self.tlp_out = false;
+            self.probes_out = 0;
             if self.snd.len() < self.sizes.tx_max {
                 self.wake_tx();
             }
@@ -391,7 +394,7 @@ impl Conn {
             self.arm_tlp(now);
         } else if d.bytes > 0 && self.recovery.is_some() {
             // In recovery a SACK is the progress the recovery probe waits for.
-            self.tlp_out = false;
+            self.probes_out = 0;
             self.arm_tlp(now);
         }
     }
@@ -481,12 +484,14 @@ impl Conn {
     }
 
     /// Arms the loss probe: outside recovery the tail loss probe (RFC 8985 section 7.2), 2
-    /// SRTT plus the peer's worst delayed ACK when a single segment is in flight; in recovery
-    /// (with `recovery_probe`) 2 SRTT from the last delivery or transmission, as a peer with
-    /// holes ACKs at once. At least 10 ms, never later than the RTO.
+    /// SRTT plus the peer's worst delayed ACK when a single segment is in flight, once; in
+    /// recovery (with `recovery_probe`) 2 SRTT from the last delivery or transmission, as a
+    /// peer with holes ACKs at once, and a second probe twice as late if the first brings
+    /// nothing. At least 10 ms, never later than the RTO.
     pub(super) fn arm_tlp(&mut self, now: Instant) {
         let recovering = self.recovery.is_some();
-        if !self.sack_ok || self.tlp_out || (recovering && !self.cfg.recovery_probe) {
+        let most = if recovering { RECOVERY_PROBES } else { 1 };
+        if !self.sack_ok || self.probes_out >= most || (recovering && !self.cfg.recovery_probe) {
             return;
         }
         let Some(srtt) = self.rtt.srtt() else {
@@ -496,7 +501,8 @@ impl Conn {
         if !recovering && self.board.len() == 1 {
             pto += Duration::from_millis(200);
         }
-        let pto = pto.max(Duration::from_millis(10)).min(self.rtt.rto());
+        let pto = (pto.max(Duration::from_millis(10)) * (1 << self.probes_out.min(4)))
+            .min(self.rtt.rto());
         self.tlp_at = Some(now + pto);
     }
 

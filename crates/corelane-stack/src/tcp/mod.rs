@@ -109,11 +109,13 @@ pub struct TcpConfig {
     pub ecn: EcnMode,
     /// Probe a silent flight during loss recovery, not only at its tail: when nothing is
     /// delivered for two smoothed RTTs (at least 10 ms) while recovering, send one segment
-    /// more (the next hole, else new data, else the last segment), so that its SACK lets RACK
-    /// find a lost retransmission instead of the retransmission timer and its doubling.
+    /// more (the next hole, else new data, else the newest segment in flight), so that its
+    /// SACK lets RACK find a lost retransmission instead of the retransmission timer and its
+    /// doubling; if that brings nothing either, a second probe twice as late, then the timer.
     /// RFC 8985 arms its tail loss probe only outside recovery; on a path losing several
     /// percent the whole of a recovery's small window is lost often enough that each such
-    /// event costs a timeout or two. One segment per silence, within the peer's window.
+    /// event costs a timeout or two. At most two segments per silence, within the peer's
+    /// window.
     pub recovery_probe: bool,
 }
 

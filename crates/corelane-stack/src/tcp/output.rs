@@ -262,7 +262,7 @@ impl Conn {
         let mut force = false;
         if self.tlp_due && n < budget {
             self.tlp_due = false;
-            self.tlp_out = true;
+            self.probes_out = self.probes_out.saturating_add(1);
             let recovering = self.recovery.is_some();
             let hole = if recovering {
                 self.stats.recovery_probes += 1;
@@ -294,6 +294,8 @@ impl Conn {
                 n += 1;
             }
             self.rto_at = Some(now + self.rtt.rto());
+            // In recovery, a second probe if this one brings nothing either.
+            self.arm_tlp(now);
         }
 
         // New data.

@@ -149,7 +149,7 @@ impl Conn {
                 self.board.mark_all_lost();
                 self.recovery = Some(Recovery::without_prr(self.snd_nxt));
                 self.tlp_at = None;
-                self.tlp_out = false;
+                self.probes_out = 0;
                 self.dupacks = 0;
             }
         }

@@ -287,3 +287,23 @@ fn an_ack_echoing_a_retransmission_s_timestamp_is_a_sample_and_ends_the_backoff(
         );
     }
 }
+
+#[test]
+fn a_recovery_probe_waits_out_a_delayed_ack_when_the_peer_may_have_no_hole() {
+    let (mut s, _) = Script::established(false);
+    for _ in 0..16 {
+        s.c.rtt.sample(Duration::from_millis(1));
+    }
+    s.c.write(&[9u8; 1000]);
+    assert_eq!(s.out().len(), 1);
+    // A reduction with nothing lost (what an ECN-Echo brings): one segment out, the peer
+    // holds nothing out of order and may delay its ACK, so no probe within 200 ms.
+    s.c.enter_recovery();
+    s.c.arm_tlp(s.now);
+    let probe = s.c.tlp_at.expect("armed");
+    assert!(
+        probe - s.now >= Duration::from_millis(200),
+        "{}",
+        probe - s.now
+    );
+}

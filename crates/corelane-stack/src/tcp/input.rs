@@ -485,9 +485,10 @@ impl Conn {
 
     /// Arms the loss probe: outside recovery the tail loss probe (RFC 8985 section 7.2), 2
     /// SRTT plus the peer's worst delayed ACK when a single segment is in flight, once; in
-    /// recovery (with `recovery_probe`) 2 SRTT from the last delivery or transmission, as a
-    /// peer with holes ACKs at once, and a second probe twice as late if the first brings
-    /// nothing. At least 10 ms, never later than the RTO.
+    /// recovery (with `recovery_probe`) 2 SRTT from the last delivery or transmission, and a
+    /// second probe twice as late if the first brings nothing. A peer with holes ACKs at
+    /// once, so the delayed ACK is waited for only when it may have none (one segment out,
+    /// nothing SACKed or deemed lost). At least 10 ms, never later than the RTO.
     pub(super) fn arm_tlp(&mut self, now: Instant) {
         let recovering = self.recovery.is_some();
         let most = if recovering { RECOVERY_PROBES } else { 1 };
@@ -498,7 +499,8 @@ impl Conn {
             return;
         };
         let mut pto = srtt * 2;
-        if !recovering && self.board.len() == 1 {
+        let holes = self.board.sacked() + self.board.lost() > 0;
+        if self.board.len() == 1 && !(recovering && holes) {
             pto += Duration::from_millis(200);
         }
         let pto = (pto.max(Duration::from_millis(10)) * (1 << self.probes_out.min(4)))

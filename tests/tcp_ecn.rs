@@ -8,13 +8,13 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, SocketAddr};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{payload, sha256 as sha};
-use corelane::{Runtime, TcpStats};
-use corelane_testnet::{Loss, LossyPath, require_root};
+use corelane::TcpStats;
+use corelane_testnet::{Loss, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const KERNEL: &str = "10.83.0.1";
@@ -39,18 +39,8 @@ enum Report {
     Listening,
 }
 
-fn connect(port: u16) -> TcpStream {
-    let s = (0..50)
-        .find_map(|_| {
-            TcpStream::connect((CORELANE, port)).ok().or_else(|| {
-                std::thread::sleep(Duration::from_millis(100));
-                None
-            })
-        })
-        .expect("connect to corelane");
-    s.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    s
+fn addr(port: u16) -> SocketAddr {
+    format!("{CORELANE}:{port}").parse().expect("address")
 }
 
 #[test]
@@ -58,23 +48,14 @@ fn corelane_and_the_kernel_negotiate_ecn_and_act_on_marks_instead_of_losses() {
     if !require_root("tcp ecn through a marking router") {
         return;
     }
-    let net = LossyPath::builder()
-        .server_addr(&format!("{KERNEL}/24"))
-        .client_addr(&format!("{CLIENT}/24"))
-        .build()
-        .expect("lossy path");
+    let net = common::lossy_path(KERNEL, CLIENT);
     net.client_ns()
         .exec("sysctl", &["-qw", "net.ipv4.tcp_ecn=1"])
         .expect("the kernel client asks for ECN");
     net.set_mark(Loss::percent(2.0), Loss::percent(2.0))
         .expect("marking");
     let (tx, rx) = mpsc::channel::<Report>();
-    let ifname = net.server_if().to_string();
-    let builder = move || {
-        Runtime::builder(&ifname)
-            .addr(format!("{CORELANE}/24"))
-            .cpus(vec![0])
-    };
+    let builder = common::one_core_on(&net, CORELANE);
     let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
         let tx = std::sync::Mutex::new(tx);
         rt.run(|_| {
@@ -128,12 +109,7 @@ fn corelane_and_the_kernel_negotiate_ecn_and_act_on_marks_instead_of_losses() {
     ));
     let got = net
         .client_ns()
-        .run(|| {
-            let mut s = connect(5020);
-            let mut v = Vec::new();
-            s.read_to_end(&mut v).expect("receive");
-            v
-        })
+        .run(|| common::download(addr(5020)))
         .expect("download");
     assert_eq!(got.len(), N);
     assert!(
@@ -142,7 +118,7 @@ fn corelane_and_the_kernel_negotiate_ecn_and_act_on_marks_instead_of_losses() {
     );
     net.client_ns()
         .run(|| {
-            let mut s = connect(5021);
+            let mut s = common::connect_patiently(addr(5021));
             s.write_all(&data()).expect("send");
             s.shutdown(Shutdown::Write).expect("shutdown");
             let _ = s.read(&mut [0u8; 16]);

@@ -7,14 +7,13 @@
 
 mod common;
 
-use std::io::Read;
-use std::net::TcpStream;
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{payload, sha256 as sha};
-use corelane::{Runtime, TcpStats};
-use corelane_testnet::{Loss, LossyPath, require_root};
+use corelane::TcpStats;
+use corelane_testnet::{Loss, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const KERNEL: &str = "10.84.0.1";
@@ -27,19 +26,10 @@ fn a_ten_percent_loss_path_is_crossed_with_probes_rather_than_timeouts() {
     if !require_root("tcp through a router dropping 10%") {
         return;
     }
-    let net = LossyPath::builder()
-        .server_addr(&format!("{KERNEL}/24"))
-        .client_addr(&format!("{CLIENT}/24"))
-        .build()
-        .expect("lossy path");
+    let net = common::lossy_path(KERNEL, CLIENT);
     net.set_rate(Some(500), Some(500)).expect("rate");
     let (tx, rx) = mpsc::channel::<Result<TcpStats, String>>();
-    let ifname = net.server_if().to_string();
-    let builder = move || {
-        Runtime::builder(&ifname)
-            .addr(format!("{CORELANE}/24"))
-            .cpus(vec![0])
-    };
+    let builder = common::one_core_on(&net, CORELANE);
     let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
         let tx = std::sync::Mutex::new(tx);
         rt.run(|_| {
@@ -60,24 +50,11 @@ fn a_ten_percent_loss_path_is_crossed_with_probes_rather_than_timeouts() {
         .expect("run");
     })
     .expect("corelane");
+    let addr: SocketAddr = format!("{CORELANE}:5030").parse().expect("address");
     net.set_loss(Loss::NONE, Loss::percent(10.0)).expect("loss");
     let got = net
         .client_ns()
-        .run(|| {
-            let mut s = (0..50)
-                .find_map(|_| {
-                    TcpStream::connect((CORELANE, 5030)).ok().or_else(|| {
-                        std::thread::sleep(Duration::from_millis(100));
-                        None
-                    })
-                })
-                .expect("connect to corelane");
-            s.set_read_timeout(Some(Duration::from_secs(60)))
-                .expect("timeout");
-            let mut v = Vec::new();
-            s.read_to_end(&mut v).expect("receive");
-            v
-        })
+        .run(move || common::download(addr))
         .expect("client");
     let sent = rx
         .recv_timeout(Duration::from_secs(60))

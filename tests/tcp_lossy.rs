@@ -6,13 +6,15 @@
 //! Every byte must arrive intact, and the sender must retransmit about what the router
 //! dropped, not go back N.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use corelane::Runtime;
-use corelane_testnet::{Loss, LossyPath, require_root};
+use corelane_testnet::{Loss, require_root};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -44,11 +46,7 @@ fn corelane_tcp_delivers_every_byte_both_ways_through_loss_duplication_and_reord
     if !require_root("tcp through a lossy router") {
         return;
     }
-    let net = LossyPath::builder()
-        .server_addr(&format!("{KERNEL}/24"))
-        .client_addr(&format!("{CLIENT}/24"))
-        .build()
-        .expect("lossy path");
+    let net = common::lossy_path(KERNEL, CLIENT);
     net.set_rate(Some(500), Some(500)).expect("rate");
     // The kernel server corelane connects to, in the client namespace.
     let kernel_server = net
@@ -135,21 +133,7 @@ fn corelane_tcp_delivers_every_byte_both_ways_through_loss_duplication_and_reord
     // The kernel client of corelane's server.
     let got = net
         .client_ns()
-        .run(|| {
-            let mut s = (0..50)
-                .find_map(|_| {
-                    TcpStream::connect((CORELANE, 5010)).ok().or_else(|| {
-                        std::thread::sleep(Duration::from_millis(100));
-                        None
-                    })
-                })
-                .expect("connect to corelane");
-            s.set_read_timeout(Some(Duration::from_secs(60)))
-                .expect("timeout");
-            let mut v = Vec::new();
-            s.read_to_end(&mut v).expect("receive");
-            v
-        })
+        .run(|| common::download(format!("{CORELANE}:5010").parse().expect("address")))
         .expect("client");
     assert_eq!(got.len(), N);
     assert!(

@@ -511,3 +511,39 @@ where
         addrs,
     })
 }
+
+/// A lossy path (`corelane_testnet::LossyPath`) with the kernel server at `server/24` and the
+/// client at `client/24`, in the server and client namespaces.
+pub fn lossy_path(server: &str, client: &str) -> corelane_testnet::LossyPath {
+    corelane_testnet::LossyPath::builder()
+        .server_addr(&format!("{server}/24"))
+        .client_addr(&format!("{client}/24"))
+        .build()
+        .expect("lossy path")
+}
+
+/// What `serve_in` builds on a lossy path's server side: one core at `addr/24`.
+pub fn one_core_on(
+    net: &corelane_testnet::LossyPath,
+    addr: &str,
+) -> impl FnOnce() -> corelane::Builder + Send + 'static {
+    let ifname = net.server_if().to_string();
+    let addr = format!("{addr}/24");
+    move || corelane::Runtime::builder(&ifname).addr(addr).cpus(vec![0])
+}
+
+/// Connects to a server that may still be starting, with a minute's read timeout.
+pub fn connect_patiently(addr: SocketAddr) -> TcpStream {
+    let s = connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    s
+}
+
+/// Connects (see `connect_patiently`) and reads until the server closes.
+pub fn download(addr: SocketAddr) -> Vec<u8> {
+    let mut s = connect_patiently(addr);
+    let mut v = Vec::new();
+    s.read_to_end(&mut v).expect("receive");
+    v
+}

@@ -66,12 +66,15 @@ pub(crate) struct Common {
     /// Spin time before sleeping in adaptive mode, in microseconds.
     #[arg(long, default_value_t = 50)]
     pub(crate) spin_us: u64,
-    /// Socket buffers from a bandwidth-delay product: link rate in Gbit/s ...
-    #[arg(long, default_value_t = 10.0)]
-    pub(crate) bdp_gbit: f64,
-    /// ... and round-trip time in microseconds (default: 200 µs -> 256 KiB buffers at 10 Gbit/s).
-    #[arg(long, default_value_t = 200)]
-    pub(crate) rtt_us: u64,
+    /// Caps the socket buffers at a bandwidth-delay product: link rate in Gbit/s (default 10
+    /// when `--rtt-us` is given) ...
+    #[arg(long)]
+    pub(crate) bdp_gbit: Option<f64>,
+    /// ... and round-trip time in microseconds (default 200 when `--bdp-gbit` is given). Without
+    /// either, the library's caps (6 MiB receive, 4 MiB send), below which each connection's
+    /// buffers follow its own window.
+    #[arg(long)]
+    pub(crate) rtt_us: Option<u64>,
     /// Print counters every N seconds (0: only at exit).
     #[arg(long, default_value_t = 0)]
     pub(crate) stats_every: u64,
@@ -128,7 +131,7 @@ impl Common {
             },
             m => return Err(format!("--poll {m}: use adaptive or busy")),
         };
-        if self.bdp_gbit.is_nan() || self.bdp_gbit <= 0.0 {
+        if self.bdp_gbit.is_some_and(|g| g.is_nan() || g <= 0.0) {
             return Err("--bdp-gbit must be positive".into());
         }
         let iface = self
@@ -144,11 +147,13 @@ impl Common {
                 ..XskConfig::default()
             })
             .backlog(self.backlog)
-            .poll_mode(poll)
-            .bdp(
-                (self.bdp_gbit * 1e9) as u64,
-                Duration::from_micros(self.rtt_us),
+            .poll_mode(poll);
+        if self.bdp_gbit.is_some() || self.rtt_us.is_some() {
+            b = b.bdp(
+                (self.bdp_gbit.unwrap_or(10.0) * 1e9) as u64,
+                Duration::from_micros(self.rtt_us.unwrap_or(200)),
             );
+        }
         if let Some(n) = self.cores {
             if n == 0 {
                 return Err("--cores must be at least 1".into());

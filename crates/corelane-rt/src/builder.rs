@@ -192,7 +192,10 @@ impl Builder {
         self
     }
 
-    /// Sizes TCP socket buffers from a bandwidth-delay product (window scaling follows).
+    /// Caps TCP socket buffers at a bandwidth-delay product (window scaling follows). Below
+    /// the cap each connection's buffers follow its own window (the send buffer two congestion
+    /// windows, the receive window twice what arrives per round trip); the default caps are
+    /// Linux's, 6 MiB to receive and 4 MiB to send.
     pub fn bdp(mut self, bits_per_sec: u64, rtt: Duration) -> Self {
         let b = bandwidth_delay_product(bits_per_sec, rtt).clamp(4096, 64 << 20);
         self.stack.tcp_rx_buffer = b;

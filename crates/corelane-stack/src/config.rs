@@ -16,6 +16,8 @@ pub struct StackConfig {
     /// toward the measured bandwidth-delay product; memory is allocated as data arrives.
     pub tcp_rx_buffer: usize,
     /// Largest send buffer per TCP connection, in bytes (allocated as the application writes).
+    /// A connection's buffer may hold two congestion windows (at least 64 KiB) up to this, so
+    /// it follows the path's bandwidth-delay product.
     pub tcp_tx_buffer: usize,
     /// Most bytes the TCP buffers of this stack (one core) may hold, or None for no cap. Past
     /// it a write takes only what fits in the buffer it has (a writer with none waits until
@@ -51,8 +53,8 @@ pub struct StackConfig {
 impl Default for StackConfig {
     fn default() -> Self {
         StackConfig {
-            tcp_rx_buffer: 256 * 1024,
-            tcp_tx_buffer: 256 * 1024,
+            tcp_rx_buffer: 6 << 20,
+            tcp_tx_buffer: 4 << 20,
             tcp_mem_limit: None,
             backlog: 256,
             udp_packets: 256,

@@ -38,6 +38,9 @@ impl Loss {
     /// None at all.
     pub const NONE: Loss = Loss(0);
 
+    /// Every frame (with `set_reorder`: a delay line, every frame held as long).
+    pub const ALL: Loss = Loss(100_000);
+
     /// `p` percent of frames (clamped to 0..=100).
     pub fn percent(p: f64) -> Loss {
         Loss((p.clamp(0.0, 100.0) * 1000.0).round() as u32)
@@ -352,6 +355,8 @@ impl LossyPath {
         let s = *self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let (rs, rc, ro) = (&self.rs, &self.rc, &self.ro);
         let mut rules = String::new();
+        // Each rule draws 1..=100000 and acts at or under its share, so 0 and 100% are both
+        // expressible.
         for t in ["bridge corelane_loss", "netdev corelane_dup"] {
             // Deleting a table that does not exist fails; create it first so the script runs.
             rules += &format!("table {t} {{}}\ndelete table {t}\n");
@@ -364,13 +369,13 @@ impl LossyPath {
   counter marked_to_client {{}}
   chain forward {{
     type filter hook forward priority 0; policy accept;
-    iifname \"{rc}\" numgen random mod 100000 < {} counter name \"to_server\" drop
-    iifname \"{rs}\" numgen random mod 100000 < {} counter name \"to_client\" drop
+    iifname \"{rc}\" numgen random mod 100000 offset 1 <= {} counter name \"to_server\" drop
+    iifname \"{rs}\" numgen random mod 100000 offset 1 <= {} counter name \"to_client\" drop
     oifname \"{ro}\" drop
-    iifname \"{rc}\" ip ecn ect0 numgen random mod 100000 < {ms} counter name \"marked_to_server\" ip ecn set ce
-    iifname \"{rc}\" ip6 ecn ect0 numgen random mod 100000 < {ms} counter name \"marked_to_server\" ip6 ecn set ce
-    iifname \"{rs}\" ip ecn ect0 numgen random mod 100000 < {mc} counter name \"marked_to_client\" ip ecn set ce
-    iifname \"{rs}\" ip6 ecn ect0 numgen random mod 100000 < {mc} counter name \"marked_to_client\" ip6 ecn set ce
+    iifname \"{rc}\" ip ecn ect0 numgen random mod 100000 offset 1 <= {ms} counter name \"marked_to_server\" ip ecn set ce
+    iifname \"{rc}\" ip6 ecn ect0 numgen random mod 100000 offset 1 <= {ms} counter name \"marked_to_server\" ip6 ecn set ce
+    iifname \"{rs}\" ip ecn ect0 numgen random mod 100000 offset 1 <= {mc} counter name \"marked_to_client\" ip ecn set ce
+    iifname \"{rs}\" ip6 ecn ect0 numgen random mod 100000 offset 1 <= {mc} counter name \"marked_to_client\" ip6 ecn set ce
   }}
   chain output {{
     type filter hook output priority 0; policy accept;
@@ -384,13 +389,13 @@ table netdev corelane_dup {{
   counter reorder_to_client {{}}
   chain from_client {{
     type filter hook ingress device \"{rc}\" priority 0; policy accept;
-    numgen random mod 100000 < {} counter name \"to_server\" dup to \"{rs}\"
-    ether type {{ ip, ip6 }} numgen random mod 100000 < {} counter name \"reorder_to_server\" fwd to \"{ro}\"
+    numgen random mod 100000 offset 1 <= {} counter name \"to_server\" dup to \"{rs}\"
+    ether type {{ ip, ip6 }} numgen random mod 100000 offset 1 <= {} counter name \"reorder_to_server\" fwd to \"{ro}\"
   }}
   chain from_server {{
     type filter hook ingress device \"{rs}\" priority 0; policy accept;
-    numgen random mod 100000 < {} counter name \"to_client\" dup to \"{rc}\"
-    ether type {{ ip, ip6 }} numgen random mod 100000 < {} counter name \"reorder_to_client\" fwd to \"{ro}\"
+    numgen random mod 100000 offset 1 <= {} counter name \"to_client\" dup to \"{rc}\"
+    ether type {{ ip, ip6 }} numgen random mod 100000 offset 1 <= {} counter name \"reorder_to_client\" fwd to \"{ro}\"
   }}
 }}
 ",

@@ -54,6 +54,11 @@ struct Args {
     /// 8 full-size frames).
     #[arg(long, default_value_t = 200)]
     reorder_delay_us: u64,
+    /// Holds every frame toward the server (the ACKs) this long in every scenario,
+    /// microseconds: a longer path, whose bandwidth-delay product the buffers must follow (0:
+    /// none). The router has one holding stage, so with it the reordering scenario is left out.
+    #[arg(long, default_value_t = 0)]
+    delay_us: u64,
     /// Share of the ECN-capable data frames the router marks Congestion Experienced instead of
     /// dropping, for the ECN scenario (the client asks for ECN in it), percent (0: no such
     /// scenario).
@@ -329,7 +334,7 @@ fn run(args: &Args) -> Result<(), String> {
             ..Scenario::default()
         });
     }
-    if args.reorder > 0.0 {
+    if args.reorder > 0.0 && args.delay_us == 0 {
         scenarios.push(Scenario {
             reorder: args.reorder,
             ..Scenario::default()
@@ -367,8 +372,12 @@ fn run(args: &Args) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
                 net.set_duplicate(Loss::NONE, Loss::percent(dup))
                     .map_err(|e| e.to_string())?;
-                net.set_reorder(Loss::NONE, Loss::percent(reorder), delay)
-                    .map_err(|e| e.to_string())?;
+                if args.delay_us > 0 {
+                    net.set_reorder(Loss::ALL, Loss::NONE, Duration::from_micros(args.delay_us))
+                } else {
+                    net.set_reorder(Loss::NONE, Loss::percent(reorder), delay)
+                }
+                .map_err(|e| e.to_string())?;
                 net.set_mark(Loss::NONE, Loss::percent(mark))
                     .map_err(|e| e.to_string())?;
                 let addr: SocketAddr = format!("{ip}:{PORT}").parse().map_err(|_| "address")?;
@@ -519,15 +528,23 @@ fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), Strin
     let md = format!(
         "# corelane against the kernel through a lossy router\n\n{} MiB per transfer from a \
          server in the server namespace to a kernel client, through a bridge that drops the \
-         given share of frames (data: toward the client; ACK: toward the server){}; reordered \
+         given share of frames (data: toward the client; ACK: toward the server){}{}; reordered \
          frames are held {} us; CE-marked: the share of ECN-capable data frames the router marks \
          Congestion Experienced (the client asks for ECN in that scenario); median of {} run(s). The kernel server runs {}, corelane CUBIC. Retransmissions are the sender's \
          segments; dropped are the data frames the router dropped.\n\n{table}\n\nReproduce: \
-         `cargo run --release -p corelane-bench --bin lossy -- --mib {} --loss {}{} --ack-loss {} --dup {} \
-         --reorder {} --mark {} --repeat {} --kernel-cc {}`\n",
+         `cargo run --release -p corelane-bench --bin lossy -- --mib {} --loss {}{}{} --ack-loss {} \
+         --dup {} --reorder {} --mark {} --repeat {} --kernel-cc {}`\n",
         args.mib,
         args.rate
             .map_or(String::new(), |r| format!(", a {r} Mbit/s bottleneck")),
+        if args.delay_us > 0 {
+            format!(
+                ", every ACK held {:.1} ms (a longer path; no reordering scenario then)",
+                args.delay_us as f64 / 1000.0
+            )
+        } else {
+            String::new()
+        },
         args.reorder_delay_us,
         args.repeat,
         args.kernel_cc,
@@ -538,6 +555,11 @@ fn report(args: &Args, scenarios: &[Scenario], runs: &[Run]) -> Result<(), Strin
             .collect::<Vec<_>>()
             .join(","),
         args.rate.map_or(String::new(), |r| format!(" --rate {r}")),
+        if args.delay_us > 0 {
+            format!(" --delay-us {}", args.delay_us)
+        } else {
+            String::new()
+        },
         args.ack_loss,
         args.dup,
         args.reorder,

@@ -4,7 +4,7 @@
 
 use super::conformance::{PEER_ISN, Script, seg};
 use super::ring::SMALL;
-use super::user::TRIM_AFTER;
+use super::user::{SEND_MIN, TRIM_AFTER};
 
 #[test]
 fn an_exchange_leaves_no_buffer_behind() {
@@ -61,4 +61,26 @@ fn a_large_buffer_is_kept_while_it_may_refill_and_given_back_when_it_stays_empty
     s.out();
     assert_eq!(s.c.snd.capacity(), 0);
     Ok(())
+}
+
+#[test]
+fn the_send_buffer_follows_the_window_between_a_floor_and_the_stack_s_maximum() {
+    let (mut s, una) = Script::established(false);
+    let max = s.c.sizes.tx_max;
+    let big = vec![5u8; 2 * max];
+    // A new connection's window (10 segments) is far below the floor: 64 KiB.
+    assert_eq!(s.c.write(&big), SEND_MIN);
+    assert_eq!(s.c.write(&big), 0, "full");
+    // The window grows (a long path in slow start): two windows.
+    s.c.cc.cwnd = 100_000;
+    s.out();
+    s.input(seg(PEER_ISN + 1, una + 10_000));
+    assert!(s.c.cc.cwnd >= 100_000);
+    let room = s.c.send_room();
+    assert_eq!(room, 2 * s.c.cc.cwnd - s.c.snd.len());
+    assert_eq!(s.c.write(&big), room);
+    // Never past the stack's maximum, however wide the window.
+    s.c.cc.cwnd = max;
+    s.c.write(&big);
+    assert_eq!(s.c.snd.len(), max);
 }

@@ -268,7 +268,7 @@ impl Conn {
             self.last_progress = now;
             self.dupacks = 0;
             self.probes_out = 0;
-            if self.snd.len() < self.sizes.tx_max {
+            if self.snd.len() < self.send_limit() {
                 self.wake_tx();
             }
             if fin_acked {

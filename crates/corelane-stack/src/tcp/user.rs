@@ -11,6 +11,9 @@ use super::ring::SMALL;
 /// How long a large emptied buffer is kept before it is given back.
 pub(super) const TRIM_AFTER: Duration = Duration::from_millis(500);
 
+/// The least a send buffer may hold, however small the window (64 KiB).
+pub(crate) const SEND_MIN: usize = 64 * 1024;
+
 impl Conn {
     /// The RTT variation.
     pub(crate) fn rttvar(&self) -> Option<smoltcp::time::Duration> {
@@ -103,7 +106,17 @@ impl Conn {
         if !self.may_send() {
             return 0;
         }
-        self.sizes.tx_max.saturating_sub(self.snd.len())
+        self.send_limit().saturating_sub(self.snd.len())
+    }
+
+    /// What the send buffer may hold now: two congestion windows (one in flight, one queued to
+    /// follow it while the application is woken), at least [`SEND_MIN`], at most the stack's
+    /// `tcp_tx_buffer`. So the buffer follows the path's bandwidth-delay product as the receive
+    /// window does, instead of holding the largest buffer on every connection or capping a
+    /// long path's rate at one fixed buffer per round trip.
+    pub(crate) fn send_limit(&self) -> usize {
+        let max = self.sizes.tx_max;
+        (2 * self.cc.cwnd).clamp(SEND_MIN.min(max), max)
     }
 
     /// The application may still send.
@@ -126,7 +139,7 @@ impl Conn {
         }
         // Under the stack's memory cap the buffer grows only as far as the cap allows (a writer
         // that gets nothing waits for memory to be given back).
-        let total = self.snd.affordable(self.snd.len() + n, self.sizes.tx_max);
+        let total = self.snd.affordable(self.snd.len() + n, self.send_limit());
         n = n.min(total.saturating_sub(self.snd.len()));
         if n == 0 {
             return 0;

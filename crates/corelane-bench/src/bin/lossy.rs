@@ -108,6 +108,10 @@ fn expected_hash(total: usize, pat: &[u8]) -> [u8; 32] {
 struct Sent {
     retrans_segs: u64,
     rto: u64,
+    /// The sender's smoothed RTT at the end, microseconds.
+    srtt_us: u64,
+    /// Loss recoveries (window reductions for a loss) the sender entered; corelane only.
+    recoveries: u64,
 }
 
 /// One transfer's figures.
@@ -126,6 +130,8 @@ struct Run {
     max_stall_ms: f64,
     retrans_segs: u64,
     rto: u64,
+    srtt_us: u64,
+    recoveries: u64,
     dropped_data_frames: u64,
     dropped_ack_frames: u64,
 }
@@ -211,6 +217,8 @@ fn kernel_retrans(s: &TcpStream) -> Sent {
     Sent {
         retrans_segs: u64::from(info.tcpi_total_retrans),
         rto: 0,
+        srtt_us: u64::from(info.tcpi_rtt),
+        recoveries: 0,
     }
 }
 
@@ -242,6 +250,8 @@ fn corelane_server(
                 let sent = s.info().map_or(Sent::default(), |i| Sent {
                     retrans_segs: i.stats.retrans_segs,
                     rto: i.stats.rto_expiries,
+                    srtt_us: i.srtt.map_or(0, |d| d.as_micros() as u64),
+                    recoveries: i.stats.fast_recoveries,
                 });
                 let _ = tx.send(sent);
             }
@@ -397,6 +407,8 @@ fn run(args: &Args) -> Result<(), String> {
                     mark,
                     retrans_segs: sent.retrans_segs,
                     rto: sent.rto,
+                    srtt_us: sent.srtt_us,
+                    recoveries: sent.recoveries,
                     dropped_data_frames: c.dropped_to_client,
                     dropped_ack_frames: c.dropped_to_server,
                     ..Run::default()
@@ -414,7 +426,7 @@ fn run(args: &Args) -> Result<(), String> {
                     Err(e) => r.error = Some(e),
                 }
                 println!(
-                    "rep {} data {data}% ack {ack}% dup {dup}% reorder {reorder}% mark {mark}% {:<9} {:>8.1} Mbit/s {:>6.2} s stall {:>6.1} ms retrans {} (dropped {}) rto {} {}",
+                    "rep {} data {data}% ack {ack}% dup {dup}% reorder {reorder}% mark {mark}% {:<9} {:>8.1} Mbit/s {:>6.2} s stall {:>6.1} ms retrans {} (dropped {}) rto {} recoveries {} srtt {:.1} ms {}",
                     rep + 1,
                     r.setup,
                     r.mbit,
@@ -423,6 +435,8 @@ fn run(args: &Args) -> Result<(), String> {
                     r.retrans_segs,
                     r.dropped_data_frames,
                     r.rto,
+                    r.recoveries,
+                    r.srtt_us as f64 / 1000.0,
                     if r.ok {
                         "sha256 ok".to_string()
                     } else {

@@ -56,51 +56,46 @@ fn corelane_and_the_kernel_negotiate_ecn_and_act_on_marks_instead_of_losses() {
         .expect("marking");
     let (tx, rx) = mpsc::channel::<Report>();
     let builder = common::one_core_on(&net, CORELANE);
-    let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
-        let tx = std::sync::Mutex::new(tx);
-        rt.run(|_| {
-            let tx = tx.lock().expect("lock").clone();
-            async move {
-                let up = corelane::net::TcpListener::bind(5021).expect("bind");
-                let down = corelane::net::TcpListener::bind(5020).expect("bind");
-                // Connect only now: a SYN before the port is steered gets no answer, and
-                // the kernel sends it again without asking for ECN (its fallback).
-                let _ = tx.send(Report::Listening);
-                let tx2 = tx.clone();
-                let upload = tokio::task::spawn_local(async move {
-                    let r = async {
-                        let (mut s, _) = up.accept().await?;
-                        let mut v = Vec::with_capacity(N);
-                        s.read_to_end(&mut v).await?;
-                        s.shutdown().await?;
-                        Ok::<_, std::io::Error>((v, s.info()?.stats))
-                    }
-                    .await;
-                    let _ = tx2.send(match r {
-                        Ok((v, stats)) => Report::Received {
-                            hash: sha(&v),
-                            len: v.len(),
-                            stats,
-                        },
-                        Err(e) => Report::Failed(format!("receive: {e}")),
-                    });
-                });
+    let served = common::serve_reporting(net.server_ns(), builder, tx, |tx| {
+        async move {
+            let up = corelane::net::TcpListener::bind(5021).expect("bind");
+            let down = corelane::net::TcpListener::bind(5020).expect("bind");
+            // Connect only now: a SYN before the port is steered gets no answer, and
+            // the kernel sends it again without asking for ECN (its fallback).
+            let _ = tx.send(Report::Listening);
+            let tx2 = tx.clone();
+            let upload = tokio::task::spawn_local(async move {
                 let r = async {
-                    let (mut s, _) = down.accept().await?;
-                    s.write_all(&data()).await?;
+                    let (mut s, _) = up.accept().await?;
+                    let mut v = Vec::with_capacity(N);
+                    s.read_to_end(&mut v).await?;
                     s.shutdown().await?;
-                    let _ = s.read(&mut [0u8; 16]).await?;
-                    Ok::<_, std::io::Error>(s.info()?.stats)
+                    Ok::<_, std::io::Error>((v, s.info()?.stats))
                 }
                 .await;
-                let _ = tx.send(match r {
-                    Ok(stats) => Report::Sent(stats),
-                    Err(e) => Report::Failed(format!("send: {e}")),
+                let _ = tx2.send(match r {
+                    Ok((v, stats)) => Report::Received {
+                        hash: sha(&v),
+                        len: v.len(),
+                        stats,
+                    },
+                    Err(e) => Report::Failed(format!("receive: {e}")),
                 });
-                let _ = upload.await;
+            });
+            let r = async {
+                let (mut s, _) = down.accept().await?;
+                s.write_all(&data()).await?;
+                s.shutdown().await?;
+                let _ = s.read(&mut [0u8; 16]).await?;
+                Ok::<_, std::io::Error>(s.info()?.stats)
             }
-        })
-        .expect("run");
+            .await;
+            let _ = tx.send(match r {
+                Ok(stats) => Report::Sent(stats),
+                Err(e) => Report::Failed(format!("send: {e}")),
+            });
+            let _ = upload.await;
+        }
     })
     .expect("corelane");
     assert!(matches!(
@@ -135,8 +130,7 @@ fn corelane_and_the_kernel_negotiate_ecn_and_act_on_marks_instead_of_losses() {
         }
     }
     let c = net.counters().expect("counters");
-    stop.stop();
-    server.join().expect("corelane thread").expect("corelane");
+    served.end();
     let sent = sent.expect("sent");
     let (hash, len, got_stats) = received.expect("received");
     assert_eq!(len, N);

@@ -30,24 +30,17 @@ fn a_ten_percent_loss_path_is_crossed_with_probes_rather_than_timeouts() {
     net.set_rate(Some(500), Some(500)).expect("rate");
     let (tx, rx) = mpsc::channel::<Result<TcpStats, String>>();
     let builder = common::one_core_on(&net, CORELANE);
-    let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
-        let tx = std::sync::Mutex::new(tx);
-        rt.run(|_| {
-            let tx = tx.lock().expect("lock").clone();
-            async move {
-                let l = corelane::net::TcpListener::bind(5030).expect("bind");
-                let r = async {
-                    let (mut s, _) = l.accept().await?;
-                    s.write_all(&payload(N, 17)).await?;
-                    s.shutdown().await?;
-                    let _ = s.read(&mut [0u8; 16]).await?;
-                    Ok::<_, std::io::Error>(s.info()?.stats)
-                }
-                .await;
-                let _ = tx.send(r.map_err(|e| format!("send: {e}")));
-            }
-        })
-        .expect("run");
+    let served = common::serve_reporting(net.server_ns(), builder, tx, |tx| async move {
+        let l = corelane::net::TcpListener::bind(5030).expect("bind");
+        let r = async {
+            let (mut s, _) = l.accept().await?;
+            s.write_all(&payload(N, 17)).await?;
+            s.shutdown().await?;
+            let _ = s.read(&mut [0u8; 16]).await?;
+            Ok::<_, std::io::Error>(s.info()?.stats)
+        }
+        .await;
+        let _ = tx.send(r.map_err(|e| format!("send: {e}")));
     })
     .expect("corelane");
     let addr: SocketAddr = format!("{CORELANE}:5030").parse().expect("address");
@@ -61,8 +54,7 @@ fn a_ten_percent_loss_path_is_crossed_with_probes_rather_than_timeouts() {
         .expect("a report")
         .expect("corelane sent");
     let c = net.counters().expect("counters");
-    stop.stop();
-    server.join().expect("corelane thread").expect("corelane");
+    served.end();
     eprintln!("{sent:?}\n{c:?}");
     assert_eq!(got.len(), N);
     assert!(

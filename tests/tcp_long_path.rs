@@ -55,50 +55,43 @@ fn buffers_grow_with_a_long_path_s_window_both_ways() {
     let (tx, rx) = mpsc::channel::<Result<Seen, String>>();
     let builder = common::one_core_on(&net, CORELANE);
     let max = StackConfig::default().tcp_tx_buffer;
-    let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
-        let tx = std::sync::Mutex::new(tx);
-        rt.run(|_| {
-            let tx = tx.lock().expect("lock").clone();
-            async move {
-                let l = corelane::net::TcpListener::bind(5040).expect("bind");
-                let upload = async {
-                    let (mut s, _) = l.accept().await?;
-                    let data = payload(N, 40);
-                    let mut seen = 0;
-                    for chunk in data.chunks(64 * 1024) {
-                        s.write_all(chunk).await?;
-                        seen = seen.max(s.info()?.send_queue);
-                    }
-                    s.shutdown().await?;
-                    let _ = s.read(&mut [0u8; 16]).await?;
-                    Ok::<_, std::io::Error>(seen)
-                };
-                let download = async {
-                    let mut s = corelane::net::TcpStream::connect(format!("{CLIENT}:5041")).await?;
-                    let (mut v, mut buf, mut seen) = (Vec::with_capacity(N), vec![0; 65536], 0);
-                    loop {
-                        let n = s.read(&mut buf).await?;
-                        if n == 0 {
-                            break;
-                        }
-                        v.extend_from_slice(&buf[..n]);
-                        seen = seen.max(s.info()?.rcv_window);
-                    }
-                    Ok::<_, std::io::Error>((sha(&v), seen))
-                };
-                let r = match tokio::join!(upload, download) {
-                    (Ok(send_queue), Ok((hash, rcv_window))) => Ok(Seen {
-                        send_queue,
-                        rcv_window,
-                        received: Some(hash),
-                    }),
-                    (Err(e), _) => Err(format!("upload: {e}")),
-                    (_, Err(e)) => Err(format!("download: {e}")),
-                };
-                let _ = tx.send(r);
+    let served = common::serve_reporting(net.server_ns(), builder, tx, |tx| async move {
+        let l = corelane::net::TcpListener::bind(5040).expect("bind");
+        let upload = async {
+            let (mut s, _) = l.accept().await?;
+            let data = payload(N, 40);
+            let mut seen = 0;
+            for chunk in data.chunks(64 * 1024) {
+                s.write_all(chunk).await?;
+                seen = seen.max(s.info()?.send_queue);
             }
-        })
-        .expect("run");
+            s.shutdown().await?;
+            let _ = s.read(&mut [0u8; 16]).await?;
+            Ok::<_, std::io::Error>(seen)
+        };
+        let download = async {
+            let mut s = corelane::net::TcpStream::connect(format!("{CLIENT}:5041")).await?;
+            let (mut v, mut buf, mut seen) = (Vec::with_capacity(N), vec![0; 65536], 0);
+            loop {
+                let n = s.read(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                v.extend_from_slice(&buf[..n]);
+                seen = seen.max(s.info()?.rcv_window);
+            }
+            Ok::<_, std::io::Error>((sha(&v), seen))
+        };
+        let r = match tokio::join!(upload, download) {
+            (Ok(send_queue), Ok((hash, rcv_window))) => Ok(Seen {
+                send_queue,
+                rcv_window,
+                received: Some(hash),
+            }),
+            (Err(e), _) => Err(format!("upload: {e}")),
+            (_, Err(e)) => Err(format!("download: {e}")),
+        };
+        let _ = tx.send(r);
     })
     .expect("corelane");
     let addr: SocketAddr = format!("{CORELANE}:5040").parse().expect("address");
@@ -110,8 +103,7 @@ fn buffers_grow_with_a_long_path_s_window_both_ways() {
         .recv_timeout(Duration::from_secs(60))
         .expect("a report")
         .expect("corelane");
-    stop.stop();
-    server.join().expect("corelane thread").expect("corelane");
+    served.end();
     kernel_server.join().expect("kernel server");
     assert_eq!(got.len(), N);
     assert!(got == payload(N, 40), "corelane's bytes arrived changed");

@@ -547,3 +547,40 @@ pub fn download(addr: SocketAddr) -> Vec<u8> {
     s.read_to_end(&mut v).expect("receive");
     v
 }
+
+/// A runtime `serve_reporting` started: stop it and wait with `end`.
+pub struct Reporting {
+    stop: corelane::StopHandle,
+    thread: corelane_testnet::NsThread<Result<Result<(), String>, String>>,
+}
+
+impl Reporting {
+    /// Stops the runtime and waits for its thread; panics with why if it failed.
+    pub fn end(self) {
+        self.stop.stop();
+        let r = self.thread.join().expect("corelane thread");
+        r.expect("corelane").expect("run");
+    }
+}
+
+/// `serve_in` for an application that reports through a channel: each core's future gets its
+/// own clone of `tx`.
+pub fn serve_reporting<R, F, Fut>(
+    ns: &corelane_testnet::Netns,
+    build: impl FnOnce() -> corelane::Builder + Send + 'static,
+    tx: std::sync::mpsc::Sender<R>,
+    app: F,
+) -> Result<Reporting, String>
+where
+    R: Send + 'static,
+    F: Fn(std::sync::mpsc::Sender<R>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let (stop, thread) = serve_in(ns, build, move |rt| {
+        let tx = Mutex::new(tx);
+        rt.run(|_| app(tx.lock().unwrap_or_else(|p| p.into_inner()).clone()))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })?;
+    Ok(Reporting { stop, thread })
+}

@@ -116,7 +116,7 @@ impl Conn {
     /// long path's rate at one fixed buffer per round trip.
     pub(crate) fn send_limit(&self) -> usize {
         let max = self.sizes.tx_max;
-        (2 * self.cc.cwnd).clamp(SEND_MIN.min(max), max)
+        self.cc.cwnd.saturating_mul(2).clamp(SEND_MIN.min(max), max)
     }
 
     /// The application may still send.

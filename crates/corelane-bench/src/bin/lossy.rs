@@ -9,8 +9,12 @@
 //! retransmitted segments against the data frames the router dropped, and whether the SHA-256
 //! of what arrived matches.
 //!
+//! With `--delay-us` the router's holding stage delays every ACK, for the same scenarios on a
+//! longer path.
+//!
 //! ```text
 //! cargo run --release -p corelane-bench --bin lossy -- --mib 64 --loss 0,0.1,1,2,5,10
+//! cargo run --release -p corelane-bench --bin lossy -- --loss 0,0.1,1 --delay-us 5000
 //! ```
 
 use std::io::{Read, Write};

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::echo_once;
 
-use corelane::{Runtime, StackStats};
+use corelane::StackStats;
 use corelane_testnet::{VethPair, require_root};
 
 const CORELANE: &str = "10.84.0.3";
@@ -42,14 +42,9 @@ fn a_syn_flood_leaves_the_listener_serving_with_bounded_memory() -> Result<(), S
         .map_err(|e| e.to_string())?;
     let seen: Arc<Mutex<Vec<StackStats>>> = Arc::default();
     let (ready_tx, ready_rx) = mpsc::channel();
-    let ifname = net.server_if().to_string();
     let samples = seen.clone();
-    let builder = move || {
-        Runtime::builder(&ifname)
-            .addr(format!("{CORELANE}/24"))
-            .cpus(vec![0])
-            .backlog(BACKLOG)
-    };
+    let one = common::one_core(net.server_if(), CORELANE);
+    let builder = move || one().backlog(BACKLOG);
     let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
         let ready_tx = Mutex::new(ready_tx);
         let samples = Mutex::new(samples);

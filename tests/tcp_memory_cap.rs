@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use common::{payload, sha256};
-use corelane::Runtime;
 use corelane_testnet::{VethPair, require_root};
 use tokio::io::AsyncWriteExt;
 
@@ -37,14 +36,9 @@ fn a_core_under_a_memory_cap_serves_every_client_within_it() {
     // (most bytes held, refusals), sampled by the server every millisecond.
     let seen: Arc<Mutex<(u64, u64)>> = Arc::default();
     let (ready_tx, ready_rx) = mpsc::channel();
-    let ifname = net.server_if().to_string();
     let samples = seen.clone();
-    let builder = move || {
-        Runtime::builder(&ifname)
-            .addr(format!("{CORELANE}/24"))
-            .cpus(vec![0])
-            .tcp_memory_limit(CAP)
-    };
+    let one = common::one_core(net.server_if(), CORELANE);
+    let builder = move || one().tcp_memory_limit(CAP);
     let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
         let ready_tx = Mutex::new(ready_tx);
         let samples = Mutex::new(samples);

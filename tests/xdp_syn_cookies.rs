@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use common::echo_once;
-use corelane::{Runtime, StackStats};
+use corelane::StackStats;
 use corelane_testnet::{VethPair, require_root};
 
 const CORELANE: &str = "10.86.0.3";
@@ -38,15 +38,9 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
     // The stack's counters at every accept.
     let seen: Arc<Mutex<Vec<StackStats>>> = Arc::default();
     let (ready_tx, ready_rx) = mpsc::channel();
-    let ifname = net.server_if().to_string();
     let last = seen.clone();
-    let builder = move || {
-        Runtime::builder(&ifname)
-            .addr(format!("{CORELANE}/24"))
-            .cpus(vec![0])
-            .backlog(BACKLOG)
-            .xdp_syn_cookies(true)
-    };
+    let one = common::one_core(net.server_if(), CORELANE);
+    let builder = move || one().backlog(BACKLOG).xdp_syn_cookies(true);
     let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
         let ready_tx = Mutex::new(ready_tx);
         let last = Mutex::new(last);

@@ -527,7 +527,13 @@ pub fn one_core_on(
     net: &corelane_testnet::LossyPath,
     addr: &str,
 ) -> impl FnOnce() -> corelane::Builder + Send + 'static {
-    let ifname = net.server_if().to_string();
+    one_core(net.server_if(), addr)
+}
+
+/// A builder of a runtime on `ifname` with one core (CPU 0) at `addr/24`; callers add their
+/// options to what it returns.
+pub fn one_core(ifname: &str, addr: &str) -> impl FnOnce() -> corelane::Builder + Send + 'static {
+    let ifname = ifname.to_string();
     let addr = format!("{addr}/24");
     move || corelane::Runtime::builder(&ifname).addr(addr).cpus(vec![0])
 }

@@ -98,6 +98,9 @@ pub struct MemPort {
     pool: FramePool,
     stats: MemStats,
     loss_every: u64,
+    /// When set, sent frames are kept here for the caller (a simulated wire) instead of being
+    /// delivered to the peer.
+    captured: Option<VecDeque<Vec<u8>>>,
 }
 
 /// Builds a connected pair of [`MemPort`]s.
@@ -145,6 +148,7 @@ impl MemLink {
                 pool: FramePool::new(self.frames, self.ring_size.min(self.frames / 2)),
                 stats: MemStats::default(),
                 loss_every: 0,
+                captured: None,
             };
             p.top_up_fill();
             p
@@ -163,6 +167,21 @@ impl MemPort {
     /// Drops every `n`th frame this port sends (0: none), to exercise retransmission.
     pub fn set_loss_every(&mut self, n: u64) {
         self.loss_every = n;
+    }
+
+    /// Keeps what this port sends for [`MemPort::take_sent`] instead of delivering it (true),
+    /// or delivers it to the peer at once (false, the default). A simulated wire takes the
+    /// frames, impairs and delays them, and puts them on the peer's side with
+    /// [`MemPort::inject`]. The sender's frame accounting is the same either way.
+    pub fn set_capture(&mut self, on: bool) {
+        self.captured = on.then(VecDeque::new);
+    }
+
+    /// Moves the frames captured since the last call (oldest first) to the back of `out`.
+    pub fn take_sent(&mut self, out: &mut VecDeque<Vec<u8>>) {
+        if let Some(c) = &mut self.captured {
+            out.append(c);
+        }
     }
 
     /// Counters so far.
@@ -287,7 +306,9 @@ impl FrameIo for MemPort {
             } else {
                 // SAFETY: the frame is in Transmit state: only the simulated kernel reads it.
                 let bytes = unsafe { self.region.slice_mut(f.index(), f.len()) };
-                if !deliver(&self.peer, &self.peer_region, bytes) {
+                if let Some(c) = &mut self.captured {
+                    c.push_back(bytes.to_vec());
+                } else if !deliver(&self.peer, &self.peer_region, bytes) {
                     self.stats.peer_dropped += 1;
                 }
             }

@@ -10,6 +10,9 @@ use smoltcp::time::Instant;
 
 use crate::classify::{Class, classify};
 
+/// Bytes of Ethernet header before the IP packet (the MTU counts from the IP header).
+const ETH_HEADER: usize = 14;
+
 /// Counters of a [`XdpDevice`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -31,6 +34,12 @@ pub struct DeviceStats {
     pub tx_no_frame: u64,
     /// Transmit batches (one kick each).
     pub tx_batches: u64,
+    /// Frames the stack built longer than the link's MTU allows, dropped instead of sent. A
+    /// bug counter: it stays 0 (a strict device, as in every test, panics instead).
+    pub tx_oversize: u64,
+    /// Frames received longer than the link's MTU allows (processed all the same; a peer or
+    /// a link configured with a larger MTU than this side's).
+    pub rx_oversize: u64,
 }
 
 /// The device. `B` is the batch size: frames pulled from the RX ring per call and sent per kick.
@@ -45,6 +54,7 @@ pub struct XdpDevice<P: FrameIo> {
     tx_out: Vec<P::Frame>,
     batch: usize,
     mtu: usize,
+    strict: bool,
     stats: DeviceStats,
 }
 
@@ -60,6 +70,8 @@ impl std::ops::AddAssign for DeviceStats {
         self.tx_frames += o.tx_frames;
         self.tx_no_frame += o.tx_no_frame;
         self.tx_batches += o.tx_batches;
+        self.tx_oversize += o.tx_oversize;
+        self.rx_oversize += o.rx_oversize;
     }
 }
 
@@ -77,6 +89,7 @@ impl<P: FrameIo> XdpDevice<P> {
             tx_out: Vec::with_capacity(batch),
             batch,
             mtu,
+            strict: cfg!(debug_assertions),
             stats: DeviceStats::default(),
         }
     }
@@ -94,6 +107,18 @@ impl<P: FrameIo> XdpDevice<P> {
     /// Counters so far.
     pub fn stats(&self) -> DeviceStats {
         self.stats
+    }
+
+    /// Whether a frame built longer than the MTU panics (true) or is dropped and counted in
+    /// [`DeviceStats::tx_oversize`] (false). On in debug builds; tests and the simulation
+    /// turn it on in release builds too.
+    pub fn set_strict(&mut self, strict: bool) {
+        self.strict = strict;
+    }
+
+    /// The IP MTU of the link.
+    pub fn mtu(&self) -> usize {
+        self.mtu
     }
 
     /// Frames pulled per RX batch and sent per kick.
@@ -135,7 +160,11 @@ impl<P: FrameIo> XdpDevice<P> {
     }
 
     fn admit(&mut self, frame: P::Frame, hops: u8) {
-        let class = classify(self.io.bytes(&frame));
+        let bytes = self.io.bytes(&frame);
+        if bytes.len() > self.mtu + ETH_HEADER {
+            self.stats.rx_oversize += 1;
+        }
+        let class = classify(bytes);
         match class {
             Class::BadChecksum => self.stats.rx_bad_checksum += 1,
             Class::Malformed => self.stats.rx_malformed += 1,
@@ -269,6 +298,9 @@ pub struct TxToken<'a, P: FrameIo> {
     free: &'a mut Vec<P::Frame>,
     out: &'a mut Vec<P::Frame>,
     stats: &'a mut DeviceStats,
+    /// The longest frame the link carries.
+    max_frame: usize,
+    strict: bool,
 }
 
 impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
@@ -276,6 +308,18 @@ impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
     where
         F: FnOnce(&mut [u8]) -> R,
     {
+        if len > self.max_frame {
+            // Nothing may leave longer than the MTU: a real link drops it, or a router
+            // answers "too big" and shrinks the path for nothing.
+            assert!(
+                !self.strict,
+                "a {len}-byte frame exceeds the link's MTU ({} bytes with the Ethernet header)",
+                self.max_frame
+            );
+            self.stats.tx_oversize += 1;
+            let mut scratch = vec![0u8; len];
+            return f(&mut scratch);
+        }
         match self.free.pop() {
             Some(mut frame) if len <= self.io.frame_capacity() => {
                 let r = f(self.io.bytes_mut(&mut frame, len));
@@ -325,6 +369,8 @@ impl<P: FrameIo> Device for XdpDevice<P> {
                 free: &mut self.tx_free,
                 out: &mut self.tx_out,
                 stats: &mut self.stats,
+                max_frame: self.mtu + ETH_HEADER,
+                strict: self.strict,
             },
         ))
     }
@@ -339,6 +385,8 @@ impl<P: FrameIo> Device for XdpDevice<P> {
             free: &mut self.tx_free,
             out: &mut self.tx_out,
             stats: &mut self.stats,
+            max_frame: self.mtu + ETH_HEADER,
+            strict: self.strict,
         })
     }
 
@@ -362,6 +410,41 @@ impl<P: FrameIo> Device for XdpDevice<P> {
 mod tests {
     use super::*;
     use corelane_frame::MemLink;
+
+    fn send(dev: &mut XdpDevice<corelane_frame::MemPort>, len: usize) {
+        let tx = dev.transmit(Instant::ZERO).expect("a free frame");
+        smoltcp::phy::TxToken::consume(tx, len, |b| b.fill(0));
+    }
+
+    #[test]
+    fn a_frame_longer_than_the_mtu_never_leaves() {
+        let (a, mut b) = MemLink::default().pair();
+        let mut dev = XdpDevice::new(a, 1500, 8);
+        dev.set_strict(false);
+        send(&mut dev, 1514);
+        send(&mut dev, 1515);
+        dev.flush().unwrap();
+        let s = dev.stats();
+        assert_eq!((s.tx_frames, s.tx_oversize), (1, 1));
+        let mut rx = VecDeque::new();
+        assert_eq!(b.recv(&mut rx, 8), 1, "only the frame that fits was sent");
+        assert_eq!(b.bytes(&rx[0]).len(), 1514);
+        b.release(&mut rx.drain(..).collect());
+        // A strict device (every test's) calls it the bug it is.
+        dev.set_strict(true);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| send(&mut dev, 1515)));
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn frames_longer_than_the_mtu_are_counted_on_arrival() {
+        let (mut a, b) = MemLink::default().pair();
+        let mut dev = XdpDevice::new(b, 1500, 8);
+        assert!(a.inject(&[0u8; 1600]));
+        assert!(a.inject(&[0u8; 1514]));
+        dev.pull_batch();
+        assert_eq!(dev.stats().rx_oversize, 1);
+    }
 
     #[test]
     fn bad_frames_are_dropped_before_the_protocol_stage() {

@@ -15,6 +15,8 @@
 //! - [`Pipeline`]: the one pipeline turn (RX, classify, handoff in, demux + protocol, egress,
 //!   TX, recycle, refill) with stage timing and the Model-T [`BatchTuner`]. What other cores
 //!   exist, and which owns a frame, is the caller's [`Peers`].
+//! - [`sim`]: two stacks through a seeded, impaired path under bidirectional workloads, with
+//!   invariants checked after every step: the deterministic simulation.
 //! - [`Node`] and [`Pair`]: one stack with its pipeline, and two back to back over the
 //!   in-memory link with a clock that jumps to the next deadline.
 
@@ -29,6 +31,7 @@ pub mod frames;
 mod node;
 mod pipeline;
 pub mod route;
+pub mod sim;
 mod stack;
 pub mod tcp;
 pub mod tune;

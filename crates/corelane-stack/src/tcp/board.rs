@@ -355,6 +355,19 @@ impl Board {
         self.lost - before
     }
 
+    /// Cuts segment `i` in two at `at` (inside it): both pieces keep its state and transmit
+    /// time, the FIN rides on the second. For a segment that no longer fits one frame with the
+    /// options it must now carry.
+    pub(crate) fn split(&mut self, i: usize, at: Seq) {
+        let s = self.segs[i];
+        if !(at.gt(s.start) && at.lt(s.end)) {
+            return;
+        }
+        self.segs[i].end = at;
+        self.segs[i].fin = false;
+        self.segs.insert(i + 1, TxSeg { start: at, ..s });
+    }
+
     /// The newest segment in flight (not delivered, not deemed lost): what a probe in recovery
     /// sends again when there is no hole to fill and no new data.
     pub(crate) fn newest_in_flight(&self) -> Option<(usize, TxSeg)> {
@@ -455,6 +468,22 @@ mod tests {
         assert_eq!(b.next_lost().map(|(i, _)| i), Some(1));
         assert_eq!((b.lost(), b.in_flight()), (200, 700));
         Ok(())
+    }
+
+    #[test]
+    fn a_split_segment_keeps_its_state_and_the_counts() {
+        let mut b = board();
+        b.mark_all_lost();
+        b.split(9, Seq(1960));
+        assert_eq!((b.len(), b.lost(), b.in_flight()), (11, 1000, 0));
+        let (i, s) = b.next_lost().unwrap();
+        assert_eq!((i, s.start, s.end), (0, Seq(1000), Seq(1100)));
+        b.resent(0, t(50));
+        b.split(0, Seq(1040));
+        assert_eq!((b.lost(), b.in_flight(), b.len()), (900, 100, 12));
+        // Out of range: nothing changes.
+        b.split(0, Seq(1000));
+        assert_eq!(b.len(), 12);
     }
 
     #[test]

@@ -113,7 +113,12 @@ pub(crate) struct Conn {
     pub(super) snd: Ring,
     pub(super) close_requested: bool,
     pub(super) fin_seq: Option<Seq>,
+    /// Payload bytes of a full segment that carries the options every segment carries (the
+    /// timestamps): the segment size in force.
     pub(super) smss: usize,
+    /// Bytes of options and payload a segment may carry: the peer's MSS (RFC 6691: the MSS
+    /// counts the data only, so options come out of it), or what the path's MTU leaves.
+    pub(super) seg_room: usize,
     pub(super) snd_wscale: u8,
     // Receive side.
     pub(super) irs: Seq,
@@ -261,6 +266,7 @@ impl Conn {
             close_requested: false,
             fin_seq: None,
             smss: usize::from(default_mss(remote.addr)),
+            seg_room: usize::from(default_mss(remote.addr)),
             snd_wscale: 0,
             irs: Seq(0),
             rcv_nxt: Seq(0),
@@ -432,7 +438,8 @@ impl Conn {
         }
         let peer_mss = usize::from(peer.mss.unwrap_or_else(|| default_mss(self.remote.addr)));
         let mss = peer_mss.min(usize::from(self.sizes.mss)).max(64);
-        self.smss = mss - if self.ts_ok { 12 } else { 0 };
+        self.seg_room = mss;
+        self.smss = mss - self.fixed_options_len();
         self.cc.set_mss(self.smss);
         self.rcv_cap = self.rcv_cap.min(self.rcv_max());
     }
@@ -586,6 +593,29 @@ impl Conn {
     /// the SYN while the SYN is unacknowledged.
     pub(super) fn data_base(&self) -> Seq {
         self.snd_una.max(self.iss.plus(1))
+    }
+
+    /// Option bytes every segment after the handshake carries: the timestamps.
+    pub(super) fn fixed_options_len(&self) -> usize {
+        if self.ts_ok { 12 } else { 0 }
+    }
+
+    /// Option bytes of the SACK blocks the next segment carries (see `header`): a kind and
+    /// length padded to four bytes, then eight bytes a block, at most three.
+    pub(super) fn sack_options_len(&self) -> usize {
+        if self.sack_ok && !self.ooo.is_empty() {
+            4 + 8 * self.ooo.len().min(3)
+        } else {
+            0
+        }
+    }
+
+    /// Payload bytes the next segment may carry with the options it will carry, so that no
+    /// frame is longer than the MTU (RFC 9293 section 3.7.1, RFC 6691).
+    pub(super) fn payload_room(&self) -> usize {
+        self.seg_room
+            .saturating_sub(self.fixed_options_len() + self.sack_options_len())
+            .max(1)
     }
 
     /// Data queued and never sent.

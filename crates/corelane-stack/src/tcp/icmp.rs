@@ -72,11 +72,14 @@ impl Conn {
         // An old router that names no MTU: the next plateau below a full frame (RFC 1191
         // section 7), i.e. the floor.
         let mtu = if mtu == 0 { floor } else { mtu.max(floor) } as usize;
-        let opts = if self.ts_ok { 12 } else { 0 };
-        let mss = mtu.saturating_sub(ip + 20 + opts).max(64);
+        let room = mtu
+            .saturating_sub(ip + 20)
+            .max(64 + self.fixed_options_len());
+        let mss = room - self.fixed_options_len();
         if mss >= self.smss {
             return false;
         }
+        self.seg_room = room;
         self.smss = mss;
         self.cc.set_mss(mss);
         self.stats.pmtu_updates += 1;

@@ -43,6 +43,14 @@ impl Conn {
         // a SYN below RCV.NXT fails).
         if syn && self.state == TcpState::SynReceived && seq == self.irs {
             self.syn_due = true;
+            // The SYN-ACK answers this SYN: it echoes this one's timestamp, else the peer
+            // would time its round trip from the first, lost SYN-ACK's cause.
+            if self.ts_ok
+                && let Some(ts) = seg.timestamp
+            {
+                self.ts_recent = ts.tsval;
+                self.ts_recent_at = now;
+            }
             return;
         }
 
@@ -123,10 +131,8 @@ impl Conn {
             if ack.gt(self.snd_una) && ack.le(self.snd_nxt) {
                 self.state = TcpState::Established;
                 self.syn_due = false;
-                if self.syn_tries <= 1
-                    && let Some(t) = self.syn_sent_at
-                {
-                    self.rtt.sample(now - t);
+                if let Some(r) = self.handshake_rtt(now, seg) {
+                    self.rtt.sample_handshake(r);
                 }
                 self.rto_at = None;
                 self.last_progress = now;
@@ -225,10 +231,8 @@ impl Conn {
                 self.snd_wl2 = a;
                 self.snd_wnd = usize::from(seg.window_len) << self.snd_wscale;
                 self.max_snd_wnd = self.snd_wnd;
-                if self.syn_tries <= 1
-                    && let Some(t) = self.syn_sent_at
-                {
-                    self.rtt.sample(now - t);
+                if let Some(r) = self.handshake_rtt(now, seg) {
+                    self.rtt.sample_handshake(r);
                 }
                 self.rto_at = None;
                 self.last_progress = now;
@@ -245,6 +249,21 @@ impl Conn {
                 self.syn_due = true;
             }
         }
+    }
+
+    /// The round trip the handshake measured: from the SYN (or SYN-ACK) when it was sent once;
+    /// after retransmissions, only when the answer echoes the timestamp of the latest one
+    /// (RFC 7323 section 4: the echo names the transmission answered). An answer to an
+    /// earlier one (the peer resent on its own timer) would time the peer's timeout, not the
+    /// path, and leave a timeout of seconds for the first data; with no sample the timer
+    /// keeps its initial value until the data gives one.
+    fn handshake_rtt(&self, now: Instant, seg: &TcpRepr<'_>) -> Option<Duration> {
+        let sent = self.syn_sent_at?;
+        if self.syn_tries <= 1 {
+            return Some(now - sent);
+        }
+        let tsecr = seg.timestamp.filter(|_| self.ts_ok)?.tsecr;
+        (tsecr == self.ts_now(sent)).then(|| now - sent)
     }
 
     /// The ACK, the window and the SACK blocks of an acceptable segment.

@@ -6,6 +6,7 @@ use smoltcp::time::Instant;
 use smoltcp::wire::{IpEndpoint, TcpRepr};
 
 use super::TcpConfig;
+use super::board::TxSeg;
 use super::conn::{Conn, Sizes, TcpState, default_mss, scale_for};
 use super::secret::Secret;
 use super::seq::Seq;
@@ -52,10 +53,15 @@ impl Conn {
         }
         if self.sack_ok && !self.ooo.is_empty() {
             // The block holding the newest arrival first (RFC 2018 section 4), then the
-            // highest.
+            // highest (each range once: `sack_options_len` counts on it).
             let last = self.last_ooo;
             let mut k = 0;
-            if let Some(&b) = self.ooo.iter().find(|(s, e)| s.le(last) && e.gt(last)) {
+            let newest = self
+                .ooo
+                .iter()
+                .find(|(s, e)| s.le(last) && e.gt(last))
+                .copied();
+            if let Some(b) = newest {
                 o.sack[0] = b;
                 k = 1;
             }
@@ -63,11 +69,10 @@ impl Conn {
                 if k == 3 {
                     break;
                 }
-                if k == 1 && b == o.sack[0] {
-                    continue;
+                if Some(b) != newest {
+                    o.sack[k] = b;
+                    k += 1;
                 }
-                o.sack[k] = b;
-                k += 1;
             }
             o.nsack = k;
         }
@@ -123,6 +128,12 @@ impl Conn {
         o.ect = ect;
         o.flags |= cwr;
         o.payload = self.snd.slices(off, len);
+        debug_assert!(
+            o.header_len() - 20 + len <= self.seg_room,
+            "a segment of {len} bytes and {} of options exceeds the MSS ({})",
+            o.header_len() - 20,
+            self.seg_room
+        );
         let ok = emit(&o);
         if ok {
             self.stats.segs_out += 1;
@@ -233,7 +244,8 @@ impl Conn {
 
         // The holes first.
         while n < budget {
-            let Some((i, s)) = self.board.next_lost() else {
+            let lost = self.board.next_lost();
+            let Some((i, s)) = self.fitted(lost) else {
                 break;
             };
             let flight = self.board.in_flight();
@@ -276,6 +288,7 @@ impl Conn {
                 None if recovering && !new_data => self.board.newest_in_flight(),
                 other => other,
             };
+            let again = self.fitted(again);
             if let Some((i, s)) = again {
                 if !self.send_range(now, s.start, s.end, s.fin, emit) {
                     return n;
@@ -285,7 +298,7 @@ impl Conn {
                 n += 1;
             } else if new_data {
                 force = true;
-            } else if let Some(s) = self.board.back().copied() {
+            } else if let Some(s) = self.last_fitted() {
                 if !self.send_range(now, s.start, s.end, s.fin, emit) {
                     return n;
                 }
@@ -314,7 +327,8 @@ impl Conn {
             } else {
                 self.cc.cwnd.saturating_sub(flight)
             };
-            let want = unsent.min(self.smss);
+            let room = self.payload_room();
+            let want = unsent.min(room);
             let mut len = want.min(wnd_room).min(cwnd_room);
             if len < want {
                 if wnd_room == 0 && self.win_probe_due {
@@ -334,7 +348,7 @@ impl Conn {
                 }
             }
             // Nagle (RFC 896): a short tail waits for what is in flight, unless nodelay.
-            if len > 0 && len < self.smss && len == unsent && !self.nodelay && flight > 0 {
+            if len > 0 && len < room && len == unsent && !self.nodelay && flight > 0 {
                 break;
             }
             let fin = fin_ready && len == unsent;
@@ -406,6 +420,34 @@ impl Conn {
             }
         }
         n
+    }
+
+    /// Segment `seg` of the board, cut (on the board too) to what one frame carries with the
+    /// options the next segment carries: SACK blocks may have appeared since it was first
+    /// sent, or the path's MTU shrunk.
+    fn fitted(&mut self, seg: Option<(usize, TxSeg)>) -> Option<(usize, TxSeg)> {
+        let (i, s) = seg?;
+        let room = self.payload_room();
+        if s.len() - usize::from(s.fin) <= room {
+            return Some((i, s));
+        }
+        self.board.split(i, s.start.plus(room));
+        let mut s = s;
+        s.end = s.start.plus(room);
+        s.fin = false;
+        Some((i, s))
+    }
+
+    /// The newest segment, its front cut off if it does not fit one frame (a tail loss probe
+    /// sends the end of the flight).
+    fn last_fitted(&mut self) -> Option<TxSeg> {
+        let s = *self.board.back()?;
+        let room = self.payload_room();
+        if s.len() - usize::from(s.fin) > room {
+            let i = self.board.len() - 1;
+            self.board.split(i, s.end.minus(room + usize::from(s.fin)));
+        }
+        self.board.back().copied()
     }
 
     fn sent_again(&mut self, bytes: usize) {

@@ -12,6 +12,8 @@ pub(crate) struct Rtt {
     rttvar: u64,
     min_rtt: u64,
     backoff: u32,
+    /// The only sample is the handshake's.
+    provisional: bool,
     min: u64,
     max: u64,
     initial: u64,
@@ -25,16 +27,33 @@ impl Rtt {
             rttvar: 0,
             min_rtt: u64::MAX,
             backoff: 0,
+            provisional: false,
             min: min.total_micros(),
             max: max.total_micros().max(min.total_micros()),
             initial: initial.total_micros(),
         }
     }
 
+    /// Takes the handshake's sample: the first, and provisional. A handshake's answer may come
+    /// from the peer's own retransmission of its SYN-ACK, a second or more after the SYN that
+    /// seemed to be sent once; a first data sample under a quarter of it replaces it instead
+    /// of being averaged with it (which would leave a timeout of seconds for many round
+    /// trips).
+    pub(crate) fn sample_handshake(&mut self, rtt: Duration) {
+        self.sample(rtt);
+        self.provisional = true;
+    }
+
     /// Takes one sample (RFC 6298 section 2.2 and 2.3) and ends any backoff.
     pub(crate) fn sample(&mut self, rtt: Duration) {
         let r = rtt.total_micros().max(1);
+        let provisional = std::mem::take(&mut self.provisional);
         match self.srtt {
+            Some(s) if provisional && r < s / 4 => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+                self.min_rtt = r;
+            }
             None => {
                 self.srtt = Some(r);
                 self.rttvar = r / 2;
@@ -68,6 +87,10 @@ impl Rtt {
     pub(crate) fn rto(&self) -> Duration {
         let base = match self.srtt {
             // G, the clock granularity, is 1 µs here: K * RTTVAR dominates.
+            // An ambiguous handshake sample never makes the timer slower than none would.
+            Some(s) if self.provisional => {
+                (s + (4 * self.rttvar).max(1)).clamp(self.min, self.initial.max(self.min))
+            }
             Some(s) => (s + (4 * self.rttvar).max(1)).clamp(self.min, self.max),
             None => self.initial,
         };
@@ -86,6 +109,22 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_far_smaller_first_data_sample_replaces_the_handshake_sample() {
+        let mut r = Rtt::new(ms(200), ms(60_000), ms(1000));
+        r.sample_handshake(ms(1002));
+        assert_eq!(r.rto(), ms(1000), "no slower than the initial timeout");
+        r.sample(ms(2));
+        assert_eq!((r.srtt(), r.rto()), (Some(ms(2)), ms(200)));
+        // A comparable one is averaged in, as any sample.
+        let mut r = Rtt::new(ms(200), ms(60_000), ms(1000));
+        r.sample_handshake(ms(40));
+        r.sample(ms(20));
+        assert_eq!(r.srtt(), Some(Duration::from_micros(37_500)));
+        r.sample(ms(1));
+        assert_eq!(r.srtt(), Some(Duration::from_micros(32_937)));
     }
 
     #[test]

@@ -1,0 +1,492 @@
+//! Deterministic simulation of two stacks talking through an impaired path.
+//!
+//! Two [`Node`]s over the in-memory link, with a simulated router between them: each direction
+//! loses, duplicates, reorders, rate-limits and delays frames as its [`Impair`] says, decided by
+//! a generator seeded from one number. The clock jumps to the next deadline (a connection's
+//! timer or a frame's arrival), so seconds of simulated time cost milliseconds. A
+//! [`Workload`] drives sockets on both sides the way real services do (an echo, requests with
+//! bodies both ways, bulk both ways at once, connections opening and closing) and the harness
+//! checks, after every step:
+//!
+//! - every byte is delivered in order, exactly once (each stream's content is a function of its
+//!   key and offset, checked as it is read);
+//! - no frame is longer than the link's MTU allows;
+//! - no stall: bytes keep reaching readers, never more than [`SimConfig::stall_limit`] apart;
+//! - at the end every connection closes, every flow is freed, the TCP buffer memory is back to
+//!   zero and every frame is back where it belongs.
+//!
+//! A failure carries its scenario and seed; [`run_scenario`] with the same two replays it
+//! exactly.
+//!
+//! ```
+//! use corelane_stack::sim::{run_scenario, scenarios};
+//! let s = scenarios().into_iter().find(|s| s.name == "echo/loss-1%").unwrap();
+//! let report = run_scenario(&s, 7).expect("the echo completes");
+//! assert_eq!(report.oversize, 0);
+//! ```
+
+mod wire;
+mod workload;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+
+use corelane_frame::{MemLink, MemPort};
+use smoltcp::time::{Duration, Instant};
+use smoltcp::wire::{IpCidr, Ipv4Address};
+
+use crate::{Node, StackConfig, TcpConfig};
+use wire::{Dice, Wire};
+pub use wire::{HOLD_LIMIT, Impair, WireStats};
+pub use workload::{Shape, Workload};
+
+/// The IP MTU of the simulated link.
+pub const MTU: usize = 1500;
+
+/// How a simulation runs.
+#[derive(Debug, Clone, Copy)]
+pub struct SimConfig {
+    /// The seed of everything: both stacks' generators and the path's decisions.
+    pub seed: u64,
+    /// What the path does to frames from the client to the server.
+    pub up: Impair,
+    /// What the path does to frames from the server to the client.
+    pub down: Impair,
+    /// Both stacks' TCP configuration.
+    pub tcp: TcpConfig,
+    /// The longest an established connection may go without delivering a byte to a reader
+    /// while some are owed to it, once both ends have an RTT sample.
+    pub stall_limit: Duration,
+    /// The same before that: the timers run from the initial timeout.
+    pub handshake_limit: Duration,
+    /// The longest the whole run may take, in simulated time.
+    pub time_limit: Duration,
+    /// A frame longer than the MTU fails the run (true, the default), or is only dropped by
+    /// the path, as a real link drops it (false: to watch what such drops do to a transfer).
+    pub strict_mtu: bool,
+}
+
+impl SimConfig {
+    /// A run with `seed` over a path impaired `up` and `down`, default TCP, a stall limit of
+    /// four back-to-back retransmission timeouts from the floor (0.2 + 0.4 + 0.8 + 1.6 s) plus
+    /// the path's round trip (five from the initial timeout, 31 s, for a connection with no
+    /// RTT sample yet: a SYN or SYN-ACK lost five times in a row), and ten
+    /// simulated minutes for the whole run.
+    pub fn new(seed: u64, up: Impair, down: Impair) -> SimConfig {
+        let tcp = TcpConfig::default();
+        SimConfig {
+            seed,
+            up,
+            down,
+            tcp,
+            stall_limit: Duration::from(tcp.rto_min) * 15 + up.delay + down.delay,
+            handshake_limit: Duration::from(tcp.rto_initial) * 31,
+            time_limit: Duration::from_secs(600),
+            strict_mtu: true,
+        }
+    }
+}
+
+/// What a finished run measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SimReport {
+    /// Simulated time from the start until every byte was delivered.
+    pub elapsed: Duration,
+    /// The longest time an established connection went between two deliveries of bytes to a
+    /// reader while some were owed.
+    pub worst_stall: Duration,
+    /// Bytes delivered to readers, both directions, all connections.
+    pub bytes: u64,
+    /// Frames longer than the MTU (always 0 in a run that passed).
+    pub oversize: u64,
+    /// Segments both stacks sent again.
+    pub retransmits: u64,
+    /// Retransmission timeouts on both stacks.
+    pub rtos: u64,
+    /// Segments both stacks sent.
+    pub segments: u64,
+    /// Spurious recoveries undone on both stacks.
+    pub undos: u64,
+    /// What the path did, client to server and server to client.
+    pub wire: [WireStats; 2],
+    /// Simulation steps taken.
+    pub steps: u64,
+}
+
+/// A broken invariant, with what replays it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimFailure {
+    /// The scenario's name.
+    pub scenario: String,
+    /// The seed.
+    pub seed: u64,
+    /// Simulated time of the failure.
+    pub at: Duration,
+    /// What broke.
+    pub what: String,
+    /// The run so far.
+    pub report: Box<SimReport>,
+}
+
+impl fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "scenario {} seed {} failed at {} ms: {} (replay: cargo run --release -p \
+             corelane-bench --bin sim -- --scenario {} --seed {})",
+            self.scenario,
+            self.seed,
+            self.at.total_millis(),
+            self.what,
+            self.scenario,
+            self.seed
+        )
+    }
+}
+
+impl std::error::Error for SimFailure {}
+
+/// Two stacks and the impaired path between them.
+#[derive(Debug)]
+pub struct Sim {
+    /// The server, 10.9.0.1.
+    pub server: Node<MemPort>,
+    /// The client, 10.9.0.2.
+    pub client: Node<MemPort>,
+    now: Instant,
+    /// Client to server, server to client.
+    wires: [Wire; 2],
+    dice: Dice,
+    sent: VecDeque<Vec<u8>>,
+    due: Vec<Vec<u8>>,
+    steps: u64,
+}
+
+/// The server's address in a [`Sim`].
+pub const SERVER: Ipv4Address = Ipv4Address::new(10, 9, 0, 1);
+
+impl Sim {
+    /// Two stacks with `cfg`'s TCP configuration and seed, joined by a path impaired as `cfg`
+    /// says.
+    pub fn new(cfg: &SimConfig) -> Sim {
+        let (x, y) = MemLink::default().pair();
+        let node = |mut io: MemPort, last: u8, seed: u64| {
+            io.set_capture(true);
+            let addr = Ipv4Address::new(10, 9, 0, last);
+            let stack = StackConfig {
+                seed: Some(seed),
+                tcp: cfg.tcp,
+                ..StackConfig::default()
+            };
+            let mut n = Node::new(
+                io,
+                [2, 0, 0, 0, 0, last],
+                &[IpCidr::new(addr.into(), 24)],
+                MTU,
+                stack,
+            );
+            n.dev_mut().set_strict(cfg.strict_mtu);
+            n
+        };
+        let mut dice = Dice::new(cfg.seed);
+        let (s1, s2) = (dice.next(), dice.next());
+        Sim {
+            server: node(x, 1, s1),
+            client: node(y, 2, s2),
+            now: Instant::ZERO,
+            wires: [Wire::new(cfg.up, MTU), Wire::new(cfg.down, MTU)],
+            dice,
+            sent: VecDeque::new(),
+            due: Vec::new(),
+            steps: 0,
+        }
+    }
+
+    /// The simulated time.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// What the path did so far: client to server, server to client.
+    pub fn wire_stats(&self) -> [WireStats; 2] {
+        [self.wires[0].stats, self.wires[1].stats]
+    }
+
+    /// One turn of each stack at the current time, then the frames they sent onto the path and
+    /// the frames due off it. Returns true when anything moved.
+    ///
+    /// # Errors
+    /// When a transmit kick fails.
+    pub fn step(&mut self) -> io::Result<bool> {
+        self.steps += 1;
+        let mut busy = self.server.poll(self.now)?;
+        busy |= self.client.poll(self.now)?;
+        for (node, w) in [(&mut self.server, 1), (&mut self.client, 0)] {
+            node.dev_mut().io_mut().take_sent(&mut self.sent);
+            busy |= !self.sent.is_empty();
+            for f in self.sent.drain(..) {
+                self.wires[w].offer(self.now, f, &mut self.dice);
+            }
+        }
+        for (w, node) in [(0, &mut self.client), (1, &mut self.server)] {
+            self.wires[w].deliver(self.now, &mut self.due);
+            busy |= !self.due.is_empty();
+            // The sender's port puts bytes on its peer's receive ring.
+            let port = node.dev_mut().io_mut();
+            for f in self.due.drain(..) {
+                port.inject(&f);
+            }
+        }
+        Ok(busy || self.server.stack.egress_pending() || self.client.stack.egress_pending())
+    }
+
+    /// Moves the clock to the next deadline of either stack or the path, but not past
+    /// `until`. Returns false when nothing is due before `until`.
+    pub fn jump(&mut self, until: Instant) -> bool {
+        let next = [
+            self.server.stack.next_deadline(),
+            self.client.stack.next_deadline(),
+            self.wires[0].next_at(),
+            self.wires[1].next_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        match next {
+            Some(t) if t <= until => {
+                self.now = t.max(self.now + Duration::from_micros(1));
+                true
+            }
+            _ => {
+                self.now = until.max(self.now);
+                false
+            }
+        }
+    }
+
+    fn report(&self) -> SimReport {
+        let (s, c) = (self.server.stack.stats().tcp, self.client.stack.stats().tcp);
+        SimReport {
+            retransmits: s.retrans_segs + c.retrans_segs,
+            rtos: s.rto_expiries + c.rto_expiries,
+            segments: s.segs_out + c.segs_out,
+            undos: s.undos + c.undos,
+            oversize: self.wires[0].stats.oversize + self.wires[1].stats.oversize,
+            wire: self.wire_stats(),
+            steps: self.steps,
+            ..SimReport::default()
+        }
+    }
+
+    /// Runs `w` to its end and checks every invariant on the way (see the module's docs).
+    ///
+    /// # Errors
+    /// The first invariant broken, or the run's time limit.
+    pub fn run(&mut self, cfg: &SimConfig, w: &mut Workload) -> Result<SimReport, String> {
+        let end = Instant::ZERO + cfg.time_limit;
+        w.start(self)?;
+        let finished = loop {
+            let delivered = w.poll(self)?;
+            let oversize = self.wires[0].stats.oversize + self.wires[1].stats.oversize;
+            if oversize > 0 && cfg.strict_mtu {
+                return Err(format!(
+                    "{oversize} frames longer than the MTU ({} bytes with the Ethernet header; \
+                     longest {})",
+                    MTU + 14,
+                    self.wires[0].stats.longest.max(self.wires[1].stats.longest)
+                ));
+            }
+            if w.delivered_all() {
+                break self.now;
+            }
+            let (stalled, established) = w.stall(self.now);
+            let limit = if established {
+                cfg.stall_limit
+            } else {
+                cfg.handshake_limit
+            };
+            if stalled > limit {
+                return Err(format!(
+                    "stalled {} ms (limit {} ms{}) with {} of {} bytes delivered: {}",
+                    stalled.total_millis(),
+                    limit.total_millis(),
+                    if established {
+                        ""
+                    } else {
+                        ", in the handshake"
+                    },
+                    delivered,
+                    w.total(),
+                    w.describe(self)
+                ));
+            }
+            if self.now >= end {
+                return Err(format!(
+                    "not finished in the time limit: {}",
+                    w.describe(self)
+                ));
+            }
+            if !self.step().map_err(|e| e.to_string())? {
+                let until = (self.now + (limit - stalled) + Duration::from_millis(1)).min(end);
+                self.jump(until);
+            }
+        };
+        // Everything delivered: the connections close, then every flow, buffer and frame must
+        // come back.
+        let settle_end = self.now + Duration::from_secs(120);
+        loop {
+            w.poll(self)?;
+            let flows = self.server.stack.flow_count() + self.client.stack.flow_count();
+            if w.closed() && flows == 0 {
+                break;
+            }
+            if self.now >= settle_end {
+                return Err(format!(
+                    "not settled 120 s after the last byte: {flows} flows left; {}",
+                    w.describe(self)
+                ));
+            }
+            if !self.step().map_err(|e| e.to_string())? {
+                self.jump(settle_end);
+            }
+        }
+        for (name, node) in [("server", &mut self.server), ("client", &mut self.client)] {
+            let mem = node.stack.stats().tcp_mem;
+            if mem != 0 {
+                return Err(format!(
+                    "{name}: {mem} bytes of TCP buffers held after the end"
+                ));
+            }
+            let c = node.shutdown(self.now).map_err(|e| e.to_string())?;
+            if c.in_use != 0 || c.sum() != c.total {
+                return Err(format!("{name}: frames not all back: {c:?}"));
+            }
+        }
+        let mut r = self.report();
+        r.elapsed = finished - Instant::ZERO;
+        r.worst_stall = w.worst_stall();
+        r.bytes = w.total();
+        Ok(r)
+    }
+}
+
+/// A named pairing of a workload and an impaired path.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// `workload/impairment`, e.g. `echo/loss-1%`.
+    pub name: String,
+    /// What the sockets do.
+    pub shape: Shape,
+    /// Client to server.
+    pub up: Impair,
+    /// Server to client.
+    pub down: Impair,
+}
+
+/// The impairments every workload is run through: `(name, both directions alike)`, each on a
+/// path with 1 ms of delay each way.
+pub fn impairments() -> Vec<(&'static str, Impair)> {
+    let base = Impair::delay_ms(1);
+    let loss = |ppm| Impair {
+        loss_ppm: ppm,
+        ..base
+    };
+    let reorder = |ppm, hold| Impair {
+        reorder_ppm: ppm,
+        reorder_hold: hold,
+        ..base
+    };
+    vec![
+        ("clean", base),
+        ("loss-0.1%", loss(1_000)),
+        ("loss-1%", loss(10_000)),
+        ("loss-5%", loss(50_000)),
+        ("loss-10%", loss(100_000)),
+        (
+            "ack-loss-10%",
+            Impair {
+                ack_loss_ppm: 100_000,
+                ..base
+            },
+        ),
+        ("reorder-5%", reorder(50_000, 3)),
+        ("reorder-20%", reorder(200_000, 8)),
+        (
+            "dup-30%",
+            Impair {
+                dup_ppm: 300_000,
+                ..base
+            },
+        ),
+        (
+            "mix",
+            Impair {
+                loss_ppm: 10_000,
+                dup_ppm: 100_000,
+                reorder_ppm: 100_000,
+                reorder_hold: 3,
+                ..base
+            },
+        ),
+        (
+            "bottleneck",
+            Impair {
+                rate_bps: 200_000_000,
+                queue_bytes: 64 * 1024,
+                ..Impair::delay_ms(5)
+            },
+        ),
+    ]
+}
+
+/// Every scenario: each workload shape through each impairment.
+pub fn scenarios() -> Vec<Scenario> {
+    let mut v = Vec::new();
+    for shape in Shape::all() {
+        for (imp, i) in impairments() {
+            v.push(Scenario {
+                name: format!("{}/{imp}", shape.name()),
+                shape,
+                up: i,
+                down: i,
+            });
+        }
+    }
+    v
+}
+
+/// Runs `s` with `seed`.
+///
+/// # Errors
+/// The invariant the run broke, with the scenario and seed that replay it.
+pub fn run_scenario(s: &Scenario, seed: u64) -> Result<SimReport, SimFailure> {
+    let cfg = SimConfig::new(seed, s.up, s.down);
+    run_with(s, &cfg)
+}
+
+/// Runs `s` with the configuration `cfg` (its seed, TCP settings and limits).
+///
+/// # Errors
+/// The invariant the run broke, with the scenario and seed that replay it.
+pub fn run_with(s: &Scenario, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
+    let mut sim = Sim::new(cfg);
+    let mut w = Workload::new(s.shape, cfg.seed);
+    // A panic is a failure like any other: reported with its seed.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim.run(cfg, &mut w)));
+    let r = r.unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(format!("panicked: {msg}"))
+    });
+    r.map_err(|what| SimFailure {
+        scenario: s.name.clone(),
+        seed: cfg.seed,
+        at: sim.now() - Instant::ZERO,
+        what,
+        report: Box::new(sim.report()),
+    })
+}

@@ -1,0 +1,85 @@
+//! The deterministic simulation's fixed slice: every scenario (a bidirectional workload through
+//! an impaired path) with a fixed set of seeds, every invariant checked after every step. The
+//! long sweep is `cargo run --release -p corelane-bench --bin sim -- --seeds 100000`.
+
+use corelane_stack::sim::{Impair, SimConfig, run_scenario, run_with, scenarios};
+
+/// Seeds per scenario here: 44 scenarios, a few seconds in release mode.
+const SEEDS: u64 = 8;
+
+#[test]
+fn every_scenario_keeps_its_invariants_over_a_fixed_set_of_seeds() {
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for s in scenarios() {
+        for seed in 0..SEEDS {
+            runs += 1;
+            if let Err(f) = run_scenario(&s, seed) {
+                failures.push(f.to_string());
+            }
+        }
+    }
+    assert!(runs >= 300, "{runs} runs");
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} runs failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let s = scenarios()
+        .into_iter()
+        .find(|s| s.name == "bulk-both/mix")
+        .expect("the scenario exists");
+    let a = run_scenario(&s, 42).expect("the run passes");
+    let b = run_scenario(&s, 42).expect("the run passes");
+    assert_eq!(a, b);
+    let c = run_scenario(&s, 43).expect("the run passes");
+    assert_ne!(a.wire, c.wire, "another seed, another run");
+    // The mix of impairments happened, both ways.
+    for w in a.wire {
+        assert!(w.lost > 0 && w.duplicated > 0 && w.reordered > 0, "{w:?}");
+    }
+}
+
+#[test]
+fn data_segments_carrying_sack_blocks_stay_within_the_mtu() {
+    // Heavy loss both ways while both sides send full-size segments: most data segments carry
+    // SACK blocks for the other direction's holes. The run fails on any frame over the MTU.
+    let s = scenarios()
+        .into_iter()
+        .find(|s| s.name == "bulk-both/loss-5%")
+        .expect("the scenario exists");
+    for seed in 100..110 {
+        let r = run_scenario(&s, seed).unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(r.oversize, 0);
+        let longest = r.wire[0].longest.max(r.wire[1].longest);
+        assert_eq!(longest, 1514, "full-size frames were sent, none longer");
+    }
+}
+
+#[test]
+fn a_stall_past_the_limit_fails_the_run_with_its_seed() {
+    // A path that loses everything from the server: nothing is ever delivered back.
+    let s = scenarios()
+        .into_iter()
+        .find(|s| s.name == "echo/clean")
+        .expect("the scenario exists");
+    let cfg = SimConfig {
+        down: Impair {
+            loss_ppm: 1_000_000,
+            ..Impair::delay_ms(1)
+        },
+        ..SimConfig::new(5, s.up, s.down)
+    };
+    let f = run_with(&s, &cfg).expect_err("nothing can be delivered");
+    assert_eq!(f.seed, 5);
+    assert!(f.what.contains("stalled"), "{}", f.what);
+    assert!(
+        f.to_string().contains("--scenario echo/clean --seed 5"),
+        "{f}"
+    );
+}

@@ -4,7 +4,9 @@
 //! come back byte for byte (a stall shows as the client's 30 s read timeout), and no frame may
 //! leave corelane longer than the interface's MTU, whatever SACK blocks it carries.
 //! The simulation (`tests/sim.rs`, the `sim` bench) runs the same shapes over thousands of
-//! seeds; this is the real path: the XDP program, AF_XDP, veth and a Linux bridge.
+//! seeds; this is the real path: the XDP program, AF_XDP, veth and a Linux bridge. The
+//! kernel's echo server on the same path runs each case too; both times are printed, not
+//! asserted.
 
 mod common;
 
@@ -40,6 +42,22 @@ fn an_echo_through_loss_reordering_and_duplication_comes_back_whole() {
         })
         .expect("corelane");
     let addr: SocketAddr = format!("{CORELANE}:5040").parse().expect("address");
+    // The kernel's echo on the same path, for the times printed side by side (not asserted).
+    let kernel: SocketAddr = format!("{KERNEL}:5041").parse().expect("address");
+    let listener = net
+        .server_ns()
+        .run(move || std::net::TcpListener::bind(kernel))
+        .expect("namespace")
+        .expect("kernel listener");
+    let kernel_echo = std::thread::spawn(move || {
+        for _ in 0..3 {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut r = s.try_clone().expect("clone");
+            std::thread::spawn(move || std::io::copy(&mut r, &mut s));
+        }
+    });
     type Setup = fn(&corelane_testnet::LossyPath) -> corelane_testnet::Result<()>;
     let cases: [(&str, Setup); 3] = [
         ("1% lost both ways", |n| n.set_loss(pct(1.0), pct(1.0))),
@@ -57,6 +75,15 @@ fn an_echo_through_loss_reordering_and_duplication_comes_back_whole() {
         setup(&net).expect("impairment");
         let data = payload(N, 40 + k as u64);
         let t = Instant::now();
+        let linux = net
+            .client_ns()
+            .run({
+                let data = data.clone();
+                move || tcp_echo(kernel, &data)
+            })
+            .expect("client")
+            .map(|_| t.elapsed());
+        let t = Instant::now();
         let (hash, len) = net
             .client_ns()
             .run({
@@ -66,11 +93,15 @@ fn an_echo_through_loss_reordering_and_duplication_comes_back_whole() {
             .expect("client")
             .unwrap_or_else(|e| panic!("{name}: the echo failed: {e}"));
         let c = net.counters().expect("counters");
-        eprintln!("{name}: {len} bytes back in {:?}; {c:?}", t.elapsed());
+        eprintln!(
+            "{name}: corelane {:?}, Linux {linux:?} (same path, same run); {c:?}",
+            t.elapsed()
+        );
         assert_eq!(len, N, "{name}");
         assert!(hash == sha256(&data), "{name}: the echo came back changed");
     }
     stop.stop();
+    let _ = kernel_echo.join();
     let report = served
         .join()
         .expect("corelane thread")

@@ -290,16 +290,19 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
         r.cores.iter().map(|c| c.stats.stack.neighbors).sum::<u64>(),
     );
     println!(
-        "tcp: {} segments out, {} retransmitted ({} timeouts of the RTO, {} fast recoveries), \
-         {} path MTU updates, {} ICMP errors acted on, {} connections timed out, {reset} reset \
-         at stop; icmp: {echoes} echo requests answered",
+        "tcp: {} segments out, {} retransmitted ({} loss probes, {} timeouts of the RTO, {} fast \
+         recoveries), {} path MTU updates, {} ICMP errors acted on, {} connections timed out, \
+         {reset} reset at stop; {} frames over the MTU built; icmp: {echoes} echo requests \
+         answered",
         tcp.segs_out,
         tcp.retrans_segs,
+        tcp.tail_probes + tcp.recovery_probes,
         tcp.rto_expiries,
         tcp.fast_recoveries,
         tcp.pmtu_updates,
         tcp.icmp_errors,
         tcp.timeouts,
+        d.tx_oversize,
     );
     for w in &r.warnings {
         println!("warning: {w}");

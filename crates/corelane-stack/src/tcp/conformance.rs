@@ -377,6 +377,24 @@ fn out_of_order_data_is_sacked_newest_block_first_and_filled_in_place() {
 }
 
 #[test]
+fn each_range_is_reported_once_when_the_newest_is_not_the_highest() {
+    let (mut s, una) = Script::established(false);
+    for off in [3000, 1000] {
+        let mut a = seg(PEER_ISN + 1 + off, una);
+        a.len = 1000;
+        s.input(a);
+    }
+    let out = s.out();
+    assert_eq!(
+        out[0].sack,
+        vec![
+            (PEER_ISN + 1001, PEER_ISN + 2001),
+            (PEER_ISN + 3001, PEER_ISN + 4001)
+        ]
+    );
+}
+
+#[test]
 fn a_zero_window_is_probed_and_sending_resumes_when_it_opens() {
     let (mut s, una) = Script::established(false);
     let mut shut = seg(PEER_ISN + 1, una);

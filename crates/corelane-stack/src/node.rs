@@ -163,20 +163,8 @@ impl<P: FrameIo> Pair<P> {
     /// Moves the clock to the earlier of the two nodes' next deadlines, but not past `until`.
     /// Returns false when neither node has a deadline before `until` (nothing will happen).
     fn jump(&mut self, until: Instant) -> bool {
-        let next = [self.a.stack.next_deadline(), self.b.stack.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min();
-        match next {
-            Some(t) if t <= until => {
-                self.now = t.max(self.now + Duration::from_micros(1));
-                true
-            }
-            _ => {
-                self.now = until.max(self.now);
-                false
-            }
-        }
+        let next = [self.a.stack.next_deadline(), self.b.stack.next_deadline()];
+        jump_clock(&mut self.now, next, until)
     }
 
     /// Runs both nodes, calling `done` between steps, until it returns true or `limit` of
@@ -215,5 +203,24 @@ impl<P: FrameIo> Pair<P> {
             false
         })
         .map(|_| ())
+    }
+}
+
+/// Moves a simulated clock to the earliest of `next`, but not past `until` (and at least a
+/// microsecond on). Returns false when nothing is due before `until` (the clock is then there).
+pub(crate) fn jump_clock(
+    now: &mut Instant,
+    next: impl IntoIterator<Item = Option<Instant>>,
+    until: Instant,
+) -> bool {
+    match next.into_iter().flatten().min() {
+        Some(t) if t <= until => {
+            *now = t.max(*now + Duration::from_micros(1));
+            true
+        }
+        _ => {
+            *now = until.max(*now);
+            false
+        }
     }
 }

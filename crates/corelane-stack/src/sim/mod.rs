@@ -249,20 +249,8 @@ impl Sim {
             self.client.stack.next_deadline(),
             self.wires[0].next_at(),
             self.wires[1].next_at(),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        match next {
-            Some(t) if t <= until => {
-                self.now = t.max(self.now + Duration::from_micros(1));
-                true
-            }
-            _ => {
-                self.now = until.max(self.now);
-                false
-            }
-        }
+        ];
+        crate::node::jump_clock(&mut self.now, next, until)
     }
 
     fn report(&self) -> SimReport {

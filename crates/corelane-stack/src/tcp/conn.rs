@@ -53,17 +53,6 @@ pub(super) struct Undo {
     pub from: Seq,
 }
 
-impl Conn {
-    /// Puts the controller back as it was before the spurious episode (keeping a window
-    /// that has grown since).
-    pub(super) fn apply_undo(&mut self, u: Undo) {
-        let cwnd = self.cc.cwnd;
-        self.cc = u.prior;
-        self.cc.cwnd = self.cc.cwnd.max(cwnd);
-        self.stats.undos += 1;
-    }
-}
-
 /// What one side learnt from the other's SYN.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Peer {
@@ -113,11 +102,9 @@ pub(crate) struct Conn {
     pub(super) snd: Ring,
     pub(super) close_requested: bool,
     pub(super) fin_seq: Option<Seq>,
-    /// Payload bytes of a full segment that carries the options every segment carries (the
-    /// timestamps): the segment size in force.
+    /// Payload of a full segment with the timestamps: the segment size in force.
     pub(super) smss: usize,
-    /// Bytes of options and payload a segment may carry: the peer's MSS (RFC 6691: the MSS
-    /// counts the data only, so options come out of it), or what the path's MTU leaves.
+    /// Options and payload a segment may carry: the MSS (RFC 6691) or what the path MTU leaves.
     pub(super) seg_room: usize,
     pub(super) snd_wscale: u8,
     // Receive side.
@@ -593,29 +580,6 @@ impl Conn {
     /// the SYN while the SYN is unacknowledged.
     pub(super) fn data_base(&self) -> Seq {
         self.snd_una.max(self.iss.plus(1))
-    }
-
-    /// Option bytes every segment after the handshake carries: the timestamps.
-    pub(super) fn fixed_options_len(&self) -> usize {
-        if self.ts_ok { 12 } else { 0 }
-    }
-
-    /// Option bytes of the SACK blocks the next segment carries (see `header`): a kind and
-    /// length padded to four bytes, then eight bytes a block, at most three.
-    pub(super) fn sack_options_len(&self) -> usize {
-        if self.sack_ok && !self.ooo.is_empty() {
-            4 + 8 * self.ooo.len().min(3)
-        } else {
-            0
-        }
-    }
-
-    /// Payload bytes the next segment may carry with the options it will carry, so that no
-    /// frame is longer than the MTU (RFC 9293 section 3.7.1, RFC 6691).
-    pub(super) fn payload_room(&self) -> usize {
-        self.seg_room
-            .saturating_sub(self.fixed_options_len() + self.sack_options_len())
-            .max(1)
     }
 
     /// Data queued and never sent.

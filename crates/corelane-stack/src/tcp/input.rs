@@ -544,3 +544,14 @@ impl Conn {
         self.tlp_at = None;
     }
 }
+
+impl Conn {
+    /// Puts the controller back as it was before the spurious episode (keeping a window
+    /// that has grown since).
+    pub(super) fn apply_undo(&mut self, u: Undo) {
+        let cwnd = self.cc.cwnd;
+        self.cc = u.prior;
+        self.cc.cwnd = self.cc.cwnd.max(cwnd);
+        self.stats.undos += 1;
+    }
+}

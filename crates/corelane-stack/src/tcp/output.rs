@@ -422,6 +422,29 @@ impl Conn {
         n
     }
 
+    /// Option bytes every segment after the handshake carries: the timestamps.
+    pub(super) fn fixed_options_len(&self) -> usize {
+        if self.ts_ok { 12 } else { 0 }
+    }
+
+    /// Option bytes of the SACK blocks the next segment carries (see `header`): a kind and
+    /// length padded to four bytes, then eight bytes a block, at most three.
+    fn sack_options_len(&self) -> usize {
+        if self.sack_ok && !self.ooo.is_empty() {
+            4 + 8 * self.ooo.len().min(3)
+        } else {
+            0
+        }
+    }
+
+    /// Payload bytes the next segment may carry with the options it will carry, so that no
+    /// frame is longer than the MTU (RFC 9293 section 3.7.1, RFC 6691).
+    fn payload_room(&self) -> usize {
+        self.seg_room
+            .saturating_sub(self.fixed_options_len() + self.sack_options_len())
+            .max(1)
+    }
+
     /// Segment `seg` of the board, cut (on the board too) to what one frame carries with the
     /// options the next segment carries: SACK blocks may have appeared since it was first
     /// sent, or the path's MTU shrunk.

@@ -4,7 +4,7 @@
 
 use corelane_stack::sim::{Impair, SimConfig, run_scenario, run_with, scenarios};
 
-/// Seeds per scenario here: 44 scenarios, a few seconds in release mode.
+/// Seeds per scenario here: 56 scenarios, a few seconds in release mode.
 const SEEDS: u64 = 8;
 
 #[test]

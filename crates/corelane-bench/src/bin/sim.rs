@@ -47,6 +47,17 @@ struct Args {
     /// instead of failing the run.
     #[arg(long)]
     lenient_mtu: bool,
+    /// The client delays its ACKs this long (milliseconds; Linux's delayed ACK is 40 ms and
+    /// more), to see how the server's sender copes with a slow ACKer.
+    #[arg(long)]
+    client_ack_delay_ms: Option<u64>,
+    /// One-way delay of both directions, microseconds, instead of the scenario's (a veth's
+    /// round trip is a few hundred).
+    #[arg(long)]
+    delay_us: Option<u64>,
+    /// With `--seed`: prints every frame offered to the path and what became of it.
+    #[arg(long)]
+    trace: bool,
 }
 
 /// What the runs of one scenario gave.
@@ -73,11 +84,22 @@ fn main() {
         std::panic::set_hook(Box::new(|_| {}));
     }
     let lenient = args.lenient_mtu;
+    let delack = args.client_ack_delay_ms;
+    let delay_us = args.delay_us;
+    let trace = args.trace && args.seed.is_some();
     let run_scenario = |s: &Scenario, seed: u64| {
-        let cfg = SimConfig {
+        let mut cfg = SimConfig {
             strict_mtu: !lenient,
+            trace,
             ..SimConfig::new(seed, s.up, s.down)
         };
+        if let Some(us) = delay_us {
+            cfg.up.delay = corelane_stack::smoltcp::time::Duration::from_micros(us);
+            cfg.down.delay = cfg.up.delay;
+        }
+        if let Some(ms) = delack {
+            cfg.client_tcp.ack_delay = std::time::Duration::from_millis(ms);
+        }
         run_with(s, &cfg)
     };
     let all: Vec<Scenario> = scenarios()

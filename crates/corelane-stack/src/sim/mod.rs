@@ -53,8 +53,11 @@ pub struct SimConfig {
     pub up: Impair,
     /// What the path does to frames from the server to the client.
     pub down: Impair,
-    /// Both stacks' TCP configuration.
+    /// The server's TCP configuration.
     pub tcp: TcpConfig,
+    /// The client's (the same by default; another, e.g. a peer that delays its ACKs as long as
+    /// Linux may, 40 ms and more, to see what the server does with it).
+    pub client_tcp: TcpConfig,
     /// The longest an established connection may go without delivering a byte to a reader
     /// while some are owed to it, once both ends have an RTT sample.
     pub stall_limit: Duration,
@@ -65,6 +68,8 @@ pub struct SimConfig {
     /// A frame longer than the MTU fails the run (true, the default), or is only dropped by
     /// the path, as a real link drops it (false: to watch what such drops do to a transfer).
     pub strict_mtu: bool,
+    /// Prints every frame offered to the path, with what became of it (for a replay).
+    pub trace: bool,
 }
 
 impl SimConfig {
@@ -80,10 +85,12 @@ impl SimConfig {
             up,
             down,
             tcp,
+            client_tcp: tcp,
             stall_limit: Duration::from(tcp.rto_min) * 15 + up.delay + down.delay,
             handshake_limit: Duration::from(tcp.rto_initial) * 31,
             time_limit: Duration::from_secs(600),
             strict_mtu: true,
+            trace: false,
         }
     }
 }
@@ -161,6 +168,7 @@ pub struct Sim {
     sent: VecDeque<Vec<u8>>,
     due: Vec<Vec<u8>>,
     steps: u64,
+    trace: bool,
 }
 
 /// The server's address in a [`Sim`].
@@ -171,12 +179,12 @@ impl Sim {
     /// says.
     pub fn new(cfg: &SimConfig) -> Sim {
         let (x, y) = MemLink::default().pair();
-        let node = |mut io: MemPort, last: u8, seed: u64| {
+        let node = |mut io: MemPort, last: u8, seed: u64, tcp: TcpConfig| {
             io.set_capture(true);
             let addr = Ipv4Address::new(10, 9, 0, last);
             let stack = StackConfig {
                 seed: Some(seed),
-                tcp: cfg.tcp,
+                tcp,
                 ..StackConfig::default()
             };
             let mut n = Node::new(
@@ -192,14 +200,15 @@ impl Sim {
         let mut dice = Dice::new(cfg.seed);
         let (s1, s2) = (dice.next(), dice.next());
         Sim {
-            server: node(x, 1, s1),
-            client: node(y, 2, s2),
+            server: node(x, 1, s1, cfg.tcp),
+            client: node(y, 2, s2, cfg.client_tcp),
             now: Instant::ZERO,
             wires: [Wire::new(cfg.up, MTU), Wire::new(cfg.down, MTU)],
             dice,
             sent: VecDeque::new(),
             due: Vec::new(),
             steps: 0,
+            trace: cfg.trace,
         }
     }
 
@@ -226,7 +235,7 @@ impl Sim {
             node.dev_mut().io_mut().take_sent(&mut self.sent);
             busy |= !self.sent.is_empty();
             for f in self.sent.drain(..) {
-                self.wires[w].offer(self.now, f, &mut self.dice);
+                self.wires[w].offer(self.now, f, &mut self.dice, self.trace);
             }
         }
         for (w, node) in [(0, &mut self.client), (1, &mut self.server)] {
@@ -373,9 +382,10 @@ pub struct Scenario {
 }
 
 /// The impairments every workload is run through: `(name, both directions alike)`, each on a
-/// path with 1 ms of delay each way.
+/// path with 1 ms of delay each way (50 us for the `short-` ones, 5 ms for the bottleneck).
 pub fn impairments() -> Vec<(&'static str, Impair)> {
     let base = Impair::delay_ms(1);
+    let short = Duration::from_micros(50);
     let loss = |ppm| Impair {
         loss_ppm: ppm,
         ..base
@@ -423,6 +433,29 @@ pub fn impairments() -> Vec<(&'static str, Impair)> {
                 rate_bps: 200_000_000,
                 queue_bytes: 64 * 1024,
                 ..Impair::delay_ms(5)
+            },
+        ),
+        // A veth's round trip (100 us): timers meet the path's pace differently.
+        (
+            "short-loss-5%",
+            Impair {
+                delay: short,
+                ..loss(50_000)
+            },
+        ),
+        (
+            "short-ack-loss-10%",
+            Impair {
+                ack_loss_ppm: 100_000,
+                delay: short,
+                ..base
+            },
+        ),
+        (
+            "short-reorder-20%",
+            Impair {
+                delay: short,
+                ..reorder(200_000, 8)
             },
         ),
     ]

@@ -142,6 +142,63 @@ pub(crate) fn pure_ack(f: &[u8]) -> bool {
     data == 0 && flags & 0x07 == 0
 }
 
+/// One line about an Ethernet frame holding an IPv4 TCP segment: ports, flags, sequence and
+/// acknowledgment numbers, length, window and SACK blocks (for a replay's trace).
+pub(crate) fn describe(f: &[u8]) -> String {
+    let Some(&vihl) = f.get(14) else {
+        return format!("{} bytes", f.len());
+    };
+    let l4 = 14 + usize::from(vihl & 0xf) * 4;
+    let (Some(h), Some(total)) = (
+        f.get(l4..l4 + 20),
+        f.get(16..18)
+            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))),
+    ) else {
+        return format!("{} bytes", f.len());
+    };
+    let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let doff = usize::from(h[12] >> 4) * 4;
+    let len = (14 + total).saturating_sub(l4 + doff);
+    let fl = h[13];
+    let flags: String = [
+        (0x02, 'S'),
+        (0x01, 'F'),
+        (0x04, 'R'),
+        (0x08, 'P'),
+        (0x10, '.'),
+    ]
+    .iter()
+    .filter(|(b, _)| fl & b != 0)
+    .map(|(_, c)| *c)
+    .collect();
+    let mut sack = String::new();
+    let opts = f.get(l4 + 20..l4 + doff).unwrap_or(&[]);
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i] {
+            0 => break,
+            1 => i += 1,
+            k => {
+                let n = usize::from(*opts.get(i + 1).unwrap_or(&2)).max(2);
+                if k == 5 {
+                    for b in opts.get(i + 2..i + n).unwrap_or(&[]).chunks_exact(8) {
+                        sack.push_str(&format!(" sack {}-{}", be32(&b[..4]), be32(&b[4..])));
+                    }
+                }
+                i += n;
+            }
+        }
+    }
+    format!(
+        "{}>{} [{flags}] seq {} ack {} len {len} win {}{sack}",
+        u16::from_be_bytes([h[0], h[1]]),
+        u16::from_be_bytes([h[2], h[3]]),
+        be32(&h[4..8]),
+        be32(&h[8..12]),
+        u16::from_be_bytes([h[14], h[15]])
+    )
+}
+
 impl Wire {
     pub(crate) fn new(imp: Impair, mtu: usize) -> Wire {
         Wire {
@@ -154,8 +211,31 @@ impl Wire {
         }
     }
 
-    /// A frame enters this direction at `now`.
-    pub(crate) fn offer(&mut self, now: Instant, bytes: Vec<u8>, dice: &mut Dice) {
+    /// A frame enters this direction at `now`; with `trace`, a line says what became of it.
+    pub(crate) fn offer(&mut self, now: Instant, bytes: Vec<u8>, dice: &mut Dice, trace: bool) {
+        let before = self.stats;
+        let line = trace.then(|| describe(&bytes));
+        self.decide(now, bytes, dice);
+        if let Some(line) = line {
+            let s = self.stats;
+            let fate = if s.lost > before.lost || s.acks_lost > before.acks_lost {
+                " LOST"
+            } else if s.queue_dropped > before.queue_dropped {
+                " QUEUE-DROPPED"
+            } else if s.oversize > before.oversize {
+                " OVERSIZE"
+            } else if s.reordered > before.reordered {
+                " held"
+            } else if s.duplicated > before.duplicated {
+                " duplicated"
+            } else {
+                ""
+            };
+            println!("{:>10} us {line}{fate}", now.total_micros());
+        }
+    }
+
+    fn decide(&mut self, now: Instant, bytes: Vec<u8>, dice: &mut Dice) {
         let s = &mut self.stats;
         s.frames += 1;
         s.longest = s.longest.max(bytes.len());
@@ -280,11 +360,11 @@ mod tests {
         };
         let mut w = Wire::new(imp, 1500);
         let mut dice = Dice::new(1);
-        w.offer(Instant::ZERO, vec![1; 60], &mut dice);
+        w.offer(Instant::ZERO, vec![1; 60], &mut dice, false);
         w.imp.reorder_ppm = 0;
-        w.offer(Instant::ZERO, vec![2; 60], &mut dice);
-        w.offer(Instant::ZERO, vec![3; 60], &mut dice);
-        w.offer(Instant::ZERO, vec![4; 60], &mut dice);
+        w.offer(Instant::ZERO, vec![2; 60], &mut dice, false);
+        w.offer(Instant::ZERO, vec![3; 60], &mut dice, false);
+        w.offer(Instant::ZERO, vec![4; 60], &mut dice, false);
         let mut out = Vec::new();
         w.deliver(Instant::ZERO, &mut out);
         let order: Vec<u8> = out.iter().map(|f| f[0]).collect();
@@ -301,7 +381,7 @@ mod tests {
         };
         let mut w = Wire::new(imp, 1500);
         let mut dice = Dice::new(1);
-        w.offer(Instant::ZERO, vec![1; 60], &mut dice);
+        w.offer(Instant::ZERO, vec![1; 60], &mut dice, false);
         let mut out = Vec::new();
         w.deliver(Instant::ZERO, &mut out);
         assert!(out.is_empty());
@@ -314,8 +394,8 @@ mod tests {
     fn oversize_frames_are_dropped_and_counted() {
         let mut w = Wire::new(Impair::default(), 1500);
         let mut dice = Dice::new(1);
-        w.offer(Instant::ZERO, frame(1515), &mut dice);
-        w.offer(Instant::ZERO, frame(1514), &mut dice);
+        w.offer(Instant::ZERO, frame(1515), &mut dice, false);
+        w.offer(Instant::ZERO, frame(1514), &mut dice, false);
         assert_eq!((w.stats.oversize, w.in_flight()), (1, 1));
         assert_eq!(w.stats.longest, 1515);
     }
@@ -330,7 +410,7 @@ mod tests {
         let mut w = Wire::new(imp, 1500);
         let mut dice = Dice::new(1);
         for _ in 0..5 {
-            w.offer(Instant::ZERO, frame(1000), &mut dice);
+            w.offer(Instant::ZERO, frame(1000), &mut dice, false);
         }
         // The first starts at once; three more wait (up to 3000 bytes ahead); the fifth would
         // wait behind 4000 and is dropped.

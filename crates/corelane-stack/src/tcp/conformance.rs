@@ -395,6 +395,19 @@ fn each_range_is_reported_once_when_the_newest_is_not_the_highest() {
 }
 
 #[test]
+fn a_fin_that_arrives_out_of_order_is_inside_its_sack_block() {
+    let (mut s, una) = Script::established(false);
+    let mut last = seg(PEER_ISN + 1 + 1000, una);
+    last.len = 500;
+    last.ctl = TcpControl::Fin;
+    s.input(last);
+    let out = s.out();
+    // The data ends at 1500; the FIN takes 1501.
+    assert_eq!(out[0].ack, Some(PEER_ISN + 1));
+    assert_eq!(out[0].sack, vec![(PEER_ISN + 1001, PEER_ISN + 1502)]);
+}
+
+#[test]
 fn a_zero_window_is_probed_and_sending_resumes_when_it_opens() {
     let (mut s, una) = Script::established(false);
     let mut shut = seg(PEER_ISN + 1, una);
@@ -431,6 +444,36 @@ fn a_zero_window_is_probed_and_sending_resumes_when_it_opens() {
         }
     }
     assert_eq!(acked, una.wrapping_add(3000));
+}
+
+#[test]
+fn a_small_window_whose_update_was_lost_is_probed_with_what_fits() {
+    // The peer's window was 10,000 bytes, then it took data and said 300 were left; the
+    // update that reopened it was lost. Sender silly window avoidance holds back a 300-byte
+    // segment, so without a probe neither side would ever send again.
+    let (mut s, una) = Script::established(false);
+    let mut big = seg(PEER_ISN + 1, una);
+    big.window = 10_000;
+    s.input(big);
+    let mut small = seg(PEER_ISN + 1, una);
+    small.window = 300;
+    s.input(small);
+    s.c.write(&[1u8; 3000]);
+    assert!(s.out().is_empty(), "a runt is held back at first");
+    s.jump();
+    let out = s.out();
+    assert_eq!(out.len(), 1, "the persist timer sends one segment");
+    assert_eq!(
+        (out[0].seq, out[0].len),
+        (una, 300),
+        "what the window takes"
+    );
+    // Its ACK carries the window as it is now: sending resumes.
+    let mut open = seg(PEER_ISN + 1, una.wrapping_add(300));
+    open.window = 10_000;
+    s.input(open);
+    let sent: usize = s.out().iter().map(|o| o.len).sum();
+    assert!(sent > 1448, "{sent} bytes after the window opened");
 }
 
 #[test]

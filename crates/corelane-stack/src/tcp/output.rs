@@ -74,6 +74,14 @@ impl Conn {
                     k += 1;
                 }
             }
+            // A FIN that arrived out of order occupies the sequence number after its data:
+            // the block holding that data covers it too, as the peer's segment did, or the
+            // peer would never see that segment arrive.
+            for b in &mut o.sack[..k] {
+                if self.peer_fin == Some(b.1) {
+                    b.1 = b.1.plus(1);
+                }
+            }
             o.nsack = k;
         }
         o
@@ -331,10 +339,14 @@ impl Conn {
             let want = unsent.min(room);
             let mut len = want.min(wnd_room).min(cwnd_room);
             if len < want {
-                if wnd_room == 0 && self.win_probe_due {
-                    // The persist timer fired: one byte past the closed window.
+                if self.win_probe_due && (wnd_room == 0 || len == wnd_room) {
+                    // The persist timer fired: one byte past a closed window, or what fits a
+                    // small one that sender silly window avoidance held back (RFC 1122
+                    // section 4.2.3.4's override). Either brings an ACK with the window as it
+                    // is now: the update that opened it may have been lost, and then neither
+                    // side would ever send again.
                     self.win_probe_due = false;
-                    len = 1;
+                    len = wnd_room.clamp(1, want);
                 } else if cwnd_room < want && len < self.smss {
                     // Wait for ACKs rather than send a runt.
                     break;

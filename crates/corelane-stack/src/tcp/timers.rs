@@ -128,7 +128,8 @@ impl Conn {
             TcpState::Closed | TcpState::Listen | TcpState::TimeWait => {}
             _ => {
                 if self.board.is_empty() {
-                    // The persist timer: probe a zero window.
+                    // The persist timer: probe a closed window, or one too small to send into
+                    // (see `output`).
                     if self.snd_wnd < self.smss && self.unsent() > 0 {
                         self.rtt.back_off();
                         self.win_probe_due = true;

@@ -113,8 +113,11 @@ struct Side {
     step_recvd: u64,
     sent: u64,
     recvd: u64,
-    /// Writes back what it reads.
+    /// Writes back what it reads, all of it before it reads again (as `read` then `write_all`
+    /// does: while the peer is slow to take it, this side's receive window fills).
     echo: bool,
+    /// Read and not yet written back.
+    pending: Vec<u8>,
     /// Shuts down writing only after the peer's end of stream.
     close_after_eof: bool,
     shut: bool,
@@ -390,13 +393,13 @@ fn drive(stack: &mut Stack, side: &mut Side, buf: &mut [u8]) -> Result<(), Strin
         None => return Err("the flow is gone".into()),
         _ => {}
     }
-    // Read what arrived: what the step is owed (an echo only what it can write back at once),
-    // or, once the script is done, the end of the stream.
+    // Read what arrived: what the step is owed, or, once the script is done, the end of the
+    // stream. An echo first writes back what it read.
     loop {
-        let mut want = side.steps.front().map_or(0, |&(_, r)| r - side.step_recvd);
-        if side.echo {
-            want = want.min(stack.tcp_send_room(id) as u64);
+        if !flush_echo(stack, id, side)? {
+            break;
         }
+        let want = side.steps.front().map_or(0, |&(_, r)| r - side.step_recvd);
         let mut want = want.min(buf.len() as u64) as usize;
         if want == 0 {
             if !side.steps.is_empty() || side.eof {
@@ -429,12 +432,7 @@ fn drive(stack: &mut Stack, side: &mut Side, buf: &mut [u8]) -> Result<(), Strin
                 side.recvd += n as u64;
                 side.step_recvd += n as u64;
                 if side.echo {
-                    match stack.tcp_write(id, &buf[..n], None) {
-                        Poll::Ready(Ok(k)) if k == n => {}
-                        other => return Err(format!("echo write of {n}: {other:?}")),
-                    }
-                    side.sent += n as u64;
-                    side.step_sent += n as u64;
+                    side.pending.extend_from_slice(&buf[..n]);
                 }
             }
         }
@@ -471,6 +469,23 @@ fn drive(stack: &mut Stack, side: &mut Side, buf: &mut [u8]) -> Result<(), Strin
         side.released = true;
     }
     Ok(())
+}
+
+/// Writes back what an echo read; true when nothing is left to write.
+fn flush_echo(stack: &mut Stack, id: FlowId, side: &mut Side) -> Result<bool, String> {
+    while !side.pending.is_empty() {
+        match stack.tcp_write(id, &side.pending, None) {
+            Poll::Pending => return Ok(false),
+            Poll::Ready(Err(e)) => return Err(format!("echo write: {e}")),
+            Poll::Ready(Ok(k)) => {
+                side.pending.drain(..k);
+                side.sent += k as u64;
+                side.step_sent += k as u64;
+            }
+        }
+    }
+    next_step(side);
+    Ok(true)
 }
 
 fn next_step(side: &mut Side) {

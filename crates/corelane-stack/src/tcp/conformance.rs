@@ -407,6 +407,55 @@ fn a_fin_that_arrives_out_of_order_is_inside_its_sack_block() {
     assert_eq!(out[0].sack, vec![(PEER_ISN + 1001, PEER_ISN + 1502)]);
 }
 
+/// A receive window filled to one byte short while this side has 3000 bytes in flight: the
+/// window advertised is rounded up to the scale's unit (2 bytes with the scale of 1 these
+/// scripts get) so that its right edge never moves back. Returns `RCV.NXT` and `SND.UNA`.
+fn full_receive_window() -> (Script, u32, u32) {
+    let (mut s, una) = Script::established(false);
+    s.c.write(&[7u8; 3000]);
+    assert_eq!(s.out().iter().map(|o| o.len).sum::<usize>(), 3000);
+    let mut at = PEER_ISN + 1;
+    let mut left = 65_535;
+    while left > 0 {
+        let mut d = seg(at, una);
+        d.len = left.min(1000);
+        s.input(d);
+        at += d.len as u32;
+        left -= d.len;
+    }
+    let out = s.out();
+    let last = out.last().expect("an ACK");
+    assert_eq!(
+        (last.ack, last.window),
+        (Some(at), 1),
+        "2 bytes advertised, 1 free"
+    );
+    (s, at, una)
+}
+
+#[test]
+fn data_inside_a_rounded_up_window_is_taken() {
+    let (mut s, rcv_nxt, una) = full_receive_window();
+    // The peer's persist probe fills what was advertised.
+    let mut probe = seg(rcv_nxt, una);
+    probe.len = 2;
+    s.input(probe);
+    assert_eq!(s.c.rcv_nxt.0, rcv_nxt + 2, "both bytes taken, as promised");
+}
+
+#[test]
+fn an_ack_at_the_right_edge_of_the_window_is_processed() {
+    let (mut s, rcv_nxt, una) = full_receive_window();
+    // The peer sent the 2 bytes the window allowed (they were lost) and now acknowledges
+    // this side's data: its sequence number is the window's right edge. Dropping such ACKs
+    // (RFC 9293's strict test) left this side resending acknowledged data on a doubling
+    // timer, moving only when the peer's persist timer fired.
+    let ack = seg(rcv_nxt + 2, una + 3000);
+    s.input(ack);
+    assert_eq!(s.c.snd_una.0, una + 3000, "the ACK was taken");
+    assert!(s.c.board.is_empty());
+}
+
 #[test]
 fn a_zero_window_is_probed_and_sending_resumes_when_it_opens() {
     let (mut s, una) = Script::established(false);

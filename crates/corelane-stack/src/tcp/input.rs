@@ -67,11 +67,14 @@ impl Conn {
         }
 
         // Is the segment acceptable (RFC 9293 section 3.10.7.4, first check)?
-        let wnd = self.rcv_room().max(self.rcv_adv.since(self.rcv_nxt));
+        let wnd = self.rcv_window_now();
         let inside = |s: Seq| s.ge(self.rcv_nxt) && s.lt(self.rcv_nxt.plus(wnd));
         let acceptable = match (len, wnd) {
             (0, 0) => seq == self.rcv_nxt,
-            (0, _) => inside(seq),
+            // At the right edge too (as Linux takes it): a peer that filled the window it was
+            // given sends its ACKs from there, and they must not all be dropped while the
+            // data that filled it waits for room.
+            (0, _) => seq.ge(self.rcv_nxt) && seq.le(self.rcv_nxt.plus(wnd)),
             (_, 0) => false,
             _ => inside(seq) || inside(seq.plus(len - 1)),
         };

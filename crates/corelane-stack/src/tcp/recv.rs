@@ -31,6 +31,14 @@ impl Conn {
         };
     }
 
+    /// The window in force from `RCV.NXT`: the room in the buffer, or what was advertised when
+    /// that is more (a window rounded up to the scale's unit, so that its right edge never
+    /// moved back, is a promise: data inside it is taken, the ring growing past its cap by
+    /// less than one unit).
+    pub(super) fn rcv_window_now(&self) -> usize {
+        self.rcv_room().max(self.rcv_adv.since(self.rcv_nxt))
+    }
+
     /// In-window data at `seq`: placed where it belongs in the receive ring; `RCV.NXT` moves
     /// over what is now contiguous.
     pub(super) fn receive(&mut self, now: Instant, seq: Seq, payload: &[u8]) {
@@ -44,7 +52,7 @@ impl Conn {
             data = &data[cut..];
             seq = self.rcv_nxt;
         }
-        let room = self.rcv_room();
+        let room = self.rcv_window_now();
         let off = seq.since(self.rcv_nxt);
         if off >= room {
             self.ack_now = true;

@@ -2,7 +2,7 @@
 //! loss probe, new data within the congestion and peer windows (paced), a FIN, and ACKs
 //! carrying the window, timestamps and SACK blocks.
 
-use smoltcp::time::Instant;
+use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{IpEndpoint, TcpRepr};
 
 use super::TcpConfig;
@@ -100,8 +100,18 @@ impl Conn {
         let Some(srtt) = self.rtt.srtt() else {
             return;
         };
+        // SRTT, but no more than twice the round trip of the latest delivery (RACK's): one ACK
+        // a peer held for its delayed-ACK timer (40 ms and more, where the path's round trip
+        // is a hundred microseconds) lifts SRTT a hundredfold for dozens of ACKs, and a rate
+        // paced on it would be as much too slow; the latest delivery says what the path does
+        // now.
+        let rtt = if self.rack_rtt > Duration::ZERO {
+            srtt.min(self.rack_rtt * 2)
+        } else {
+            srtt
+        };
         let factor = if self.cc.slow_start() { 2.0 } else { 1.2 };
-        let rate = self.cc.cwnd as f64 * factor / (srtt.total_micros().max(1) as f64 * 1000.0);
+        let rate = self.cc.cwnd as f64 * factor / (rtt.total_micros().max(1) as f64 * 1000.0);
         let gap = (bytes as f64 / rate) as u64;
         // The burst allowance: `burst` segments, or the pacing rate's worth of BURST_TIME when
         // that is more (a fast path's turns take longer than `burst` segments' gaps, and a

@@ -57,3 +57,22 @@ fn at_a_high_rate_a_turn_sends_a_millisecond_of_the_rate() {
     s.input(seg(PEER_ISN + 1, una.wrapping_add(bytes as u32)));
     assert!(s.out().len() > burst);
 }
+
+#[test]
+fn a_delayed_ack_sample_does_not_slow_the_pace_to_its_round_trip() {
+    // SRTT lifted to 5 ms by a peer that held an ACK for its delayed-ACK timer, on a path whose
+    // deliveries take 150 us: the pace follows the deliveries, not the held ACK.
+    let mut held = paced(60_000, Duration::from_millis(5));
+    let at_srtt = held.out().len();
+    let mut s = paced(60_000, Duration::from_millis(5));
+    s.c.rack_rtt = Duration::from_micros(150);
+    let sent = s.out().len();
+    assert!(
+        sent >= 2 * at_srtt,
+        "{sent} segments, {at_srtt} at SRTT's pace"
+    );
+    // A path that really is 5 ms long is paced as before.
+    let mut long = paced(60_000, Duration::from_millis(5));
+    long.c.rack_rtt = Duration::from_millis(5);
+    assert_eq!(long.out().len(), at_srtt);
+}

@@ -58,6 +58,8 @@ pub(super) struct Seg {
     pub(super) ts: Option<(u32, u32)>,
     pub(super) sack: [Option<(u32, u32)>; 3],
     pub(super) syn_opts: bool,
+    /// The window scale a SYN offers (with `syn_opts`).
+    pub(super) wscale: u8,
 }
 
 pub(super) fn seg(seq: u32, ack: u32) -> Seg {
@@ -70,6 +72,7 @@ pub(super) fn seg(seq: u32, ack: u32) -> Seg {
         ts: None,
         sack: [None; 3],
         syn_opts: false,
+        wscale: 0,
     }
 }
 
@@ -114,7 +117,7 @@ impl Script {
             seq_number: TcpSeqNumber(s.seq as i32),
             ack_number: s.ack.map(|a| TcpSeqNumber(a as i32)),
             window_len: s.window,
-            window_scale: s.syn_opts.then_some(0),
+            window_scale: s.syn_opts.then_some(s.wscale),
             max_seg_size: s.syn_opts.then_some(1000),
             sack_permitted: s.syn_opts,
             sack_ranges: s.sack,
@@ -454,6 +457,41 @@ fn an_ack_at_the_right_edge_of_the_window_is_processed() {
     s.input(ack);
     assert_eq!(s.c.snd_una.0, una + 3000, "the ACK was taken");
     assert!(s.c.board.is_empty());
+}
+
+#[test]
+fn a_retransmission_with_a_newer_ack_sets_the_window() {
+    let (mut s, una) = Script::established(false);
+    s.c.write(&[3u8; 4000]);
+    s.out();
+    // The peer's first 100 bytes are lost; its next 100 arrive (out of order) acking nothing,
+    // with a window of 10,000.
+    let mut d = seg(PEER_ISN + 101, una);
+    d.len = 100;
+    d.window = 10_000;
+    s.input(d);
+    s.out();
+    // Its retransmission of the lost bytes (an older SEQ than the segment that set the
+    // window) acknowledges 1000 bytes and offers 2000 from there: the right edge is
+    // una + 3000, not una + 11000.
+    let mut r = seg(PEER_ISN + 1, una + 1000);
+    r.len = 100;
+    r.window = 2000;
+    s.input(r);
+    assert_eq!(s.c.snd_window(), 2000);
+}
+
+#[test]
+fn the_window_of_a_syn_ack_is_not_scaled() {
+    let mut s = Script::active();
+    let syn = s.out()[0].seq;
+    let mut sa = seg(PEER_ISN, syn.wrapping_add(1));
+    sa.ctl = TcpControl::Syn;
+    sa.syn_opts = true;
+    sa.wscale = 7;
+    sa.window = 1000;
+    s.input(sa);
+    assert_eq!(s.c.snd_window(), 1000);
 }
 
 #[test]

@@ -232,7 +232,8 @@ impl Conn {
                 self.ecn_on_syn_ack(ecn);
                 self.snd_una = a;
                 self.snd_wl2 = a;
-                self.snd_wnd = usize::from(seg.window_len) << self.snd_wscale;
+                // A SYN's window is never scaled (RFC 7323 section 2.2).
+                self.snd_wnd = usize::from(seg.window_len);
                 self.max_snd_wnd = self.snd_wnd;
                 if let Some(r) = self.handshake_rtt(now, seg) {
                     self.rtt.sample_handshake(r);
@@ -308,8 +309,15 @@ impl Conn {
             self.dupacks += 1;
         }
 
-        // The send window (RFC 9293 section 3.10.7.4, the fifth check).
-        if self.snd_wl1.lt(seq) || (self.snd_wl1 == seq && self.snd_wl2.le(ack)) {
+        // The send window (RFC 9293 section 3.10.7.4, the fifth check), and from any segment
+        // whose ACK is newer than the one that last set it (as Linux takes it): a peer's
+        // retransmission carries an old sequence number but its current ACK and window, and
+        // SND.UNA moved by that ACK with the older, larger window kept would put the right edge
+        // past what the peer offered.
+        if self.snd_wl1.lt(seq)
+            || (self.snd_wl1 == seq && self.snd_wl2.le(ack))
+            || self.snd_wl2.lt(ack)
+        {
             let wnd = usize::from(seg.window_len) << self.snd_wscale;
             if wnd > self.snd_wnd {
                 self.wake_tx();

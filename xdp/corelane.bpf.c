@@ -7,7 +7,9 @@
 // IPv6 addresses go there too, and so do ICMP, ICMPv6 and IPv4 and IPv6 fragments addressed to an
 // owned address (the stack answers echo requests, acts on errors and reassembles fragments).
 // Everything else passes to the kernel untouched, so ping, ssh and kernel listeners on the
-// kernel's own addresses keep working.
+// kernel's own addresses keep working. A TCP segment to an owned address and a port nothing here
+// serves is answered here with a reset, as the host that owns the address owes it (see "Resets
+// for closed ports").
 //
 // A listener under a SYN flood may have its SYNs answered here: for a port whose entry in
 // `tcp_ports` has PORT_COOKIES set, a bare IPv4 SYN is turned into its SYN-ACK in place and sent
@@ -42,7 +44,8 @@ enum {
 	STAT_MALFORMED = 2, // truncated headers; passed to the kernel
 	STAT_NO_SOCKET = 3, // ours, but no socket on this queue: passed to the kernel
 	STAT_COOKIES = 4,   // SYNs answered here with a SYN cookie
-	STAT_MAX = 5,
+	STAT_RESETS = 5,    // TCP segments to an owned address's closed port answered with a reset
+	STAT_MAX = 6,
 };
 
 // Bits of a `tcp_ports` entry.
@@ -251,6 +254,15 @@ static __always_inline __u16 csum_fold(__u64 s)
 	return ~s;
 }
 
+// A 64-bit running sum folded into the 32 bits bpf_csum_diff takes as its seed (an IPv4
+// pseudo-header's two addresses alone can carry past 32 bits).
+static __always_inline __u32 fold32(__u64 s)
+{
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffffffff) + (s >> 32);
+	return (__u32)s;
+}
+
 // What the SYN said, kept across bpf_xdp_adjust_tail (which invalidates packet pointers).
 struct syn_info {
 	__u8 smac[ETH_ALEN];
@@ -337,7 +349,7 @@ static __always_inline int write_syn_ack(struct xdp_md *ctx, const struct syn_in
 	__u64 pseudo = (__u64)in->saddr + in->daddr + bpf_htons(IPPROTO_TCP) +
 		       bpf_htons(sizeof(struct tcphdr) + optlen);
 	th->check = csum_fold(
-		bpf_csum_diff(0, 0, (__be32 *)th, sizeof(struct tcphdr) + optlen, pseudo));
+		bpf_csum_diff(0, 0, (__be32 *)th, sizeof(struct tcphdr) + optlen, fold32(pseudo)));
 	return XDP_TX;
 }
 
@@ -467,6 +479,161 @@ static __always_inline int syn_cookie(struct xdp_md *ctx)
 	return r;
 }
 
+// ---- Resets for closed ports ----------------------------------------------------------------
+//
+// The host that owns an address answers for all of its ports: a TCP segment to an owned address
+// and a port nothing here serves (no listener, no connection: the port is not in `tcp_ports`)
+// gets a reset (RFC 9293 section 3.10.7.1), built in place and sent back from here, so the
+// server is not handed frames for ports it was not granted. A reset is never answered, nor a
+// frame from a multicast or broadcast source. Constant work per frame, no state.
+
+// What the segment said, kept across bpf_xdp_adjust_tail.
+struct rst_info {
+	__u8 smac[ETH_ALEN];
+	__u8 dmac[ETH_ALEN];
+	__u16 sport; // network order
+	__u16 dport;
+	__u32 seq; // host order: the reset's sequence number
+	__u32 ack; // host order: its acknowledgment number, when `has_ack`
+	__u8 has_ack;
+};
+
+// Reads the segment at `th` (`seglen` bytes of TCP header and data) into `in`. Returns -1 when
+// it must not be answered.
+static __always_inline int rst_read(struct ethhdr *eth, struct tcphdr *th, __u32 seglen,
+				    struct rst_info *in)
+{
+	if (th->rst || (eth->h_source[0] & 1))
+		return -1;
+	__u32 doff = th->doff * 4;
+	if (doff < sizeof(struct tcphdr) || seglen < doff)
+		return -1;
+	__builtin_memcpy(in->smac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(in->dmac, eth->h_dest, ETH_ALEN);
+	in->sport = th->source;
+	in->dport = th->dest;
+	if (th->ack) {
+		// <SEQ=SEG.ACK><CTL=RST>
+		in->seq = bpf_ntohl(th->ack_seq);
+		in->has_ack = 0;
+	} else {
+		// <SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>
+		in->seq = 0;
+		in->ack = bpf_ntohl(th->seq) + (seglen - doff) + th->syn + th->fin;
+		in->has_ack = 1;
+	}
+	return 0;
+}
+
+static __always_inline void rst_write(struct ethhdr *eth, struct tcphdr *th,
+				      const struct rst_info *in)
+{
+	__builtin_memcpy(eth->h_dest, in->smac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, in->dmac, ETH_ALEN);
+	__builtin_memset(th, 0, sizeof(struct tcphdr));
+	th->source = in->dport;
+	th->dest = in->sport;
+	th->seq = bpf_htonl(in->seq);
+	th->doff = sizeof(struct tcphdr) / 4;
+	th->rst = 1;
+	if (in->has_ack) {
+		th->ack = 1;
+		th->ack_seq = bpf_htonl(in->ack);
+	}
+}
+
+// A TCP segment in an IPv4 frame with a 20-byte IP header, to a closed port.
+static __always_inline int reset_v4(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct tcphdr *th = (void *)(ip + 1);
+	if ((void *)(th + 1) > end)
+		return malformed();
+	__u32 tot = bpf_ntohs(ip->tot_len);
+	struct rst_info in = {};
+	if (tot < sizeof(struct iphdr) ||
+	    rst_read(eth, th, tot - sizeof(struct iphdr), &in) < 0)
+		return pass();
+	__u32 saddr = ip->saddr, daddr = ip->daddr;
+	int want = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr);
+	if (bpf_xdp_adjust_tail(ctx, want - (int)(end - data)))
+		return pass();
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	th = (void *)(ip + 1);
+	if ((void *)(th + 1) > end)
+		return pass();
+	rst_write(eth, th, &in);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
+	ip->id = 0;
+	ip->frag_off = bpf_htons(0x4000);
+	ip->ttl = 64;
+	ip->protocol = IPPROTO_TCP;
+	ip->check = 0;
+	ip->saddr = daddr;
+	ip->daddr = saddr;
+	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(struct iphdr), 0));
+	__u64 pseudo = (__u64)saddr + daddr + bpf_htons(IPPROTO_TCP) +
+		       bpf_htons(sizeof(struct tcphdr));
+	th->check = csum_fold(
+		bpf_csum_diff(0, 0, (__be32 *)th, sizeof(struct tcphdr), fold32(pseudo)));
+	count(STAT_RESETS);
+	return XDP_TX;
+}
+
+// A TCP segment right after the IPv6 header (no extension headers), to a closed port.
+static __always_inline int reset_v6(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	struct tcphdr *th = (void *)(ip6 + 1);
+	if ((void *)(th + 1) > end)
+		return malformed();
+	struct rst_info in = {};
+	if (rst_read(eth, th, bpf_ntohs(ip6->payload_len), &in) < 0)
+		return pass();
+	struct in6_key saddr, daddr;
+	__builtin_memcpy(saddr.addr, ip6->saddr.in6_u.u6_addr8, 16);
+	__builtin_memcpy(daddr.addr, ip6->daddr.in6_u.u6_addr8, 16);
+	int want = sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + sizeof(struct tcphdr);
+	if (bpf_xdp_adjust_tail(ctx, want - (int)(end - data)))
+		return pass();
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip6 = (void *)(eth + 1);
+	th = (void *)(ip6 + 1);
+	if ((void *)(th + 1) > end)
+		return pass();
+	rst_write(eth, th, &in);
+	eth->h_proto = bpf_htons(ETH_P_IPV6);
+	__builtin_memset(ip6, 0, 4);
+	ip6->version = 6;
+	ip6->payload_len = bpf_htons(sizeof(struct tcphdr));
+	ip6->nexthdr = IPPROTO_TCP;
+	ip6->hop_limit = 64;
+	__builtin_memcpy(ip6->saddr.in6_u.u6_addr8, daddr.addr, 16);
+	__builtin_memcpy(ip6->daddr.in6_u.u6_addr8, saddr.addr, 16);
+	// The pseudo-header: both addresses, the upper-layer length and the next header.
+	__u64 pseudo = bpf_csum_diff(0, 0, (__be32 *)&ip6->saddr, 32, 0);
+	pseudo += bpf_htons(sizeof(struct tcphdr)) + bpf_htons(IPPROTO_TCP);
+	th->check = csum_fold(
+		bpf_csum_diff(0, 0, (__be32 *)th, sizeof(struct tcphdr), fold32(pseudo)));
+	count(STAT_RESETS);
+	return XDP_TX;
+}
+
 // A TCP segment in an IPv4 frame with a 20-byte header, from the frame's current bounds.
 static __always_inline int tcp_steer(struct xdp_md *ctx)
 {
@@ -475,7 +642,7 @@ static __always_inline int tcp_steer(struct xdp_md *ctx)
 	struct tcphdr *th = data + sizeof(struct ethhdr) + sizeof(struct iphdr);
 	if ((void *)(th + 1) > end)
 		return malformed();
-	return port_owned(&tcp_ports, th->dest) ? steer(ctx) : pass();
+	return port_owned(&tcp_ports, th->dest) ? steer(ctx) : reset_v4(ctx);
 }
 
 // ARP for IPv4 over Ethernet: hardware type, protocol type, lengths, opcode, then sender
@@ -561,6 +728,12 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 	}
 	if (!v6_owned(ip6->daddr.in6_u.u6_addr8))
 		return pass();
+	if (ip6->nexthdr == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+		if ((void *)(th + 1) > end)
+			return malformed();
+		return port_owned(&tcp_ports, th->dest) ? steer(ctx) : reset_v6(ctx);
+	}
 	return l4_steer(ctx, ip6->nexthdr, l4, end);
 }
 

@@ -84,6 +84,7 @@ pub(crate) const NAMES: &[&str] = &[
     "xdp_malformed",
     "xdp_no_socket",
     "xdp_syn_cookies",
+    "xdp_closed_port_resets",
     "tcp_mem_bytes",
     "tcp_mem_limited",
 ];
@@ -163,6 +164,7 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         x.malformed,
         x.no_socket,
         x.syn_cookies,
+        x.closed_port_resets,
         s.tcp_mem,
         s.tcp_mem_limited,
     ]

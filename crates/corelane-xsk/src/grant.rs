@@ -304,6 +304,7 @@ impl GrantClient {
                 malformed,
                 no_socket,
                 syn_cookies: 0,
+                closed_port_resets: 0,
             }),
             _ => Err(Error::Grant(format!(
                 "malformed counters from the broker: {text}"

@@ -27,7 +27,7 @@ pub const MAX_ADDRS: u32 = 64;
 /// Most queues the program can redirect to a socket (`MAX_QUEUES`).
 pub const MAX_QUEUES: u32 = 64;
 /// Counter slots of its `stats` map, in [`XdpCounters`] order (`STAT_MAX`).
-pub const STAT_SLOTS: usize = 5;
+pub const STAT_SLOTS: usize = 6;
 /// The maps the loader takes from the object and the entries each has. A test reads the
 /// compiled object and checks every one, so the C program and this crate cannot drift apart.
 pub const MAPS: [(&str, u32); 7] = [
@@ -142,6 +142,10 @@ pub struct XdpCounters {
     pub no_socket: u64,
     /// SYNs the program answered with a SYN cookie ([`Steering::set_syn_cookies`]).
     pub syn_cookies: u64,
+    /// TCP segments to an owned address and a port nothing here serves, answered by the
+    /// program with a reset (as the host that owns the address owes them). 0 when the counters
+    /// come through a grant broker, which reports the first four.
+    pub closed_port_resets: u64,
 }
 
 /// The steering program on one interface: attached by this process ([`Steering::attach`]), or
@@ -525,6 +529,7 @@ impl Program {
             malformed: sums[2],
             no_socket: sums[3],
             syn_cookies: sums[4],
+            closed_port_resets: sums[5],
         })
     }
 }

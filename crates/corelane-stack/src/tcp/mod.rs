@@ -30,6 +30,8 @@ mod conformance_pacing;
 mod conformance_recovery;
 #[cfg(test)]
 mod conformance_timeouts;
+#[cfg(test)]
+mod conformance_window;
 mod conn;
 mod ecn;
 #[cfg(test)]

@@ -20,9 +20,13 @@
 //!
 //! ```
 //! use corelane_stack::sim::{run_scenario, scenarios};
-//! let s = scenarios().into_iter().find(|s| s.name == "echo/loss-1%").unwrap();
-//! let report = run_scenario(&s, 7).expect("the echo completes");
+//! let s = scenarios()
+//!     .into_iter()
+//!     .find(|s| s.name == "echo/loss-1%")
+//!     .ok_or("no such scenario")?;
+//! let report = run_scenario(&s, 7)?; // a failure names its seed and the replay command
 //! assert_eq!(report.oversize, 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod wire;

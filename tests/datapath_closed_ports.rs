@@ -2,8 +2,10 @@
 //! port of a corelane address that nothing listens on is refused at once (a reset the XDP
 //! program builds and sends back), over IPv4 and IPv6, while the port that is served still
 //! echoes. Before, the SYN went to the kernel, which does not hold the address, and the client
-//! waited for its connect timeout. (On veth the answer reaches a peer that runs an XDP program;
-//! the test gives the client end one, as `xdp_syn_cookies` does.)
+//! waited for its connect timeout. A UDP datagram to such a port is answered with ICMP port
+//! unreachable by the same program, so a connected kernel UDP socket's next `recv` fails with
+//! ECONNREFUSED, while a served UDP port still echoes. (On veth the answer reaches a peer that
+//! runs an XDP program; the tests give the client end one, as `xdp_syn_cookies` does.)
 
 mod common;
 
@@ -31,6 +33,13 @@ fn a_connect_to_a_closed_port_of_an_owned_address_is_refused_at_once() -> Result
         &net,
         |b| b.cores(1).addr("fd00:77::3/64"),
         |_| async {
+            let u = corelane::net::UdpSocket::bind(7).expect("udp bind");
+            tokio::task::spawn_local(async move {
+                let mut buf = [0u8; 2048];
+                while let Ok((n, from)) = u.recv_from(&mut buf).await {
+                    let _ = u.send_to(&buf[..n], from).await;
+                }
+            });
             let l = TcpListener::bind(7).expect("listen");
             while let Ok((s, _)) = l.accept().await {
                 tokio::task::spawn_local(common::echo_stream(s));
@@ -74,12 +83,130 @@ fn a_connect_to_a_closed_port_of_an_owned_address_is_refused_at_once() -> Result
             );
         }
     }
+    // UDP: the served port echoes; a closed one is refused (ICMP port unreachable).
+    let udp = |ip: &str, port: u16| -> Result<std::io::Result<Vec<u8>>> {
+        let to = SocketAddr::new(ip.parse()?, port);
+        Ok(net.client_ns().run(move || {
+            let any: SocketAddr = if to.is_ipv4() {
+                "0.0.0.0:0".parse().expect("any")
+            } else {
+                "[::]:0".parse().expect("any")
+            };
+            let s = std::net::UdpSocket::bind(any)?;
+            s.connect(to)?;
+            s.set_read_timeout(Some(Duration::from_millis(500)))?;
+            // Resent a few times while the neighbour entry resolves; a refusal ends it.
+            let mut last = Err(std::io::Error::from(ErrorKind::TimedOut));
+            for _ in 0..6 {
+                s.send(b"are you there")?;
+                let mut buf = [0u8; 64];
+                last = s.recv(&mut buf).map(|n| buf[..n].to_vec());
+                if !matches!(&last, Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock))
+                {
+                    break;
+                }
+            }
+            last
+        })?)
+    };
+    for ip in [SERVER_V4, SERVER_V6] {
+        let echoed = udp(ip, 7)?;
+        assert!(
+            matches!(&echoed, Ok(b) if b == b"are you there"),
+            "{ip}: the served UDP port echoes: {echoed:?}"
+        );
+        for port in [9, 53, 50_000] {
+            let r = udp(ip, port)?;
+            assert!(
+                matches!(&r, Err(e) if e.kind() == ErrorKind::ConnectionRefused),
+                "{ip} UDP port {port}: {r:?}"
+            );
+        }
+    }
     served.stop.stop();
     let report = served.thread.join()??;
     assert!(
         report.xdp.closed_port_resets >= 6,
         "the program answered them: {:?}",
         report.xdp
+    );
+    assert!(
+        report.xdp.port_unreachables >= 6,
+        "the program answered the datagrams: {:?}",
+        report.xdp
+    );
+    Ok(())
+}
+
+/// A flood of datagrams to closed ports gets at most the rate limit's answers (a burst of 50,
+/// then one per millisecond on each CPU); the rest are dropped and counted, and the served
+/// port keeps answering.
+#[test]
+fn a_flood_to_closed_udp_ports_is_answered_at_the_rate_limit() -> Result {
+    if !require_root("ICMP rate limit for closed UDP ports") {
+        return Ok(());
+    }
+    let net = net(1);
+    let object = concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o");
+    net.client_ns().attach_xdp(net.client_if(), object)?;
+    let served = serve_on(
+        &net,
+        |b| b.cores(1),
+        |_| async {
+            let u = corelane::net::UdpSocket::bind(7).expect("udp bind");
+            let mut buf = [0u8; 2048];
+            while let Ok((n, from)) = u.recv_from(&mut buf).await {
+                let _ = u.send_to(&buf[..n], from).await;
+            }
+        },
+    )?;
+    const FLOOD: u64 = 20_000;
+    let to: SocketAddr = format!("{SERVER_V4}:9").parse()?;
+    let served_port: SocketAddr = format!("{SERVER_V4}:7").parse()?;
+    let (sent, took) = net
+        .client_ns()
+        .run(move || -> std::io::Result<(u64, Duration)> {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            // One echo first, so the neighbour entry is resolved and the runtime is up.
+            s.set_read_timeout(Some(Duration::from_millis(200)))?;
+            let mut buf = [0u8; 64];
+            let mut up = false;
+            for _ in 0..50 {
+                s.send_to(b"hello", served_port)?;
+                if s.recv_from(&mut buf).is_ok() {
+                    up = true;
+                    break;
+                }
+            }
+            if !up {
+                return Err(std::io::Error::other("the served UDP port never echoed"));
+            }
+            let t = std::time::Instant::now();
+            let mut sent = 0;
+            for _ in 0..FLOOD {
+                // An unconnected socket: the answers do not fail the sends.
+                if s.send_to(b"flood", to).is_ok() {
+                    sent += 1;
+                }
+            }
+            Ok((sent, t.elapsed()))
+        })??;
+    std::thread::sleep(Duration::from_millis(200));
+    served.stop.stop();
+    let report = served.thread.join()??;
+    let x = report.xdp;
+    eprintln!("{sent} datagrams in {took:?}: {x:?}");
+    // Two CPUs may each spend a burst and refill one per millisecond while the flood lasts.
+    let bound = 2 * (50 + took.as_millis() as u64 + 200);
+    assert!(
+        x.port_unreachables <= bound,
+        "{} answers to {sent} datagrams in {took:?} (bound {bound})",
+        x.port_unreachables
+    );
+    assert!(x.port_unreachables >= 50, "answered: {x:?}");
+    assert!(
+        x.port_unreachables + x.unreachables_limited >= sent / 2,
+        "the datagrams that arrived were answered or counted as limited: {x:?}"
     );
     Ok(())
 }

@@ -9,7 +9,8 @@
 // Everything else passes to the kernel untouched, so ping, ssh and kernel listeners on the
 // kernel's own addresses keep working. A TCP segment to an owned address and a port nothing here
 // serves is answered here with a reset, as the host that owns the address owes it (see "Resets
-// for closed ports").
+// for closed ports"), and a UDP datagram to such a port with ICMP port unreachable, rate-limited
+// (see "ICMP port unreachable for closed UDP ports").
 //
 // A listener under a SYN flood may have its SYNs answered here: for a port whose entry in
 // `tcp_ports` has PORT_COOKIES set, a bare IPv4 SYN is turned into its SYN-ACK in place and sent
@@ -45,7 +46,9 @@ enum {
 	STAT_NO_SOCKET = 3, // ours, but no socket on this queue: passed to the kernel
 	STAT_COOKIES = 4,   // SYNs answered here with a SYN cookie
 	STAT_RESETS = 5,    // TCP segments to an owned address's closed port answered with a reset
-	STAT_MAX = 6,
+	STAT_UNREACH = 6,   // UDP datagrams to an owned address's closed port answered with ICMP
+	STAT_UNREACH_LIMITED = 7, // such datagrams dropped unanswered by the rate limit
+	STAT_MAX = 8,
 };
 
 // Bits of a `tcp_ports` entry.
@@ -123,6 +126,21 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } stats SEC(".maps");
+
+// The rate limit of ICMP port unreachable answers, per CPU: a token bucket of UNREACH_BURST,
+// refilled one token per millisecond (the stack's own limit for the errors it sends).
+#define UNREACH_BURST 50
+struct unreach_bucket {
+	__u64 ms;
+	__u64 tokens;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unreach_bucket);
+} unreach_rate SEC(".maps");
 
 static __always_inline void count(__u32 slot)
 {
@@ -634,6 +652,157 @@ static __always_inline int reset_v6(struct xdp_md *ctx)
 	return XDP_TX;
 }
 
+// ---- ICMP port unreachable for closed UDP ports -----------------------------------------------
+//
+// A UDP datagram to an owned address and a port nothing here serves is answered with ICMP
+// destination unreachable, port unreachable (RFC 1122 section 4.1.3.1; RFC 4443 section 3.1,
+// code 4), built in place: the frame keeps the datagram's IP header and the first 8 bytes after
+// it as the quote (enough for the sender to find its socket), and grows the new headers in front.
+// Never to a multicast or broadcast source or an unspecified one (RFC 1812 section 4.3.2.7, RFC
+// 4443 section 2.4 (e)), and at most UNREACH_BURST at once and one per millisecond after that, per
+// CPU; beyond that the datagram is dropped. Constant work per frame.
+
+// One token from this CPU's bucket, or 0 when it is empty.
+static __always_inline int unreach_allowed(void)
+{
+	__u32 key = 0;
+	struct unreach_bucket *b = bpf_map_lookup_elem(&unreach_rate, &key);
+	if (!b)
+		return 0;
+	__u64 ms = bpf_ktime_get_ns() / 1000000;
+	__u64 tokens = b->ms == 0 ? UNREACH_BURST : b->tokens + (ms - b->ms);
+	if (tokens > UNREACH_BURST)
+		tokens = UNREACH_BURST;
+	b->ms = ms;
+	if (tokens == 0) {
+		b->tokens = 0;
+		count(STAT_UNREACH_LIMITED);
+		return 0;
+	}
+	b->tokens = tokens - 1;
+	return 1;
+}
+
+// Bytes of the datagram the answer quotes after its IP header: the UDP header.
+#define QUOTE_L4 8
+
+// A UDP datagram in an IPv4 frame with a 20-byte IP header, to a closed port.
+static __always_inline int unreachable_v4(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct udphdr *uh = (void *)(ip + 1);
+	if ((void *)(uh + 1) > end)
+		return malformed();
+	__u32 saddr = ip->saddr, daddr = ip->daddr;
+	__u8 first = saddr & 0xff; // network order: the first byte
+	if ((eth->h_source[0] & 1) || saddr == 0 || saddr == 0xffffffff || (first & 0xf0) == 0xe0)
+		return pass();
+	if (!unreach_allowed())
+		return XDP_DROP;
+	__u8 smac[ETH_ALEN], dmac[ETH_ALEN];
+	__builtin_memcpy(smac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);
+	int quote = sizeof(struct iphdr) + QUOTE_L4;
+	int keep = sizeof(struct ethhdr) + quote;
+	if (bpf_xdp_adjust_tail(ctx, keep - (int)(end - data)))
+		return pass();
+	// The new IP and ICMP headers go between the old Ethernet header's place and the quote.
+	int grow = sizeof(struct iphdr) + 8;
+	if (bpf_xdp_adjust_head(ctx, -grow))
+		return pass();
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	__u8 *icmp = (void *)(ip + 1);
+	if ((void *)(icmp + 8 + quote) > end)
+		return pass();
+	__builtin_memcpy(eth->h_dest, smac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, dmac, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(sizeof(struct iphdr) + 8 + quote);
+	ip->id = 0;
+	ip->frag_off = 0;
+	ip->ttl = 64;
+	ip->protocol = IPPROTO_ICMP;
+	ip->check = 0;
+	ip->saddr = daddr;
+	ip->daddr = saddr;
+	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(struct iphdr), 0));
+	__builtin_memset(icmp, 0, 8);
+	icmp[0] = 3; // destination unreachable
+	icmp[1] = 3; // port unreachable
+	__u16 sum = csum_fold(bpf_csum_diff(0, 0, (__be32 *)icmp, 8 + sizeof(struct iphdr) + QUOTE_L4, 0));
+	__builtin_memcpy(icmp + 2, &sum, 2);
+	count(STAT_UNREACH);
+	return XDP_TX;
+}
+
+// A UDP datagram right after the IPv6 header (no extension headers), to a closed port.
+static __always_inline int unreachable_v6(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	struct udphdr *uh = (void *)(ip6 + 1);
+	if ((void *)(uh + 1) > end)
+		return malformed();
+	struct in6_key saddr, daddr;
+	__builtin_memcpy(saddr.addr, ip6->saddr.in6_u.u6_addr8, 16);
+	__builtin_memcpy(daddr.addr, ip6->daddr.in6_u.u6_addr8, 16);
+	__u64 s_hi, s_lo;
+	__builtin_memcpy(&s_hi, saddr.addr, 8);
+	__builtin_memcpy(&s_lo, saddr.addr + 8, 8);
+	if ((eth->h_source[0] & 1) || saddr.addr[0] == 0xff || (s_hi == 0 && s_lo == 0))
+		return pass();
+	if (!unreach_allowed())
+		return XDP_DROP;
+	__u8 smac[ETH_ALEN], dmac[ETH_ALEN];
+	__builtin_memcpy(smac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);
+	int quote = sizeof(struct ipv6hdr) + QUOTE_L4;
+	int keep = sizeof(struct ethhdr) + quote;
+	if (bpf_xdp_adjust_tail(ctx, keep - (int)(end - data)))
+		return pass();
+	int grow = sizeof(struct ipv6hdr) + 8;
+	if (bpf_xdp_adjust_head(ctx, -grow))
+		return pass();
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip6 = (void *)(eth + 1);
+	__u8 *icmp = (void *)(ip6 + 1);
+	if ((void *)(icmp + 8 + quote) > end)
+		return pass();
+	__builtin_memcpy(eth->h_dest, smac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, dmac, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IPV6);
+	__builtin_memset(ip6, 0, 4);
+	ip6->version = 6;
+	ip6->payload_len = bpf_htons(8 + quote);
+	ip6->nexthdr = IPPROTO_ICMPV6;
+	ip6->hop_limit = 64;
+	__builtin_memcpy(ip6->saddr.in6_u.u6_addr8, daddr.addr, 16);
+	__builtin_memcpy(ip6->daddr.in6_u.u6_addr8, saddr.addr, 16);
+	__builtin_memset(icmp, 0, 8);
+	icmp[0] = 1; // destination unreachable
+	icmp[1] = 4; // port unreachable
+	__u64 pseudo = bpf_csum_diff(0, 0, (__be32 *)&ip6->saddr, 32, 0);
+	pseudo += bpf_htons(8 + quote) + bpf_htons(IPPROTO_ICMPV6);
+	__u16 sum = csum_fold(bpf_csum_diff(0, 0, (__be32 *)icmp, 8 + sizeof(struct ipv6hdr) + QUOTE_L4,
+					    fold32(pseudo)));
+	__builtin_memcpy(icmp + 2, &sum, 2);
+	count(STAT_UNREACH);
+	return XDP_TX;
+}
+
 // A TCP segment in an IPv4 frame with a 20-byte header, from the frame's current bounds.
 static __always_inline int tcp_steer(struct xdp_md *ctx)
 {
@@ -687,6 +856,12 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 	void *l4 = l3 + ip->ihl * 4;
 	if (l4 > end)
 		return malformed();
+	if (ip->protocol == IPPROTO_UDP && ip->ihl == 5) {
+		struct udphdr *uh = l4;
+		if ((void *)(uh + 1) > end)
+			return malformed();
+		return port_owned(&udp_ports, uh->dest) ? steer(ctx) : unreachable_v4(ctx);
+	}
 	if (ip->protocol == IPPROTO_TCP && ip->ihl == 5) {
 		if (syn_cookie(ctx) == XDP_TX)
 			return XDP_TX;
@@ -733,6 +908,12 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 		if ((void *)(th + 1) > end)
 			return malformed();
 		return port_owned(&tcp_ports, th->dest) ? steer(ctx) : reset_v6(ctx);
+	}
+	if (ip6->nexthdr == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+		if ((void *)(uh + 1) > end)
+			return malformed();
+		return port_owned(&udp_ports, uh->dest) ? steer(ctx) : unreachable_v6(ctx);
 	}
 	return l4_steer(ctx, ip6->nexthdr, l4, end);
 }

@@ -85,6 +85,8 @@ pub(crate) const NAMES: &[&str] = &[
     "xdp_no_socket",
     "xdp_syn_cookies",
     "xdp_closed_port_resets",
+    "xdp_port_unreachables",
+    "xdp_unreachables_limited",
     "tcp_mem_bytes",
     "tcp_mem_limited",
 ];
@@ -165,6 +167,8 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         x.no_socket,
         x.syn_cookies,
         x.closed_port_resets,
+        x.port_unreachables,
+        x.unreachables_limited,
         s.tcp_mem,
         s.tcp_mem_limited,
     ]

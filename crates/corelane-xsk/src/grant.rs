@@ -303,8 +303,7 @@ impl GrantClient {
                 passed,
                 malformed,
                 no_socket,
-                syn_cookies: 0,
-                closed_port_resets: 0,
+                ..XdpCounters::default()
             }),
             _ => Err(Error::Grant(format!(
                 "malformed counters from the broker: {text}"

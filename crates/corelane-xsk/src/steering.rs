@@ -27,10 +27,10 @@ pub const MAX_ADDRS: u32 = 64;
 /// Most queues the program can redirect to a socket (`MAX_QUEUES`).
 pub const MAX_QUEUES: u32 = 64;
 /// Counter slots of its `stats` map, in [`XdpCounters`] order (`STAT_MAX`).
-pub const STAT_SLOTS: usize = 6;
+pub const STAT_SLOTS: usize = 8;
 /// The maps the loader takes from the object and the entries each has. A test reads the
 /// compiled object and checks every one, so the C program and this crate cannot drift apart.
-pub const MAPS: [(&str, u32); 7] = [
+pub const MAPS: [(&str, u32); 8] = [
     ("owned_v4", MAX_ADDRS),
     ("owned_v6", MAX_ADDRS),
     ("tcp_ports", 65536),
@@ -38,6 +38,7 @@ pub const MAPS: [(&str, u32); 7] = [
     ("xsks", MAX_QUEUES),
     ("stats", STAT_SLOTS as u32),
     ("cookie_cfg", 1),
+    ("unreach_rate", 1),
 ];
 
 /// A `tcp_ports` entry's bits (`PORT_OWNED`, `PORT_COOKIES`).
@@ -146,6 +147,12 @@ pub struct XdpCounters {
     /// program with a reset (as the host that owns the address owes them). 0 when the counters
     /// come through a grant broker, which reports the first four.
     pub closed_port_resets: u64,
+    /// UDP datagrams to an owned address and a port nothing here serves, answered by the
+    /// program with ICMP port unreachable. 0 through a grant broker.
+    pub port_unreachables: u64,
+    /// Such datagrams dropped unanswered because the answers' rate limit (a burst of 50, then
+    /// one per millisecond, per CPU) was spent. 0 through a grant broker.
+    pub unreachables_limited: u64,
 }
 
 /// The steering program on one interface: attached by this process ([`Steering::attach`]), or
@@ -530,6 +537,8 @@ impl Program {
             no_socket: sums[3],
             syn_cookies: sums[4],
             closed_port_resets: sums[5],
+            port_unreachables: sums[6],
+            unreachables_limited: sums[7],
         })
     }
 }

@@ -152,7 +152,7 @@ fn kernel_server(
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("kernel server: {e}"))?;
     if cc != "default" {
-        set_congestion(&l, cc)?;
+        corelane_bench::sys::set_congestion(&l, cc)?;
     }
     net.server_ns()
         .spawn(move || {
@@ -176,54 +176,14 @@ fn kernel_server(
     Ok(())
 }
 
-/// Sets the congestion control of a kernel socket (inherited by what a listener accepts).
-fn set_congestion(l: &TcpListener, cc: &str) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: the descriptor is open; the option value is the bytes of `cc` with their length.
-    let rc = unsafe {
-        libc::setsockopt(
-            l.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            cc.as_ptr().cast(),
-            cc.len() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(format!(
-            "kernel congestion control {cc:?}: {} (is the module loaded? see /proc/sys/net/ipv4/tcp_available_congestion_control)",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
 /// The kernel's retransmission counters of `s` (TCP_INFO).
 fn kernel_retrans(s: &TcpStream) -> Sent {
-    use std::os::fd::AsRawFd;
-    // SAFETY: tcp_info is plain data; zeroed is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: the descriptor is open for the call; info and len are valid for writes of the
-    // sizes given.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Sent::default();
-    }
-    Sent {
-        retrans_segs: u64::from(info.tcpi_total_retrans),
+    corelane_bench::sys::tcp_retrans(s).map_or(Sent::default(), |(retrans_segs, srtt_us)| Sent {
+        retrans_segs,
         rto: 0,
-        srtt_us: u64::from(info.tcpi_rtt),
+        srtt_us,
         recoveries: 0,
-    }
+    })
 }
 
 fn corelane_server(

@@ -66,6 +66,10 @@ struct cookie_cfg {
 	__u8 timestamps; // answer timestamps (TSval carries the peer's window scale and SACK-permitted)
 	__u8 sack;       // SACK enabled
 	__u8 ttl;
+	__u64 ts_k0;     // SipHash key of the stack's timestamp offsets
+	__u64 ts_k1;
+	__u8 mac[ETH_ALEN]; // the interface's hardware address: the SYN-ACK's source
+	__u8 pad[2];
 };
 
 struct in6_key {
@@ -240,14 +244,15 @@ static __always_inline __u64 rotl(__u64 x, int b)
 		v0 ^= (m);                                                                     \
 	} while (0)
 
-// SipHash-2-4 over the stack's six words: local address, 0, remote address, 0, ports, extra.
-static __always_inline __u64 siphash6(const struct cookie_cfg *c, __u64 local, __u64 remote,
+// SipHash-2-4 under (k0, k1) over the stack's six words: local address, 0, remote address, 0,
+// ports, extra.
+static __always_inline __u64 siphash6(__u64 k0, __u64 k1, __u64 local, __u64 remote,
 				      __u64 ports, __u64 extra)
 {
-	__u64 v0 = c->k0 ^ 0x736f6d6570736575ULL;
-	__u64 v1 = c->k1 ^ 0x646f72616e646f6dULL;
-	__u64 v2 = c->k0 ^ 0x6c7967656e657261ULL;
-	__u64 v3 = c->k1 ^ 0x7465646279746573ULL;
+	__u64 v0 = k0 ^ 0x736f6d6570736575ULL;
+	__u64 v1 = k1 ^ 0x646f72616e646f6dULL;
+	__u64 v2 = k0 ^ 0x6c7967656e657261ULL;
+	__u64 v3 = k1 ^ 0x7465646279746573ULL;
 	SIPCOMPRESS(local);
 	SIPCOMPRESS(0);
 	SIPCOMPRESS(remote);
@@ -284,7 +289,6 @@ static __always_inline __u32 fold32(__u64 s)
 // What the SYN said, kept across bpf_xdp_adjust_tail (which invalidates packet pointers).
 struct syn_info {
 	__u8 smac[ETH_ALEN];
-	__u8 dmac[ETH_ALEN];
 	__u32 saddr; // network order
 	__u32 daddr;
 	__u16 sport; // network order
@@ -317,7 +321,8 @@ static __always_inline int write_syn_ack(struct xdp_md *ctx, const struct syn_in
 	if ((void *)(o + optlen) > end)
 		return -1;
 	__builtin_memcpy(eth->h_dest, in->smac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, in->dmac, ETH_ALEN);
+	// From the interface's own address, whatever the SYN was sent to.
+	__builtin_memcpy(eth->h_source, c->mac, ETH_ALEN);
 	eth->h_proto = bpf_htons(ETH_P_IP);
 	ip->version = 4;
 	ip->ihl = 5;
@@ -428,9 +433,11 @@ static __always_inline int syn_cookie(struct xdp_md *ctx)
 	struct cookie_cfg *c = bpf_map_lookup_elem(&cookie_cfg, &zero);
 	if (!c || !c->mss)
 		return -1;
+	// Never to a multicast or broadcast source.
+	if (eth->h_source[0] & 1)
+		return -1;
 	struct syn_info in = {};
 	__builtin_memcpy(in.smac, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(in.dmac, eth->h_dest, ETH_ALEN);
 	in.saddr = ip->saddr;
 	in.daddr = ip->daddr;
 	in.sport = th->source;
@@ -477,13 +484,14 @@ static __always_inline int syn_cookie(struct xdp_md *ctx)
 	__u64 local = bpf_ntohl(in.daddr), remote = bpf_ntohl(in.saddr);
 	__u64 ports = (__u64)bpf_ntohs(in.dport) << 16 | bpf_ntohs(in.sport);
 	__u64 extra = 3 | (__u64)in.isn << 8 | (tick & 31) << 40;
-	__u32 h = (__u32)siphash6(c, local, remote, ports, extra) & 0x00ffffff;
+	__u32 h = (__u32)siphash6(c->k0, c->k1, local, remote, ports, extra) & 0x00ffffff;
 	__u32 cookie = (__u32)(tick & 31) << 27 | mss_index(mss) << 24 | h;
 	int r;
 	if (in.has_ts && c->timestamps) {
 		// TSval: the connection's clock (milliseconds plus its offset), its low 5 bits
 		// replaced by the peer's window scale and SACK-permitted, from 32 ms back.
-		__u32 clock = (__u32)ms + (__u32)siphash6(c, local, remote, ports, 2);
+		__u32 clock =
+			(__u32)ms + (__u32)siphash6(c->ts_k0, c->ts_k1, local, remote, ports, 2);
 		__u32 ts = ((clock - 0x20) & ~0x1fU) | in.wscale | (__u32)(c->sack && in.sackp) << 4;
 		if (in.wscale != 0xf)
 			r = write_syn_ack(ctx, &in, c, cookie, ts, 20);
@@ -521,7 +529,9 @@ struct rst_info {
 static __always_inline int rst_read(struct ethhdr *eth, struct tcphdr *th, __u32 seglen,
 				    struct rst_info *in)
 {
-	if (th->rst || (eth->h_source[0] & 1))
+	// Not to a multicast or broadcast source, nor for a frame sent to a group address (the
+	// answer's source would be that address).
+	if (th->rst || (eth->h_source[0] & 1) || (eth->h_dest[0] & 1))
 		return -1;
 	__u32 doff = th->doff * 4;
 	if (doff < sizeof(struct tcphdr) || seglen < doff)
@@ -698,7 +708,8 @@ static __always_inline int unreachable_v4(struct xdp_md *ctx)
 		return malformed();
 	__u32 saddr = ip->saddr, daddr = ip->daddr;
 	__u8 first = saddr & 0xff; // network order: the first byte
-	if ((eth->h_source[0] & 1) || saddr == 0 || saddr == 0xffffffff || (first & 0xf0) == 0xe0)
+	if ((eth->h_source[0] & 1) || (eth->h_dest[0] & 1) || saddr == 0 || saddr == 0xffffffff ||
+	    (first & 0xf0) == 0xe0)
 		return pass();
 	if (!unreach_allowed())
 		return XDP_DROP;
@@ -760,7 +771,8 @@ static __always_inline int unreachable_v6(struct xdp_md *ctx)
 	__u64 s_hi, s_lo;
 	__builtin_memcpy(&s_hi, saddr.addr, 8);
 	__builtin_memcpy(&s_lo, saddr.addr + 8, 8);
-	if ((eth->h_source[0] & 1) || saddr.addr[0] == 0xff || (s_hi == 0 && s_lo == 0))
+	if ((eth->h_source[0] & 1) || (eth->h_dest[0] & 1) || saddr.addr[0] == 0xff ||
+	    (s_hi == 0 && s_lo == 0))
 		return pass();
 	if (!unreach_allowed())
 		return XDP_DROP;

@@ -116,6 +116,10 @@ impl XdpCookies {
                     timestamps: u8::from(t.timestamps),
                     sack: u8::from(t.sack),
                     ttl: t.ttl,
+                    ts_k0: t.ts_key.0,
+                    ts_k1: t.ts_key.1,
+                    mac: t.mac,
+                    pad: [0; 2],
                 };
                 match steering_params(&mut steer, &p) {
                     Ok(()) => st.params_set = true,

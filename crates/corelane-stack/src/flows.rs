@@ -1,24 +1,31 @@
 //! The flow table of a [`Stack`](crate::Stack): a connection's addresses to the slot that holds
-//! its socket. One hash lookup per frame (FxHash over the two endpoints), so the cost of finding
-//! a flow does not grow with the number of open connections.
+//! its socket. One hash lookup per frame (SipHash-1-3 over the two endpoints under a secret
+//! key), so the cost of finding a flow does not grow with the number of open connections, and
+//! a peer that cannot know the key cannot choose addresses and ports that collide.
 
 use std::collections::HashMap;
 
-use rustc_hash::FxBuildHasher;
+use crate::keyed::KeyedState;
 
 use crate::classify::FlowKey;
 
 /// Maps a TCP connection's [`FlowKey`] to the stack's slot index for it.
 #[derive(Debug, Default, Clone)]
 pub struct FlowTable {
-    map: HashMap<FlowKey, u32, FxBuildHasher>,
+    map: HashMap<FlowKey, u32, KeyedState>,
 }
 
 impl FlowTable {
-    /// An empty table with room for `flows` entries before it grows.
+    /// An empty table with room for `flows` entries before it grows, keyed by a fresh key
+    /// from the OS.
     pub fn with_capacity(flows: usize) -> Self {
+        FlowTable::keyed(flows, KeyedState::random())
+    }
+
+    /// An empty table with room for `flows` entries, hashing under `key`.
+    pub fn keyed(flows: usize, key: KeyedState) -> Self {
         FlowTable {
-            map: HashMap::with_capacity_and_hasher(flows, FxBuildHasher),
+            map: HashMap::with_capacity_and_hasher(flows, key),
         }
     }
 
@@ -82,5 +89,66 @@ mod tests {
         let mut k = key(1);
         k.local.port = 81;
         assert_eq!(t.get(&k), None);
+    }
+
+    /// A key that counts how often it is compared: the work of a lookup.
+    #[derive(Clone, Copy)]
+    struct Counted(FlowKey);
+
+    thread_local! {
+        static COMPARES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    impl PartialEq for Counted {
+        fn eq(&self, other: &Self) -> bool {
+            COMPARES.with(|c| c.set(c.get() + 1));
+            self.0 == other.0
+        }
+    }
+    impl Eq for Counted {}
+    impl std::hash::Hash for Counted {
+        fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+            self.0.hash(h);
+        }
+    }
+
+    /// Comparisons per lookup of each of `keys` in a map of them under `state`.
+    fn compares_per_lookup<S: std::hash::BuildHasher>(keys: &[FlowKey], state: S) -> f64 {
+        let mut m = HashMap::with_capacity_and_hasher(keys.len(), state);
+        for (i, k) in keys.iter().enumerate() {
+            m.insert(Counted(*k), i);
+        }
+        COMPARES.with(|c| c.set(0));
+        for k in keys {
+            assert!(m.contains_key(&Counted(*k)));
+        }
+        COMPARES.with(|c| c.get()) as f64 / keys.len() as f64
+    }
+
+    #[test]
+    fn addresses_crafted_to_collide_cost_one_comparison_each() {
+        use std::hash::BuildHasher;
+        // What a peer could do against an unkeyed hash (FxHash, the table's hash before):
+        // search offline for remote addresses and ports whose hashes share the bits the table
+        // indexes by (the low 8 of a 256-bucket table) and the 7 it checks before comparing.
+        let fx = rustc_hash::FxBuildHasher;
+        let target = fx.hash_one(key(0));
+        let same = |h: u64| h & 0xff == target & 0xff && h >> 57 == target >> 57;
+        let crafted: Vec<FlowKey> = (0..u32::MAX)
+            .map(key)
+            .filter(|k| same(fx.hash_one(k)))
+            .take(200)
+            .collect();
+        assert_eq!(crafted.len(), 200);
+        let unkeyed = compares_per_lookup(&crafted, fx);
+        assert!(
+            unkeyed > 20.0,
+            "the crafted keys collide without a key: {unkeyed}"
+        );
+        // The table's own hash, under a key the peer does not know: about one comparison.
+        let keyed = compares_per_lookup(&crafted, KeyedState::random());
+        assert!(keyed < 2.0, "{keyed} comparisons per lookup");
+        let t = FlowTable::with_capacity(crafted.len());
+        let _: &HashMap<FlowKey, u32, KeyedState> = &t.map;
     }
 }

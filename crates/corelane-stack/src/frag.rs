@@ -33,7 +33,7 @@
 
 use std::collections::HashMap;
 
-use rustc_hash::FxBuildHasher;
+use crate::keyed::KeyedState;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::IpAddress;
 
@@ -121,17 +121,23 @@ struct Piece<'a> {
 #[derive(Debug)]
 pub struct Reassembler {
     limits: FragLimits,
-    pending: HashMap<Key, Pending, FxBuildHasher>,
+    pending: HashMap<Key, Pending, KeyedState>,
     bytes: usize,
     stats: FragStats,
 }
 
 impl Reassembler {
-    /// An empty reassembler with `limits`.
+    /// An empty reassembler with `limits`, its table keyed by a fresh key from the OS.
     pub fn new(limits: FragLimits) -> Self {
+        Reassembler::keyed(limits, KeyedState::random())
+    }
+
+    /// An empty reassembler with `limits` whose table of datagrams in progress (indexed by
+    /// what the senders choose: addresses and identification) hashes under `key`.
+    pub fn keyed(limits: FragLimits, key: KeyedState) -> Self {
         Reassembler {
             limits,
-            pending: HashMap::default(),
+            pending: HashMap::with_hasher(key),
             bytes: 0,
             stats: FragStats::default(),
         }

@@ -28,6 +28,7 @@ mod device;
 pub mod flows;
 pub mod frag;
 pub mod frames;
+pub mod keyed;
 mod node;
 mod pipeline;
 pub mod route;
@@ -53,3 +54,5 @@ pub use tune::{BatchTuner, LevelStats, TuneConfig};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_secrets;

@@ -69,6 +69,15 @@ pub struct CookieParams {
     pub sack: u8,
     /// The IPv4 TTL.
     pub ttl: u8,
+    /// The SipHash key of the stack's timestamp offsets (a key of its own: the cookie key
+    /// tells nothing of it, nor it of the cookie key).
+    pub ts_k0: u64,
+    /// Its second half.
+    pub ts_k1: u64,
+    /// The interface's hardware address, the SYN-ACK's source.
+    pub mac: [u8; 6],
+    /// Zero.
+    pub pad: [u8; 2],
 }
 
 impl std::fmt::Debug for CookieParams {
@@ -81,13 +90,16 @@ impl std::fmt::Debug for CookieParams {
             .field("timestamps", &self.timestamps)
             .field("sack", &self.sack)
             .field("ttl", &self.ttl)
+            .field("mac", &self.mac)
             .finish_non_exhaustive()
     }
 }
 
 #[allow(unsafe_code)]
-// SAFETY: CookieParams is repr(C), made of integers only with no padding (3 x 8 + 2 x 2 + 4 x 1
-// = 32 bytes), so every bit pattern is a valid value and it can be copied to and from a map.
+// SAFETY: CookieParams is repr(C), made of integers and byte arrays only with no padding
+// (3 x 8 + 2 x 2 + 4 x 1 = 32 bytes, then 2 x 8 and 6 + 2 = 56 bytes, every field at a
+// multiple of its alignment), so every bit pattern is a valid value and it can be copied to
+// and from a map.
 unsafe impl aya::Pod for CookieParams {}
 
 /// `t` on `CLOCK_MONOTONIC` (the clock `std::time::Instant` and `bpf_ktime_get_ns` read), in

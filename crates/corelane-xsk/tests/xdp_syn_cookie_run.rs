@@ -45,6 +45,10 @@ fn sum(b: &[u8]) -> u32 {
         .sum()
 }
 
+/// The interface's hardware address in the program's cookie parameters (not the SYNs'
+/// destination, 02:00:00:00:00:03).
+const IFACE_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
+
 /// A SYN from CLIENT:40000 to SERVER:`port` with TCP options `opts` (a multiple of 4 bytes).
 fn syn(port: u16, opts: &[u8], flags: u8) -> Vec<u8> {
     let tcp_len = 20 + opts.len();
@@ -160,6 +164,10 @@ fn loaded() -> Ebpf {
             timestamps: 1,
             sack: 1,
             ttl: 64,
+            ts_k0: 3,
+            ts_k1: 4,
+            mac: IFACE_MAC,
+            pad: [0; 2],
         };
         cfg.set(0, p, 0).expect("cookie parameters");
     }
@@ -193,6 +201,7 @@ fn syns_are_answered_with_well_formed_syn_acks_carrying_the_stacks_options() {
         let (verdict, out) = run(prog, &syn(80, &opts, 0x02));
         assert_eq!(verdict, XDP_TX, "{opts:?}");
         assert_eq!(&out[..6], &[2, 0, 0, 0, 0, 2], "to the client's MAC");
+        assert_eq!(&out[6..12], &IFACE_MAC, "from the interface's MAC");
         let ip = &out[14..34];
         assert_eq!(fold(sum(ip)), 0xffff, "IPv4 checksum, {opts:?}");
         assert_eq!((&ip[12..16], &ip[16..20]), (&SERVER[..], &CLIENT[..]));
@@ -231,6 +240,16 @@ fn syns_are_answered_with_well_formed_syn_acks_carrying_the_stacks_options() {
             "window scale only with timestamps: {o:?}"
         );
     }
+    // The SYN's destination MAC is not the answer's source: a SYN to a group address still
+    // gets the interface's; a SYN from a group address gets nothing.
+    let mut to_group = syn(80, &[2, 4, 5, 180], 0x02);
+    to_group[..6].copy_from_slice(&[0xff; 6]);
+    let (verdict, out) = run(prog, &to_group);
+    assert_eq!(verdict, XDP_TX);
+    assert_eq!(&out[6..12], &IFACE_MAC);
+    let mut from_group = syn(80, &[2, 4, 5, 180], 0x02);
+    from_group[6..12].copy_from_slice(&[0x01, 0, 0x5e, 0, 0, 1]);
+    assert_ne!(run(prog, &from_group).0, XDP_TX, "from a multicast MAC");
     // No cookies for port 81, nor for anything but a bare SYN: not answered here.
     assert_ne!(run(prog, &syn(81, &[2, 4, 5, 180], 0x02)).0, XDP_TX);
     assert_ne!(run(prog, &syn(80, &[], 0x12)).0, XDP_TX, "a SYN-ACK");

@@ -11,8 +11,12 @@ use super::{DEFAULT_TTL, Stack};
 /// forge cookies for this stack: it goes only to the program that answers for it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SynCookieTemplate {
-    /// The SipHash key of the stack's cookies (and of its timestamp offsets).
+    /// The SipHash key of the stack's cookies.
     pub key: (u64, u64),
+    /// The SipHash key of its timestamp offsets (TSval = milliseconds + the offset).
+    pub ts_key: (u64, u64),
+    /// The interface's hardware address (the SYN-ACK's source).
+    pub mac: [u8; 6],
     /// This side's MSS over IPv4.
     pub mss: u16,
     /// The window field.
@@ -51,6 +55,8 @@ impl Stack {
         let (window, wscale) = crate::tcp::cookie_window(&self.cfg.tcp, sizes);
         Some(SynCookieTemplate {
             key: self.secret.key(),
+            ts_key: self.secret.ts_key(),
+            mac: self.mac,
             mss: sizes.mss,
             window,
             wscale,

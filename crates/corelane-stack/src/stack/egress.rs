@@ -88,16 +88,13 @@ impl Stack {
         emitted: &mut usize,
     ) -> Option<Instant> {
         let mac = self.mac;
-        let ip_id = &mut self.ip_id;
         let f = self.slots[index as usize].flow.as_mut()?;
         let path = Self::path_of(mac, f);
         let Sock::Tcp(c) = &mut f.sock else {
             return None;
         };
         if let Some(path) = path {
-            *emitted = c.output(now, budget, &mut |out| {
-                Self::send_segment(dev, ip_id, &path, out)
-            });
+            *emitted = c.output(now, budget, &mut |out| Self::send_segment(dev, &path, out));
         }
         c.poll_at()
     }

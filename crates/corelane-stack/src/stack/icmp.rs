@@ -27,7 +27,7 @@ impl Stack {
         let owned = |a: IpAddress| addrs.iter().any(|c| c.address() == a);
         let Some(reply) = dev
             .front_bytes()
-            .and_then(|req| echo_reply(req, self.mac, owned, &mut self.ip_id))
+            .and_then(|req| echo_reply(req, self.mac, owned, &mut self.ids))
         else {
             return false;
         };
@@ -41,7 +41,7 @@ impl Stack {
     pub(super) fn echo_frame<P: FrameIo>(&mut self, dev: &mut XdpDevice<P>, frame: &[u8]) -> bool {
         let addrs = &self.addrs;
         let owned = |a: IpAddress| addrs.iter().any(|c| c.address() == a);
-        let Some(reply) = echo_reply(frame, self.mac, owned, &mut self.ip_id) else {
+        let Some(reply) = echo_reply(frame, self.mac, owned, &mut self.ids) else {
             return false;
         };
         self.send_frame(dev, &reply);
@@ -57,12 +57,16 @@ impl Stack {
             }
             return;
         }
-        let id = if frame.get(12..14) == Some(&[0x08, 0x00]) {
-            self.ip_id = self.ip_id.wrapping_add(1);
-            u32::from(self.ip_id)
+        // A fresh identification for the fragments, from the datagram's addresses.
+        let (src, dst, proto) = if frame.get(12..14) == Some(&[0x08, 0x00]) {
+            (frame.get(26..30), frame.get(30..34), frame.get(23))
         } else {
-            self.frag_id()
+            (frame.get(22..38), frame.get(38..54), frame.get(20))
         };
+        let (Some(src), Some(dst), Some(&proto)) = (src, dst, proto) else {
+            return;
+        };
+        let id = self.ids.next(src, dst, proto);
         self.frag.count_fragmented();
         for f in crate::frag::refragment(frame, self.mtu, id) {
             let Some(tx) = dev.transmit(Instant::ZERO) else {
@@ -196,7 +200,7 @@ fn echo_reply(
     frame: &[u8],
     mac: [u8; 6],
     owned: impl Fn(IpAddress) -> bool,
-    ip_id: &mut u16,
+    ids: &mut crate::tcp::IdGen,
 ) -> Option<Vec<u8>> {
     let eth_src: [u8; 6] = frame.get(6..12)?.try_into().ok()?;
     match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
@@ -228,8 +232,8 @@ fn echo_reply(
             let h = &mut out[14..34];
             h[0] = 0x45;
             h[2..4].copy_from_slice(&((20 + icmp.len()) as u16).to_be_bytes());
-            *ip_id = ip_id.wrapping_add(1);
-            h[4..6].copy_from_slice(&ip_id.to_be_bytes());
+            // Not atomic (no DF: the reply may meet a smaller MTU): a keyed identification.
+            h[4..6].copy_from_slice(&(ids.next(&dst, &src, 1) as u16).to_be_bytes());
             h[8] = HOP_LIMIT;
             h[9] = 1;
             h[12..16].copy_from_slice(&dst);
@@ -325,7 +329,7 @@ mod tests {
     fn an_ipv4_echo_request_for_an_owned_address_is_answered_to_its_sender() -> Result<(), String> {
         let ours = IpAddress::Ipv4(Ipv4Address::new(10, 0, 0, 1));
         let req = v4_request([10, 0, 0, 1]);
-        let mut id = 0;
+        let mut id = crate::tcp::Secret::new(1).ids();
         let reply = echo_reply(&req, US, |a| a == ours, &mut id).ok_or("a reply")?;
         let eth = EthernetFrame::new_checked(&reply[..]).map_err(|e| e.to_string())?;
         assert_eq!(eth.dst_addr().0, PEER);
@@ -439,7 +443,7 @@ mod tests {
             &mut Icmpv6Packet::new_unchecked(&mut f[54..]),
             &ChecksumCapabilities::default(),
         );
-        let mut id = 0;
+        let mut id = crate::tcp::Secret::new(1).ids();
         let reply = echo_reply(&f, US, |a| a == IpAddress::Ipv6(dst), &mut id).ok_or("a reply")?;
         let ip = Ipv6Packet::new_checked(&reply[14..]).map_err(|e| e.to_string())?;
         assert_eq!(ip.dst_addr(), src);

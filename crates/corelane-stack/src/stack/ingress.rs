@@ -213,7 +213,7 @@ impl Stack {
             let path = self.reply_path(&inn);
             // The frame is read; the reset is built from copies of what it said.
             dev.consume();
-            if Self::send_segment(dev, &mut self.ip_id, &path, &rst) {
+            if Self::send_segment(dev, &path, &rst) {
                 self.tcp_done.resets_out += 1;
             }
             return;
@@ -309,7 +309,7 @@ impl Stack {
         let path = self.reply_path(&inn);
         let port = inn.local.port;
         dev.consume();
-        if Self::send_segment(dev, &mut self.ip_id, &path, &out) {
+        if Self::send_segment(dev, &path, &out) {
             self.tcp_done.cookies_sent += 1;
             self.note_cookie_port(port);
         }

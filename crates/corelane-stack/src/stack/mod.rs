@@ -188,14 +188,13 @@ pub struct Stack {
     routes: RouteTable,
     /// TCP flows waiting for a next hop's hardware address.
     unresolved: Vec<u32>,
-    ip_id: u16,
+    /// Identifications of datagrams that may be fragmented.
+    ids: crate::tcp::IdGen,
     /// Counters of connections already freed, and of what no connection did (cookies, resets).
     tcp_done: TcpStats,
     /// Counters of UDP sockets already freed.
     udp_done: UdpStats,
     frag: Reassembler,
-    /// The last IPv6 fragment identification used.
-    frag_next: u32,
     /// ICMP errors that may be sent now (a token bucket), and when it was last refilled (ms).
     icmp_tokens: u32,
     icmp_at: i64,
@@ -250,7 +249,14 @@ impl Stack {
         addrs: &[IpCidr],
         cfg: StackConfig,
     ) -> Self {
-        let seed = cfg.seed_or_random();
+        // Keys from the OS; expanded from the seed when one is fixed (reproducible runs).
+        let secret = match cfg.seed {
+            Some(seed) => Secret::new(seed),
+            None => Secret::random().unwrap_or_else(|| {
+                tracing::warn!("the OS gave no random bytes: secrets seeded from the std library");
+                Secret::new(cfg.seed_or_random())
+            }),
+        };
         let mtu = dev.capabilities().max_transmission_unit.saturating_sub(14);
         let mut owned = Vec::new();
         for c in addrs {
@@ -263,6 +269,7 @@ impl Stack {
                 owned.push(*c);
             }
         }
+        let tables = crate::keyed::KeyedState::new(secret.table_key());
         let cfg = StackConfig {
             cores: cfg.cores.max(1),
             core: cfg.core.min(cfg.cores.max(1) - 1),
@@ -272,21 +279,20 @@ impl Stack {
             addrs: owned,
             mac,
             mtu,
-            secret: Secret::new(seed),
-            neigh: Neighbors::default(),
+            secret: secret.clone(),
+            neigh: Neighbors::keyed(tables),
             routes: RouteTable::default(),
             unresolved: Vec::new(),
-            ip_id: (seed >> 17) as u16,
+            ids: secret.ids(),
             tcp_done: TcpStats::default(),
             udp_done: UdpStats::default(),
-            frag: Reassembler::new(cfg.frag),
-            frag_next: (seed >> 32) as u32,
+            frag: Reassembler::keyed(cfg.frag, tables),
             icmp_tokens: 50,
             icmp_at: 0,
             clock: Instant::ZERO,
             slots: Vec::with_capacity(cfg.flows),
             free_slots: Vec::new(),
-            table: FlowTable::with_capacity(cfg.flows),
+            table: FlowTable::keyed(cfg.flows, tables),
             udp: HashMap::default(),
             listeners: HashMap::default(),
             passive: HashMap::default(),
@@ -303,7 +309,7 @@ impl Stack {
             draining: false,
             stats: StackStats::default(),
             // A second generator for port choice, kept apart from the sequence numbers'.
-            rng: seed.rotate_left(29).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            rng: secret.port_seed(),
         }
     }
 
@@ -465,20 +471,13 @@ impl Stack {
     }
 
     /// Writes segment `out` on `path` into a transmit frame. False when no frame is free.
-    fn send_segment<P: FrameIo>(
-        dev: &mut XdpDevice<P>,
-        ip_id: &mut u16,
-        path: &Path,
-        out: &Out<'_>,
-    ) -> bool {
+    fn send_segment<P: FrameIo>(dev: &mut XdpDevice<P>, path: &Path, out: &Out<'_>) -> bool {
         let len = out.frame_len(path);
         let Some(tx) = dev.transmit(Instant::ZERO) else {
             return false;
         };
-        *ip_id = ip_id.wrapping_add(1);
-        let id = *ip_id;
         smoltcp::phy::TxToken::consume(tx, len, |buf| {
-            crate::tcp::wire::write(buf, path, id, out);
+            crate::tcp::wire::write(buf, path, out);
         });
         true
     }

@@ -243,8 +243,16 @@ mod tests {
             let reply = answer(&ask, US, |a| a == ip(ours)).ok_or("an answer")?;
             assert_eq!(&reply[..6], &PEER, "unicast to the asker");
             assert!(matches!(classify(&reply), Class::Neighbor { reply: true }));
-            // The asker's table learns our address from it.
+            // The asker's table learns our address from it (an ARP reply teaches anyone; an
+            // advertisement only the side that asked).
             let mut n = Neighbors::default();
+            if ours.contains(':') {
+                assert!(
+                    !n.snoop(&reply, Instant::ZERO),
+                    "an answer nobody asked for"
+                );
+                assert!(n.may_ask(ip(ours), Instant::ZERO));
+            }
             assert!(n.snoop(&reply, Instant::ZERO));
             assert_eq!(n.lookup(ip(ours), Instant::ZERO), Some((US, true)));
             // Not ours: no answer; corrupted: no answer.
@@ -282,13 +290,76 @@ mod tests {
     }
 
     #[test]
-    fn announcements_teach_every_listener() {
+    fn announcements_update_every_listener_that_knew_the_address() {
         for a in ["10.0.0.1", "fd00::1"] {
             let f = announcement(US, ip(a));
             assert_eq!(f[0] & 1, 1, "broadcast or multicast");
+            // A listener that knew the address at another hardware address (a restart on
+            // another NIC) moves to the new one: the advertisement carries Override.
             let mut n = Neighbors::default();
+            n.learn(ip(a), PEER, Instant::ZERO);
             assert!(n.snoop(&f, Instant::ZERO), "{a}");
             assert_eq!(n.lookup(ip(a), Instant::ZERO), Some((US, true)));
         }
+        // An unsolicited advertisement makes no entry (RFC 4861 section 7.2.5); gratuitous
+        // ARP does, as ARP has no such rule.
+        let mut n = Neighbors::default();
+        assert!(!n.snoop(&announcement(US, ip("fd00::1")), Instant::ZERO));
+        assert!(n.lookup(ip("fd00::1"), Instant::ZERO).is_none());
+    }
+
+    /// Sets the hop limit of the IPv6 frame `f` (the checksum does not cover it).
+    fn with_hop_limit(mut f: Vec<u8>, hops: u8) -> Vec<u8> {
+        f[14 + 7] = hops;
+        f
+    }
+
+    #[test]
+    fn neighbour_discovery_that_crossed_a_router_or_lacks_override_teaches_nothing() {
+        let peer = ip("fd00::2");
+        // A solicitation with hop limit 64 could come from off the link: ignored.
+        let ns = request(PEER, peer, ip("fd00::1")).unwrap_or_default();
+        let mut n = Neighbors::default();
+        assert!(!n.snoop(&with_hop_limit(ns.clone(), 64), Instant::ZERO));
+        assert!(n.lookup(peer, Instant::ZERO).is_none());
+        assert!(n.snoop(&ns, Instant::ZERO), "hop limit 255: learnt");
+        // An advertisement without Override does not move a known address; with it, it does.
+        let other = [2, 0, 0, 0, 0, 7];
+        let mut na = advertisement(
+            other,
+            [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+            ALL_NODES,
+            false,
+        );
+        let icmp = 14 + 40;
+        na[icmp + 4] = 0; // no flags
+        let sum_at = icmp + 2;
+        na[sum_at..sum_at + 2].fill(0);
+        let c = checksum(&na[22..38], &na[38..54], 58, &na[icmp..]);
+        na[sum_at..sum_at + 2].copy_from_slice(&c.to_ne_bytes());
+        assert!(!n.snoop(&na, Instant::ZERO), "no Override");
+        assert_eq!(n.lookup(peer, Instant::ZERO), Some((PEER, true)));
+        assert!(!n.snoop(
+            &with_hop_limit(
+                advertisement(
+                    other,
+                    [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+                    ALL_NODES,
+                    false
+                ),
+                254
+            ),
+            Instant::ZERO
+        ));
+        assert!(n.snoop(
+            &advertisement(
+                other,
+                [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+                ALL_NODES,
+                false
+            ),
+            Instant::ZERO
+        ));
+        assert_eq!(n.lookup(peer, Instant::ZERO), Some((other, true)));
     }
 }

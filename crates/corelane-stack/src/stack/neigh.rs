@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use rustc_hash::FxBuildHasher;
+use crate::keyed::KeyedState;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetProtocol, IpAddress, IpProtocol,
@@ -27,11 +27,19 @@ const RETRY: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Default)]
 pub(super) struct Neighbors {
-    known: HashMap<IpAddress, ([u8; 6], Instant), FxBuildHasher>,
-    asked: HashMap<IpAddress, Instant, FxBuildHasher>,
+    known: HashMap<IpAddress, ([u8; 6], Instant), KeyedState>,
+    asked: HashMap<IpAddress, Instant, KeyedState>,
 }
 
 impl Neighbors {
+    /// An empty table whose maps hash under `key`.
+    pub(super) fn keyed(key: KeyedState) -> Neighbors {
+        Neighbors {
+            known: HashMap::with_hasher(key),
+            asked: HashMap::with_hasher(key),
+        }
+    }
+
     /// The hardware address of `ip`, if known, and whether it is fresh (a stale one is
     /// usable, but should be asked for again).
     pub(super) fn lookup(&self, ip: IpAddress, now: Instant) -> Option<([u8; 6], bool)> {
@@ -122,37 +130,59 @@ impl Neighbors {
                 if checksum(&src.octets(), &ip.dst_addr().octets(), 58, icmp) != 0 {
                     return false;
                 }
+                // RFC 4861 sections 7.1.1 and 7.1.2: hop limit 255 (the frame cannot have
+                // crossed a router), code 0, at least the fixed part, a unicast target.
+                if ip.hop_limit() != 255 || icmp.get(1) != Some(&0) || icmp.len() < 24 {
+                    return false;
+                }
                 // 135: a solicitation names its sender's address (option 1); 136: an
                 // advertisement names the target's (option 2).
                 let (ip_of, want) = match icmp.first() {
                     Some(135) => (src, 1u8),
-                    Some(136) => match icmp.get(8..24) {
-                        Some(t) => (Ipv6Address::from_octets(t.try_into().unwrap_or([0; 16])), 2),
-                        None => return false,
-                    },
+                    Some(136) => (
+                        Ipv6Address::from_octets(icmp[8..24].try_into().unwrap_or([0; 16])),
+                        2,
+                    ),
                     _ => return false,
                 };
-                if ip_of.is_unspecified() {
+                if ip_of.is_unspecified() || ip_of.is_multicast() {
                     return false;
                 }
-                let mut opts = icmp.get(24..).unwrap_or(&[]);
-                while opts.len() >= 8 {
-                    let len = usize::from(opts[1]) * 8;
-                    if len == 0 || len > opts.len() {
-                        break;
+                let Some(mac) = link_option(&icmp[24..], want) else {
+                    return false;
+                };
+                let who = IpAddress::Ipv6(ip_of);
+                if want == 2 {
+                    // RFC 4861 section 7.2.5: an advertisement never creates an entry (only
+                    // one this side asked for, its INCOMPLETE state), and changes a known
+                    // address only with the Override flag.
+                    let overrides = icmp[4] & 0x20 != 0;
+                    match self.known.get(&who) {
+                        None if !self.asked.contains_key(&who) => return false,
+                        Some((old, _)) if *old != mac && !overrides => return false,
+                        _ => {}
                     }
-                    if opts[0] == want {
-                        let mut mac = [0u8; 6];
-                        mac.copy_from_slice(&opts[2..8]);
-                        return self.learn(IpAddress::Ipv6(ip_of), mac, now);
-                    }
-                    opts = &opts[len..];
                 }
-                false
+                self.learn(who, mac, now)
             }
             _ => false,
         }
     }
+}
+
+/// The link-layer address option of kind `want` (1: source, 2: target) among NDP `opts`.
+fn link_option(mut opts: &[u8], want: u8) -> Option<[u8; 6]> {
+    while opts.len() >= 8 {
+        let len = usize::from(opts[1]) * 8;
+        if len == 0 || len > opts.len() {
+            return None;
+        }
+        if opts[0] == want {
+            return opts[2..8].try_into().ok();
+        }
+        opts = &opts[len..];
+    }
+    None
 }
 
 /// The frame asking for `target`'s hardware address: an ARP request (IPv4) or a neighbour

@@ -279,7 +279,6 @@ impl Stack {
         };
         let udp_len = 8 + data.len();
         let (src, dst) = (octets(local), octets(peer.addr));
-        self.ip_id = self.ip_id.wrapping_add(1);
         let write_udp = |seg: &mut [u8]| {
             seg[..2].copy_from_slice(&local_port.to_be_bytes());
             seg[2..4].copy_from_slice(&peer.port.to_be_bytes());
@@ -295,7 +294,8 @@ impl Stack {
             let Some(tx) = dev.transmit(Instant::ZERO) else {
                 return false;
             };
-            let (mac, id) = (self.mac, self.ip_id);
+            // Fits the MTU: sent with DF, an atomic datagram with identification 0.
+            let (mac, id) = (self.mac, 0);
             smoltcp::phy::TxToken::consume(tx, 14 + ip_len + udp_len, |buf| {
                 buf[..6].copy_from_slice(&dst_mac);
                 buf[6..12].copy_from_slice(&mac);
@@ -309,11 +309,7 @@ impl Stack {
         }
         let mut seg = vec![0u8; udp_len];
         write_udp(&mut seg);
-        let id = if ip_len == 20 {
-            u32::from(self.ip_id)
-        } else {
-            self.frag_id()
-        };
+        let id = self.ids.next(&src, &dst, 17);
         let frames =
             crate::frag::fragment(dst_mac, self.mac, local, peer.addr, 17, id, &seg, self.mtu);
         self.frag.count_fragmented();
@@ -326,13 +322,6 @@ impl Stack {
             any = true;
         }
         any
-    }
-
-    /// The identification of the next IPv6 fragmented datagram: a counter from a secret
-    /// start, so it cannot be guessed from outside.
-    pub(super) fn frag_id(&mut self) -> u32 {
-        self.frag_next = self.frag_next.wrapping_add(1);
-        self.frag_next
     }
 
     /// Answers a datagram for a port no socket holds with ICMP "port unreachable" (at most a

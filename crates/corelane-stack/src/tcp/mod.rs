@@ -56,7 +56,7 @@ pub use ecn::EcnMode;
 pub use icmp::{IcmpError, MIN_PMTU_V4, MIN_PMTU_V6};
 pub(crate) use output::{cookie_syn_ack, cookie_window};
 pub(crate) use ring::{MemBudget, SMALL as SMALL_BUFFER};
-pub(crate) use secret::Secret;
+pub(crate) use secret::{IdGen, Secret};
 pub use seq::Seq;
 
 use std::time::Duration;

@@ -1,5 +1,10 @@
-//! What must not be guessable: initial sequence numbers (RFC 6528), timestamp offsets and SYN
-//! cookies (RFC 4987), all from SipHash-2-4 keyed with a per-stack secret.
+//! What must not be guessable: initial sequence numbers (RFC 6528), timestamp offsets (RFC
+//! 7323), SYN cookies (RFC 4987), the identifications of fragmented datagrams (RFC 7739),
+//! ephemeral ports (RFC 6056) and the hash tables' keys, each from SipHash-2-4 under a 128-bit
+//! key of its own, drawn from the OS. Knowing one (the cookie key is handed to the XDP program)
+//! tells nothing of the others. A stack built with a fixed seed (tests, the simulation) expands
+//! it into the same keys through SipHash, so its runs repeat, but nothing it sends is an affine
+//! function of the seed.
 //!
 //! ISN = M + F(local, remote, secret), M a clock ticking every 4 µs: a blind attacker cannot
 //! predict another connection's ISN, and a new incarnation of the same four-tuple starts above
@@ -10,43 +15,7 @@ use smoltcp::wire::IpEndpoint;
 
 use super::seq::Seq;
 
-/// SipHash-2-4 (Aumasson and Bernstein, 2012) over a short message of 64-bit words.
-fn siphash(k: (u64, u64), words: &[u64]) -> u64 {
-    let mut v = [
-        k.0 ^ 0x736f_6d65_7073_6575,
-        k.1 ^ 0x646f_7261_6e64_6f6d,
-        k.0 ^ 0x6c79_6765_6e65_7261,
-        k.1 ^ 0x7465_6462_7974_6573,
-    ];
-    fn round(v: &mut [u64; 4]) {
-        v[0] = v[0].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(13) ^ v[0];
-        v[0] = v[0].rotate_left(32);
-        v[2] = v[2].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(16) ^ v[2];
-        v[0] = v[0].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(21) ^ v[0];
-        v[2] = v[2].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(17) ^ v[2];
-        v[2] = v[2].rotate_left(32);
-    }
-    let compress = |m: u64, v: &mut [u64; 4]| {
-        v[3] ^= m;
-        round(v);
-        round(v);
-        v[0] ^= m;
-    };
-    for &w in words {
-        compress(w, &mut v);
-    }
-    // The final block: the message length in bytes in the top byte.
-    compress(((words.len() * 8) as u64) << 56, &mut v);
-    v[2] ^= 0xff;
-    for _ in 0..4 {
-        round(&mut v);
-    }
-    v[0] ^ v[1] ^ v[2] ^ v[3]
-}
+use crate::keyed::siphash;
 
 fn words(local: IpEndpoint, remote: IpEndpoint, extra: u64) -> [u64; 6] {
     let mut w = [0u64; 6];
@@ -76,11 +45,65 @@ pub(crate) struct CookieInfo {
 /// The MSS values a cookie can carry (3 bits).
 pub(crate) const MSS_TABLE: [u16; 8] = [536, 1200, 1220, 1360, 1400, 1440, 1460, 8960];
 
-/// The per-stack secret.
+/// The per-stack secret: a key per purpose.
 #[derive(Clone)]
 pub(crate) struct Secret {
-    key: (u64, u64),
+    isn: (u64, u64),
+    ts: (u64, u64),
+    cookie: (u64, u64),
+    ids: (u64, u64),
+    ports: (u64, u64),
+    tables: (u64, u64),
 }
+
+/// Counters of [`IdGen`].
+const ID_BUCKETS: usize = 64;
+
+/// The identifications of datagrams that may be fragmented (IPv4 without DF, IPv6 fragment
+/// headers): a keyed hash of source, destination and protocol plus one of 64 counters that
+/// hash picks (RFC 7739 section 5.3). IDs toward one destination do not repeat soon, and those
+/// a peer sees tell it nothing of the key or of the IDs toward anyone else beyond how busy its
+/// bucket is. A datagram that carries DF is atomic and takes ID 0 (RFC 6864).
+#[derive(Clone)]
+pub(crate) struct IdGen {
+    key: (u64, u64),
+    counters: [u32; ID_BUCKETS],
+}
+
+impl std::fmt::Debug for IdGen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdGen(..)")
+    }
+}
+
+impl IdGen {
+    /// The next identification from `src` to `dst` (4 or 16 address bytes each) for `proto`.
+    pub(crate) fn next(&mut self, src: &[u8], dst: &[u8], proto: u8) -> u32 {
+        let word = |b: &[u8], i: usize| -> u64 {
+            b.iter()
+                .skip(8 * i)
+                .take(8)
+                .rev()
+                .fold(0u64, |a, &x| a << 8 | u64::from(x))
+        };
+        let h = siphash(
+            self.key,
+            &[
+                word(src, 0),
+                word(src, 1),
+                word(dst, 0),
+                word(dst, 1),
+                u64::from(proto),
+            ],
+        );
+        let c = &mut self.counters[(h >> 58) as usize % ID_BUCKETS];
+        *c = c.wrapping_add(1);
+        (h as u32).wrapping_add(*c)
+    }
+}
+
+/// The purposes, in the order a seed is expanded into keys.
+const PURPOSES: usize = 6;
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -94,21 +117,82 @@ fn cookie_tick(now: Instant) -> u64 {
 }
 
 impl Secret {
-    /// A secret from a 64-bit seed (the stack's seed, itself from the OS unless fixed).
+    /// A secret expanded from a fixed 64-bit seed, for reproducible runs: each key is
+    /// SipHash of the purpose under a key made of the seed.
     pub(crate) fn new(seed: u64) -> Secret {
-        let a = seed ^ 0x5163_7a1e_0f3c_2b9d;
-        let b = siphash((seed, !seed), &[0x006b_6579]);
-        Secret { key: (a, b) }
+        let master = (seed, seed.rotate_left(32) ^ 0x636f_726c_616e_6521);
+        let mut k = [(0u64, 0u64); PURPOSES];
+        for (i, key) in k.iter_mut().enumerate() {
+            let i = i as u64;
+            *key = (
+                siphash(master, &[0x6b65_7900 | i, 0]),
+                siphash(master, &[0x6b65_7900 | i, 1]),
+            );
+        }
+        Secret::from_keys(k)
     }
 
-    /// The SipHash key, for a program that makes this stack's cookies on its behalf.
+    /// A secret of fresh keys from the OS (128 bits per purpose). None when the OS has no
+    /// randomness to give.
+    pub(crate) fn random() -> Option<Secret> {
+        let mut b = [0u8; PURPOSES * 16];
+        getrandom::fill(&mut b).ok()?;
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let mut k = [(0u64, 0u64); PURPOSES];
+        for (i, key) in k.iter_mut().enumerate() {
+            *key = (word(2 * i), word(2 * i + 1));
+        }
+        Some(Secret::from_keys(k))
+    }
+
+    fn from_keys(k: [(u64, u64); PURPOSES]) -> Secret {
+        Secret {
+            isn: k[0],
+            ts: k[1],
+            cookie: k[2],
+            ids: k[3],
+            ports: k[4],
+            tables: k[5],
+        }
+    }
+
+    /// The cookie key, for a program that makes this stack's cookies on its behalf (it can
+    /// make and check cookies with it, nothing else).
     pub(crate) fn key(&self) -> (u64, u64) {
-        self.key
+        self.cookie
+    }
+
+    /// The timestamp-offset key, for a program that answers SYNs with timestamps on this
+    /// stack's behalf.
+    pub(crate) fn ts_key(&self) -> (u64, u64) {
+        self.ts
+    }
+
+    /// The key of the hash tables a peer's addresses index (flows, neighbours, fragments).
+    pub(crate) fn table_key(&self) -> (u64, u64) {
+        self.tables
+    }
+
+    /// The starting state of the ephemeral-port generator (never 0).
+    pub(crate) fn port_seed(&self) -> u64 {
+        siphash(self.ports, &[1]) | 1
+    }
+
+    /// The generator of the identifications of datagrams that may be fragmented.
+    pub(crate) fn ids(&self) -> IdGen {
+        IdGen {
+            key: self.ids,
+            counters: [0; ID_BUCKETS],
+        }
     }
 
     /// RFC 6528's initial sequence number for a connection.
     pub(crate) fn isn(&self, local: IpEndpoint, remote: IpEndpoint, now: Instant) -> Seq {
-        let f = siphash(self.key, &words(local, remote, 1)) as u32;
+        let f = siphash(self.isn, &words(local, remote, 1)) as u32;
         let m = (now.total_micros().max(0) as u64 / 4) as u32;
         Seq(f.wrapping_add(m))
     }
@@ -116,12 +200,12 @@ impl Secret {
     /// The timestamp offset of a four-tuple (RFC 7323 section 5.4): the same for every
     /// incarnation of the four-tuple, so timestamps stay monotonic across them.
     pub(crate) fn ts_offset(&self, local: IpEndpoint, remote: IpEndpoint) -> u32 {
-        siphash(self.key, &words(local, remote, 2)) as u32
+        siphash(self.ts, &words(local, remote, 2)) as u32
     }
 
     fn cookie_hash(&self, local: IpEndpoint, remote: IpEndpoint, peer_isn: Seq, tick: u64) -> u32 {
         let extra = 3 | u64::from(peer_isn.0) << 8 | (tick & 31) << 40;
-        (siphash(self.key, &words(local, remote, extra)) as u32) & 0x00ff_ffff
+        (siphash(self.cookie, &words(local, remote, extra)) as u32) & 0x00ff_ffff
     }
 
     /// The ISN of a SYN-ACK that keeps no state (RFC 4987 section 3.6): 5 bits of time, 3 bits
@@ -174,18 +258,6 @@ mod tests {
             IpEndpoint::new(smoltcp::wire::IpAddress::v4(0, 0, 0, 0), 0),
             Into::into,
         )
-    }
-
-    #[test]
-    fn siphash_matches_the_reference_vector() {
-        // The reference implementation's test table: key 00..0f, the 8-byte message 00..07
-        // (whole words only here) hashes to 93f5f5799a932462, and the empty one to
-        // 726fdb47dd0e0e31.
-        let k0 = u64::from_le_bytes([0, 1, 2, 3, 4, 5, 6, 7]);
-        let k1 = u64::from_le_bytes([8, 9, 10, 11, 12, 13, 14, 15]);
-        let m = u64::from_le_bytes([0, 1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(siphash((k0, k1), &[m]), 0x93f5_f579_9a93_2462);
-        assert_eq!(siphash((k0, k1), &[]), 0x726f_db47_dd0e_0e31);
     }
 
     #[test]

@@ -197,7 +197,7 @@ fn pseudo_sum(path: &Path, tcp_len: usize) -> u64 {
 }
 
 /// Writes the frame of `seg` on `path` into `buf` (exactly [`Out::frame_len`] bytes).
-pub(crate) fn write(buf: &mut [u8], path: &Path, ip_id: u16, seg: &Out<'_>) {
+pub(crate) fn write(buf: &mut [u8], path: &Path, seg: &Out<'_>) {
     buf[..6].copy_from_slice(&path.dst_mac);
     buf[6..12].copy_from_slice(&path.src_mac);
     let ip_len = ip_header_len(path);
@@ -209,7 +209,9 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, ip_id: u16, seg: &Out<'_>) {
             ip[0] = 0x45;
             ip[1] = if seg.ect { ECT0 } else { 0 };
             ip[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
-            ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
+            // An atomic datagram (DF set): identification 0 (RFC 6864 section 4.1), so the
+            // field says nothing about this stack's other traffic.
+            ip[4..6].copy_from_slice(&[0, 0]);
             // Don't fragment: path MTU discovery (RFC 1191).
             ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes());
             ip[8] = path.ttl;
@@ -436,7 +438,7 @@ mod tests {
                     ..Out::default()
                 };
                 let mut buf = vec![0u8; seg.frame_len(&p)];
-                write(&mut buf, &p, 9, &seg);
+                write(&mut buf, &p, &seg);
                 assert!(
                     matches!(classify(&buf), Class::Tcp { syn: false, .. }),
                     "v6 {v6} split {split}: {:?}",
@@ -471,7 +473,7 @@ mod tests {
             ..Out::default()
         };
         let mut buf = vec![0u8; seg.frame_len(&p)];
-        write(&mut buf, &p, 1, &seg);
+        write(&mut buf, &p, &seg);
         assert!(matches!(classify(&buf), Class::Tcp { syn: true, .. }));
         let s = parse(&buf).ok_or("does not parse")?.seg;
         assert_eq!(
@@ -490,7 +492,7 @@ mod tests {
             ..Out::default()
         };
         let mut buf = vec![0u8; syn.frame_len(&p)];
-        write(&mut buf, &p, 1, &syn);
+        write(&mut buf, &p, &syn);
         let inn = parse(&buf).ok_or("does not parse")?;
         let r = reset_for(&inn.seg).ok_or("no reset")?;
         assert_eq!((r.seq, r.ack, r.flags), (Seq(0), Some(Seq(501)), RST));
@@ -511,7 +513,7 @@ mod tests {
                 ..Out::default()
             };
             let mut buf = vec![0u8; seg.frame_len(&p)];
-            write(&mut buf, &p, 1, &seg);
+            write(&mut buf, &p, &seg);
             assert!(matches!(classify(&buf), Class::Tcp { .. }), "v6 {v6}");
             let inn = parse(&buf).ok_or("does not parse")?;
             assert_eq!(

@@ -78,6 +78,8 @@ fn a_panicking_core_future_is_run_again_and_its_queue_keeps_serving() -> Result 
     let to: SocketAddr = format!("{SERVER_V4}:7").parse()?;
     // The first connection meets the panic; the core's future runs again and serves the rest.
     let first = hello(&net, to)?;
+    // The restart waits 10 ms (restarts back off); meanwhile the port is closed.
+    std::thread::sleep(Duration::from_millis(200));
     let mut served = 0;
     for _ in 0..6 {
         served += usize::from(hello(&net, to)?);
@@ -111,6 +113,50 @@ fn with_stop_runtime_a_panic_ends_the_run_with_the_error_at_once() -> Result {
     assert!(server.is_finished(), "the run ended by itself");
     let e = server.join()?.err().ok_or("an error")?;
     assert!(e.contains("panicked") && e.contains("cannot take"), "{e}");
+    Ok(())
+}
+
+/// A future that panics every time it starts (here: a bind of a port another socket of the
+/// runtime holds) is restarted with a growing wait, and the fifth panic within ten seconds
+/// ends the run with its message: no storm of restarts and log lines.
+#[test]
+fn a_future_that_panics_at_every_start_backs_off_then_stops_the_run() -> Result {
+    if !require_root("lifecycle: a panic at every start") {
+        return Ok(());
+    }
+    let net = net(1);
+    let starts = Arc::new(AtomicUsize::new(0));
+    let counted = starts.clone();
+    let t = std::time::Instant::now();
+    let server = serve_on(
+        &net,
+        |b| b.cores(1),
+        move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async {
+                let _held = TcpListener::bind(7).expect("the first bind");
+                let _again = TcpListener::bind(7).expect("a bind of a port in use");
+            }
+        },
+    )?
+    .thread;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !server.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.is_finished(), "the run ended by itself");
+    let took = t.elapsed();
+    let e = server.join()?.err().ok_or("an error")?;
+    assert!(
+        e.contains("port in use") && e.contains("not run again"),
+        "{e}"
+    );
+    // Five starts, four restarts, with waits of 10 + 20 + 40 + 80 ms between them.
+    assert_eq!(starts.load(Ordering::SeqCst), 5);
+    assert!(
+        took >= Duration::from_millis(150),
+        "the restarts waited: {took:?}"
+    );
     Ok(())
 }
 

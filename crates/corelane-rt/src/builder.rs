@@ -58,7 +58,7 @@ impl Builder {
     pub fn addr(mut self, cidr: impl IntoCidr) -> Self {
         match cidr.into_cidr() {
             Ok(c) => self.addrs.push(c.to_smoltcp()),
-            Err(e) => self.invalid.push(e.to_string()),
+            Err(e) => self.invalid.push(config_message(e)),
         }
         self
     }
@@ -91,7 +91,7 @@ impl Builder {
                 dst: c.to_smoltcp(),
                 via,
             }),
-            Err(e) => self.invalid.push(e.to_string()),
+            Err(e) => self.invalid.push(config_message(e)),
         }
         self
     }
@@ -574,5 +574,29 @@ impl Builder {
             sockets: Mutex::new(sockets.into_iter().map(Some).collect()),
             _restore: restore,
         })
+    }
+}
+
+/// What a configuration error says, without the "invalid configuration" that `build` puts in
+/// front of it once.
+fn config_message(e: Error) -> String {
+    match e {
+        Error::Config(m) => m,
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_bad_address_is_named_once_with_its_fix() {
+        let e = crate::Runtime::builder("lo")
+            .addr("10.91.0.3")
+            .build()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("10.91.0.3"), "{e}");
+        assert_eq!(e.matches("invalid configuration").count(), 1, "{e}");
     }
 }

@@ -10,7 +10,7 @@
 //! the stack.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use corelane_stack::Stack;
@@ -58,6 +58,12 @@ pub(crate) struct XdpCookies {
     /// Some port has the program's cookies on.
     active: AtomicBool,
     state: Mutex<State>,
+    /// When each listener port last had cookies sent (by any core's stack or the program), in
+    /// the stacks' time: each core's stack checks cookie ACKs only for these, and only for
+    /// two minutes after (the ACK may arrive on another core than the SYN).
+    sent: Mutex<Vec<(u16, corelane_stack::smoltcp::time::Instant)>>,
+    /// Bumped on every change of `sent`, so a core looks at it only when it changed.
+    sent_generation: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +84,37 @@ impl XdpCookies {
             enabled: AtomicBool::new(on),
             ..XdpCookies::default()
         }
+    }
+
+    /// Cookies were sent for `ports` at `now` (the stacks' time), by a core's stack or by the
+    /// program on their behalf.
+    pub(crate) fn note_sent(&self, ports: &[u16], now: corelane_stack::smoltcp::time::Instant) {
+        let mut sent = lock(&self.sent);
+        for &p in ports {
+            match sent.iter_mut().find(|(q, _)| *q == p) {
+                Some(e) => e.1 = now,
+                None => sent.push((p, now)),
+            }
+        }
+        self.sent_generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Tells `stack` of the cookies sent since this core last looked (`seen`: the generation
+    /// it saw then).
+    pub(crate) fn share_sent(&self, seen: &mut u64, stack: &mut Stack) {
+        let g = self.sent_generation.load(Ordering::Acquire);
+        if g == *seen {
+            return;
+        }
+        *seen = g;
+        for &(port, at) in lock(&self.sent).iter() {
+            stack.cookies_sent_for(port, at);
+        }
+    }
+
+    /// The ports the program answers SYNs for now.
+    pub(crate) fn program_ports(&self) -> Vec<u16> {
+        lock(&self.state).ports.clone()
     }
 
     /// True while some port has the program's cookies on.

@@ -45,6 +45,8 @@ pub(crate) struct Driver {
     pub(crate) cookie_ports: Vec<u16>,
     /// When this core next looks whether a SYN flood is over.
     pub(crate) cookie_check_at: Option<StdInstant>,
+    /// The generation of the shared record of cookies sent this core last applied.
+    pub(crate) cookies_seen: u64,
     /// Yields to the tasks so far.
     pub(crate) yields: u64,
 }
@@ -89,6 +91,10 @@ impl Driver {
                 stack.announce_addr(now, &mut self.pipe.dev, a);
             }
         }
+        // Cookies another core (or the program) sent: their ACKs may arrive here.
+        core.shared
+            .cookies
+            .share_sent(&mut self.cookies_seen, &mut stack);
         let turn = self.pipe.turn(&mut stack, now, &mut self.peers);
         if let Some(e) = &turn.tx_error {
             tracing::warn!("core {}: transmit: {e}", core.index);
@@ -96,9 +102,16 @@ impl Driver {
         stack.take_freed_ports(freed);
         stack.take_cookie_ports(&mut self.cookie_ports);
         let cookies = &core.shared.cookies;
-        if !self.cookie_ports.is_empty()
-            || (cookies.active() && self.cookie_check_at.is_none_or(|t| clock >= t))
-        {
+        if !self.cookie_ports.is_empty() {
+            cookies.note_sent(&self.cookie_ports, now);
+        }
+        let checking = cookies.active() && self.cookie_check_at.is_none_or(|t| clock >= t);
+        if checking {
+            // The program answers for these ports while the flood lasts: their cookie ACKs
+            // stay acceptable on every core.
+            cookies.note_sent(&cookies.program_ports(), now);
+        }
+        if !self.cookie_ports.is_empty() || checking {
             let epoch = self.epoch;
             let steering = &core.shared.steering;
             cookies.update(steering, &stack, epoch, clock, &mut self.cookie_ports);
@@ -131,7 +144,8 @@ impl Driver {
                 || lock(&core.shared.steering).counters().ok(),
             );
         }
-        if !self.warned_checksums && bad >= 16 && bad * 2 >= all {
+        // Three is one client's SYN and its first two retries.
+        if !self.warned_checksums && bad >= 3 && bad * 2 >= all {
             // Most of what arrives fails its checksum: not corruption, a peer that leaves
             // checksums to an offload that never happens (a veth peer with tx offload on).
             self.warned_checksums = true;

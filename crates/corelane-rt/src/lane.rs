@@ -85,30 +85,69 @@ pub(crate) struct Core {
     pub(crate) ended: tokio::sync::watch::Sender<bool>,
     /// What each panic of the core's future said (the future was restarted after each).
     pub(crate) panics: Mutex<Vec<String>>,
+    /// When the core's future last panicked, for the restarts' back-off.
+    pub(crate) panic_times: Mutex<std::collections::VecDeque<std::time::Instant>>,
     /// How many times this core bound port 0 (its n-th such bind gets the n-th picked port).
     pub(crate) auto_binds: AtomicU64,
 }
 
+/// A core's future that panics this many times within [`PANIC_WINDOW`] is not run again: the
+/// runtime stops with the panic (a future that fails at start, such as a bind of a port in
+/// use, would otherwise restart forever).
+pub(crate) const PANIC_LIMIT: usize = 5;
+/// The window of [`PANIC_LIMIT`].
+pub(crate) const PANIC_WINDOW: Duration = Duration::from_secs(10);
+/// The wait before the first restart after a quiet spell; it doubles with each panic in
+/// [`PANIC_WINDOW`], up to [`RESTART_DELAY_MAX`].
+pub(crate) const RESTART_DELAY: Duration = Duration::from_millis(10);
+/// The longest wait before a restart.
+pub(crate) const RESTART_DELAY_MAX: Duration = Duration::from_secs(1);
+
 impl Core {
-    /// The core's future panicked with `message`: with `restart`, it is logged, counted and
-    /// the caller runs the future again (true); otherwise the runtime stops (false).
-    pub(crate) fn on_panic(&self, message: &str, restart: bool) -> bool {
+    /// The core's future panicked with `message`: with `restart`, it is logged and counted,
+    /// and the caller runs the future again after the wait returned (the 1st panic in
+    /// [`PANIC_WINDOW`] waits [`RESTART_DELAY`], each further one twice the last, at most
+    /// [`RESTART_DELAY_MAX`]); at the [`PANIC_LIMIT`]-th panic in the window, or without
+    /// `restart`, the runtime stops and the error names the panic (None, with the message to
+    /// report).
+    pub(crate) fn on_panic(&self, message: &str, restart: bool) -> Result<Duration, String> {
         let restart = restart && !self.shared.life.stop.load(Ordering::Relaxed);
-        if restart {
+        let now = std::time::Instant::now();
+        let recent = {
+            let mut times = lock(&self.panic_times);
+            while times
+                .front()
+                .is_some_and(|&t| now.duration_since(t) > PANIC_WINDOW)
+            {
+                times.pop_front();
+            }
+            times.push_back(now);
+            times.len()
+        };
+        if restart && recent < PANIC_LIMIT {
+            let delay = (RESTART_DELAY * (1 << (recent - 1).min(16) as u32)).min(RESTART_DELAY_MAX);
             tracing::error!(
-                "core {}: its future panicked ({message}); running it again",
+                "core {}: its future panicked ({message}); running it again in {delay:?}",
                 self.index
             );
             self.stats().restarts += 1;
             lock(&self.panics).push(message.to_string());
-        } else {
-            tracing::error!(
-                "core {}: its future panicked ({message}); stopping the runtime",
-                self.index
-            );
-            self.shared.stop_all();
+            return Ok(delay);
         }
-        restart
+        let message = if restart {
+            format!(
+                "{message} (panic {recent} in {PANIC_WINDOW:?}: not run again, as a future that \
+                 fails every time it starts would restart forever)"
+            )
+        } else {
+            message.to_string()
+        };
+        tracing::error!(
+            "core {}: its future panicked ({message}); stopping the runtime",
+            self.index
+        );
+        self.shared.stop_all();
+        Err(message)
     }
 }
 

@@ -21,6 +21,13 @@ pub enum OnPanic {
     /// the core keeps serving its queue throughout. The panic is logged and counted
     /// (`CoreStats::restarts`, `CoreReport::panics`). What a server operator wants: one bad
     /// request does not take a queue down.
+    ///
+    /// Restarts back off: the first panic after a quiet spell waits 10 ms before the future
+    /// runs again, each further panic within 10 s twice as long as the last (at most 1 s),
+    /// and the 5th panic within 10 s stops the runtime: `run` returns
+    /// [`Error::Panicked`](crate::Error) with the panic's message. A future that fails every
+    /// time it starts (a bind of an address the runtime does not own, a port in use) so ends
+    /// the run within a second, with the reason, instead of restarting forever.
     #[default]
     RestartCore,
     /// The whole runtime stops at once and `run` returns [`Error::Panicked`](crate::Error).
@@ -70,11 +77,17 @@ impl Shared {
         }
     }
 
-    /// Logs `message` and keeps it for the run's report, unless the same was said before.
+    /// Logs `message` (and, when no tracing subscriber was ever installed, prints it to
+    /// stderr) and keeps it for the run's report, unless the same was said before.
     pub(crate) fn warn_once(&self, message: String) {
         let mut w = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
         if !w.contains(&message) {
             tracing::warn!("{message}");
+            // With no subscriber installed the warning would go nowhere: a user who did not
+            // set up logging still sees it.
+            if !tracing::dispatcher::has_been_set() {
+                eprintln!("corelane: warning: {message}");
+            }
             w.push(message);
         }
     }

@@ -125,6 +125,7 @@ impl Runtime {
                 .map(|w| crate::publish::Publish::new(w, info.index)),
             cookie_ports: Vec::new(),
             cookie_check_at: None,
+            cookies_seen: 0,
             yields: 0,
         };
         let linger = self.cfg.linger;
@@ -151,11 +152,14 @@ impl Runtime {
                     d = &mut driver_task => break d,
                     r = &mut app => {
                         if let Some(message) = panic_message(r) {
-                            if core.on_panic(&message, restart) {
-                                app = tokio::task::spawn_local(f(info));
-                                continue;
+                            match core.on_panic(&message, restart) {
+                                Ok(delay) => {
+                                    tokio::time::sleep(delay).await;
+                                    app = tokio::task::spawn_local(f(info));
+                                    continue;
+                                }
+                                Err(message) => panicked = Some(message),
                             }
-                            panicked = Some(message);
                         }
                         // This core's future is done; the core serves its queue (handoff,
                         // ARP, retransmissions) until every core's is, then lingers.
@@ -248,6 +252,7 @@ impl Runtime {
             stopping: AtomicBool::new(false),
             ended: tokio::sync::watch::Sender::new(false),
             panics: Mutex::new(Vec::new()),
+            panic_times: Mutex::new(std::collections::VecDeque::new()),
             auto_binds: AtomicU64::new(0),
         });
         Ok((core, dev, exec))
@@ -327,11 +332,14 @@ where
             tokio::select! {
                 r = &mut app => {
                     if let Some(message) = panic_message(r) {
-                        if core.on_panic(&message, restart) {
-                            app = tokio::task::spawn_local(f(info));
-                            continue;
+                        match core.on_panic(&message, restart) {
+                            Ok(delay) => {
+                                tokio::time::sleep(delay).await;
+                                app = tokio::task::spawn_local(f(info));
+                                continue;
+                            }
+                            Err(message) => end.panicked = Some(message),
                         }
-                        end.panicked = Some(message);
                     }
                     core.shared.app_done();
                     core.wake_driver();

@@ -4,7 +4,13 @@
 
 use smoltcp::wire::{IpAddress, Ipv4Address};
 
+use smoltcp::time::{Duration, Instant};
+
 use super::{DEFAULT_TTL, Stack};
+
+/// How long after a listener's last cookie an ACK may still carry one: two ticks of the
+/// cookie clock (`secret.rs`), the most a cookie is accepted for.
+pub(super) const COOKIE_LIFE: Duration = Duration::from_secs(128);
 
 /// The SYN-ACK of a cookie, as this stack would send it over IPv4 (`cookie_syn_ack`): the key
 /// its cookies are made with and the fields and options it carries. Whoever holds the key can
@@ -67,9 +73,21 @@ impl Stack {
     }
 
     /// A listener on `port` answered a SYN with a cookie: its backlog is full.
-    pub(super) fn note_cookie_port(&mut self, port: u16) {
+    pub(super) fn note_cookie_port(&mut self, now: Instant, port: u16) {
+        self.cookies_sent_for(port, now);
         if !self.cookie_ports.contains(&port) {
             self.cookie_ports.push(port);
+        }
+    }
+
+    /// SYN cookies were sent for the listener on `port` at `now` by someone else on this
+    /// stack's behalf (the XDP program, see [`Stack::syn_cookie_template`]): ACKs carrying
+    /// cookies are checked for it for the next two minutes. Outside such a window an ACK that
+    /// matches no connection is not checked as a cookie at all (one table lookup, no keyed
+    /// hash), as Linux checks cookies only after a recent overflow.
+    pub fn cookies_sent_for(&mut self, port: u16, now: Instant) {
+        if let Some(l) = self.listeners.get_mut(&port) {
+            l.cookies_until = Some(now + COOKIE_LIFE);
         }
     }
 

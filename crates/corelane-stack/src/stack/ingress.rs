@@ -235,6 +235,10 @@ impl Stack {
         let Some(l) = self.listeners.get(&port) else {
             return Cookie::Invalid;
         };
+        // No cookie sent lately: none to check (and no keyed hash for a stray ACK).
+        if l.cookies_until.is_none_or(|t| now > t) {
+            return Cookie::Invalid;
+        }
         let full = l.ready.len() >= l.backlog;
         let peer_isn = crate::tcp::Seq(seg.seq_number.0 as u32).minus(1);
         let ours = crate::tcp::Seq(ack.0 as u32).minus(1);
@@ -311,7 +315,7 @@ impl Stack {
         dev.consume();
         if Self::send_segment(dev, &path, &out) {
             self.tcp_done.cookies_sent += 1;
-            self.note_cookie_port(port);
+            self.note_cookie_port(now, port);
         }
     }
 
@@ -419,5 +423,70 @@ impl Stack {
             }
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcp::Seq;
+    use crate::tcp::wire::{ACK, Out};
+    use smoltcp::wire::{IpCidr, IpEndpoint, Ipv4Address};
+
+    /// The ACK a client at 10.9.0.2:40000 sends for the SYN-ACK whose ISN was `cookie`.
+    fn cookie_ack(cookie: Seq, peer_isn: Seq) -> Vec<u8> {
+        let path = Path {
+            src_mac: [2, 0, 0, 0, 0, 2],
+            dst_mac: [2, 0, 0, 0, 0, 1],
+            local: IpEndpoint::new(Ipv4Address::new(10, 9, 0, 2).into(), 40000),
+            remote: IpEndpoint::new(Ipv4Address::new(10, 9, 0, 1).into(), 7),
+            ttl: 64,
+        };
+        let seg = Out {
+            seq: peer_isn.plus(1),
+            ack: Some(cookie.plus(1)),
+            flags: ACK,
+            window: 1000,
+            ..Out::default()
+        };
+        let mut buf = vec![0u8; seg.frame_len(&path)];
+        wire::write(&mut buf, &path, &seg);
+        buf
+    }
+
+    #[test]
+    fn a_cookie_is_checked_only_while_its_listener_recently_sent_cookies() {
+        let (x, _y) = corelane_frame::MemLink::default().pair();
+        let cfg = crate::StackConfig {
+            seed: Some(5),
+            ..crate::StackConfig::default()
+        };
+        let v4 = IpCidr::new(Ipv4Address::new(10, 9, 0, 1).into(), 24);
+        let mut node = crate::Node::new(x, [2, 0, 0, 0, 0, 1], &[v4], 1500, cfg);
+        let st = &mut node.stack;
+        assert!(st.listen_tcp(7, None).is_ok());
+        let now = Instant::from_secs(10);
+        let (local, remote) = (
+            IpEndpoint::new(Ipv4Address::new(10, 9, 0, 1).into(), 7),
+            IpEndpoint::new(Ipv4Address::new(10, 9, 0, 2).into(), 40000),
+        );
+        // A valid cookie (another core of the same stack, sharing the secret, could have sent
+        // it), arriving where no cookie was sent lately: not even checked.
+        let peer_isn = Seq(1000);
+        let cookie = st.secret.cookie(local, remote, peer_isn, 1460, now);
+        let frame = cookie_ack(cookie, peer_isn);
+        let inn = wire::parse(&frame).expect("the ACK parses");
+        assert_eq!(st.open_from_cookie(now, &inn), Cookie::Invalid);
+        // Once told that cookies went out for the port, it opens the connection.
+        st.cookies_sent_for(7, now);
+        assert_eq!(st.open_from_cookie(now, &inn), Cookie::Opened);
+        // Two minutes after the last cookie, a fresh one is not checked either.
+        let later =
+            now + super::super::cookies::COOKIE_LIFE + smoltcp::time::Duration::from_secs(1);
+        let peer_isn = Seq(5000);
+        let cookie = st.secret.cookie(local, remote, peer_isn, 1460, later);
+        let frame = cookie_ack(cookie, peer_isn);
+        let inn = wire::parse(&frame).expect("the ACK parses");
+        assert_eq!(st.open_from_cookie(later, &inn), Cookie::Invalid);
     }
 }

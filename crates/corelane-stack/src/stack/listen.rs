@@ -21,6 +21,9 @@ pub(super) struct Listener {
     pub(super) options: AcceptOptions,
     /// Only connections to this owned address (None: to any).
     pub(super) addr: Option<smoltcp::wire::IpAddress>,
+    /// Until when an ACK may carry one of this listener's SYN cookies (a cookie lives at most
+    /// `COOKIE_LIFE` after it was sent); None: it never sent one.
+    pub(super) cookies_until: Option<smoltcp::time::Instant>,
 }
 
 /// Socket options a listener gives each connection it accepts.
@@ -66,6 +69,7 @@ impl Stack {
                 waiters: VecDeque::new(),
                 options: AcceptOptions::default(),
                 addr,
+                cookies_until: None,
             },
         );
         Ok(())

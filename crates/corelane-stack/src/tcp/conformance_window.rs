@@ -152,3 +152,33 @@ fn a_small_window_whose_update_was_lost_is_probed_with_what_fits() {
     let sent: usize = s.out().iter().map(|o| o.len).sum();
     assert!(sent > 1448, "{sent} bytes after the window opened");
 }
+
+/// Segments outside the window are answered with an ACK (RFC 9293 section 3.10.7.4), but a
+/// flood of them without data (an ACK loop between two ends that disagree, or a spoofer
+/// driving one) earns at most one ACK per half second; one with data is always answered.
+#[test]
+fn acks_for_out_of_window_segments_without_data_are_rate_limited() {
+    let (mut s, una) = Script::established(false);
+    let far = PEER_ISN + 1 + 10_000_000;
+    let mut answered = 0;
+    for _ in 0..20 {
+        s.input(seg(far, una));
+        answered += s.out().len();
+        s.advance(smoltcp::time::Duration::from_millis(10));
+    }
+    assert_eq!(answered, 1, "20 stray ACKs in 200 ms: one answer");
+    let mut data = seg(far, una);
+    data.len = 100;
+    for _ in 0..3 {
+        s.input(data);
+        assert_eq!(
+            s.out().len(),
+            1,
+            "data outside the window is always answered"
+        );
+    }
+    s.advance(super::input::OOW_ACK_GAP);
+    s.input(seg(far, una));
+    assert_eq!(s.out().len(), 1, "half a second later: answered again");
+    assert!(s.c.stats.out_of_window >= 24);
+}

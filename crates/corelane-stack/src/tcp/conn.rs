@@ -161,6 +161,9 @@ pub(crate) struct Conn {
     pub(super) soft_error: Option<io::ErrorKind>,
     pub(super) keep_probes: u32,
     pub(super) challenge_at: Instant,
+    /// When an ACK last answered a segment without data that was outside the window or
+    /// failed PAWS (at most one per `OOW_ACK_GAP`).
+    pub(super) oow_ack_at: Option<Instant>,
     pub(super) challenges: u32,
     // Congestion and loss recovery.
     pub(super) board: Board,
@@ -303,6 +306,7 @@ impl Conn {
             soft_error: None,
             keep_probes: 0,
             challenge_at: now,
+            oow_ack_at: None,
             challenges: 0,
             board: Board::default(),
             cc: Cc::new(cfg.congestion, usize::from(default_mss(remote.addr))),

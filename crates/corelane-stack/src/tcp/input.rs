@@ -16,6 +16,8 @@ const RECOVERY_PROBES: u8 = 2;
 
 /// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
+/// At most one ACK per this long answers segments without data outside the window.
+pub(super) const OOW_ACK_GAP: Duration = Duration::from_millis(500);
 
 impl Conn {
     /// A segment for this connection arrived, with no ECN marks.
@@ -62,7 +64,7 @@ impl Conn {
             && now - self.ts_recent_at < PAWS_IDLE
         {
             self.stats.paws_dropped += 1;
-            self.ack_now = true;
+            self.ack_out_of_window(now, len - usize::from(syn));
             return;
         }
 
@@ -83,9 +85,13 @@ impl Conn {
             if rst {
                 return;
             }
-            self.ack_now = true;
             self.stats.out_of_window += 1;
             // With the window shut, the ACK of a segment at RCV.NXT still counts.
+            if wnd == 0 && seq == self.rcv_nxt {
+                self.ack_now = true;
+            } else {
+                self.ack_out_of_window(now, len - usize::from(syn));
+            }
             if !(wnd == 0 && seq == self.rcv_nxt) {
                 return;
             }
@@ -511,6 +517,18 @@ impl Conn {
         let min = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
         let q = Duration::from_micros(min.total_micros() / 4 * u64::from(self.reo_mult));
         self.rtt.srtt().map_or(q, |s| q.min(s))
+    }
+
+    /// Answers a segment that was outside the window or failed PAWS with an ACK (RFC 9293
+    /// section 3.10.7.4): always for one with data (the sender must learn where we are), at
+    /// most once per `OOW_ACK_GAP` for one without, so that two ends that disagree about the
+    /// window (or an attacker spoofing one of them) cannot drive an ACK loop at wire speed (as
+    /// Linux's `tcp_invalid_ratelimit`).
+    fn ack_out_of_window(&mut self, now: Instant, len: usize) {
+        if len > 0 || self.oow_ack_at.is_none_or(|t| now - t >= OOW_ACK_GAP) {
+            self.oow_ack_at = Some(now);
+            self.ack_now = true;
+        }
     }
 
     /// Arms the loss probe: outside recovery the tail loss probe (RFC 8985 section 7.2), 2

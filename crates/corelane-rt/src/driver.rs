@@ -47,6 +47,8 @@ pub(crate) struct Driver {
     pub(crate) cookie_check_at: Option<StdInstant>,
     /// The generation of the shared record of cookies sent this core last applied.
     pub(crate) cookies_seen: u64,
+    /// When this core next reads the kernel's count of frames dropped before it.
+    pub(crate) drops_read_at: Option<StdInstant>,
     /// Yields to the tasks so far.
     pub(crate) yields: u64,
 }
@@ -124,6 +126,11 @@ impl Driver {
             st.batch.settled = tu.settled();
             st.batch.changes = tu.changes();
             st.batch.fill_target = self.pipe.dev.io().fill_target();
+        }
+        if self.drops_read_at.is_none_or(|t| clock >= t) {
+            // A system call: ten times a second.
+            self.pipe.dev.read_rx_drops();
+            self.drops_read_at = Some(clock + Duration::from_millis(100));
         }
         st.device = self.pipe.dev.stats();
         let (bad, all) = (st.device.rx_bad_checksum, st.device.rx_frames);

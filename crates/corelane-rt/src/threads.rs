@@ -126,6 +126,7 @@ impl Runtime {
             cookie_ports: Vec::new(),
             cookie_check_at: None,
             cookies_seen: 0,
+            drops_read_at: None,
             yields: 0,
         };
         let linger = self.cfg.linger;

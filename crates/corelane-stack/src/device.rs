@@ -40,6 +40,10 @@ pub struct DeviceStats {
     /// Frames received longer than the link's MTU allows (processed all the same; a peer or
     /// a link configured with a larger MTU than this side's).
     pub rx_oversize: u64,
+    /// Frames the kernel dropped before this side saw them, for want of room in the receive
+    /// ring or of a free frame in the fill ring (AF_XDP's `rx_dropped + rx_ring_full`), as
+    /// last read (every few thousand turns, and at the end of a run).
+    pub rx_ring_drops: u64,
 }
 
 /// The device. `B` is the batch size: frames pulled from the RX ring per call and sent per kick.
@@ -72,6 +76,7 @@ impl std::ops::AddAssign for DeviceStats {
         self.tx_batches += o.tx_batches;
         self.tx_oversize += o.tx_oversize;
         self.rx_oversize += o.rx_oversize;
+        self.rx_ring_drops += o.rx_ring_drops;
     }
 }
 
@@ -107,6 +112,13 @@ impl<P: FrameIo> XdpDevice<P> {
     /// Counters so far.
     pub fn stats(&self) -> DeviceStats {
         self.stats
+    }
+
+    /// Reads the kernel's count of frames dropped before this side (may cost a system call)
+    /// into [`DeviceStats::rx_ring_drops`], and returns it.
+    pub fn read_rx_drops(&mut self) -> u64 {
+        self.stats.rx_ring_drops = self.io.rx_drops();
+        self.stats.rx_ring_drops
     }
 
     /// Whether a frame built longer than the MTU panics (true) or is dropped and counted in

@@ -237,7 +237,7 @@ impl<P: FrameIo> Pipeline<P> {
             tu.observe(pulled + injected, sent, start.elapsed().as_nanos() as u64);
             // The kernel's drop counters may cost a system call: read them now and then.
             if st.turns.is_multiple_of(4096) {
-                tu.observe_drops(dev.io_mut().rx_drops());
+                tu.observe_drops(dev.read_rx_drops());
                 dev.io_mut().set_fill_target(tu.fill_target());
             }
         }

@@ -182,3 +182,42 @@ fn acks_for_out_of_window_segments_without_data_are_rate_limited() {
     assert_eq!(s.out().len(), 1, "half a second later: answered again");
     assert!(s.c.stats.out_of_window >= 24);
 }
+
+/// A batch of out-of-order segments handled in one turn and answered together: every block
+/// they created or grew is reported (the newest first), spread over as many ACKs as it takes
+/// three blocks at a time. Reporting only the newest and the highest (one ACK per turn) left
+/// the blocks between unreported, and the sender resent data that had arrived.
+#[test]
+fn every_block_a_batch_of_arrivals_changed_is_reported() {
+    let (mut s, una) = Script::established(false);
+    let base = PEER_ISN + 1;
+    for off in [10_000, 20_000, 30_000, 40_000, 50_000, 11_000] {
+        let mut d = seg(base + off, una);
+        d.len = 1000;
+        s.input(d);
+    }
+    let out = s.out();
+    assert!(out.len() >= 2, "{out:?}");
+    assert_eq!(
+        out[0].sack[0],
+        (base + 10_000, base + 12_000),
+        "the newest first"
+    );
+    let mut told: Vec<(u32, u32)> = out.iter().flat_map(|o| o.sack.clone()).collect();
+    told.sort_unstable();
+    told.dedup();
+    let want: Vec<(u32, u32)> = vec![
+        (base + 10_000, base + 12_000),
+        (base + 20_000, base + 21_000),
+        (base + 30_000, base + 31_000),
+        (base + 40_000, base + 41_000),
+        (base + 50_000, base + 51_000),
+    ];
+    assert_eq!(told, want);
+    assert!(out.iter().all(|o| o.ack == Some(base)));
+    // Once reported, the next arrival's ACK is one segment again.
+    let mut d = seg(base + 60_000, una);
+    d.len = 1000;
+    s.input(d);
+    assert_eq!(s.out().len(), 1);
+}

@@ -115,7 +115,8 @@ pub(crate) struct Conn {
     pub(super) rcv_adv: Seq,
     pub(super) rcv_wscale: u8,
     pub(super) ooo: Vec<(Seq, Seq)>,
-    pub(super) last_ooo: Seq,
+    /// Starts of the out-of-order arrivals not yet reported in a SACK block, newest last.
+    pub(super) sack_fresh: Vec<Seq>,
     pub(super) peer_fin: Option<Seq>,
     pub(super) fin_rcvd: bool,
     pub(super) last_ack_sent: Seq,
@@ -265,7 +266,7 @@ impl Conn {
             rcv_adv: Seq(0),
             rcv_wscale: scale_for(sizes.rx_max),
             ooo: Vec::new(),
-            last_ooo: Seq(0),
+            sack_fresh: Vec::new(),
             peer_fin: None,
             fin_rcvd: false,
             last_ack_sent: Seq(0),

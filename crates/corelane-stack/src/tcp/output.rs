@@ -52,28 +52,26 @@ impl Conn {
             o.ts = Some((self.ts_now(now), self.ts_recent));
         }
         if self.sack_ok && !self.ooo.is_empty() {
-            // The block holding the newest arrival first (RFC 2018 section 4), then the
-            // highest (each range once: `sack_options_len` counts on it).
-            let last = self.last_ooo;
+            // The block holding the newest arrival first (RFC 2018 section 4), then those
+            // holding the other arrivals not yet reported, newest first, then the highest
+            // (each range once: `sack_options_len` counts on it). One ACK may answer a whole
+            // batch of arrivals: every block they changed is reported, in this ACK or, past
+            // three, in the further ACKs `output` sends for them.
+            let block_of = |s: Seq| self.ooo.iter().find(|(a, e)| a.le(s) && e.gt(s)).copied();
             let mut k = 0;
-            let newest = self
-                .ooo
-                .iter()
-                .find(|(s, e)| s.le(last) && e.gt(last))
-                .copied();
-            if let Some(b) = newest {
-                o.sack[0] = b;
-                k = 1;
-            }
-            for &b in self.ooo.iter().rev() {
+            let fresh = self.sack_fresh.iter().rev().filter_map(|&s| block_of(s));
+            for b in fresh.chain(self.ooo.iter().rev().copied()) {
                 if k == 3 {
                     break;
                 }
-                if Some(b) != newest {
+                if !o.sack[..k].contains(&b) {
                     o.sack[k] = b;
                     k += 1;
                 }
             }
+            let told = o.sack;
+            self.sack_fresh
+                .retain(|&s| block_of(s).is_some_and(|b| !told[..k].contains(&b)));
             // A FIN that arrived out of order occupies the sequence number after its data:
             // the block holding that data covers it too, as the peer's segment did, or the
             // peer would never see that segment arrive.
@@ -440,6 +438,19 @@ impl Conn {
                 self.stats.segs_out += 1;
                 n += 1;
             }
+        }
+        // Arrivals whose blocks did not fit the last segment's three: ACKs until each block
+        // was reported once (a few at most; Linux ACKs every out-of-order segment).
+        for _ in 0..4 {
+            if !self.sack_ok || self.sack_fresh.is_empty() {
+                break;
+            }
+            let o = self.header(now);
+            if !emit(&o) {
+                break;
+            }
+            self.stats.segs_out += 1;
+            n += 1;
         }
         n
     }

@@ -10,6 +10,8 @@ use super::seq::Seq;
 /// At most this many out-of-order ranges are remembered; a segment that would make another is
 /// dropped (the peer sends it again).
 const MAX_OOO: usize = 64;
+/// Out-of-order arrivals remembered until a SACK block reports them.
+const MAX_FRESH: usize = 32;
 
 impl Conn {
     /// The receiver's RTT from the timestamp a data segment echoes (RFC 7323 section 4.1), in
@@ -86,7 +88,11 @@ impl Conn {
             self.wake_rx();
         } else {
             self.insert_ooo(start, end);
-            self.last_ooo = start;
+            // Reported in the next SACK blocks (each once at least, not only the newest).
+            if self.sack_fresh.len() >= MAX_FRESH {
+                self.sack_fresh.remove(0);
+            }
+            self.sack_fresh.push(start);
             self.ack_now = true;
             if !self.sack_ok {
                 self.dupacks_owed = (self.dupacks_owed + 1).min(3);

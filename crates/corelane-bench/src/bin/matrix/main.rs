@@ -69,6 +69,10 @@ struct Args {
     /// Lists the impairments and exits.
     #[arg(long)]
     list: bool,
+    /// Prints each corelane connection's TCP counters when it ends (retransmissions, RTOs,
+    /// out-of-window segments, ...).
+    #[arg(long)]
+    conn_stats: bool,
 }
 
 /// One impairment: percent of frames dropped, duplicated and reordered, toward the server and
@@ -212,6 +216,7 @@ fn main() {
         }
         return;
     }
+    proto::CONN_STATS.store(args.conn_stats, std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = run(&args) {
         eprintln!("matrix: {e}");
         std::process::exit(1);

@@ -17,6 +17,10 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 const PATTERN: usize = 1 << 20;
+
+/// Print each corelane connection's counters when it ends (`--conn-stats`).
+pub(crate) static CONN_STATS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 const CHUNK: usize = 256 * 1024;
 
 const STREAM: u8 = 1;
@@ -285,6 +289,11 @@ pub(crate) async fn serve_corelane(mut s: corelane::net::TcpStream) -> std::io::
     }
     s.shutdown().await?;
     while s.read(&mut buf).await? > 0 {}
+    if CONN_STATS.load(std::sync::atomic::Ordering::Relaxed)
+        && let Ok(i) = s.info()
+    {
+        eprintln!("corelane connection: {:?}", i.stats);
+    }
     Ok(s.info().map_or(0, |i| i.stats.retrans_segs))
 }
 

@@ -16,6 +16,10 @@ const RECOVERY_PROBES: u8 = 2;
 
 /// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
+/// The shortest probe timeout: Linux's floor (two jiffies at 1000 Hz). At a veth's 100 us
+/// round trip twice the SRTT is far less; a larger floor made each tail loss of a small
+/// response cost more than the peer's own recovery would.
+const PTO_MIN: Duration = Duration::from_millis(2);
 /// At most one ACK per this long answers segments without data outside the window.
 pub(super) const OOW_ACK_GAP: Duration = Duration::from_millis(500);
 
@@ -536,7 +540,7 @@ impl Conn {
     /// recovery (with `recovery_probe`) 2 SRTT from the last delivery or transmission, and a
     /// second probe twice as late if the first brings nothing. A peer with holes ACKs at
     /// once, so the delayed ACK is waited for only when it may have none (one segment out,
-    /// nothing SACKed or deemed lost). At least 10 ms, never later than the RTO.
+    /// nothing SACKed or deemed lost). At least `PTO_MIN`, never later than the RTO.
     pub(super) fn arm_tlp(&mut self, now: Instant) {
         let recovering = self.recovery.is_some();
         let most = if recovering { RECOVERY_PROBES } else { 1 };
@@ -551,8 +555,7 @@ impl Conn {
         if self.board.len() == 1 && !(recovering && holes) {
             pto += Duration::from_millis(200);
         }
-        let pto = (pto.max(Duration::from_millis(10)) * (1 << self.probes_out.min(4)))
-            .min(self.rtt.rto());
+        let pto = (pto.max(PTO_MIN) * (1 << self.probes_out.min(4))).min(self.rtt.rto());
         self.tlp_at = Some(now + pto);
     }
 

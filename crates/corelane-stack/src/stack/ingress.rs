@@ -25,6 +25,9 @@ enum Route {
     Cookie,
     /// No flow here: offered to the other cores, else answered here.
     Unclaimed(Proto, u16, bool),
+    /// A SYN for a four-tuple whose connection is over or in TIME-WAIT and no longer held:
+    /// it reopens the four-tuple if RFC 6191 allows, else goes to that connection.
+    Reopen(u32),
     /// A SYN for a listener whose accept queue is full: dropped, not reset (the peer retries).
     Drop,
     /// ARP or NDP; `true` for a reply the other cores' neighbour caches want too.
@@ -49,13 +52,11 @@ impl Stack {
         match class {
             Class::Tcp { key, syn } => {
                 if let Some(i) = self.table.get(&key) {
-                    // A new SYN for a four-tuple in TIME-WAIT that nobody holds reopens it
-                    // (RFC 6191's case; the old flow has nothing left to deliver).
-                    if syn && self.reusable(i) {
-                        self.free(i);
+                    return if syn && self.reusable(i) {
+                        Route::Reopen(i)
                     } else {
-                        return Route::Flow(i);
-                    }
+                        Route::Flow(i)
+                    };
                 }
                 let port = key.local.port;
                 let listener = self
@@ -108,6 +109,18 @@ impl Stack {
                 && f.listener.is_none()
                 && matches!(&f.sock, Sock::Tcp(c) if matches!(c.state(), TcpState::TimeWait | TcpState::Closed))
         })
+    }
+
+    /// Whether the waiting SYN may end flow `i` (over or in TIME-WAIT, not held) and open its
+    /// four-tuple anew ([`Conn::syn_may_reopen`]).
+    fn syn_reopens<P: FrameIo>(&self, dev: &XdpDevice<P>, i: u32) -> bool {
+        let Some(inn) = dev.front_bytes().and_then(wire::parse) else {
+            return false;
+        };
+        self.slots[i as usize]
+            .flow
+            .as_ref()
+            .is_some_and(|f| matches!(&f.sock, Sock::Tcp(c) if c.syn_may_reopen(&inn.seg)))
     }
 
     /// Gives the next waiting frame to flow `i` alone, then settles the flow and queues it for
@@ -358,6 +371,16 @@ impl Stack {
             match self.route(class) {
                 Route::Flow(i) => {
                     self.stats.demux_hits += 1;
+                    self.feed(now, dev, i);
+                }
+                Route::Reopen(i) => {
+                    // The old flow has nothing left to deliver: freed, the SYN is routed
+                    // again (to its listener).
+                    if self.syn_reopens(dev, i) {
+                        self.free(i);
+                        n -= 1;
+                        continue;
+                    }
                     self.feed(now, dev, i);
                 }
                 Route::Open => self.open(now, dev),

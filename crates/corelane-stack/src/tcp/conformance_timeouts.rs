@@ -71,3 +71,50 @@ fn an_idle_spell_before_a_write_does_not_count_toward_the_user_timeout() {
     assert_eq!(s.out().len(), 1, "a retransmission");
     assert_eq!(s.c.state(), TcpState::Established);
 }
+
+/// A SYN for a four-tuple in TIME-WAIT reopens it only as RFC 6191 allows: with a timestamp
+/// newer than the last the connection saw (or, without timestamps, a sequence number above
+/// all it received). An old duplicate or a blind forgery does not cut TIME-WAIT short.
+#[test]
+fn a_syn_reopens_time_wait_only_with_a_newer_timestamp_or_sequence_number() {
+    use super::conformance::{PEER_ISN, seg};
+    use smoltcp::wire::TcpControl;
+    for ts in [true, false] {
+        let (mut s, una) = Script::established(ts);
+        // The peer closes first, then we do: TIME-WAIT is ours (we sent the last ACK).
+        s.c.close();
+        s.out();
+        let mut fin = seg(PEER_ISN + 1, una + 1);
+        fin.ctl = TcpControl::Fin;
+        fin.ts = ts.then_some((50, 0));
+        s.input(fin);
+        s.out();
+        assert_eq!(s.c.state(), TcpState::TimeWait, "timestamps {ts}");
+        let syn = |seq: u32, tsval: u32| {
+            let mut g = seg(seq, 0);
+            g.ack = None;
+            g.ctl = TcpControl::Syn;
+            g.syn_opts = true;
+            g.ts = ts.then_some((tsval, 0));
+            g
+        };
+        let may = |s: &Script, g| s.c.syn_may_reopen(&Script::repr(&g));
+        if ts {
+            assert!(
+                !may(&s, syn(PEER_ISN + 1_000_000, 49)),
+                "an older timestamp"
+            );
+            assert!(
+                !may(&s, syn(PEER_ISN + 1_000_000, 50)),
+                "the same timestamp"
+            );
+            assert!(
+                may(&s, syn(PEER_ISN - 5, 51)),
+                "a newer timestamp, whatever the sequence"
+            );
+        } else {
+            assert!(!may(&s, syn(PEER_ISN - 5, 0)), "below what was received");
+            assert!(may(&s, syn(PEER_ISN + 1_000_000, 0)), "above it");
+        }
+    }
+}

@@ -523,6 +523,23 @@ impl Conn {
         self.rtt.srtt().map_or(q, |s| q.min(s))
     }
 
+    /// Whether a new SYN for this connection's four-tuple may end it and open a new one
+    /// (RFC 6191): always once closed; in TIME-WAIT only when the SYN's timestamp is newer
+    /// than the last one this connection saw, or, without timestamps on both, when its
+    /// sequence number is above everything this connection received (RFC 9293 section
+    /// 3.10.7.4, as Linux does). Otherwise the SYN is the old connection's business (an ACK
+    /// or a challenge), and an old duplicate or a forged SYN cannot cut TIME-WAIT short.
+    pub(crate) fn syn_may_reopen(&self, seg: &TcpRepr<'_>) -> bool {
+        match self.state {
+            TcpState::Closed => true,
+            TcpState::TimeWait => match (self.ts_ok, seg.timestamp) {
+                (true, Some(ts)) => Seq(ts.tsval).gt(Seq(self.ts_recent)),
+                _ => Seq(seg.seq_number.0 as u32).gt(self.rcv_nxt),
+            },
+            _ => false,
+        }
+    }
+
     /// Answers a segment that was outside the window or failed PAWS with an ACK (RFC 9293
     /// section 3.10.7.4): always for one with data (the sender must learn where we are), at
     /// most once per `OOW_ACK_GAP` for one without, so that two ends that disagree about the

@@ -8,8 +8,9 @@
 //! (`both`). Impairments: loss one way and both ways, reordering (frames held 200 us), and
 //! duplication, alone and mixed. Paths: the link as it is (`plain`), a 1 Gbit/s bottleneck
 //! each way (`1g`), and 5 ms added toward the server (`5ms`; the router's one holding stage
-//! then delays instead of reordering, so no reordering cells there). Every byte is checked
-//! both ways; a transfer stuck longer than `--timeout` counts as failed.
+//! then delays instead of reordering, and a duplicate would skip it and arrive 5 ms before
+//! its original, so no reordering or duplication cells there). Every byte is checked both
+//! ways; a transfer stuck longer than `--timeout` counts as failed.
 //!
 //! ```text
 //! cargo run --release -p corelane-bench --bin matrix -- --mib 16
@@ -175,8 +176,16 @@ impl Path {
         match self {
             Path::Plain => "the veth links as they are (no rate limit, about 100 us round trip)",
             Path::Gbit => "a 1 Gbit/s token bucket each way (queue about 5 ms)",
-            Path::Delay5ms => "every frame toward the server held 5 ms (no reordering cells)",
+            Path::Delay5ms => {
+                "every frame toward the server held 5 ms (no reordering or duplication cells)"
+            }
         }
+    }
+
+    /// Whether the path can make `im`: on the delayed path the holding stage is taken, and a
+    /// duplicate (made at the router's ingress) would skip the delay.
+    fn takes(self, im: &Impairment) -> bool {
+        self != Path::Delay5ms || (im.reorder == (0.0, 0.0) && im.dup == (0.0, 0.0))
     }
 
     fn apply(self, net: &LossyPath, im: &Impairment) -> Result<(), String> {
@@ -282,7 +291,7 @@ fn run(args: &Args) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
         for im in &impairments {
-            if path == Path::Delay5ms && im.reorder != (0.0, 0.0) {
+            if !path.takes(im) {
                 continue;
             }
             for &work in &works {
@@ -406,7 +415,7 @@ fn report(
     for &p in paths {
         let mut rows = Vec::new();
         for im in impairments {
-            if p == Path::Delay5ms && im.reorder != (0.0, 0.0) {
+            if !p.takes(im) {
                 continue;
             }
             let mut row = vec![format!("{} ({})", im.name, im.describe())];

@@ -17,8 +17,8 @@
 //! Not yet, or not for: Linux only, root (or the capabilities below); tested on veth in copy
 //! mode, not yet on physical NICs or zero-copy; no TLS of its own (use rustls over the
 //! streams), no DNS (resolve first), no UDP broadcast or multicast sends, no IPv6 extension
-//! headers but fragments, no ECN; tasks must be `spawn_local`ed (sockets are `!Send`, bound
-//! to their core).
+//! headers but fragments; tasks must be `spawn_local`ed (sockets are `!Send`, bound to
+//! their core). ECN (RFC 3168) is negotiated when the peer asks for it.
 //!
 //! This crate is the facade; the rooms behind it are `corelane-frame` (frames, no system
 //! dependencies), `corelane-stack` (the sans-IO protocol core and its one pipeline turn),
@@ -82,9 +82,29 @@ pub use corelane_xsk::{
     AttachMode, AttachedMode, BindMode, FrameCounts, XdpCounters, XskConfig, ZeroCopy,
 };
 
-/// TCP and UDP sockets of the current core, with tokio's `AsyncRead` and `AsyncWrite`.
+/// TCP and UDP sockets of the current core, with tokio's `AsyncRead` and `AsyncWrite`, laid
+/// out as `tokio::net`: the sockets here, the halves of a split stream in [`net::tcp`].
 pub mod net {
-    pub use corelane_rt::net::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream, UdpSocket};
+    pub use corelane_rt::net::{
+        OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream, ToSocketAddr, UdpSocket,
+    };
+
+    /// The halves of a [`TcpStream`], as `tokio::net::tcp` has them.
+    ///
+    /// ```
+    /// use corelane::net::TcpStream;
+    /// use corelane::net::tcp::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf};
+    ///
+    /// fn owned(s: TcpStream) -> (OwnedReadHalf, OwnedWriteHalf) {
+    ///     s.into_split()
+    /// }
+    /// fn borrowed(s: &mut TcpStream) -> (ReadHalf<'_>, WriteHalf<'_>) {
+    ///     s.split()
+    /// }
+    /// ```
+    pub mod tcp {
+        pub use corelane_rt::net::tcp::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf};
+    }
 }
 
 /// Result with corelane's [`Error`].

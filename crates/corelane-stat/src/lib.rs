@@ -173,14 +173,20 @@ impl Layout {
             names_at: n(H_NAMES_AT),
             names_len: n(H_NAMES_LEN),
         };
+        // Checked arithmetic throughout: a crafted header must not overflow into a check
+        // that passes.
+        let end = |at: usize, count: usize, each: usize| {
+            count.checked_mul(each).and_then(|n| at.checked_add(n))
+        };
         let fits = l.cores <= 4096
             && l.names <= 4096
             && l.conn_cap <= 1 << 24
+            && l.names_at >= HEADER_WORDS
             && l.slot_words >= S_VALUES + l.names
             && l.conn_stride >= C_ENTRIES + l.conn_cap * CONN_WORDS
-            && l.names_at + l.names_len.div_ceil(8) <= l.slots_at
-            && l.slots_at + l.cores * l.slot_words <= l.conns_at
-            && l.words() <= w.len();
+            && end(l.names_at, l.names_len.div_ceil(8), 1).is_some_and(|e| e <= l.slots_at)
+            && end(l.slots_at, l.cores, l.slot_words).is_some_and(|e| e <= l.conns_at)
+            && end(l.conns_at, l.cores, l.conn_stride).is_some_and(|e| e <= w.len());
         if !fits {
             return Err(bad("the stats file's header does not fit the file"));
         }

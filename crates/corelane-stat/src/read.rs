@@ -64,7 +64,8 @@ impl Stats {
         let names: Vec<String> = bytes[..layout.names_len.min(bytes.len())]
             .split(|b| *b == 0)
             .take(layout.names)
-            .map(|n| String::from_utf8_lossy(n).into_owned())
+            // Escaped: a crafted file cannot put terminal control sequences on the screen.
+            .map(|n| n.escape_ascii().to_string())
             .collect();
         Ok(Stats {
             map,
@@ -93,7 +94,7 @@ impl Stats {
         let words: Vec<u64> = (0..4).map(|i| self.word(H_IFNAME + i)).collect();
         let bytes = unpack(&words);
         let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
-        String::from_utf8_lossy(&bytes[..end]).into_owned()
+        bytes[..end].escape_ascii().to_string()
     }
 
     /// When the runtime started.

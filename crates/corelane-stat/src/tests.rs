@@ -93,3 +93,82 @@ fn a_file_of_another_kind_is_refused() -> io::Result<()> {
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
+
+/// A header crafted to overflow the layout's arithmetic, or to point past the file, is refused
+/// with an error (no panic, no read out of bounds).
+#[test]
+fn a_crafted_header_is_refused_not_trusted() -> io::Result<()> {
+    let dir = std::env::temp_dir().join(format!("corelane-stat-craft-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("stats");
+    let header = |fields: &[(usize, u64)]| -> Vec<u8> {
+        let mut w = vec![0u64; 1024];
+        w[0] = crate::MAGIC;
+        w[1] = crate::VERSION;
+        for &(i, v) in fields {
+            w[i] = v;
+        }
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    };
+    let huge = u64::MAX / 2;
+    let cases: Vec<Vec<(usize, u64)>> = vec![
+        // names_at near the top: names_at + len wraps.
+        vec![
+            (4, 1),
+            (5, 1),
+            (6, 64),
+            (7, 64),
+            (8, 0),
+            (9, 512),
+            (10, 512),
+            (11, u64::MAX),
+            (12, 8),
+        ],
+        // slots_at + cores * slot_words wraps.
+        vec![
+            (4, 2),
+            (5, 1),
+            (6, huge),
+            (7, 64),
+            (8, 0),
+            (9, 512),
+            (10, 512),
+            (11, 32),
+            (12, 8),
+        ],
+        // The connections' area past the file's end.
+        vec![
+            (4, 1),
+            (5, 1),
+            (6, 64),
+            (7, 64),
+            (8, 0),
+            (9, 100_000),
+            (10, 512),
+            (11, 32),
+            (12, 8),
+        ],
+        // Names where the header is.
+        vec![
+            (4, 1),
+            (5, 1),
+            (6, 64),
+            (7, 64),
+            (8, 0),
+            (9, 512),
+            (10, 512),
+            (11, 0),
+            (12, 8),
+        ],
+    ];
+    for (k, fields) in cases.iter().enumerate() {
+        std::fs::write(&path, header(fields))?;
+        let e = Stats::open(&path).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref().is_some_and(|e| e.contains("does not fit")),
+            "case {k}: {e:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}

@@ -167,7 +167,10 @@ fn datapath_error_an_address_the_kernel_holds_is_refused() {
         &net,
         status,
         &out,
-        &["10.77.0.1 is the kernel's address", "ip addr del"],
+        &[
+            "10.77.0.1 is the kernel's address",
+            "ip addr del 10.77.0.1/24 dev",
+        ],
     );
     // A malformed address names the text it could not take.
     let (status, out) = run_echo(&net, &["--addr", "10.77.0.3/40"]);

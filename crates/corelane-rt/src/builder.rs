@@ -421,17 +421,15 @@ impl Builder {
         }
         // An address the kernel holds too would be answered twice (ARP, TCP resets from the
         // kernel for corelane's connections): refused.
-        let held = corelane_xsk::kernel_addrs(&self.ifname)?;
-        if let Some(a) = self
-            .addrs
-            .iter()
-            .map(|c| std::net::IpAddr::from(c.address()))
-            .find(|a| held.contains(a))
-        {
+        let held = corelane_xsk::kernel_addrs_with_prefix(&self.ifname)?;
+        if let Some((a, prefix)) = self.addrs.iter().find_map(|c| {
+            let a = std::net::IpAddr::from(c.address());
+            held.iter().find(|(h, _)| *h == a).copied()
+        }) {
             return Err(Error::Config(format!(
                 "{a} is the kernel's address on {}: the kernel and corelane would both answer for \
                  it; give corelane an address the kernel does not hold (or remove it from the \
-                 kernel: ip addr del {a}/PREFIX dev {})",
+                 kernel: ip addr del {a}/{prefix} dev {})",
                 self.ifname, self.ifname
             )));
         }

@@ -84,6 +84,18 @@ pub fn kernel_routes(ifname: &str) -> Result<Vec<KernelRoute>, Error> {
 /// # Errors
 /// No such interface, or the netlink socket failed.
 pub fn kernel_addrs(ifname: &str) -> Result<Vec<IpAddr>, Error> {
+    Ok(kernel_addrs_with_prefix(ifname)?
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect())
+}
+
+/// The addresses the kernel holds on `ifname` with their prefix lengths (`ip addr show dev IF`'s
+/// `ADDR/PREFIX`).
+///
+/// # Errors
+/// No such interface, or the netlink socket failed.
+pub fn kernel_addrs_with_prefix(ifname: &str) -> Result<Vec<(IpAddr, u8)>, Error> {
     let index = check_interface(ifname)?;
     let mut addrs = Vec::new();
     for msg in dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()))? {
@@ -103,7 +115,7 @@ pub fn kernel_addrs(ifname: &str) -> Result<Vec<IpAddr>, Error> {
             _ => None,
         });
         if let Some(ip) = local.or(any) {
-            addrs.push(ip);
+            addrs.push((ip, m.header.prefix_len));
         }
     }
     Ok(addrs)

@@ -326,7 +326,13 @@ fn each_missing_privilege_is_one_line_naming_it_and_the_fix() {
         &[],
     ));
     let line = one_error_line(status, &out);
-    for want in ["lacks CAP_PERFMON;", "setpriv", "corelane-xdp grant"] {
+    // The suggested command works as written: ambient capabilities need the inheritable set.
+    for want in [
+        "lacks CAP_PERFMON;",
+        "setpriv --inh-caps=+net_admin",
+        "--ambient-caps=+net_admin",
+        "corelane-xdp grant",
+    ] {
         assert!(line.contains(want), "{want}: {line}");
     }
     // The broker without CAP_PERFMON.

@@ -89,9 +89,10 @@ pub fn check_privileges() -> Result<(), Error> {
     check(
         &need,
         "a corelane runtime that attaches its own XDP program needs CAP_NET_ADMIN, CAP_NET_RAW, \
-         CAP_BPF and CAP_PERFMON: run it as root, grant those (setpriv --ambient-caps \
-         +net_admin,+net_raw,+bpf,+perfmon), or let `corelane-xdp grant` attach the program so \
-         the server needs only CAP_NET_RAW",
+         CAP_BPF and CAP_PERFMON: run it as root, grant those (setpriv \
+         --inh-caps=+net_admin,+net_raw,+bpf,+perfmon \
+         --ambient-caps=+net_admin,+net_raw,+bpf,+perfmon PROGRAM, run by root), or let \
+         `corelane-xdp grant` attach the program so the server needs only CAP_NET_RAW",
     )
 }
 
@@ -100,7 +101,8 @@ pub fn check_attach_privileges() -> Result<(), Error> {
     check(
         &ATTACH_CAPS,
         "attaching the XDP program needs CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON: run it as root \
-         or grant those (setpriv --ambient-caps +net_admin,+bpf,+perfmon)",
+         or grant those (setpriv --inh-caps=+net_admin,+bpf,+perfmon \
+         --ambient-caps=+net_admin,+bpf,+perfmon PROGRAM, run by root)",
     )
 }
 
@@ -108,8 +110,9 @@ pub fn check_attach_privileges() -> Result<(), Error> {
 pub fn check_socket_privileges() -> Result<(), Error> {
     check(
         &SOCKET_CAPS,
-        "an AF_XDP socket needs CAP_NET_RAW: run as root or grant it (setpriv --ambient-caps \
-         +net_raw, or AmbientCapabilities=CAP_NET_RAW in a systemd unit)",
+        "an AF_XDP socket needs CAP_NET_RAW: run as root or grant it (setpriv \
+         --inh-caps=+net_raw --ambient-caps=+net_raw PROGRAM, run by root, or \
+         AmbientCapabilities=CAP_NET_RAW in a systemd unit)",
     )
 }
 

@@ -22,6 +22,7 @@
 
 mod caps;
 mod claim;
+mod cookie;
 mod error;
 mod ethtool;
 pub mod grant;
@@ -36,6 +37,7 @@ pub use caps::{
     check_socket_privileges, effective_caps, has_cap, missing_caps, retain_caps,
 };
 pub use claim::{Claim, iface_dir, netns_id, run_dir, set_channels_retrying};
+pub use cookie::{CookieParams, monotonic_ns};
 pub use corelane_frame::{
     Frame, FrameCounts, FrameIo, FrameLedger, FrameState, LedgerError, MemFrame, MemLink, MemPort,
     MemStats, Proto, UmemId,
@@ -49,6 +51,6 @@ pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, kernel_addrs, kernel_addrs_with_prefix, kernel_routes};
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};
 pub use steering::{
-    AttachMode, AttachedMode, CookieParams, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS,
-    Steering, XDP_OBJECT, XdpCounters, monotonic_ns,
+    AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,
+    XDP_OBJECT, XdpCounters,
 };

@@ -177,7 +177,7 @@ fn acks_for_out_of_window_segments_without_data_are_rate_limited() {
             "data outside the window is always answered"
         );
     }
-    s.advance(super::input::OOW_ACK_GAP);
+    s.advance(super::admit::OOW_ACK_GAP);
     s.input(seg(far, una));
     assert_eq!(s.out().len(), 1, "half a second later: answered again");
     assert!(s.c.stats.out_of_window >= 24);

@@ -20,8 +20,6 @@ const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
 /// round trip twice the SRTT is far less; a larger floor made each tail loss of a small
 /// response cost more than the peer's own recovery would.
 const PTO_MIN: Duration = Duration::from_millis(2);
-/// At most one ACK per this long answers segments without data outside the window.
-pub(super) const OOW_ACK_GAP: Duration = Duration::from_millis(500);
 
 impl Conn {
     /// A segment for this connection arrived, with no ECN marks.
@@ -521,35 +519,6 @@ impl Conn {
         let min = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
         let q = Duration::from_micros(min.total_micros() / 4 * u64::from(self.reo_mult));
         self.rtt.srtt().map_or(q, |s| q.min(s))
-    }
-
-    /// Whether a new SYN for this connection's four-tuple may end it and open a new one
-    /// (RFC 6191): always once closed; in TIME-WAIT only when the SYN's timestamp is newer
-    /// than the last one this connection saw, or, without timestamps on both, when its
-    /// sequence number is above everything this connection received (RFC 9293 section
-    /// 3.10.7.4, as Linux does). Otherwise the SYN is the old connection's business (an ACK
-    /// or a challenge), and an old duplicate or a forged SYN cannot cut TIME-WAIT short.
-    pub(crate) fn syn_may_reopen(&self, seg: &TcpRepr<'_>) -> bool {
-        match self.state {
-            TcpState::Closed => true,
-            TcpState::TimeWait => match (self.ts_ok, seg.timestamp) {
-                (true, Some(ts)) => Seq(ts.tsval).gt(Seq(self.ts_recent)),
-                _ => Seq(seg.seq_number.0 as u32).gt(self.rcv_nxt),
-            },
-            _ => false,
-        }
-    }
-
-    /// Answers a segment that was outside the window or failed PAWS with an ACK (RFC 9293
-    /// section 3.10.7.4): always for one with data (the sender must learn where we are), at
-    /// most once per `OOW_ACK_GAP` for one without, so that two ends that disagree about the
-    /// window (or an attacker spoofing one of them) cannot drive an ACK loop at wire speed (as
-    /// Linux's `tcp_invalid_ratelimit`).
-    fn ack_out_of_window(&mut self, now: Instant, len: usize) {
-        if len > 0 || self.oow_ack_at.is_none_or(|t| now - t >= OOW_ACK_GAP) {
-            self.oow_ack_at = Some(now);
-            self.ack_now = true;
-        }
     }
 
     /// Arms the loss probe: outside recovery the tail loss probe (RFC 8985 section 7.2), 2

@@ -16,6 +16,7 @@
 //!   application calls; `input`: segment arrival; `output`: what to send now; `timers`: the
 //!   deadlines; `wire`: segments to and from frames, checksum fused with the copy.
 
+mod admit;
 mod board;
 mod cc;
 #[cfg(test)]

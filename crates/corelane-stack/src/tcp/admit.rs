@@ -41,3 +41,27 @@ impl Conn {
         }
     }
 }
+
+impl Conn {
+    /// A challenge ACK (RFC 5961 section 3.2), at most 10 per second per connection.
+    pub(super) fn challenge(&mut self, now: Instant) {
+        if now - self.challenge_at >= Duration::from_secs(1) {
+            self.challenge_at = now;
+            self.challenges = 0;
+        }
+        if self.challenges < 10 {
+            self.challenges += 1;
+            self.ack_now = true;
+            self.stats.challenge_acks += 1;
+        }
+    }
+
+    /// Remembers `[start, end)`, data that arrived again, for the next ACK's D-SACK block
+    /// (RFC 2883 section 4: the first duplicate since the last ACK), and ACKs at once.
+    pub(super) fn note_duplicate(&mut self, start: Seq, end: Seq) {
+        if self.sack_ok && end.gt(start) && self.dsack.is_none() {
+            self.dsack = Some((start, end));
+        }
+        self.ack_now = true;
+    }
+}

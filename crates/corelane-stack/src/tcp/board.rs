@@ -58,6 +58,10 @@ pub(crate) struct Delivered {
     pub(crate) newest: Option<(Instant, Seq)>,
     /// Segments retransmitted (not sacked) among what was cumulatively acknowledged.
     pub(crate) retx_acked: usize,
+    /// The lowest end among the segments delivered that were sent once.
+    pub(crate) low_original: Option<Seq>,
+    /// The highest end among the segments delivered.
+    pub(crate) high: Option<Seq>,
 }
 
 /// The scoreboard.
@@ -393,7 +397,9 @@ fn note(out: &mut Delivered, s: &TxSeg, now: Instant) {
     if s.retx == 0 {
         let rtt = now - s.xmit;
         out.rtt = Some(out.rtt.map_or(rtt, |r| r.min(rtt)));
+        out.low_original = Some(out.low_original.map_or(s.end, |l| l.min(s.end)));
     }
+    out.high = Some(out.high.map_or(s.end, |h| h.max(s.end)));
     let newer = out
         .newest
         .is_none_or(|(t, e)| s.xmit > t || (s.xmit == t && s.end.gt(e)));

@@ -117,6 +117,9 @@ pub(crate) struct Conn {
     pub(super) ooo: Vec<(Seq, Seq)>,
     /// Starts of the out-of-order arrivals not yet reported in a SACK block, newest last.
     pub(super) sack_fresh: Vec<Seq>,
+    /// Data that arrived again since the last ACK: the next one reports it first (a D-SACK,
+    /// RFC 2883), so that the peer learns its retransmission was spurious.
+    pub(super) dsack: Option<(Seq, Seq)>,
     pub(super) peer_fin: Option<Seq>,
     pub(super) fin_rcvd: bool,
     pub(super) last_ack_sent: Seq,
@@ -179,6 +182,8 @@ pub(crate) struct Conn {
     pub(super) reo_round: Option<Seq>,
     /// Recoveries since the last D-SACK; after 16 the window is back to one quarter.
     pub(super) reo_quiet: u32,
+    /// The highest sequence delivered so far (RACK.fack).
+    pub(super) rack_fack: Option<Seq>,
     /// What undoes the last fast recovery's reduction if it proves spurious.
     pub(super) undo: Option<Undo>,
     pub(super) dupacks: u32,
@@ -267,6 +272,7 @@ impl Conn {
             rcv_wscale: scale_for(sizes.rx_max),
             ooo: Vec::new(),
             sack_fresh: Vec::new(),
+            dsack: None,
             peer_fin: None,
             fin_rcvd: false,
             last_ack_sent: Seq(0),
@@ -318,6 +324,7 @@ impl Conn {
             reo_mult: 1,
             reo_round: None,
             reo_quiet: 0,
+            rack_fack: None,
             undo: None,
             dupacks: 0,
             probes_out: 0,
@@ -539,6 +546,7 @@ impl Conn {
         self.snd.free();
         self.rcv.free();
         self.ooo = Vec::new();
+        self.dsack = None;
         self.board.clear();
     }
 
@@ -566,19 +574,6 @@ impl Conn {
     /// The window the receive side can take from `RCV.NXT` on.
     pub(super) fn rcv_room(&self) -> usize {
         self.rcv_cap.saturating_sub(self.rcv.len())
-    }
-
-    /// A challenge ACK (RFC 5961 section 3.2), at most 10 per second per connection.
-    pub(super) fn challenge(&mut self, now: Instant) {
-        if now - self.challenge_at >= Duration::from_secs(1) {
-            self.challenge_at = now;
-            self.challenges = 0;
-        }
-        if self.challenges < 10 {
-            self.challenges += 1;
-            self.ack_now = true;
-            self.stats.challenge_acks += 1;
-        }
     }
 
     /// The sequence number of the first byte in the send ring: `SND.UNA`, or the byte after

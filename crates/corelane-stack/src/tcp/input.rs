@@ -58,14 +58,20 @@ impl Conn {
             return;
         }
 
-        // PAWS (RFC 7323 section 5.3).
+        // PAWS (RFC 7323 section 5.3), one tick lenient (as Linux's `TCP_PAWS_WINDOW`): a
+        // reordered segment sent in the millisecond before the one that set TS.Recent is no
+        // old duplicate, and dropping it would cost the peer a retransmission.
         if self.ts_ok
             && !rst
             && let Some(ts) = seg.timestamp
-            && Seq(ts.tsval).lt(Seq(self.ts_recent))
+            && Seq(ts.tsval).lt(Seq(self.ts_recent.wrapping_sub(1)))
             && now - self.ts_recent_at < PAWS_IDLE
         {
             self.stats.paws_dropped += 1;
+            let end = seq.plus(seg.payload.len()).min(self.rcv_nxt);
+            if !seg.payload.is_empty() && seq.lt(end) {
+                self.note_duplicate(seq, end);
+            }
             self.ack_out_of_window(now, len - usize::from(syn));
             return;
         }
@@ -88,6 +94,10 @@ impl Conn {
                 return;
             }
             self.stats.out_of_window += 1;
+            let end = seq.plus(seg.payload.len());
+            if !seg.payload.is_empty() && end.le(self.rcv_nxt) {
+                self.note_duplicate(seq, end);
+            }
             // With the window shut, the ACK of a segment at RCV.NXT still counts.
             if wnd == 0 && seq == self.rcv_nxt {
                 self.ack_now = true;
@@ -341,9 +351,16 @@ impl Conn {
         }
 
         if self.sack_ok {
-            for &(l, r) in seg.sack_ranges.iter().flatten() {
+            // The first block inside the second is a D-SACK too (RFC 2883 section 4).
+            let inner = match seg.sack_ranges {
+                [Some((l, r)), Some((l2, r2)), _] => Seq(l).ge(Seq(l2)) && Seq(r).le(Seq(r2)),
+                _ => false,
+            };
+            for (i, &(l, r)) in seg.sack_ranges.iter().flatten().enumerate() {
                 let (l, r) = (Seq(l), Seq(r));
-                if l.gt(self.snd_una) && r.gt(l) && r.le(self.snd_nxt) {
+                if i == 0 && inner && r.gt(l) {
+                    self.on_dsack(l);
+                } else if l.gt(self.snd_una) && r.gt(l) && r.le(self.snd_nxt) {
                     self.board.sack(l, r, self.snd_una, now, &mut d);
                 } else if r.le(self.snd_una) {
                     // A D-SACK (RFC 2883): a retransmission was not needed; reordering.
@@ -351,6 +368,7 @@ impl Conn {
                 }
             }
         }
+        self.note_reordering(&d);
         if let Some(r) = d.rtt {
             self.rtt.sample(r);
         } else if acked > 0
@@ -445,7 +463,7 @@ impl Conn {
                 let (_, timer) = self
                     .board
                     .rack_detect(rack, self.rack_rtt, self.reo_wnd(), now);
-                self.reo_at = timer;
+                self.reo_at = self.reo_timer(timer, now);
             }
         } else if self.dupacks >= 3 || (self.recovery.is_some() && self.dupacks == 0) {
             // RFC 5681's third duplicate ACK, or RFC 6582's partial ACK: the first hole.
@@ -483,42 +501,6 @@ impl Conn {
             prr_out: 0,
             recover_fs: self.snd_nxt.since(self.snd_una),
         });
-    }
-
-    /// A D-SACK: the path reorders more than the window allowed for; widen it by a quarter
-    /// of the minimum RTT, at most once per round trip (RFC 8985 section 6.2, step 4).
-    fn on_dsack(&mut self, left_edge: Seq) {
-        self.stats.dsacks += 1;
-        self.reordering = true;
-        if let Some(u) = &mut self.undo
-            && u.left > 0
-            && left_edge.ge(u.from)
-        {
-            u.left -= 1;
-            // In recovery, the undo waits for its end (PRR still sets the window until then).
-            if u.left == 0
-                && self.recovery.is_none()
-                && let Some(u) = self.undo.take()
-            {
-                self.apply_undo(u);
-            }
-        }
-        self.reo_quiet = 0;
-        if self.reo_round.is_none_or(|r| self.snd_una.gt(r)) {
-            self.reo_mult = (self.reo_mult + 1).min(64);
-            self.reo_round = Some(self.snd_nxt);
-        }
-    }
-
-    /// RACK's reordering window (RFC 8985 section 6.2, step 4): none in recovery unless
-    /// reordering was seen, else `reo_mult` quarters of the minimum RTT, never more than SRTT.
-    fn reo_wnd(&self) -> Duration {
-        if !self.reordering && (self.recovery.is_some() || self.board.sacked() >= 3 * self.smss) {
-            return Duration::ZERO;
-        }
-        let min = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
-        let q = Duration::from_micros(min.total_micros() / 4 * u64::from(self.reo_mult));
-        self.rtt.srtt().map_or(q, |s| q.min(s))
     }
 
     /// Arms the loss probe: outside recovery the tail loss probe (RFC 8985 section 7.2), 2

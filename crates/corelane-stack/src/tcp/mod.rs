@@ -22,6 +22,8 @@ mod cc;
 #[cfg(test)]
 mod conformance;
 #[cfg(test)]
+mod conformance_dsack;
+#[cfg(test)]
 mod conformance_ecn;
 #[cfg(test)]
 mod conformance_memory;
@@ -41,6 +43,7 @@ mod icmp;
 mod input;
 mod output;
 mod recv;
+mod reorder;
 mod ring;
 mod rtt;
 mod secret;

@@ -51,20 +51,31 @@ impl Conn {
         if self.ts_ok {
             o.ts = Some((self.ts_now(now), self.ts_recent));
         }
-        if self.sack_ok && !self.ooo.is_empty() {
-            // The block holding the newest arrival first (RFC 2018 section 4), then those
-            // holding the other arrivals not yet reported, newest first, then the highest
-            // (each range once: `sack_options_len` counts on it). One ACK may answer a whole
-            // batch of arrivals: every block they changed is reported, in this ACK or, past
-            // three, in the further ACKs `output` sends for them.
+        let dsack = self.dsack.take();
+        if self.sack_ok && (dsack.is_some() || !self.ooo.is_empty()) {
+            // A duplicate's D-SACK block first, then the block holding it if it is above
+            // RCV.NXT (RFC 2883 section 4); then the block holding the newest arrival (RFC
+            // 2018 section 4), those holding the other arrivals not yet reported, newest
+            // first, then the highest (each range once: `sack_options_len` counts on it). One
+            // ACK may answer a whole batch of arrivals: every block they changed is reported,
+            // in this ACK or, past three, in the further ACKs `output` sends for them.
             let block_of = |s: Seq| self.ooo.iter().find(|(a, e)| a.le(s) && e.gt(s)).copied();
             let mut k = 0;
+            if let Some(d) = dsack {
+                o.sack[0] = d;
+                k = 1;
+            }
+            let holder = dsack.and_then(|d| block_of(d.0));
             let fresh = self.sack_fresh.iter().rev().filter_map(|&s| block_of(s));
-            for b in fresh.chain(self.ooo.iter().rev().copied()) {
+            for b in holder
+                .into_iter()
+                .chain(fresh)
+                .chain(self.ooo.iter().rev().copied())
+            {
                 if k == 3 {
                     break;
                 }
-                if !o.sack[..k].contains(&b) {
+                if !o.sack[usize::from(dsack.is_some())..k].contains(&b) {
                     o.sack[k] = b;
                     k += 1;
                 }
@@ -463,8 +474,9 @@ impl Conn {
     /// Option bytes of the SACK blocks the next segment carries (see `header`): a kind and
     /// length padded to four bytes, then eight bytes a block, at most three.
     fn sack_options_len(&self) -> usize {
-        if self.sack_ok && !self.ooo.is_empty() {
-            4 + 8 * self.ooo.len().min(3)
+        let blocks = self.ooo.len() + usize::from(self.dsack.is_some());
+        if self.sack_ok && blocks > 0 {
+            4 + 8 * blocks.min(3)
         } else {
             0
         }

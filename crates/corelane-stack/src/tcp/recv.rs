@@ -47,8 +47,8 @@ impl Conn {
         let (mut seq, mut data) = (seq, payload);
         if seq.lt(self.rcv_nxt) {
             let cut = self.rcv_nxt.since(seq);
+            self.note_duplicate(seq, seq.plus(cut.min(data.len())));
             if cut >= data.len() {
-                self.ack_now = true;
                 return;
             }
             data = &data[cut..];
@@ -87,6 +87,9 @@ impl Conn {
             }
             self.wake_rx();
         } else {
+            if let Some(&(s, e)) = self.ooo.iter().find(|&&(s, e)| s.lt(end) && e.gt(start)) {
+                self.note_duplicate(s.max(start), e.min(end));
+            }
             self.insert_ooo(start, end);
             // Reported in the next SACK blocks (each once at least, not only the newest).
             if self.sack_fresh.len() >= MAX_FRESH {

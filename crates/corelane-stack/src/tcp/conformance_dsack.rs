@@ -1,0 +1,172 @@
+//! Conformance scripts for duplicates and reordering: the D-SACK blocks a receiver sends for
+//! data that arrived twice (RFC 2883), the sender's reading of both D-SACK forms, and PAWS's
+//! one-tick leniency toward a reordered segment.
+
+use super::conformance::{PEER_ISN, Script, seg};
+use super::reorder::REO_TIMER_FLOOR;
+use super::rtt::Rtt;
+use smoltcp::time::Duration;
+
+#[test]
+fn data_that_arrives_twice_is_reported_in_a_dsack_block_first() {
+    let (mut s, una) = Script::established(false);
+    let mut a = seg(PEER_ISN + 1, una);
+    a.len = 1000;
+    s.input(a);
+    s.out();
+    // The same segment again (the peer's retransmission was spurious): an ACK at once, whose
+    // first block lies below the cumulative ACK (RFC 2883 section 4.1.1).
+    s.input(a);
+    let out = s.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].ack, Some(PEER_ISN + 1001));
+    assert_eq!(out[0].sack, vec![(PEER_ISN + 1, PEER_ISN + 1001)]);
+    // Reported once: the next ACK carries no block.
+    let mut b = seg(PEER_ISN + 1001, una);
+    b.len = 1000;
+    s.input(b);
+    s.c.ack_now = true;
+    let out = s.out();
+    assert!(out.iter().all(|o| o.sack.is_empty()), "{out:?}");
+}
+
+#[test]
+fn a_segment_overlapping_rcv_nxt_reports_only_its_old_part() {
+    let (mut s, una) = Script::established(false);
+    let mut a = seg(PEER_ISN + 1, una);
+    a.len = 1000;
+    s.input(a);
+    s.out();
+    // 500 old bytes and 500 new ones.
+    let mut b = seg(PEER_ISN + 501, una);
+    b.len = 1000;
+    s.input(b);
+    assert_eq!(s.c.readable(), 1500);
+    let out = s.out();
+    assert_eq!(out[0].ack, Some(PEER_ISN + 1501));
+    assert_eq!(out[0].sack, vec![(PEER_ISN + 501, PEER_ISN + 1001)]);
+}
+
+#[test]
+fn a_duplicate_above_rcv_nxt_is_followed_by_the_block_holding_it() {
+    let (mut s, una) = Script::established(false);
+    for off in [1000, 2000, 4000] {
+        let mut a = seg(PEER_ISN + 1 + off, una);
+        a.len = 1000;
+        s.input(a);
+    }
+    s.out();
+    let mut again = seg(PEER_ISN + 2001, una);
+    again.len = 1000;
+    s.input(again);
+    let out = s.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].ack, Some(PEER_ISN + 1));
+    // RFC 2883 section 4.1.2: the duplicate, the block that holds it, then the others.
+    assert_eq!(
+        out[0].sack,
+        vec![
+            (PEER_ISN + 2001, PEER_ISN + 3001),
+            (PEER_ISN + 1001, PEER_ISN + 3001),
+            (PEER_ISN + 4001, PEER_ISN + 5001),
+        ]
+    );
+}
+
+#[test]
+fn a_first_block_inside_the_second_counts_as_a_dsack() {
+    let (mut s, una) = Script::established(false);
+    s.c.write(&[9u8; 5000]);
+    assert_eq!(s.out().len(), 5);
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack = [
+        Some((una + 2000, una + 3000)),
+        Some((una + 1000, una + 4000)),
+        None,
+    ];
+    s.input(ack);
+    assert_eq!(s.c.stats.dsacks, 1);
+    // A block below the cumulative ACK: the other form.
+    let mut ack = seg(PEER_ISN + 1, una + 1000);
+    ack.sack = [
+        Some((una, una + 1000)),
+        Some((una + 1000, una + 4000)),
+        None,
+    ];
+    s.input(ack);
+    assert_eq!(s.c.stats.dsacks, 2);
+    // Two ordinary blocks are no D-SACK.
+    let mut ack = seg(PEER_ISN + 1, una + 1000);
+    ack.sack = [
+        Some((una + 4000, una + 5000)),
+        Some((una + 2000, una + 3000)),
+        None,
+    ];
+    s.input(ack);
+    assert_eq!(s.c.stats.dsacks, 2);
+}
+
+#[test]
+fn paws_lets_a_segment_one_tick_behind_through() {
+    let (mut s, una) = Script::established(true);
+    let mut a = seg(PEER_ISN + 1, una);
+    a.len = 100;
+    a.ts = Some((50, 0));
+    s.input(a);
+    // New data sent in the tick before (reordered behind the segment that set TS.Recent).
+    let mut b = seg(PEER_ISN + 201, una);
+    b.len = 100;
+    b.ts = Some((49, 0));
+    s.input(b);
+    assert_eq!(s.c.stats.paws_dropped, 0);
+    assert_eq!(s.c.ooo.len(), 1, "taken, out of order");
+    // Two ticks behind is an old duplicate still, and is reported as one.
+    s.out();
+    let mut old = seg(PEER_ISN + 1, una);
+    old.len = 100;
+    old.ts = Some((48, 0));
+    s.input(old);
+    assert_eq!(s.c.stats.paws_dropped, 1);
+    assert_eq!(s.c.readable(), 100);
+    let out = s.out();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].sack[0], (PEER_ISN + 1, PEER_ISN + 101));
+}
+
+#[test]
+fn an_original_delivered_late_is_reordering_and_slows_the_reordering_timer() {
+    let (mut s, una) = Script::established(false);
+    // A 100 us path (the scripted handshake took no time).
+    s.c.rtt = Rtt::new(
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    s.c.rtt.sample(Duration::from_micros(100));
+    s.c.write(&[9u8; 5000]);
+    assert_eq!(s.out().len(), 5);
+    s.advance(Duration::from_micros(100));
+    // The second segment arrives before the first: a hole the reordering timer watches,
+    // as precise as RACK's window before any reordering was seen.
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 1000, una + 2000));
+    s.input(ack);
+    assert!(!s.c.reordering);
+    let first = s.c.reo_at.expect("the reordering timer") - s.now;
+    assert!(first < REO_TIMER_FLOOR, "{first}");
+    // The first arrives (it was never resent): the path reorders (RFC 8985 section 6.2).
+    s.input(seg(PEER_ISN + 1, una + 2000));
+    assert!(s.c.reordering);
+    assert_eq!(s.c.stats.retrans_segs, 0);
+    // A later hole: the timer now waits at least the floor.
+    let mut ack = seg(PEER_ISN + 1, una + 2000);
+    ack.sack[0] = Some((una + 3000, una + 4000));
+    s.input(ack);
+    let later = s.c.reo_at.expect("the reordering timer") - s.now;
+    assert!(later >= REO_TIMER_FLOOR, "{later}");
+    // When it fires with nothing heard, the hole is resent.
+    let d = s.jump();
+    assert!(d >= REO_TIMER_FLOOR);
+    let out = s.out();
+    assert_eq!((out[0].seq, out[0].len), (una + 2000, 1000), "{out:?}");
+}

@@ -1,0 +1,78 @@
+//! RACK's view of reordering (RFC 8985 section 6.2): the evidence that the path reorders
+//! (a D-SACK, or an original segment delivered below one delivered before it), the reordering
+//! window that evidence widens, and the reordering timer's floor once it has been seen.
+
+use smoltcp::time::{Duration, Instant};
+
+use super::board::Delivered;
+use super::conn::Conn;
+use super::seq::Seq;
+
+/// Once the path has been seen to reorder, the reordering timer fires no sooner than this
+/// after it is set. RFC 8985 caps the window at SRTT, and where the round trip is a hundred
+/// microseconds a segment held back a few hundred would be resent every time by a timer that
+/// precise; Linux's timer (two ticks at least) waits a millisecond or more. Losses found by
+/// arriving ACKs are not delayed by it.
+pub(super) const REO_TIMER_FLOOR: Duration = Duration::from_millis(1);
+
+impl Conn {
+    /// A D-SACK: the path reorders more than the window allowed for; widen it by a quarter
+    /// of the minimum RTT, at most once per round trip (RFC 8985 section 6.2, step 4).
+    pub(super) fn on_dsack(&mut self, left_edge: Seq) {
+        self.stats.dsacks += 1;
+        self.reordering = true;
+        if let Some(u) = &mut self.undo
+            && u.left > 0
+            && left_edge.ge(u.from)
+        {
+            u.left -= 1;
+            // In recovery, the undo waits for its end (PRR still sets the window until then).
+            if u.left == 0
+                && self.recovery.is_none()
+                && let Some(u) = self.undo.take()
+            {
+                self.apply_undo(u);
+            }
+        }
+        self.reo_quiet = 0;
+        if self.reo_round.is_none_or(|r| self.snd_una.gt(r)) {
+            self.reo_mult = (self.reo_mult + 1).min(64);
+            self.reo_round = Some(self.snd_nxt);
+        }
+    }
+
+    /// RACK's reordering window (RFC 8985 section 6.2, step 4): none in recovery unless
+    /// reordering was seen, else `reo_mult` quarters of the minimum RTT, never more than SRTT.
+    pub(super) fn reo_wnd(&self) -> Duration {
+        if !self.reordering && (self.recovery.is_some() || self.board.sacked() >= 3 * self.smss) {
+            return Duration::ZERO;
+        }
+        let min = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
+        let q = Duration::from_micros(min.total_micros() / 4 * u64::from(self.reo_mult));
+        self.rtt.srtt().map_or(q, |s| q.min(s))
+    }
+
+    /// RACK's reordering detection (RFC 8985 section 6.2, step 2): an original transmission
+    /// delivered below the highest sequence delivered before it arrived late. Also moves
+    /// that highest sequence (`RACK.fack`) over what this ACK delivered.
+    pub(super) fn note_reordering(&mut self, d: &Delivered) {
+        if let (Some(low), Some(fack)) = (d.low_original, self.rack_fack)
+            && low.lt(fack)
+        {
+            self.reordering = true;
+        }
+        if let Some(high) = d.high {
+            self.rack_fack = Some(self.rack_fack.map_or(high, |f| f.max(high)));
+        }
+    }
+
+    /// When the reordering timer should fire, given the time RACK computed: no sooner than
+    /// `REO_TIMER_FLOOR` from now once reordering has been seen.
+    pub(super) fn reo_timer(&self, due: Option<Instant>, now: Instant) -> Option<Instant> {
+        if self.reordering {
+            due.map(|t| t.max(now + REO_TIMER_FLOOR))
+        } else {
+            due
+        }
+    }
+}

@@ -3,8 +3,15 @@
 //! RACK (RFC 8985) can tell what is lost by time rather than by counting duplicate ACKs, and
 //! only the holes are retransmitted. Bytes in flight are kept as counters, updated on each
 //! state change, so the sender never walks the board to know how much it may send.
+//!
+//! No ACK costs work in proportion to the segments in flight, whatever a hostile receiver
+//! SACKs (the CVE-2019-11477/11478 class): a SACK block skips runs already SACKed in one
+//! search (each SACKed segment keeps a lower bound of where its run ends), and RACK takes the
+//! segments in flight oldest first from a heap of transmissions, so each is looked at once
+//! per transmission, not on every ACK.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 use smoltcp::time::{Duration, Instant};
 
@@ -38,6 +45,8 @@ pub(crate) struct TxSeg {
     pub(crate) retx: u8,
     /// Carries the FIN.
     pub(crate) fin: bool,
+    /// While SACKed: everything from `start` to here is SACKed (at least `end`).
+    run_end: Seq,
 }
 
 impl TxSeg {
@@ -73,6 +82,16 @@ pub(crate) struct Board {
     sacked: usize,
     /// Index from which to look for a lost segment.
     lost_hint: usize,
+    /// Each transmission's time, order and start, oldest first, for RACK. An entry whose
+    /// segment was since delivered, deemed lost or sent again is dropped when met.
+    order: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    /// Transmissions so far (the order of those sent at the same instant).
+    sends: u64,
+    /// Indices a SACK block walked through, whose run ends it moves on.
+    walked: Vec<usize>,
+    /// Segments looked at by SACK blocks and RACK: the work ACKs cost, for the tests that
+    /// bound it.
+    ops: u64,
 }
 
 impl Board {
@@ -151,9 +170,61 @@ impl Board {
             state: SegState::Sent,
             retx: 0,
             fin,
+            run_end: end,
         };
         self.in_flight += seg.len();
         self.segs.push_back(seg);
+        self.sent_at(now, start);
+    }
+
+    /// Segments looked at by SACK blocks and RACK so far.
+    #[cfg(test)]
+    pub(crate) fn ops(&self) -> u64 {
+        self.ops
+    }
+
+    /// Entries in RACK's time order.
+    #[cfg(test)]
+    pub(crate) fn order_len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Enters a transmission of the segment at `start` in RACK's time order. Entries of
+    /// segments long delivered are dropped when they outnumber the board's (a connection
+    /// without SACK never runs RACK to drop them).
+    fn sent_at(&mut self, now: Instant, start: Seq) {
+        self.sends += 1;
+        self.order.push(Reverse((now, self.sends, start.0)));
+        if self.order.len() > 2 * self.segs.len() + 64 {
+            self.reorder();
+        }
+    }
+
+    /// Builds RACK's time order again from the segments in flight.
+    fn reorder(&mut self) {
+        let mut v = std::mem::take(&mut self.order).into_vec();
+        v.clear();
+        for s in &self.segs {
+            if matches!(s.state, SegState::Sent | SegState::Retrans) {
+                self.sends += 1;
+                v.push(Reverse((s.xmit, self.sends, s.start.0)));
+            }
+        }
+        self.order = BinaryHeap::from(v);
+    }
+
+    /// The index of the segment at `start`, sent at `xmit` and in flight since, if any.
+    fn in_flight_at(&self, start: Seq, xmit: Instant) -> Option<usize> {
+        let base = self.segs.front()?.start;
+        if start.lt(base) {
+            return None;
+        }
+        let i = self.index_after(start, base);
+        let s = self.segs.get(i)?;
+        (s.start == start
+            && s.xmit == xmit
+            && matches!(s.state, SegState::Sent | SegState::Retrans))
+        .then_some(i)
     }
 
     /// Index of the first segment ending after `seq`.
@@ -189,6 +260,10 @@ impl Board {
                     }
                     if let Some(f) = self.segs.front_mut() {
                         f.start = ack;
+                        let xmit = f.xmit;
+                        if matches!(state, SegState::Sent | SegState::Retrans) {
+                            self.sent_at_again(xmit, ack);
+                        }
                     }
                 }
                 break;
@@ -196,7 +271,9 @@ impl Board {
         }
     }
 
-    /// The peer holds `[left, right)`: mark the segments wholly inside it.
+    /// The peer holds `[left, right)`: mark the segments wholly inside it. A run already
+    /// SACKed is crossed in one search, and every segment walked learns where the run it is
+    /// in now ends.
     pub(crate) fn sack(
         &mut self,
         left: Seq,
@@ -205,8 +282,11 @@ impl Board {
         now: Instant,
         out: &mut Delivered,
     ) {
+        let mut walked = std::mem::take(&mut self.walked);
+        walked.clear();
         let mut i = self.index_after(left, base);
         while i < self.segs.len() {
+            self.ops += 1;
             let s = self.segs[i];
             if s.start.lt(left) {
                 i += 1;
@@ -215,13 +295,38 @@ impl Board {
             if s.end.gt(right) {
                 break;
             }
-            if s.state != SegState::Sacked {
-                self.set(i, SegState::Sacked);
-                out.bytes += s.len();
-                note(out, &s, now);
+            walked.push(i);
+            if s.state == SegState::Sacked {
+                // Already SACKed up to `run_end`: go on from there.
+                let to = s.run_end.min(right);
+                i = if to.gt(s.end) {
+                    self.index_after(to, base)
+                } else {
+                    i + 1
+                };
+                continue;
             }
+            self.set(i, SegState::Sacked);
+            self.segs[i].run_end = s.end;
+            out.bytes += s.len();
+            note(out, &s, now);
             i += 1;
         }
+        // Everything walked is one SACKed run now, reaching past the block into any run
+        // that follows it.
+        if let Some(&last) = walked.last() {
+            let mut end = self.segs[last].run_end.max(self.segs[last].end);
+            if let Some(next) = self.segs.get(i)
+                && next.state == SegState::Sacked
+                && next.start.le(end)
+            {
+                end = end.max(next.run_end);
+            }
+            for &k in &walked {
+                self.segs[k].run_end = self.segs[k].run_end.max(end);
+            }
+        }
+        self.walked = walked;
     }
 
     /// RACK's loss detection (RFC 8985 section 6.2): every segment sent before the newest
@@ -237,30 +342,28 @@ impl Board {
     ) -> (usize, Option<Instant>) {
         let (rack_xmit, rack_end) = rack;
         let mut marked = 0;
-        let mut timer: Option<Instant> = None;
-        for i in 0..self.segs.len() {
-            let s = self.segs[i];
-            if s.state == SegState::Sacked || s.state == SegState::Lost {
+        let mut timer = None;
+        // Oldest transmission first: the first not yet due ends the walk, and its time is
+        // the timer's (a later one is due later).
+        while let Some(&Reverse((xmit, _, start))) = self.order.peek() {
+            self.ops += 1;
+            let Some(i) = self.in_flight_at(Seq(start), xmit) else {
+                self.order.pop();
                 continue;
-            }
+            };
+            let s = self.segs[i];
             let before = s.xmit < rack_xmit || (s.xmit == rack_xmit && s.end.le(rack_end));
             if !before {
-                if s.state == SegState::Sent {
-                    // First transmissions go out in sequence order: the rest are newer.
-                    break;
-                }
-                continue;
+                break;
             }
             let due = s.xmit + rtt + reo_wnd;
-            if due <= now {
-                self.set(i, SegState::Lost);
-                marked += s.len();
-            } else {
-                timer = Some(timer.map_or(due, |t| t.min(due)));
-                if s.state == SegState::Sent {
-                    break;
-                }
+            if due > now {
+                timer = Some(due);
+                break;
             }
+            self.order.pop();
+            self.set(i, SegState::Lost);
+            marked += s.len();
         }
         (marked, timer)
     }
@@ -287,6 +390,7 @@ impl Board {
             }
         }
         self.lost_hint = 0;
+        self.order.clear();
     }
 
     /// The oldest segment deemed lost, if any: its index and bounds.
@@ -307,6 +411,8 @@ impl Board {
         let s = &mut self.segs[i];
         s.xmit = now;
         s.retx = s.retx.saturating_add(1);
+        let start = s.start;
+        self.sent_at(now, start);
     }
 
     /// The path's MTU shrank: every segment not yet delivered that is longer than `mss` is cut
@@ -356,6 +462,7 @@ impl Board {
         self.lost = lost;
         self.sacked = sacked;
         self.lost_hint = 0;
+        self.reorder();
         self.lost - before
     }
 
@@ -370,6 +477,9 @@ impl Board {
         self.segs[i].end = at;
         self.segs[i].fin = false;
         self.segs.insert(i + 1, TxSeg { start: at, ..s });
+        if matches!(s.state, SegState::Sent | SegState::Retrans) {
+            self.sent_at_again(s.xmit, at);
+        }
     }
 
     /// The newest segment in flight (not delivered, not deemed lost): what a probe in recovery
@@ -387,7 +497,18 @@ impl Board {
         let s = self.segs.back_mut()?;
         s.xmit = now;
         s.retx = s.retx.saturating_add(1);
-        Some(*s)
+        let s = *s;
+        if matches!(s.state, SegState::Sent | SegState::Retrans) {
+            self.sent_at(now, s.start);
+        }
+        Some(s)
+    }
+
+    /// Enters a segment in RACK's time order at the transmit time it already had (its
+    /// start moved: a partial ACK, or a cut).
+    fn sent_at_again(&mut self, xmit: Instant, start: Seq) {
+        self.sends += 1;
+        self.order.push(Reverse((xmit, self.sends, start.0)));
     }
 }
 
@@ -405,102 +526,5 @@ fn note(out: &mut Delivered, s: &TxSeg, now: Instant) {
         .is_none_or(|(t, e)| s.xmit > t || (s.xmit == t && s.end.gt(e)));
     if newer {
         out.newest = Some((s.xmit, s.end));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(ms: i64) -> Instant {
-        Instant::from_millis(ms)
-    }
-
-    /// Ten segments of 100 bytes from 1000, sent 1 ms apart.
-    fn board() -> Board {
-        let mut b = Board::default();
-        for k in 0..10 {
-            let s = Seq(1000 + 100 * k as u32);
-            b.push(s, s.plus(100), false, t(k));
-        }
-        b
-    }
-
-    #[test]
-    fn sack_marks_whole_segments_and_ack_pops_them() {
-        let mut b = board();
-        assert_eq!(b.in_flight(), 1000);
-        let mut d = Delivered::default();
-        // Blocks covering segments 3..5 and half of 6.
-        b.sack(Seq(1300), Seq(1650), Seq(1000), t(20), &mut d);
-        assert_eq!((d.bytes, b.sacked(), b.in_flight()), (300, 300, 700));
-        assert_eq!(d.newest, Some((t(5), Seq(1600))));
-        let mut d = Delivered::default();
-        b.ack(Seq(1400), t(21), &mut d);
-        // Three unsacked segments acknowledged, plus one already sacked (not counted again).
-        assert_eq!(d.bytes, 300);
-        assert_eq!(d.rtt, Some(Duration::from_millis(19)));
-        assert_eq!((b.sacked(), b.in_flight(), b.len()), (200, 400, 6));
-    }
-
-    #[test]
-    fn rack_marks_what_was_sent_before_the_newest_delivery_once_its_time_is_up()
-    -> Result<(), &'static str> {
-        let mut b = board();
-        let mut d = Delivered::default();
-        b.sack(Seq(1500), Seq(1600), Seq(1000), t(30), &mut d);
-        let rack = d.newest.ok_or("nothing delivered")?;
-        // At 30 ms, with an RTT of 25 ms: segments sent at 0..=4 ms are due at 25..=29.
-        let (lost, timer) = b.rack_detect(rack, Duration::from_millis(25), Duration::ZERO, t(30));
-        assert_eq!(lost, 500);
-        assert_eq!(timer, None);
-        // With a reordering window of 3 ms, those sent at 3 and 4 ms are not yet due.
-        let mut b = board();
-        let mut d = Delivered::default();
-        b.sack(Seq(1500), Seq(1600), Seq(1000), t(30), &mut d);
-        let (lost, timer) = b.rack_detect(
-            d.newest.ok_or("nothing delivered")?,
-            Duration::from_millis(25),
-            Duration::from_millis(3),
-            t(30),
-        );
-        assert_eq!(lost, 300);
-        assert_eq!(timer, Some(t(31)));
-        assert_eq!(
-            b.next_lost().map(|(i, s)| (i, s.start)),
-            Some((0, Seq(1000)))
-        );
-        b.resent(0, t(30));
-        assert_eq!(b.next_lost().map(|(i, _)| i), Some(1));
-        assert_eq!((b.lost(), b.in_flight()), (200, 700));
-        Ok(())
-    }
-
-    #[test]
-    fn a_split_segment_keeps_its_state_and_the_counts() {
-        let mut b = board();
-        b.mark_all_lost();
-        b.split(9, Seq(1960));
-        assert_eq!((b.len(), b.lost(), b.in_flight()), (11, 1000, 0));
-        let (i, s) = b.next_lost().unwrap();
-        assert_eq!((i, s.start, s.end), (0, Seq(1000), Seq(1100)));
-        b.resent(0, t(50));
-        b.split(0, Seq(1040));
-        assert_eq!((b.lost(), b.in_flight(), b.len()), (900, 100, 12));
-        // Out of range: nothing changes.
-        b.split(0, Seq(1000));
-        assert_eq!(b.len(), 12);
-    }
-
-    #[test]
-    fn a_timeout_marks_everything_not_sacked_lost() {
-        let mut b = board();
-        let mut d = Delivered::default();
-        b.sack(Seq(1200), Seq(1300), Seq(1000), t(30), &mut d);
-        b.mark_all_lost();
-        assert_eq!((b.lost(), b.in_flight(), b.sacked()), (900, 0, 100));
-        let mut d = Delivered::default();
-        b.ack(Seq(1050), t(40), &mut d);
-        assert_eq!((d.bytes, b.lost()), (50, 850));
     }
 }

@@ -18,6 +18,10 @@
 
 mod admit;
 mod board;
+#[cfg(test)]
+mod board_bounds;
+#[cfg(test)]
+mod board_tests;
 mod cc;
 #[cfg(test)]
 mod conformance;

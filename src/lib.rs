@@ -36,7 +36,7 @@
 //! let stop = rt.stop_handle();
 //! # let _ = &stop;
 //! let report = rt.run(|core| async move {
-//!     let listener = TcpListener::bind(7).expect("port 7");
+//!     let listener = TcpListener::bind(7).await.expect("port 7");
 //!     println!("core {} listening", core.index);
 //!     loop {
 //!         let Ok((mut s, _peer)) = listener.accept().await else { break };
@@ -68,6 +68,7 @@ pub use corelane_rt::{
     AddrHandle, BatchStats, Builder, Cidr, CoreInfo, CoreReport, CoreStats, Error, IntoCidr, Lane,
     Machine, OnPanic, Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle,
     Xdp, allowed_cpus, bandwidth_delay_product, core_index, core_stats, parse_cidr,
+    shutdown_requested,
 };
 pub use corelane_stack::frag::{FragLimits, FragStats};
 pub use corelane_stack::udp::UdpStats;

@@ -28,7 +28,7 @@ fn addresses_added_at_run_time_answer_and_removed_ones_stop() -> Result {
         &net,
         |b| b.cores(1),
         |_| async {
-            let l = TcpListener::bind(7).expect("listen");
+            let l = TcpListener::bind(7).await.expect("listen");
             while let Ok((mut s, _)) = l.accept().await {
                 tokio::task::spawn_local(async move {
                     let mut b = [0u8; 64];
@@ -148,10 +148,14 @@ fn listeners_bind_as_tokio_binds_and_port_0_is_the_same_on_every_core() -> Resul
         move |core| {
             let tx = tx.lock().expect("lock").clone();
             async move {
-                let auto = TcpListener::bind("0.0.0.0:0").expect("port 0");
+                let auto = TcpListener::bind("0.0.0.0:0").await.expect("port 0");
                 let on = TcpListener::bind(("10.77.0.3".parse::<IpAddr>().expect("ip"), 7101))
+                    .await
                     .expect("an owned address");
-                let foreign = TcpListener::bind("10.77.0.99:7102").err().map(|e| e.kind());
+                let foreign = TcpListener::bind("10.77.0.99:7102")
+                    .await
+                    .err()
+                    .map(|e| e.kind());
                 let _ = tx.send(format!(
                     "core {} auto {} on {} foreign {foreign:?}",
                     core.index,

@@ -33,14 +33,14 @@ fn a_connect_to_a_closed_port_of_an_owned_address_is_refused_at_once() -> Result
         &net,
         |b| b.cores(1).addr("fd00:77::3/64"),
         |_| async {
-            let u = corelane::net::UdpSocket::bind(7).expect("udp bind");
+            let u = corelane::net::UdpSocket::bind(7).await.expect("udp bind");
             tokio::task::spawn_local(async move {
                 let mut buf = [0u8; 2048];
                 while let Ok((n, from)) = u.recv_from(&mut buf).await {
                     let _ = u.send_to(&buf[..n], from).await;
                 }
             });
-            let l = TcpListener::bind(7).expect("listen");
+            let l = TcpListener::bind(7).await.expect("listen");
             while let Ok((s, _)) = l.accept().await {
                 tokio::task::spawn_local(common::echo_stream(s));
             }
@@ -153,7 +153,7 @@ fn a_flood_to_closed_udp_ports_is_answered_at_the_rate_limit() -> Result {
         &net,
         |b| b.cores(1),
         |_| async {
-            let u = corelane::net::UdpSocket::bind(7).expect("udp bind");
+            let u = corelane::net::UdpSocket::bind(7).await.expect("udp bind");
             let mut buf = [0u8; 2048];
             while let Ok((n, from)) = u.recv_from(&mut buf).await {
                 let _ = u.send_to(&buf[..n], from).await;

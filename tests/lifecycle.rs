@@ -52,7 +52,7 @@ fn panicky(net: &VethPair, policy: OnPanic) -> Result<Served> {
         move |_| {
             let run = runs.fetch_add(1, Ordering::SeqCst);
             async move {
-                let l = TcpListener::bind(7).expect("listen");
+                let l = TcpListener::bind(7).await.expect("listen");
                 while let Ok((s, _)) = l.accept().await {
                     if run == 0 {
                         panic!("a request this server cannot take");
@@ -134,8 +134,8 @@ fn a_future_that_panics_at_every_start_backs_off_then_stops_the_run() -> Result 
         move |_| {
             counted.fetch_add(1, Ordering::SeqCst);
             async {
-                let _held = TcpListener::bind(7).expect("the first bind");
-                let _again = TcpListener::bind(7).expect("a bind of a port in use");
+                let _held = TcpListener::bind(7).await.expect("the first bind");
+                let _again = TcpListener::bind(7).await.expect("a bind of a port in use");
             }
         },
     )?

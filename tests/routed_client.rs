@@ -172,7 +172,7 @@ fn a_vanished_peers_connection_is_reset_and_freed_after_the_user_timeout() -> Re
                 let o = o.clone();
                 async move {
                     let say = |s: String| o.lock().expect("lock").push(s);
-                    let l = TcpListener::bind(7100).expect("listen");
+                    let l = TcpListener::bind(7100).await.expect("listen");
                     l.set_accept_options(None, Some(Duration::from_secs(2)))
                         .expect("options");
                     let before = corelane::core_stats().map_or(u64::MAX, |s| s.stack.flows);

@@ -50,7 +50,7 @@ fn runtime_placement_shared_cache_runs_the_application_on_its_own_cpu() {
                         cpus.lock()
                             .unwrap()
                             .push((core.cpu, core.app_cpu, this_cpu()));
-                        let l = TcpListener::bind(7).expect("port 7");
+                        let l = TcpListener::bind(7).await.expect("port 7");
                         for _ in 0..20 {
                             let (mut s, _) = l.accept().await.expect("accept");
                             cpus.lock()
@@ -138,7 +138,7 @@ fn runtime_placement_raises_queues_for_the_cores_and_restores_them() {
             rt.run(|_core| {
                 let mut flag = flag.clone();
                 async move {
-                    let _l = TcpListener::bind(7).expect("port 7");
+                    let _l = TcpListener::bind(7).await.expect("port 7");
                     let _ = flag.wait_for(|go| *go).await;
                 }
             })

@@ -172,8 +172,8 @@ fn runtime_full_backlog_never_resets_and_harms_nothing_else() {
         let mut d = d.clone();
         async move {
             // Port 7000 never accepts; port 7 echoes.
-            let stuck = TcpListener::bind(7000).unwrap();
-            let echo = TcpListener::bind(7).unwrap();
+            let stuck = TcpListener::bind(7000).await.unwrap();
+            let echo = TcpListener::bind(7).await.unwrap();
             tokio::task::spawn_local(async move {
                 while let Ok((mut s, _)) = echo.accept().await {
                     tokio::task::spawn_local(async move {
@@ -255,7 +255,7 @@ fn runtime_each_connection_wakes_exactly_one_of_many_waiting_accepts() {
     let server = serve(&net, 256, move |_core| {
         let (mut d, a) = (d.clone(), a.clone());
         async move {
-            let l = Rc::new(TcpListener::bind(7).unwrap());
+            let l = Rc::new(TcpListener::bind(7).await.unwrap());
             for _ in 0..50 {
                 let (l, a) = (l.clone(), a.clone());
                 tokio::task::spawn_local(async move {
@@ -344,7 +344,7 @@ fn runtime_stream_options_abort_and_connected_udp() {
         // An abort closes at once (the reset goes out on the next turn).
         assert_eq!(s.state().unwrap().to_string(), "CLOSED");
 
-        let u = corelane::net::UdpSocket::bind(0).unwrap();
+        let u = corelane::net::UdpSocket::bind(0).await.unwrap();
         assert!(u.local_port() >= 49152, "an ephemeral port");
         assert!(
             u.send(b"x").await.is_err(),

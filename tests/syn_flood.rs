@@ -49,12 +49,15 @@ fn a_syn_flood_leaves_the_listener_serving_with_bounded_memory() -> Result<(), S
         let ready_tx = Mutex::new(ready_tx);
         let samples = Mutex::new(samples);
         rt.run(|_| {
-            let l = corelane::net::TcpListener::bind(7).map_err(|e| e.to_string());
-            let _ = ready_tx
-                .lock()
-                .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+            let ready = ready_tx.lock().map(|t| t.clone()).ok();
             let samples = samples.lock().map(|s| s.clone()).ok();
             async move {
+                let l = corelane::net::TcpListener::bind(7)
+                    .await
+                    .map_err(|e| e.to_string());
+                if let Some(t) = ready {
+                    let _ = t.send(l.as_ref().map(|_| ()).map_err(Clone::clone));
+                }
                 let (Ok(l), Some(samples)) = (l, samples) else {
                     return;
                 };

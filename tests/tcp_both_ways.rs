@@ -34,7 +34,7 @@ fn an_echo_through_loss_reordering_and_duplication_comes_back_whole() {
     let (stop, served) =
         common::serve_in(net.server_ns(), common::one_core_on(&net, CORELANE), |rt| {
             rt.run(|_| async {
-                let l = corelane::net::TcpListener::bind(5040).expect("bind");
+                let l = corelane::net::TcpListener::bind(5040).await.expect("bind");
                 while let Ok((s, _)) = l.accept().await {
                     tokio::task::spawn_local(echo(s));
                 }

@@ -58,8 +58,8 @@ fn corelane_and_the_kernel_negotiate_ecn_and_act_on_marks_instead_of_losses() {
     let builder = common::one_core_on(&net, CORELANE);
     let served = common::serve_reporting(net.server_ns(), builder, tx, |tx| {
         async move {
-            let up = corelane::net::TcpListener::bind(5021).expect("bind");
-            let down = corelane::net::TcpListener::bind(5020).expect("bind");
+            let up = corelane::net::TcpListener::bind(5021).await.expect("bind");
+            let down = corelane::net::TcpListener::bind(5020).await.expect("bind");
             // Connect only now: a SYN before the port is steered gets no answer, and
             // the kernel sends it again without asking for ECN (its fallback).
             let _ = tx.send(Report::Listening);

@@ -77,7 +77,7 @@ fn corelane_and_the_kernel_share_a_bottleneck() -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             let _ = stop_tx.send(rt.stop_handle());
             rt.run(|_| async {
-                let Ok(l) = corelane::net::TcpListener::bind(5030) else {
+                let Ok(l) = corelane::net::TcpListener::bind(5030).await else {
                     return;
                 };
                 if let Ok((mut s, _)) = l.accept().await {

@@ -31,7 +31,7 @@ fn a_ten_percent_loss_path_is_crossed_with_probes_rather_than_timeouts() {
     let (tx, rx) = mpsc::channel::<Result<TcpStats, String>>();
     let builder = common::one_core_on(&net, CORELANE);
     let served = common::serve_reporting(net.server_ns(), builder, tx, |tx| async move {
-        let l = corelane::net::TcpListener::bind(5030).expect("bind");
+        let l = corelane::net::TcpListener::bind(5030).await.expect("bind");
         let r = async {
             let (mut s, _) = l.accept().await?;
             s.write_all(&payload(N, 17)).await?;

@@ -56,7 +56,7 @@ fn buffers_grow_with_a_long_path_s_window_both_ways() {
     let builder = common::one_core_on(&net, CORELANE);
     let max = StackConfig::default().tcp_tx_buffer;
     let served = common::serve_reporting(net.server_ns(), builder, tx, |tx| async move {
-        let l = corelane::net::TcpListener::bind(5040).expect("bind");
+        let l = corelane::net::TcpListener::bind(5040).await.expect("bind");
         let upload = async {
             let (mut s, _) = l.accept().await?;
             let data = payload(N, 40);

@@ -75,7 +75,7 @@ fn corelane_tcp_delivers_every_byte_both_ways_through_loss_duplication_and_reord
             rt.run(|_| {
                 let tx = tx.lock().expect("lock").clone();
                 async move {
-                    let l = corelane::net::TcpListener::bind(5010).expect("bind");
+                    let l = corelane::net::TcpListener::bind(5010).await.expect("bind");
                     let tx2 = tx.clone();
                     let download = tokio::task::spawn_local(async move {
                         let r = async {

@@ -43,10 +43,11 @@ fn a_core_under_a_memory_cap_serves_every_client_within_it() {
         let ready_tx = Mutex::new(ready_tx);
         let samples = Mutex::new(samples);
         rt.run(|_| {
-            let l = corelane::net::TcpListener::bind(9).expect("bind");
-            let _ = ready_tx.lock().map(|t| t.send(()));
+            let ready = ready_tx.lock().expect("lock").clone();
             let samples = samples.lock().expect("lock").clone();
             async move {
+                let l = corelane::net::TcpListener::bind(9).await.expect("bind");
+                let _ = ready.send(());
                 tokio::task::spawn_local(async move {
                     loop {
                         if let (Some(s), Ok(mut v)) = (corelane::core_stats(), samples.lock()) {

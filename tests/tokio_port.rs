@@ -80,8 +80,8 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
         move |_| {
             let say = out.lock().expect("lock").clone();
             async move {
-                tokio::task::spawn_local(lines(TcpListener::bind(7300).expect("7300")));
-                tokio::task::spawn_local(http(TcpListener::bind(7301).expect("7301")));
+                tokio::task::spawn_local(lines(TcpListener::bind(7300).await.expect("7300")));
+                tokio::task::spawn_local(http(TcpListener::bind(7301).await.expect("7301")));
                 // A task that panics is contained by the executor, as tokio's are: the
                 // servers above keep answering.
                 let bad = tokio::task::spawn_local(async { panic!("a task's own panic") });

@@ -45,12 +45,15 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
         let ready_tx = Mutex::new(ready_tx);
         let last = Mutex::new(last);
         rt.run(|_| {
-            let l = corelane::net::TcpListener::bind(7).map_err(|e| e.to_string());
-            let _ = ready_tx
-                .lock()
-                .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+            let ready = ready_tx.lock().map(|t| t.clone()).ok();
             let last = last.lock().map(|s| s.clone()).ok();
             async move {
+                let l = corelane::net::TcpListener::bind(7)
+                    .await
+                    .map_err(|e| e.to_string());
+                if let Some(t) = ready {
+                    let _ = t.send(l.as_ref().map(|_| ()).map_err(Clone::clone));
+                }
                 let (Ok(l), Some(last)) = (l, last) else {
                     return;
                 };

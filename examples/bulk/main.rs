@@ -87,22 +87,23 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     common::handle_signals("bulk", &rt)?;
     let cores = rt.cores();
     let stop = rt.stop_handle();
-    let ready = common::Ready::new(cores);
+    let ready = std::sync::Arc::new(common::Ready::new(cores));
     let (seconds, streams, connect) = (args.seconds, args.streams, args.connect);
+    let mode = args.mode;
     let report = rt.run(|core| {
-        let listener = if connect.is_none() {
-            Some(TcpListener::bind(port))
-        } else {
-            None
-        };
-        ready.core_ready(|| {
-            match connect {
-                Some(to) => println!("bulk: {} {streams} stream(s) to {to} for {seconds} s", args.mode),
-                None => println!("bulk: serving ({}) on port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", args.mode, core.bind_mode),
-            }
-        });
-        let stop = stop.clone();
+        let (stop, ready, mode) = (stop.clone(), ready.clone(), mode.clone());
         async move {
+            let listener = if connect.is_none() {
+                Some(TcpListener::bind(port).await)
+            } else {
+                None
+            };
+            ready.core_ready(|| {
+                match connect {
+                    Some(to) => println!("bulk: {mode} {streams} stream(s) to {to} for {seconds} s"),
+                    None => println!("bulk: serving ({mode}) on port {port} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops", core.bind_mode),
+                }
+            });
             if let Some(to) = connect {
                 if core.index != 0 {
                     return;

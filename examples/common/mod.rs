@@ -323,7 +323,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
 /// printed, `bind` run on every core (a core whose bind fails reports it and serves nothing),
 /// one "NAME: serving WHAT on N core(s)" line once every core has bound, the periodic stats,
 /// then `serve` on every core, and the report when the run ends.
-pub(crate) fn serve<T, B, S, Fut>(
+pub(crate) fn serve<T, B, BF, S, Fut>(
     name: &'static str,
     c: &Common,
     what: &str,
@@ -332,8 +332,9 @@ pub(crate) fn serve<T, B, S, Fut>(
 ) -> Result<(), Box<dyn std::error::Error>>
 where
     T: 'static,
-    B: Fn() -> std::io::Result<T> + Sync,
-    S: Fn(corelane::CoreInfo, T) -> Fut + Sync,
+    B: Fn() -> BF + Sync,
+    BF: std::future::Future<Output = std::io::Result<T>> + 'static,
+    S: Fn(corelane::CoreInfo, T) -> Fut + Clone + Sync + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
     init_logging();
@@ -342,22 +343,23 @@ where
     handle_signals(name, &rt)?;
     let cores = rt.cores();
     let every = c.stats_every;
-    let ready = Ready::new(cores);
+    let ready = std::sync::Arc::new(Ready::new(cores));
     let report = rt.run(|core| {
         let bound = bind();
-        ready.core_ready(|| {
-            println!(
-                "{name}: serving {what} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops",
-                core.bind_mode
-            );
-        });
-        let task = bound.map(|t| serve(core, t));
+        let (ready, serve) = (ready.clone(), serve.clone());
         let what = what.to_string();
         async move {
-            match task {
-                Ok(task) => {
+            let bound = bound.await;
+            ready.core_ready(|| {
+                println!(
+                    "{name}: serving {what} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops",
+                    core.bind_mode
+                );
+            });
+            match bound {
+                Ok(t) => {
                     tokio::task::spawn_local(stats_task(every));
-                    task.await;
+                    serve(core, t).await;
                 }
                 Err(e) => eprintln!("{name}: error: core {}: {what}: {e}", core.index),
             }

@@ -41,7 +41,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "echo",
         &args.common,
         &format!("TCP and UDP port {port}"),
-        || Ok((TcpListener::bind(port)?, UdpSocket::bind(port)?)),
+        || async move { Ok((TcpListener::bind(port).await?, UdpSocket::bind(port).await?)) },
         |core, (listener, udp)| async move {
             spawn_local(async move {
                 let mut buf = vec![0u8; 65536];

@@ -76,10 +76,16 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 let idx = core.index;
                 tokio::task::spawn_local(async move {
                     let svc = service_fn(move |req| handle(idx, req));
-                    // A client that goes away mid-request is its own business.
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    // A client that goes away mid-request is its own business. When a
+                    // graceful shutdown begins, an idle keep-alive connection is closed (a
+                    // FIN) and one in the middle of a request finishes it first.
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        _ = corelane::shutdown_requested() => conn.as_mut().graceful_shutdown(),
+                    }
+                    let _ = conn.await;
                 });
             }
         },

@@ -278,12 +278,15 @@ where
             let _ = stop_tx.send(rt.stop_handle());
             let ready_tx = Mutex::new(ready_tx);
             rt.run(|_| {
-                let l = corelane::net::TcpListener::bind(port).map_err(|e| e.to_string());
-                let _ = ready_tx
-                    .lock()
-                    .map(|t| t.send(l.as_ref().map(|_| ()).map_err(Clone::clone)));
+                let ready = ready_tx.lock().ok().map(|t| t.clone());
                 let serve = serve.clone();
                 async move {
+                    let l = corelane::net::TcpListener::bind(port)
+                        .await
+                        .map_err(|e| e.to_string());
+                    if let Some(t) = ready {
+                        let _ = t.send(l.as_ref().map(|_| ()).map_err(Clone::clone));
+                    }
                     let Ok(l) = l else { return };
                     while let Ok((s, _)) = l.accept().await {
                         tokio::task::spawn_local(serve(s));

@@ -550,6 +550,7 @@ impl Builder {
             addrs: Mutex::new(self.addrs.clone()),
             addrs_gen: std::sync::atomic::AtomicU64::new(0),
             life: crate::stop::Life::default(),
+            failure: Mutex::new(None),
             warnings: Mutex::new(Vec::new()),
             auto_ports: Mutex::new(Vec::new()),
             bells,

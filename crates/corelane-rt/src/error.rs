@@ -41,6 +41,15 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
+    /// The future of a core returned an error (under
+    /// [`Runtime::try_run`](crate::Runtime::try_run)); the run was stopped.
+    #[error("the future on core {core} failed: {message}")]
+    Failed {
+        /// Core index.
+        core: usize,
+        /// The error, as it displays.
+        message: String,
+    },
     /// I/O.
     #[error(transparent)]
     Io(#[from] io::Error),

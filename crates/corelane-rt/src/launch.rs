@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     /// Bumped on every change of `addrs`.
     pub(crate) addrs_gen: std::sync::atomic::AtomicU64,
     pub(crate) life: crate::stop::Life,
+    /// The first error a core's future returned, and its core.
+    pub(crate) failure: Mutex<Option<(usize, String)>>,
     /// Conditions an operator must hear of even without a log subscriber, once each: kept for
     /// the run's report.
     pub(crate) warnings: Mutex<Vec<String>>,
@@ -195,7 +197,7 @@ impl Runtime {
     /// use corelane_rt::{Runtime, net::UdpSocket};
     /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
     /// let report = rt.run(|core| async move {
-    ///     let sock = UdpSocket::bind(7).expect("port 7");
+    ///     let sock = UdpSocket::bind(7).await.expect("port 7");
     ///     let mut buf = [0; 2048];
     ///     while let Ok((n, peer)) = sock.recv_from(&mut buf).await {
     ///         let _ = sock.send_to(&buf[..n], peer).await;
@@ -225,7 +227,7 @@ impl Runtime {
     ///     // Borrowed here, owned by the future:
     ///     let (port, greeting, served) = (config.port, config.greeting.clone(), served.clone());
     ///     async move {
-    ///         let l = TcpListener::bind(port).expect("the port");
+    ///         let l = TcpListener::bind(port).await.expect("the port");
     ///         while let Ok((s, _)) = l.accept().await {
     ///             served.fetch_add(1, Ordering::Relaxed);
     ///             let _ = (&s, &greeting);
@@ -242,6 +244,55 @@ impl Runtime {
     /// [`OnPanic::StopRuntime`](crate::OnPanic) was chosen (with the default, the future runs
     /// again and the panic is in the report).
     pub fn run<F, Fut>(self, f: F) -> Result<RunReport, Error>
+    where
+        F: Fn(CoreInfo) -> Fut + Send + Sync,
+        Fut: Future<Output = ()> + 'static,
+    {
+        self.run_cores(f)
+    }
+
+    /// As [`run`](Runtime::run), for a future that returns a `Result`, as a
+    /// `#[tokio::main]` function may: `?` works inside it. An error ends the run (every core
+    /// stops at once, as [`StopHandle::stop`](crate::StopHandle::stop)) and is returned as
+    /// [`Error::Failed`], naming the core and the error.
+    ///
+    /// ```no_run
+    /// use corelane_rt::{Runtime, net::TcpListener};
+    /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
+    /// let report = rt.try_run(|_core| async move {
+    ///     let listener = TcpListener::bind(7).await?; // a port in use ends the run, with why
+    ///     while let Ok((s, peer)) = listener.accept().await {
+    ///         println!("{peer} connected");
+    ///         drop(s);
+    ///     }
+    ///     Ok::<(), std::io::Error>(()) // the error type, as in any async block using `?`
+    /// })?;
+    /// # let _ = report;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`run`](Runtime::run), and [`Error::Failed`] when the future of a core returned an
+    /// error.
+    pub fn try_run<F, Fut, E>(self, f: F) -> Result<RunReport, Error>
+    where
+        F: Fn(CoreInfo) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<(), E>> + 'static,
+        E: std::fmt::Display,
+    {
+        let shared = self.shared.clone();
+        self.run_cores(move |info: CoreInfo| {
+            let fut = f(info);
+            let shared = shared.clone();
+            async move {
+                if let Err(e) = fut.await {
+                    shared.core_failed(info.index, e.to_string());
+                }
+            }
+        })
+    }
+
+    fn run_cores<F, Fut>(self, f: F) -> Result<RunReport, Error>
     where
         F: Fn(CoreInfo) -> Fut + Send + Sync,
         Fut: Future<Output = ()> + 'static,
@@ -338,6 +389,9 @@ impl Runtime {
                     first_err.get_or_insert(e);
                 }
             }
+        }
+        if let Some((core, message)) = crate::lane::lock(&self.shared.failure).take() {
+            return Err(Error::Failed { core, message });
         }
         if let Some(e) = first_err {
             return Err(e);

@@ -19,7 +19,7 @@
 //!
 //! let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
 //! rt.run(|_core| async move {
-//!     let listener = TcpListener::bind(7).expect("port 7");
+//!     let listener = TcpListener::bind(7).await.expect("port 7");
 //!     loop {
 //!         let (mut s, _) = listener.accept().await.expect("accept");
 //!         tokio::task::spawn_local(async move {
@@ -49,6 +49,7 @@ mod lane;
 mod launch;
 mod metrics;
 pub mod net;
+mod outcome;
 mod peers;
 mod publish;
 mod queues;
@@ -69,6 +70,7 @@ pub use cpu::{allowed_cpus, l2_bytes};
 pub use error::Error;
 pub use lane::{BatchStats, CoreStats, Stage};
 pub use launch::{CoreInfo, Runtime};
+pub use outcome::shutdown_requested;
 pub use report::{CoreReport, RunReport};
 pub use stop::{OnPanic, StopHandle};
 

@@ -45,6 +45,8 @@ pub(crate) struct Life {
     pub(crate) drain_until: Mutex<Option<Instant>>,
     /// Core futures still running.
     pub(crate) apps_running: AtomicUsize,
+    /// Woken when a stop or a graceful shutdown is asked for.
+    pub(crate) asked: tokio::sync::Notify,
 }
 
 impl Life {
@@ -67,6 +69,7 @@ impl Shared {
     /// Stop now.
     pub(crate) fn stop_all(&self) {
         self.life.stop.store(true, Ordering::SeqCst);
+        self.announce_shutdown();
         self.ring_all();
     }
 
@@ -150,6 +153,7 @@ impl StopHandle {
             *until = Some(until.map_or(t, |u| u.min(t)));
         }
         life.draining.store(true, Ordering::SeqCst);
+        shared.announce_shutdown();
         shared.ring_all();
     }
 

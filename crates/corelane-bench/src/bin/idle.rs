@@ -180,7 +180,7 @@ fn serve(stack: &str, ifname: &str, ports: u16, conns: usize, cpu: usize) -> Res
             });
             rt.run(move |_| async move {
                 for p in 0..ports {
-                    let Ok(l) = corelane::net::TcpListener::bind(FIRST_PORT + p) else {
+                    let Ok(l) = corelane::net::TcpListener::bind(FIRST_PORT + p).await else {
                         eprintln!("idle: port {} not bound", FIRST_PORT + p);
                         return;
                     };

@@ -79,7 +79,7 @@ fn one_run(
             rt.run(move |_core| {
                 let rcv = rcv.clone();
                 async move {
-                    let l = match TcpListener::bind(PORT) {
+                    let l = match TcpListener::bind(PORT).await {
                         Ok(l) => l,
                         Err(e) => return eprintln!("placement: port {PORT}: {e}"),
                     };

@@ -17,7 +17,7 @@ use crate::net::{NotSend, ToSocketAddr};
 /// # async fn f() -> std::io::Result<()> {
 /// use corelane_rt::net::UdpSocket;
 /// // Inside a task of Runtime::run, on every core:
-/// let sock = UdpSocket::bind(7)?;
+/// let sock = UdpSocket::bind(7).await?;
 /// let mut buf = vec![0; 2048];
 /// loop {
 ///     let (n, peer) = sock.recv_from(&mut buf).await?;
@@ -53,7 +53,7 @@ impl UdpSocket {
     /// `InvalidInput` for text that is not an address, `AddrNotAvailable` for an address the
     /// runtime does not own or when no ephemeral port is free, `AddrInUse` when this core
     /// already has the port, and `Other` outside a corelane core.
-    pub fn bind(addr: impl ToSocketAddr) -> io::Result<UdpSocket> {
+    pub async fn bind(addr: impl ToSocketAddr) -> io::Result<UdpSocket> {
         let sa = addr.to_socket_addr()?;
         let core = current()?;
         let owned = core
@@ -89,7 +89,7 @@ impl UdpSocket {
     /// # async fn f() -> std::io::Result<()> {
     /// use corelane_rt::net::UdpSocket;
     /// // Inside a task of Runtime::run:
-    /// let sock = UdpSocket::bind(0)?;
+    /// let sock = UdpSocket::bind(0).await?;
     /// sock.send_to(b"ping", "10.0.0.2:9000").await?;
     /// # Ok(()) }
     /// ```
@@ -119,7 +119,7 @@ impl UdpSocket {
     /// # async fn f() -> std::io::Result<()> {
     /// use corelane_rt::net::UdpSocket;
     /// // A UDP echo server, inside a task of Runtime::run:
-    /// let sock = UdpSocket::bind(7)?;
+    /// let sock = UdpSocket::bind(7).await?;
     /// let mut buf = vec![0; 65_507];
     /// loop {
     ///     let (n, from) = sock.recv_from(&mut buf).await?;
@@ -150,7 +150,7 @@ impl UdpSocket {
     /// ```no_run
     /// # async fn f() -> std::io::Result<()> {
     /// use corelane_rt::net::UdpSocket;
-    /// let sock = UdpSocket::bind(5353)?;
+    /// let sock = UdpSocket::bind(5353).await?;
     /// let mut head = [0u8; 2];
     /// // Look at the first two bytes, then take the datagram with a buffer that fits it.
     /// let (_, from) = sock.peek_from(&mut head).await?;
@@ -211,7 +211,7 @@ impl UdpSocket {
     /// ```no_run
     /// # async fn f() -> std::io::Result<()> {
     /// use corelane_rt::net::UdpSocket;
-    /// let sock = UdpSocket::bind(0)?;
+    /// let sock = UdpSocket::bind(0).await?;
     /// sock.connect("10.0.0.2:53").await?;
     /// sock.send(b"query").await?;
     /// let mut buf = [0; 512];

@@ -231,17 +231,26 @@ pub(crate) fn corelane_server(net: &VethPair, cpus: &[usize]) -> Result<Server, 
             let _ = stop_tx.send(rt.stop_handle());
             let ready_tx = Mutex::new(ready_tx);
             rt.run(|_core| {
-                let bound: Result<Vec<_>, String> = [ECHO, SINK, SOURCE, HTTP]
-                    .into_iter()
-                    .map(|p| {
-                        corelane::net::TcpListener::bind(p)
-                            .map(|l| (p, l))
-                            .map_err(|e| format!("port {p}: {e}"))
-                    })
-                    .collect();
-                let ok = bound.as_ref().map(|_| ()).map_err(Clone::clone);
-                let _ = ready_tx.lock().map(|t| t.send(ok));
+                let ready = ready_tx.lock().ok().map(|t| t.clone());
                 async move {
+                    let mut bound = Ok(Vec::new());
+                    for p in [ECHO, SINK, SOURCE, HTTP] {
+                        match corelane::net::TcpListener::bind(p).await {
+                            Ok(l) => {
+                                if let Ok(v) = &mut bound {
+                                    v.push((p, l));
+                                }
+                            }
+                            Err(e) => {
+                                bound = Err(format!("port {p}: {e}"));
+                                break;
+                            }
+                        }
+                    }
+                    let ok = bound.as_ref().map(|_| ()).map_err(Clone::clone);
+                    if let Some(t) = ready {
+                        let _ = t.send(ok);
+                    }
                     let Ok(listeners) = bound else { return };
                     let mut tasks = Vec::new();
                     for (port, l) in listeners {

@@ -23,7 +23,7 @@ use crate::net::ToSocketAddr;
 /// use corelane_rt::{Runtime, net::TcpListener};
 /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
 /// rt.run(|_core| async move {
-///     let listener = TcpListener::bind(8080).expect("port 8080 on this core");
+///     let listener = TcpListener::bind(8080).await.expect("port 8080 on this core");
 ///     while let Ok((stream, peer)) = listener.accept().await {
 ///         println!("{peer} connected");
 ///         drop(stream);
@@ -61,8 +61,8 @@ impl TcpListener {
     /// runtime does not own, `AddrInUse` when this core already has the port, an error naming
     /// the steering program when it cannot be told to steer the port, and `Other` outside a
     /// corelane core.
-    pub fn bind(addr: impl ToSocketAddr) -> io::Result<TcpListener> {
-        Self::bind_with_backlog(addr, None)
+    pub async fn bind(addr: impl ToSocketAddr) -> io::Result<TcpListener> {
+        Self::bind_with_backlog(addr, None).await
     }
 
     /// Listens on `port` with at most `backlog` connections half-open or waiting to be
@@ -70,7 +70,7 @@ impl TcpListener {
     ///
     /// # Errors
     /// As [`TcpListener::bind`].
-    pub fn bind_with_backlog(
+    pub async fn bind_with_backlog(
         addr: impl ToSocketAddr,
         backlog: Option<usize>,
     ) -> io::Result<TcpListener> {
@@ -109,7 +109,7 @@ impl TcpListener {
     /// ```no_run
     /// # async fn f() -> std::io::Result<()> {
     /// use std::time::Duration;
-    /// let l = corelane_rt::net::TcpListener::bind(80)?;
+    /// let l = corelane_rt::net::TcpListener::bind(80).await?;
     /// l.set_accept_options(Some(Duration::from_secs(60)), Some(Duration::from_secs(30)))?;
     /// # Ok(()) }
     /// ```
@@ -142,7 +142,7 @@ impl TcpListener {
     /// use corelane_rt::net::TcpListener;
     /// use tokio::io::AsyncWriteExt;
     /// // Inside the future of Runtime::run (one listener per core, all on port 80):
-    /// let listener = TcpListener::bind(80)?;
+    /// let listener = TcpListener::bind(80).await?;
     /// loop {
     ///     let (mut s, peer) = listener.accept().await?;
     ///     tokio::task::spawn_local(async move {

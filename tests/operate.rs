@@ -200,5 +200,18 @@ fn operate_top_started_first_follows_a_server_restart() -> Result<(), String> {
         "top did not say it was waiting between servers:\n{}",
         top.output()
     );
+    // Each round: a title with the time of day, then the column header on its own line.
+    let out = top.output();
+    let lines: Vec<&str> = out.lines().collect();
+    let title = lines
+        .iter()
+        .position(|l| l.contains(" pid ") && l.contains(" UTC, per second over the last "))
+        .ok_or_else(|| format!("no title line:\n{out}"))?;
+    assert!(
+        lines
+            .get(title + 1)
+            .is_some_and(|l| l.trim_start().starts_with("CORE")),
+        "the header follows the title:\n{out}"
+    );
     Ok(())
 }

@@ -404,20 +404,20 @@ fn print_rates(
         return;
     }
     let r = |c: usize, n: &str| rates.get(&(c, n.to_string())).copied().unwrap_or(0.0);
-    let at = SystemTime::now()
+    let secs = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let (h, m, sec) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    // A title line, then the columns: rates per second over the last interval.
     println!(
-        "{} pid {} at {at}: {:>4} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}  SLOWEST STAGE",
+        "{} pid {} at {h:02}:{m:02}:{sec:02} UTC, per second over the last {} s",
         s.ifname(),
         s.pid(),
-        "CORE",
-        "RX/S",
-        "TX/S",
-        "RXMB/S",
-        "TXMB/S",
-        "FLOWS",
-        "RETR/S"
+        a.interval
+    );
+    println!(
+        "{:>4} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}  SLOWEST STAGE",
+        "CORE", "RX/S", "TX/S", "RXMB/S", "TXMB/S", "FLOWS", "RETR/S"
     );
     for c in cores {
         let slow = slowest(rates, c.index).map_or("-".into(), |(st, share)| {

@@ -41,6 +41,7 @@ mod regress;
 mod report;
 mod runs;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -231,7 +232,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 done += 1;
                 if cli.verbose {
                     eprintln!(
-                        "\r\x1b[2Krep {} {:<30} {:<16} {:>10.0}/s {:>7.3} Gbit/s p99 {:>8.1} us server CPU {:.3} s",
+                        "{}rep {} {:<30} {:<16} {:>10.0}/s {:>7.3} Gbit/s p99 {:>8.1} us server CPU {:.3} s",
+                        runs::clear_line(),
                         rep + 1,
                         kind.name(),
                         setup.name(),
@@ -246,7 +248,9 @@ fn run(cli: Cli) -> Result<(), String> {
         }
     }
     progress(done, total, started, "done");
-    eprintln!();
+    if std::io::stderr().is_terminal() {
+        eprintln!();
+    }
     report::write(
         &cli.out,
         &report::Meta {

@@ -1,5 +1,6 @@
 //! One run of one case on one setup, its CPU accounting, and medians over repetitions.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -141,7 +142,8 @@ pub(crate) fn one_run(
     }
     if let (Some(e), true) = (&out.first_error, verbose) {
         eprintln!(
-            "\r\x1b[2K{} / {}: {} error(s), first: {e}",
+            "{}{} / {}: {} error(s), first: {e}",
+            clear_line(),
             setup.name(),
             kind.name(),
             out.errors
@@ -232,6 +234,17 @@ pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { f64::NAN }
 }
 
+/// What erases the progress bar's line before another line is printed: nothing when stderr
+/// is not a terminal (a log file gets plain lines, no escape codes).
+pub(crate) fn clear_line() -> &'static str {
+    if std::io::stderr().is_terminal() {
+        "\r\x1b[2K"
+    } else {
+        ""
+    }
+}
+
+/// The progress bar on a terminal, redrawn in place; elsewhere one plain line per step.
 pub(crate) fn progress(done: usize, total: usize, started: Instant, what: &str) {
     let width = 30;
     let filled = width * done / total.max(1);
@@ -240,6 +253,10 @@ pub(crate) fn progress(done: usize, total: usize, started: Instant, what: &str) 
     } else {
         0.0
     };
+    if !std::io::stderr().is_terminal() {
+        eprintln!("{done}/{total} eta {eta:.0} s  {what}");
+        return;
+    }
     eprint!(
         "\r\x1b[2K[{}{}] {done}/{total} eta {:>4.0} s  {what}",
         "#".repeat(filled),

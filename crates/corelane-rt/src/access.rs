@@ -132,7 +132,7 @@ pub(crate) fn open_sockets(
 ) -> Result<Vec<XskQueue>, Error> {
     // The kernel counts every UMEM of the user against one locked-memory limit: checked for
     // all of them at once, so the error gives the whole amount.
-    let umem = u64::from(xsk.frames) * u64::from(xsk.frame_size);
+    let umem = u64::from(xsk.frames) * u64::from(xsk.frame_bytes());
     corelane_xsk::check_memlock(umem * lanes.len() as u64)?;
     let before = crate::cpu::allowed_cpus();
     let opened = (|| {

@@ -180,7 +180,9 @@ impl Builder {
         self
     }
 
-    /// UMEM and ring sizes, and the zero-copy preference.
+    /// UMEM and ring sizes, the frame size and the zero-copy preference. With the default
+    /// frame size (0), frames are 2048 bytes, or 4096 when the interface's MTU needs them
+    /// (above 1778 bytes).
     pub fn xsk(mut self, c: XskConfig) -> Self {
         self.xsk = c;
         self
@@ -381,7 +383,7 @@ impl Builder {
     /// Each names the cause and the fix: no address, too many addresses, missing privileges, no
     /// such interface, too few queues for the cores (when the driver cannot raise them), an MTU
     /// that does not fit a frame, or a driver that refuses the XDP program.
-    pub fn build(self) -> Result<Runtime, Error> {
+    pub fn build(mut self) -> Result<Runtime, Error> {
         if let Some(bad) = self.invalid.first() {
             return Err(Error::Config(bad.clone()));
         }
@@ -512,6 +514,11 @@ impl Builder {
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = access.steering(&self.ifname, self.attach)?;
+        // Frames follow the MTU unless the application chose their size: a page each when a
+        // full frame (and the kernel's headroom) does not fit half of one.
+        if self.xsk.frame_size == 0 {
+            self.xsk.frame_size = if mtu + 14 + 256 > 2048 { 4096 } else { 2048 };
+        }
         let capacity = (self.xsk.frame_size as usize).saturating_sub(256);
         if mtu + 14 > capacity {
             let most = handoff::SLOT_BYTES - 14;

@@ -51,7 +51,9 @@ impl std::fmt::Display for BindMode {
 pub struct XskConfig {
     /// Frames in the UMEM (default 4096).
     pub frames: u32,
-    /// Bytes per frame: 2048 or 4096 (default 2048, enough for an MTU of 1500).
+    /// Bytes per frame: 2048 or 4096; 0 (the default) lets the runtime choose from the
+    /// interface's MTU (2048 bytes up to an MTU of 1778, 4096 above), and means 2048 for a
+    /// queue opened directly.
     pub frame_size: u32,
     /// Entries in each of the four rings, a power of two (default 2048).
     pub ring_size: u32,
@@ -59,11 +61,22 @@ pub struct XskConfig {
     pub zero_copy: ZeroCopy,
 }
 
+impl XskConfig {
+    /// The frame size in force: `frame_size`, or 2048 for 0.
+    pub fn frame_bytes(&self) -> u32 {
+        if self.frame_size == 0 {
+            2048
+        } else {
+            self.frame_size
+        }
+    }
+}
+
 impl Default for XskConfig {
     fn default() -> Self {
         XskConfig {
             frames: 4096,
-            frame_size: 2048,
+            frame_size: 0,
             ring_size: 2048,
             zero_copy: ZeroCopy::Try,
         }
@@ -147,7 +160,7 @@ impl XskQueue {
     pub fn open(ifname: &str, queue_id: u32, config: &XskConfig) -> Result<Self, Error> {
         crate::caps::check_socket_privileges()?;
         crate::netdev::check_interface(ifname)?;
-        crate::caps::check_memlock(u64::from(config.frames) * u64::from(config.frame_size))?;
+        crate::caps::check_memlock(u64::from(config.frames) * u64::from(config.frame_bytes()))?;
         match config.zero_copy {
             ZeroCopy::Off => Self::bind(ifname, queue_id, config, BindMode::Copy),
             ZeroCopy::Require => Self::bind(ifname, queue_id, config, BindMode::ZeroCopy),
@@ -170,7 +183,7 @@ impl XskQueue {
         let cfg_err = |what: String| Error::Config(what);
         let ring = QueueSize::new(c.ring_size)
             .map_err(|_| cfg_err(format!("ring size {} is not a power of two", c.ring_size)))?;
-        let frame_size = FrameSize::new(c.frame_size)
+        let frame_size = FrameSize::new(c.frame_bytes())
             .map_err(|_| cfg_err(format!("frame size {} must be 2048 or 4096", c.frame_size)))?;
         let frames = NonZeroU32::new(c.frames)
             .ok_or_else(|| cfg_err("a UMEM needs at least one frame".into()))?;
@@ -186,7 +199,7 @@ impl XskQueue {
                     .err()
                     .unwrap_or_else(|| Error::Privilege(format!("creating the UMEM: {e}"))),
                 Some(libc::ENOBUFS) => Error::Privilege(crate::caps::memlock_message(
-                    u64::from(c.frames) * u64::from(c.frame_size),
+                    u64::from(c.frames) * u64::from(c.frame_bytes()),
                     crate::sys::memlock_limit(),
                 )),
                 errno => Error::Umem {
@@ -239,7 +252,7 @@ impl XskQueue {
             pool: FramePool::new(n, (c.ring_size as usize).min(n / 2)),
             scratch: vec![FrameDesc::default(); c.ring_size as usize],
             post: Vec::with_capacity(c.ring_size as usize),
-            frame_size: c.frame_size as usize,
+            frame_size: c.frame_bytes() as usize,
             ring_size: c.ring_size,
             mode: actual,
             queue_id,

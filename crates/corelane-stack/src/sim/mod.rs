@@ -79,8 +79,9 @@ pub struct SimConfig {
 impl SimConfig {
     /// A run with `seed` over a path impaired `up` and `down`, default TCP, a stall limit of
     /// four back-to-back retransmission timeouts from the floor (0.2 + 0.4 + 0.8 + 1.6 s) plus
-    /// the path's round trip (five from the initial timeout, 31 s, for a connection with no
-    /// RTT sample yet: a SYN or SYN-ACK lost five times in a row), and ten
+    /// the path's round trip (or from the stalled connection's own timeout when an end's
+    /// estimate is above the floor; five from the initial timeout, 31 s, plus the round trip,
+    /// for a connection with no RTT sample yet: a SYN or SYN-ACK lost five times in a row), and ten
     /// simulated minutes for the whole run.
     pub fn new(seed: u64, up: Impair, down: Impair) -> SimConfig {
         let tcp = TcpConfig::default();
@@ -91,7 +92,7 @@ impl SimConfig {
             tcp,
             client_tcp: tcp,
             stall_limit: Duration::from(tcp.rto_min) * 15 + up.delay + down.delay,
-            handshake_limit: Duration::from(tcp.rto_initial) * 31,
+            handshake_limit: Duration::from(tcp.rto_initial) * 31 + up.delay + down.delay,
             time_limit: Duration::from_secs(600),
             strict_mtu: true,
             trace: false,
@@ -303,7 +304,8 @@ impl Sim {
             }
             let (stalled, established) = w.stall(self.now);
             let limit = if established {
-                cfg.stall_limit
+                let own = w.stall_allowance(self, Duration::from(cfg.tcp.rto_min));
+                cfg.stall_limit.max(own + cfg.up.delay + cfg.down.delay)
             } else {
                 cfg.handshake_limit
             };

@@ -242,12 +242,40 @@ impl Workload {
     /// The longest any unfinished connection has gone without progress, and whether it was
     /// established then.
     pub fn stall(&self, now: Instant) -> (Duration, bool) {
+        self.stalled(now)
+            .map(|(d, e, _)| (d, e))
+            .unwrap_or_default()
+    }
+
+    /// The longest stall, whether that connection is established, and its index.
+    fn stalled(&self, now: Instant) -> Option<(Duration, bool, usize)> {
         self.convs
             .iter()
-            .filter(|c| c.opened && c.delivered < c.owed)
-            .filter_map(|c| c.last_progress.map(|t| (now - t, c.established)))
-            .max_by_key(|(d, _)| *d)
-            .unwrap_or_default()
+            .enumerate()
+            .filter(|(_, c)| c.opened && c.delivered < c.owed)
+            .filter_map(|(i, c)| c.last_progress.map(|t| (now - t, c.established, i)))
+            .max_by_key(|(d, _, _)| *d)
+    }
+
+    /// Four back-to-back retransmission timeouts (1 + 2 + 4 + 8 of them) from the larger of
+    /// the two ends' timeouts on the connection stalled longest, as RFC 6298 computes them
+    /// (at least `rto_min`): what its stall may last when an end's estimate is far above the
+    /// floor (a handshake answered by the peer's retransmitted SYN-ACK times a round trip of a
+    /// second and more).
+    pub fn stall_allowance(&self, sim: &mut Sim, rto_min: Duration) -> Duration {
+        let Some((_, _, i)) = self.stalled(sim.now()) else {
+            return Duration::ZERO;
+        };
+        let c = &self.convs[i];
+        let rto = |stack: &mut Stack, id: Option<FlowId>| {
+            id.and_then(|id| stack.tcp_info(id))
+                .and_then(|t| Some(Duration::from(t.srtt? + t.rttvar? * 4)))
+                .unwrap_or(rto_min)
+                .max(rto_min)
+        };
+        let most =
+            rto(&mut sim.client.stack, c.client.id).max(rto(&mut sim.server.stack, c.server.id));
+        most * 15
     }
 
     /// Listens on the server.

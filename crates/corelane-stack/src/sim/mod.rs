@@ -76,6 +76,10 @@ pub struct SimConfig {
     pub trace: bool,
 }
 
+/// What the limits allow for the clock's steps: a timer fires, and its segment is handled, a
+/// step or two after the instant it was due.
+const STEP_SLACK: Duration = Duration::from_millis(5);
+
 impl SimConfig {
     /// A run with `seed` over a path impaired `up` and `down`, default TCP, a stall limit of
     /// four back-to-back retransmission timeouts from the floor (0.2 + 0.4 + 0.8 + 1.6 s) plus
@@ -91,8 +95,11 @@ impl SimConfig {
             down,
             tcp,
             client_tcp: tcp,
-            stall_limit: Duration::from(tcp.rto_min) * 15 + up.delay + down.delay,
-            handshake_limit: Duration::from(tcp.rto_initial) * 31 + up.delay + down.delay,
+            stall_limit: Duration::from(tcp.rto_min) * 15 + up.delay + down.delay + STEP_SLACK,
+            handshake_limit: Duration::from(tcp.rto_initial) * 31
+                + up.delay
+                + down.delay
+                + STEP_SLACK,
             time_limit: Duration::from_secs(600),
             strict_mtu: true,
             trace: false,
@@ -305,7 +312,8 @@ impl Sim {
             let (stalled, established) = w.stall(self.now);
             let limit = if established {
                 let own = w.stall_allowance(self, Duration::from(cfg.tcp.rto_min));
-                cfg.stall_limit.max(own + cfg.up.delay + cfg.down.delay)
+                cfg.stall_limit
+                    .max(own + cfg.up.delay + cfg.down.delay + STEP_SLACK)
             } else {
                 cfg.handshake_limit
             };

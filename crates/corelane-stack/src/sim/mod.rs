@@ -84,8 +84,10 @@ impl SimConfig {
     /// A run with `seed` over a path impaired `up` and `down`, default TCP, a stall limit of
     /// four back-to-back retransmission timeouts from the floor (0.2 + 0.4 + 0.8 + 1.6 s) plus
     /// the path's round trip (or from the stalled connection's own timeout when an end's
-    /// estimate is above the floor; five from the initial timeout, 31 s, plus the round trip,
-    /// for a connection with no RTT sample yet: a SYN or SYN-ACK lost five times in a row), and ten
+    /// estimate is above the floor; six from the initial timeout, 63 s, plus the round trip,
+    /// for a connection with no RTT sample yet: a SYN, a SYN-ACK or the first data lost six
+    /// times in a row, which a path losing 10% each way does to about one connection in
+    /// 20,000, where five would be one in 4,000), and ten
     /// simulated minutes for the whole run.
     pub fn new(seed: u64, up: Impair, down: Impair) -> SimConfig {
         let tcp = TcpConfig::default();
@@ -96,7 +98,7 @@ impl SimConfig {
             tcp,
             client_tcp: tcp,
             stall_limit: Duration::from(tcp.rto_min) * 15 + up.delay + down.delay + STEP_SLACK,
-            handshake_limit: Duration::from(tcp.rto_initial) * 31
+            handshake_limit: Duration::from(tcp.rto_initial) * 63
                 + up.delay
                 + down.delay
                 + STEP_SLACK,

@@ -1,6 +1,7 @@
-//! Conformance scripts for duplicates and reordering: the D-SACK blocks a receiver sends for
-//! data that arrived twice (RFC 2883), the sender's reading of both D-SACK forms, and PAWS's
-//! one-tick leniency toward a reordered segment.
+//! Conformance scripts for duplicates, reordering and the ACK's timing: the D-SACK blocks a
+//! receiver sends for data that arrived twice (RFC 2883), the sender's reading of both D-SACK
+//! forms, PAWS's one-tick leniency toward a reordered segment, RACK's reordering evidence, and
+//! the ACK for every second segment when segments arrive in a batch.
 
 use super::conformance::{PEER_ISN, Script, seg};
 use super::reorder::REO_TIMER_FLOOR;
@@ -169,4 +170,58 @@ fn an_original_delivered_late_is_reordering_and_slows_the_reordering_timer() {
     assert!(d >= REO_TIMER_FLOOR);
     let out = s.out();
     assert_eq!((out[0].seq, out[0].len), (una + 2000, 1000), "{out:?}");
+}
+
+#[test]
+fn an_odd_last_segment_of_a_batch_waits_while_the_ack_covers_those_before_it() {
+    let (mut s, una) = Script::established(false);
+    // Three full segments arrive in one batch (before the connection sends anything).
+    for k in 0..3u32 {
+        let mut a = seg(PEER_ISN + 1 + 1000 * k, una);
+        a.len = 1000;
+        s.input(a);
+    }
+    let out = s.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    // What an ACK at the second segment would have said: the third waits, so that a
+    // sender whose fourth was lost still has two out and probes it soon.
+    assert_eq!(out[0].ack, Some(PEER_ISN + 2001));
+    assert_eq!(s.c.readable(), 3000, "all three are taken");
+    // Nothing more until the held ACK's time.
+    s.advance(Duration::from_millis(5));
+    assert!(s.out().is_empty());
+    let d = s.jump();
+    assert!(d >= Duration::from_millis(30), "{d}");
+    let out = s.out();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].ack, Some(PEER_ISN + 3001));
+}
+
+#[test]
+fn a_second_segment_or_data_to_send_acknowledges_the_held_one_at_once() {
+    let (mut s, una) = Script::established(false);
+    for k in 0..3u32 {
+        let mut a = seg(PEER_ISN + 1 + 1000 * k, una);
+        a.len = 1000;
+        s.input(a);
+    }
+    assert_eq!(s.out()[0].ack, Some(PEER_ISN + 2001));
+    // The fourth arrives: two unacknowledged, an ACK for all.
+    let mut d = seg(PEER_ISN + 3001, una);
+    d.len = 1000;
+    s.input(d);
+    assert_eq!(s.out()[0].ack, Some(PEER_ISN + 4001));
+    for k in 4..7u32 {
+        let mut a = seg(PEER_ISN + 1 + 1000 * k, una);
+        a.len = 1000;
+        s.input(a);
+    }
+    // A reply carries the ACK of everything.
+    s.c.write(b"reply");
+    let out = s.out();
+    assert!(
+        out.iter()
+            .any(|o| o.len == 5 && o.ack == Some(PEER_ISN + 7001)),
+        "{out:?}"
+    );
 }

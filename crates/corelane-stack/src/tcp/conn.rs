@@ -138,6 +138,9 @@ pub(crate) struct Conn {
     pub(super) ack_now: bool,
     pub(super) dupacks_owed: u8,
     pub(super) unacked_segs: u32,
+    /// `RCV.NXT` when the latest second in-order segment arrived: what a pure ACK says while
+    /// an odd segment after it waits (see `ack_header`).
+    pub(super) ack_point: Option<Seq>,
     pub(super) tlp_due: bool,
     pub(super) win_probe_due: bool,
     pub(super) keep_probe_due: bool,
@@ -288,6 +291,7 @@ impl Conn {
             ack_now: false,
             dupacks_owed: 0,
             unacked_segs: 0,
+            ack_point: None,
             tlp_due: false,
             win_probe_due: false,
             keep_probe_due: false,

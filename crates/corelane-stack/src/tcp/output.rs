@@ -25,7 +25,7 @@ fn now_ns(now: Instant) -> u64 {
 impl Conn {
     /// The fields every segment after the handshake carries: the ACK, the window, the
     /// timestamps and the SACK blocks. Sending them settles any ACK owed.
-    fn header(&mut self, now: Instant) -> Out<'static> {
+    pub(super) fn header(&mut self, now: Instant) -> Out<'static> {
         let ws = self.rcv_wscale;
         let room = self.rcv_room();
         let right = self.rcv_nxt.plus(room).max(self.rcv_adv);
@@ -41,6 +41,7 @@ impl Conn {
         self.ack_now = false;
         self.ack_at = None;
         self.unacked_segs = 0;
+        self.ack_point = None;
         let mut o = Out {
             seq: self.snd_nxt,
             ack: Some(self.rcv_nxt),
@@ -441,7 +442,7 @@ impl Conn {
             let k = self.dupacks_owed.max(1);
             self.dupacks_owed = 0;
             for _ in 0..k {
-                let o = self.header(now);
+                let o = self.ack_header(now);
                 if !emit(&o) {
                     self.ack_now = true;
                     break;

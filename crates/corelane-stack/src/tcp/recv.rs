@@ -81,6 +81,9 @@ impl Conn {
                 self.unacked_segs += 1;
                 if self.unacked_segs >= 2 {
                     self.ack_now = true;
+                    if self.unacked_segs.is_multiple_of(2) {
+                        self.ack_point = Some(self.rcv_nxt);
+                    }
                 } else if self.ack_at.is_none() {
                     self.ack_at = Some(now + self.cfg.ack_delay.into());
                 }
@@ -188,5 +191,38 @@ impl Conn {
             TcpState::FinWait2 => self.enter_time_wait(now),
             _ => {}
         }
+    }
+}
+
+/// How long the odd last segment of a batch of in-order segments waits for a second one, or
+/// for data to ride on, after the ACK for those before it. Longer than a sender's tail loss
+/// probe (Linux's: two SRTT plus two ticks), as Linux's own delayed ACK (40 ms at least) is:
+/// were it acknowledged at once, a sender whose next segment was lost would have one segment
+/// out, and wait 200 ms more for its probe.
+const HELD_ACK_DELAY: Duration = Duration::from_millis(40);
+
+impl Conn {
+    /// A pure ACK. When in-order segments arrived together and an odd one came last, the ACK
+    /// says what one sent at the last second segment would have (RFC 1122's ACK for every
+    /// second segment, as a receiver that answers each segment in turn sends it), and the odd
+    /// one waits `HELD_ACK_DELAY`. Anything else to report (a hole, a duplicate, the peer's
+    /// FIN) acknowledges everything at once.
+    pub(super) fn ack_header(&mut self, now: Instant) -> super::wire::Out<'static> {
+        let held = self.ack_point.take().filter(|p| {
+            p.lt(self.rcv_nxt)
+                && !self.unacked_segs.is_multiple_of(2)
+                && self.ooo.is_empty()
+                && self.dsack.is_none()
+                && !self.fin_rcvd
+        });
+        let Some(point) = held else {
+            return self.header(now);
+        };
+        let nxt = std::mem::replace(&mut self.rcv_nxt, point);
+        let o = self.header(now);
+        self.rcv_nxt = nxt;
+        self.unacked_segs = 1;
+        self.ack_at = Some(now + HELD_ACK_DELAY);
+        o
     }
 }

@@ -189,12 +189,13 @@ impl Board {
         self.order.len()
     }
 
-    /// Enters a transmission of the segment at `start` in RACK's time order. Entries of
-    /// segments long delivered are dropped when they outnumber the board's (a connection
-    /// without SACK never runs RACK to drop them).
-    fn sent_at(&mut self, now: Instant, start: Seq) {
+    /// Enters the segment at `start`, sent at `xmit`, in RACK's time order (a transmission, or
+    /// a segment whose start moved: a partial ACK, a cut). Entries of segments long delivered
+    /// are dropped when they outnumber the board's (a connection without SACK never runs RACK
+    /// to drop them).
+    fn sent_at(&mut self, xmit: Instant, start: Seq) {
         self.sends += 1;
-        self.order.push(Reverse((now, self.sends, start.0)));
+        self.order.push(Reverse((xmit, self.sends, start.0)));
         if self.order.len() > 2 * self.segs.len() + 64 {
             self.reorder();
         }
@@ -262,7 +263,7 @@ impl Board {
                         f.start = ack;
                         let xmit = f.xmit;
                         if matches!(state, SegState::Sent | SegState::Retrans) {
-                            self.sent_at_again(xmit, ack);
+                            self.sent_at(xmit, ack);
                         }
                     }
                 }
@@ -478,7 +479,7 @@ impl Board {
         self.segs[i].fin = false;
         self.segs.insert(i + 1, TxSeg { start: at, ..s });
         if matches!(s.state, SegState::Sent | SegState::Retrans) {
-            self.sent_at_again(s.xmit, at);
+            self.sent_at(s.xmit, at);
         }
     }
 
@@ -502,13 +503,6 @@ impl Board {
             self.sent_at(now, s.start);
         }
         Some(s)
-    }
-
-    /// Enters a segment in RACK's time order at the transmit time it already had (its
-    /// start moved: a partial ACK, or a cut).
-    fn sent_at_again(&mut self, xmit: Instant, start: Seq) {
-        self.sends += 1;
-        self.order.push(Reverse((xmit, self.sends, start.0)));
     }
 }
 

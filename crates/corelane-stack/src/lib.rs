@@ -55,4 +55,6 @@ pub use tune::{BatchTuner, LevelStats, TuneConfig};
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_reply_path;
+#[cfg(test)]
 mod tests_secrets;

@@ -134,11 +134,12 @@ impl Stack {
             Sock::Tcp(c) => {
                 match dev.front_bytes().and_then(wire::parse) {
                     Some(inn) => {
-                        // Replies follow the path the peer's segments came by.
-                        if f.mac != Some(inn.src_mac) {
+                        // Replies follow the path the peer's segments came by: learnt only
+                        // from a segment that passed the sequence checks, so that a forged
+                        // or replayed one cannot turn them elsewhere.
+                        if c.input_ecn(now, &inn.seg, inn.ecn) && f.mac != Some(inn.src_mac) {
                             f.mac = Some(inn.src_mac);
                         }
-                        c.input_ecn(now, &inn.seg, inn.ecn);
                     }
                     None => self.stats.tcp_malformed += 1,
                 }
@@ -193,7 +194,7 @@ impl Stack {
             Class::Tcp { key, .. } => match (self.table.get(&key), wire::parse(frame)) {
                 (Some(i), Some(inn)) => {
                     if let Some(c) = self.slots[i as usize].flow.as_mut().and_then(|f| f.conn()) {
-                        c.input_ecn(now, &inn.seg, inn.ecn);
+                        let _ = c.input_ecn(now, &inn.seg, inn.ecn);
                     }
                     self.settle(i);
                     self.queue_egress(i);

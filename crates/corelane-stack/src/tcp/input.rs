@@ -29,12 +29,16 @@ impl Conn {
     }
 
     /// A segment for this connection arrived; `ecn`: its IP header's ECN field and its ECE
-    /// and CWR flags.
-    pub(crate) fn input_ecn(&mut self, now: Instant, seg: &TcpRepr<'_>, ecn: EcnIn) {
+    /// and CWR flags. Returns whether it passed the sequence and acknowledgment checks (only
+    /// such a segment may tell where the peer is: its hardware address).
+    pub(crate) fn input_ecn(&mut self, now: Instant, seg: &TcpRepr<'_>, ecn: EcnIn) -> bool {
         self.stats.segs_in += 1;
         match self.state {
-            TcpState::Closed | TcpState::Listen => return,
-            TcpState::SynSent => return self.input_syn_sent(now, seg, ecn),
+            TcpState::Closed | TcpState::Listen => return false,
+            TcpState::SynSent => {
+                self.input_syn_sent(now, seg, ecn);
+                return self.state == TcpState::Established;
+            }
             _ => {}
         }
         let rst = seg.control == TcpControl::Rst;
@@ -55,7 +59,7 @@ impl Conn {
                 self.ts_recent = ts.tsval;
                 self.ts_recent_at = now;
             }
-            return;
+            return true;
         }
 
         // PAWS (RFC 7323 section 5.3), one tick lenient (as Linux's `TCP_PAWS_WINDOW`): a
@@ -73,7 +77,7 @@ impl Conn {
                 self.note_duplicate(seq, end);
             }
             self.ack_out_of_window(now, len - usize::from(syn));
-            return;
+            return false;
         }
 
         // Is the segment acceptable (RFC 9293 section 3.10.7.4, first check)?
@@ -91,7 +95,7 @@ impl Conn {
         let mut ack_only = false;
         if !acceptable {
             if rst {
-                return;
+                return false;
             }
             self.stats.out_of_window += 1;
             let end = seq.plus(seg.payload.len());
@@ -105,7 +109,7 @@ impl Conn {
                 self.ack_out_of_window(now, len - usize::from(syn));
             }
             if !(wnd == 0 && seq == self.rcv_nxt) {
-                return;
+                return false;
             }
             ack_only = true;
         }
@@ -124,17 +128,17 @@ impl Conn {
             } else {
                 self.challenge(now);
             }
-            return;
+            return false;
         }
 
         // SYN in a synchronized state (RFC 5961 section 4.2).
         if syn {
             self.challenge(now);
-            return;
+            return false;
         }
 
         let Some(ack) = seg.ack_number else {
-            return;
+            return false;
         };
         let ack = Seq(ack.0 as u32);
 
@@ -165,22 +169,22 @@ impl Conn {
             } else {
                 // RFC 9293: an unacceptable ACK in SYN-RECEIVED earns a reset.
                 self.rst_due_for = Some(ack);
-                return;
+                return false;
             }
         }
 
         // The ACK field (RFC 5961 section 5.2).
         if ack.gt(self.snd_nxt) {
             self.ack_now = true;
-            return;
+            return false;
         }
         if ack.lt(self.snd_una.minus(self.max_snd_wnd.max(self.smss))) {
             self.challenge(now);
-            return;
+            return false;
         }
         self.process_ack(now, seg, seq, ack);
         if matches!(self.state, TcpState::Closed) || ack_only {
-            return;
+            return true;
         }
         self.ecn_on_ack(ecn);
         self.ecn_on_segment(ecn, !seg.payload.is_empty());
@@ -190,7 +194,7 @@ impl Conn {
                 self.ack_now = true;
                 self.enter_time_wait(now);
             }
-            return;
+            return true;
         }
 
         if !seg.payload.is_empty()
@@ -216,6 +220,7 @@ impl Conn {
             self.keep_probes = 0;
             self.keep_at = Some(now + i);
         }
+        true
     }
 
     /// SYN-SENT (RFC 9293 section 3.10.7.3).

@@ -72,6 +72,17 @@ impl Neighbors {
         true
     }
 
+    /// A datagram from `ip` arrived from `mac`: an entry that already says so is fresh again.
+    /// Nothing is created or moved (as with the kernel, only ARP and NDP say where a neighbour
+    /// is: any host on the link can write any source address on a datagram).
+    pub(super) fn confirm(&mut self, ip: IpAddress, mac: [u8; 6], now: Instant) {
+        if let Some(e) = self.known.get_mut(&ip)
+            && e.0 == mac
+        {
+            e.1 = now;
+        }
+    }
+
     /// Forgets the oldest eighth of the entries (O(n), once per `MAX / 8` new entries).
     fn make_room(&mut self) {
         let mut ages: Vec<Instant> = self.known.values().map(|(_, t)| *t).collect();
@@ -282,5 +293,28 @@ mod tests {
         let now = Instant::from_millis(total as i64);
         assert!(n.lookup(newest, now).is_some());
         assert!(n.lookup(oldest, now).is_none());
+    }
+
+    #[test]
+    fn a_datagram_confirms_a_neighbour_but_never_creates_or_moves_one() -> Result {
+        let mut n = Neighbors::default();
+        let (real, forged) = ([2, 0, 0, 0, 0, 9], [2, 0, 0, 0, 0, 0x66]);
+        let t0 = Instant::from_secs(1);
+        n.confirm(ip("10.0.0.9")?, forged, t0);
+        assert!(n.lookup(ip("10.0.0.9")?, t0).is_none(), "not created");
+        assert!(n.learn(ip("10.0.0.9")?, real, t0));
+        n.confirm(ip("10.0.0.9")?, forged, t0 + STALE);
+        assert_eq!(
+            n.lookup(ip("10.0.0.9")?, t0 + STALE),
+            Some((real, false)),
+            "not moved, nor made fresh"
+        );
+        n.confirm(ip("10.0.0.9")?, real, t0 + STALE);
+        assert_eq!(
+            n.lookup(ip("10.0.0.9")?, t0 + STALE),
+            Some((real, true)),
+            "fresh"
+        );
+        Ok(())
     }
 }

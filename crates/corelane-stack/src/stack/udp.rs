@@ -187,13 +187,14 @@ impl Stack {
     }
 
     /// Gives UDP datagram `frame` (a whole frame, its checksums verified) to socket `index`.
-    /// The sender's hardware address is learnt when it is on the link.
+    /// A known neighbour that sent it is confirmed (never learnt from it: see
+    /// `Neighbors::confirm`).
     pub(super) fn udp_deliver(&mut self, now: Instant, index: u32, frame: &[u8]) {
         let Some((peer, _local, src_mac, payload)) = parse(frame) else {
             return;
         };
         if self.addrs.iter().any(|c| c.contains_addr(&peer.addr)) {
-            self.neigh.learn(peer.addr, src_mac, now);
+            self.neigh.confirm(peer.addr, src_mac, now);
         }
         if let Some(Sock::Udp(s)) = self.slots[index as usize]
             .flow

@@ -153,9 +153,11 @@ pub(crate) fn memlock_message(bytes: u64, limit: u64) -> String {
 }
 
 /// Keeps only `keep` of the calling thread's capabilities (those it has) and drops the rest
-/// for good: effective, permitted and inheritable sets, and the ambient set. Threads started
-/// by this thread afterwards start without them. Other threads are not changed: call it
-/// before starting them.
+/// for good: effective, permitted and inheritable sets, and the ambient set; and sets the
+/// thread's no-new-privileges bit, so that no program it (or a thread it starts) executes
+/// gains privileges from a set-user-ID bit or file capabilities. Threads started by this
+/// thread afterwards start without them. Other threads are not changed: call it before
+/// starting them.
 ///
 /// A process running as user 0 regains every capability when it executes a program; a
 /// process of another user does not.
@@ -164,7 +166,8 @@ pub(crate) fn memlock_message(bytes: u64, limit: u64) -> String {
 /// The kernel refused (it does not refuse dropping).
 pub fn retain_caps(keep: &[Cap]) -> std::io::Result<()> {
     let mask = keep.iter().fold(0u64, |m, c| m | c.bit());
-    crate::sys::set_thread_caps(mask)
+    crate::sys::set_thread_caps(mask)?;
+    crate::sys::set_no_new_privs()
 }
 
 /// The calling thread's effective capabilities, by number (bit N set: capability N held).
@@ -205,6 +208,19 @@ mod tests {
         assert_eq!(child, 0, "a thread it started regained capabilities");
         assert!(refused, "the socket check passed without CAP_NET_RAW");
         assert_eq!(effective_caps(), before, "another thread lost capabilities");
+        let nnp = |status: String| status.lines().any(|l| l == "NoNewPrivs:\t1");
+        let (dropped, child) = on_thread(|| -> Result<_, String> {
+            retain_caps(&[]).map_err(|e| e.to_string())?;
+            let own =
+                std::fs::read_to_string("/proc/thread-self/status").map_err(|e| e.to_string())?;
+            let child = on_thread(|| std::fs::read_to_string("/proc/thread-self/status"))?
+                .map_err(|e| e.to_string())?;
+            Ok((own, child))
+        })??;
+        assert!(nnp(dropped), "no new privileges for the thread");
+        assert!(nnp(child), "nor for a thread it started");
+        let own = std::fs::read_to_string("/proc/thread-self/status")?;
+        assert!(!nnp(own), "another thread was left alone");
         Ok(())
     }
 

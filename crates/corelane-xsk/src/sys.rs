@@ -209,6 +209,26 @@ pub(crate) fn thread_caps() -> io::Result<(u64, u64)> {
 /// its inheritable set to nothing, and clears its ambient set: a capability dropped here
 /// cannot come back in this thread, in threads it starts later or in programs it runs (unless
 /// they are set-uid or the user is root: see the caller).
+/// Sets the calling thread's no-new-privileges bit (inherited by the threads and programs it
+/// starts): executing a set-user-ID program or one with file capabilities no longer grants
+/// them.
+pub(crate) fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_NO_NEW_PRIVS takes no pointers.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_NO_NEW_PRIVS,
+            1 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub(crate) fn set_thread_caps(keep: u64) -> io::Result<()> {
     let (_, permitted) = thread_caps()?;
     let keep = keep & permitted;

@@ -143,11 +143,31 @@ fn operate_stat_cli_and_metrics_agree_with_the_load() -> Result<(), String> {
         "no received-bytes rate while 32 MiB went through: {rates:?}\n{top}"
     );
 
+    // A client that trickles its request a byte at a time (for 6 s) does not hold the
+    // endpoint: the real scrape beside it is answered (curl gives up after 4 s).
+    let trickler = net
+        .server_ns()
+        .spawn(|| -> std::io::Result<()> {
+            let mut t = TcpStream::connect("127.0.0.1:9464")?;
+            for _ in 0..12 {
+                if t.write_all(b"G").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(200));
     // A real scrape of the metrics endpoint, on the kernel's stack in the server namespace.
     let scrape = net
         .server_ns()
-        .exec("curl", &["-sf", "http://127.0.0.1:9464/metrics"])
-        .map_err(|e| e.to_string())?;
+        .exec(
+            "curl",
+            &["-sf", "--max-time", "4", "http://127.0.0.1:9464/metrics"],
+        )
+        .map_err(|e| format!("a scrape beside a slow client: {e}"))?;
+    let _ = trickler.join();
     assert!(scrape.contains("corelane_up{"), "{scrape}");
     let total: u64 = scrape
         .lines()

@@ -6,9 +6,9 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::Error;
 
@@ -51,18 +51,35 @@ impl Drop for Metrics {
     }
 }
 
+/// Requests answered at once, each on its own thread; a connection past these is closed.
+const MAX_AT_ONCE: usize = 8;
+/// The most one request may take from accept to answer, however its client trickles.
+const DEADLINE: Duration = Duration::from_secs(2);
+
 fn accept_loop(listener: &TcpListener, path: &Path, stop: &AtomicBool) {
     // The endpoint reads a file and answers on a bound socket: it needs no capability.
     let _ = corelane_xsk::retain_caps(&[]);
-    let mut stats: Option<corelane_stat::Stats> = None;
+    let busy = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((s, _)) => {
-                if stats.is_none() {
-                    stats = corelane_stat::Stats::open(path).ok();
+                // A slow client holds one of these for at most DEADLINE, never the endpoint.
+                if busy.fetch_add(1, Ordering::SeqCst) >= MAX_AT_ONCE {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                    continue;
                 }
-                if let Err(e) = answer(s, stats.as_ref()) {
-                    tracing::debug!("metrics: {e}");
+                let (busy, path) = (busy.clone(), path.to_path_buf());
+                let spawned = std::thread::Builder::new()
+                    .name("corelane-metrics-req".into())
+                    .spawn(move || {
+                        let stats = corelane_stat::Stats::open(&path).ok();
+                        if let Err(e) = answer(s, stats.as_ref()) {
+                            tracing::debug!("metrics: {e}");
+                        }
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("metrics: a request's thread: {e}");
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -76,14 +93,21 @@ fn accept_loop(listener: &TcpListener, path: &Path, stop: &AtomicBool) {
     }
 }
 
-/// Reads one request (bounded in size and time) and answers it.
+/// Reads one request (at most 8 KiB, within `DEADLINE` in all) and answers it.
 fn answer(mut s: TcpStream, stats: Option<&corelane_stat::Stats>) -> io::Result<()> {
+    let until = Instant::now() + DEADLINE;
+    let left = || {
+        until
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, "request too slow"))
+    };
     s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(DEADLINE))?;
     let mut req = Vec::new();
     let mut buf = [0u8; 1024];
     while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+        s.set_read_timeout(Some(left()?))?;
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;

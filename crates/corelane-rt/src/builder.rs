@@ -514,26 +514,7 @@ impl Builder {
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = access.steering(&self.ifname, self.attach)?;
-        // Frames follow the MTU unless the application chose their size: a page each when a
-        // full frame (and the kernel's headroom) does not fit half of one.
-        if self.xsk.frame_size == 0 {
-            self.xsk.frame_size = if mtu + 14 + 256 > 2048 { 4096 } else { 2048 };
-        }
-        let capacity = (self.xsk.frame_size as usize).saturating_sub(256);
-        if mtu + 14 > capacity {
-            let most = handoff::SLOT_BYTES - 14;
-            let fix = if mtu <= most {
-                "use 4096-byte frames (XskConfig::frame_size)".to_string()
-            } else {
-                format!(
-                    "lower the MTU to at most {most} (frames larger than a page are not supported)"
-                )
-            };
-            return Err(Error::Config(format!(
-                "MTU {mtu} of {} does not fit a {}-byte frame; {fix}",
-                self.ifname, self.xsk.frame_size
-            )));
-        }
+        crate::access::fit_frames(&self.ifname, mtu, &mut self.xsk)?;
         for a in &self.addrs {
             steering.own_addr(a.address().into())?;
         }

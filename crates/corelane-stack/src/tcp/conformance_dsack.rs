@@ -135,7 +135,8 @@ fn paws_lets_a_segment_one_tick_behind_through() {
 }
 
 #[test]
-fn an_original_delivered_late_is_reordering_and_slows_the_reordering_timer() {
+fn an_original_delivered_late_is_reordering_and_slows_the_reordering_timer()
+-> Result<(), &'static str> {
     let (mut s, una) = Script::established(false);
     // A 100 us path (the scripted handshake took no time).
     s.c.rtt = Rtt::new(
@@ -153,7 +154,7 @@ fn an_original_delivered_late_is_reordering_and_slows_the_reordering_timer() {
     ack.sack[0] = Some((una + 1000, una + 2000));
     s.input(ack);
     assert!(!s.c.reordering);
-    let first = s.c.reo_at.expect("the reordering timer") - s.now;
+    let first = s.c.reo_at.ok_or("the reordering timer")? - s.now;
     assert!(first < REO_TIMER_FLOOR, "{first}");
     // The first arrives (it was never resent): the path reorders (RFC 8985 section 6.2).
     s.input(seg(PEER_ISN + 1, una + 2000));
@@ -163,13 +164,14 @@ fn an_original_delivered_late_is_reordering_and_slows_the_reordering_timer() {
     let mut ack = seg(PEER_ISN + 1, una + 2000);
     ack.sack[0] = Some((una + 3000, una + 4000));
     s.input(ack);
-    let later = s.c.reo_at.expect("the reordering timer") - s.now;
+    let later = s.c.reo_at.ok_or("the reordering timer")? - s.now;
     assert!(later >= REO_TIMER_FLOOR, "{later}");
     // When it fires with nothing heard, the hole is resent.
     let d = s.jump();
     assert!(d >= REO_TIMER_FLOOR);
     let out = s.out();
     assert_eq!((out[0].seq, out[0].len), (una + 2000, 1000), "{out:?}");
+    Ok(())
 }
 
 #[test]

@@ -350,7 +350,13 @@ fn runtime_stream_options_abort_and_connected_udp() {
             u.send(b"x").await.is_err(),
             "send before connect is refused"
         );
+        assert_eq!(u.local_addr().unwrap().ip().to_string(), "0.0.0.0");
         u.connect("10.77.0.2:9101").await.unwrap();
+        // Connected: the owned address its datagrams leave from, as the kernel reports it.
+        assert_eq!(
+            u.local_addr().unwrap(),
+            format!("10.77.0.3:{}", u.local_port()).parse().unwrap()
+        );
         let mut b = [0u8; 64];
         let n = tokio::time::timeout(Duration::from_secs(5), async {
             loop {

@@ -29,6 +29,8 @@ pub struct UdpSocket {
     core: Arc<Core>,
     id: FlowId,
     port: u16,
+    /// The address given to `bind` (unspecified: every owned one).
+    ip: std::net::IpAddr,
     peer: Cell<Option<SocketAddr>>,
     _not_send: NotSend,
 }
@@ -73,6 +75,7 @@ impl UdpSocket {
             core,
             id,
             port,
+            ip: sa.ip(),
             peer: Cell::new(None),
             _not_send: NotSend::default(),
         })
@@ -174,13 +177,20 @@ impl UdpSocket {
         .await
     }
 
-    /// The local address: the port on every owned address (`0.0.0.0:port`, as a socket bound
-    /// to the unspecified address reports it).
+    /// The local address, as the kernel reports a socket's: the address given to `bind`;
+    /// for one bound to the unspecified address and connected, the owned address its
+    /// datagrams to the peer leave from; otherwise the unspecified address (`0.0.0.0:port`).
     ///
     /// # Errors
     /// None today; the signature is tokio's.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(SocketAddr::from(([0, 0, 0, 0], self.port)))
+        let ip = match self.peer.get() {
+            Some(peer) if self.ip.is_unspecified() => {
+                self.core.stack().source_for(peer.ip()).unwrap_or(self.ip)
+            }
+            _ => self.ip,
+        };
+        Ok(SocketAddr::new(ip, self.port))
     }
 
     /// Broadcast sends are not supported: `false` is accepted, `true` refused.

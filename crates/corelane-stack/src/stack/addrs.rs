@@ -93,6 +93,15 @@ impl Stack {
         }
     }
 
+    /// The owned address datagrams and connections to `remote` leave from (see
+    /// `local_addr_for`).
+    ///
+    /// # Errors
+    /// No owned address of `remote`'s family.
+    pub fn source_for(&self, remote: std::net::IpAddr) -> Result<std::net::IpAddr, StackError> {
+        self.local_addr_for(remote.into()).map(Into::into)
+    }
+
     /// The owned address to send to `remote` from: one whose subnet holds `remote`, else one
     /// whose subnet holds its next hop, else the first of its family.
     ///

@@ -42,6 +42,9 @@ pub struct Builder {
     pub(crate) xdp: crate::Xdp,
     pub(crate) keep_capabilities: bool,
     pub(crate) xdp_cookies: Option<bool>,
+    /// The TCP memory cap follows the machine's memory (neither it nor a whole
+    /// `StackConfig` was given).
+    pub(crate) tcp_mem_auto: bool,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that
@@ -188,9 +191,11 @@ impl Builder {
         self
     }
 
-    /// Protocol settings: socket buffers, backlog, batch size, flow table size.
+    /// Protocol settings: socket buffers, backlog, batch size, flow table size, memory and
+    /// connection caps (taken as given: `tcp_mem_limit` no longer follows the machine).
     pub fn stack(mut self, c: StackConfig) -> Self {
         self.stack = c;
+        self.tcp_mem_auto = false;
         self
     }
 
@@ -402,6 +407,7 @@ impl Builder {
         }
         let access = Access::get(&self.ifname, self.xdp)?;
         let (mut plan, channels) = self.make_plan()?;
+        self.tcp_mem_default(plan.lanes.len());
         let publisher = self.publisher(&access, plan.lanes.len());
         let metrics = match (self.metrics, &publisher) {
             (Some(addr), Some(p)) => Some(crate::metrics::Metrics::serve(addr, p.path())?),

@@ -1,4 +1,5 @@
-//! The builder's TCP options beyond the stack configuration: ECN and the memory cap.
+//! The builder's TCP options beyond the stack configuration: ECN, the memory cap (by default
+//! a share of the machine's memory) and the connection cap.
 
 use crate::Builder;
 
@@ -23,11 +24,15 @@ impl Builder {
         self
     }
 
-    /// Caps what the TCP buffers of each core may hold, in bytes (default: no cap). Past the
-    /// cap a write takes only what fits in the buffer it has, and a writer with none waits
-    /// until memory is given back; receive windows stop growing (what a window already
-    /// promised is still taken). [`CoreStats`](crate::CoreStats)'s `stack.tcp_mem` counts the
-    /// bytes held and `stack.tcp_mem_limited` the refusals. Idle connections hold no buffer.
+    /// Caps what the TCP buffers of each core may hold, in bytes. By default a sixteenth of
+    /// the machine's memory shared by the cores (at least 64 MiB each), as the kernel gives
+    /// its TCP about a tenth. Past the cap a write takes only what fits in the buffer it has,
+    /// and a writer with none waits until memory is given back; receive windows stop growing,
+    /// and a received segment that would need more memory is dropped (the peer sends it
+    /// again), so peers that send out of order or faster than the application reads cannot
+    /// pass the cap. [`CoreStats`](crate::CoreStats)'s `stack.tcp_mem` counts the bytes held,
+    /// `stack.tcp_mem_limited` the refusals and `stack.tcp_mem_dropped` the dropped segments.
+    /// Idle connections hold no buffer.
     ///
     /// ```no_run
     /// let rt = corelane_rt::Runtime::builder("veth0")
@@ -38,6 +43,50 @@ impl Builder {
     /// ```
     pub fn tcp_memory_limit(mut self, bytes: usize) -> Self {
         self.stack.tcp_mem_limit = Some(bytes);
+        self.tcp_mem_auto = false;
         self
+    }
+
+    /// Most TCP connections each core holds at once (default 262,144), in any state. Past it
+    /// a SYN is dropped and `connect` fails; `stack.tcp_conn_limited` counts both.
+    pub fn max_connections(mut self, per_core: usize) -> Self {
+        self.stack.max_tcp = per_core;
+        self
+    }
+
+    /// The default memory cap for `cores` cores, unless one was given.
+    pub(crate) fn tcp_mem_default(&mut self, cores: usize) {
+        if self.tcp_mem_auto {
+            self.stack.tcp_mem_limit = Some(machine_share(memory_total(), cores));
+        }
+    }
+}
+
+/// The machine's memory in bytes (`MemTotal`), or 4 GiB when it cannot be read.
+fn memory_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            kib.checked_mul(1024)
+        })
+        .unwrap_or(4 << 30)
+}
+
+/// Each of `cores` cores' share of a sixteenth of `total` bytes, at least 64 MiB.
+fn machine_share(total: u64, cores: usize) -> usize {
+    let share = total / 16 / cores.max(1) as u64;
+    usize::try_from(share).unwrap_or(usize::MAX).max(64 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_default_cap_is_a_sixteenth_of_memory_shared_by_the_cores_with_a_floor() {
+        assert_eq!(super::machine_share(24 << 30, 2), 768 << 20);
+        assert_eq!(super::machine_share(24 << 30, 1), 1536 << 20);
+        assert_eq!(super::machine_share(1 << 30, 4), 64 << 20);
+        assert!(super::memory_total() > 64 << 20);
     }
 }

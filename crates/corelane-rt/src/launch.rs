@@ -107,6 +107,7 @@ impl Runtime {
             xdp: crate::Xdp::Auto,
             keep_capabilities: false,
             xdp_cookies: None,
+            tcp_mem_auto: true,
         }
     }
 

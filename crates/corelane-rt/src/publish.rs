@@ -90,6 +90,8 @@ pub(crate) const NAMES: &[&str] = &[
     "xdp_unreachables_limited",
     "tcp_mem_bytes",
     "tcp_mem_limited",
+    "tcp_mem_dropped",
+    "tcp_conn_limited",
 ];
 
 fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<u64> {
@@ -173,6 +175,8 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         x.unreachables_limited,
         s.tcp_mem,
         s.tcp_mem_limited,
+        s.tcp_mem_dropped,
+        s.tcp_conn_limited,
     ]
 }
 

@@ -8,6 +8,11 @@ pub const EPHEMERAL_START: u16 = 49152;
 /// Most addresses a stack owns (the XDP program's address maps hold as many).
 pub const MAX_ADDRS: usize = 64;
 
+/// The default cap on what one stack's TCP buffers hold (see
+/// [`StackConfig::tcp_mem_limit`]): 1 GiB. The runtime sets its own default from the machine's
+/// memory.
+pub const DEFAULT_TCP_MEM_LIMIT: usize = 1 << 30;
+
 /// Sizes and limits of a [`Stack`](crate::Stack).
 #[derive(Debug, Clone, Copy)]
 pub struct StackConfig {
@@ -19,12 +24,22 @@ pub struct StackConfig {
     /// A connection's buffer may hold two congestion windows (at least 64 KiB) up to this, so
     /// it follows the path's bandwidth-delay product.
     pub tcp_tx_buffer: usize,
-    /// Most bytes the TCP buffers of this stack (one core) may hold, or None for no cap. Past
-    /// it a write takes only what fits in the buffer it has (a writer with none waits until
-    /// memory is given back) and receive windows stop growing; what a window already
-    /// promised is still taken. [`StackStats::tcp_mem`](crate::StackStats::tcp_mem) counts
-    /// the bytes held, `tcp_mem_limited` the refusals.
+    /// Most bytes the TCP buffers of this stack (one core) may hold, or None for no cap
+    /// (default [`DEFAULT_TCP_MEM_LIMIT`]). Past it a write takes only what fits in the
+    /// buffer it has (a writer with none waits until memory is given back), receive windows
+    /// stop growing, and a received segment that would need more memory is dropped (its
+    /// sender retransmits it; a window is a promise of room, not a reservation, so peers
+    /// that send out of order or faster than the application reads cannot pass the cap).
+    /// [`StackStats::tcp_mem`](crate::StackStats::tcp_mem) counts the bytes held,
+    /// `tcp_mem_limited` the refusals, `tcp_mem_dropped` the segments dropped.
     pub tcp_mem_limit: Option<usize>,
+    /// Most TCP connections this stack (one core) holds at once, in any state (TIME-WAIT
+    /// included). Past it a SYN (or a SYN cookie's ACK) is dropped and `connect` fails with
+    /// [`StackError::TooManyConnections`]; [`StackStats::tcp_conn_limited`](crate::StackStats)
+    /// counts both. Bounds what a peer that opens connections and sends nothing can make the
+    /// core hold (each costs about [`Stack::conn_size`](crate::Stack::conn_size) bytes
+    /// without its buffers).
+    pub max_tcp: usize,
     /// Default most connections per listener that are half-open or waiting to be accepted.
     pub backlog: usize,
     /// Datagrams buffered per UDP socket, each way.
@@ -55,7 +70,8 @@ impl Default for StackConfig {
         StackConfig {
             tcp_rx_buffer: 6 << 20,
             tcp_tx_buffer: 4 << 20,
-            tcp_mem_limit: None,
+            tcp_mem_limit: Some(DEFAULT_TCP_MEM_LIMIT),
+            max_tcp: 262_144,
             backlog: 256,
             udp_packets: 256,
             udp_bytes: 256 * 1024,
@@ -106,6 +122,16 @@ pub enum StackError {
          (Builder::gateway) or a route (Builder::route), or let the runtime read the kernel's"
     )]
     NoRoute(std::net::IpAddr),
+    /// The core holds as many TCP connections as `StackConfig::max_tcp` allows.
+    #[error(
+        "core {core} holds {max} TCP connections, its limit (StackConfig::max_tcp): close some first"
+    )]
+    TooManyConnections {
+        /// This core.
+        core: usize,
+        /// The limit.
+        max: usize,
+    },
     /// smoltcp refused an operation.
     #[error("{0}")]
     Refused(String),
@@ -119,6 +145,7 @@ impl From<StackError> for io::Error {
             StackError::NoRoute(_) => io::ErrorKind::NetworkUnreachable,
             StackError::NotOwned(_) => io::ErrorKind::AddrNotAvailable,
             StackError::Refused(_) => io::ErrorKind::InvalidInput,
+            StackError::TooManyConnections { .. } => io::ErrorKind::QuotaExceeded,
         };
         io::Error::new(kind, e)
     }

@@ -39,7 +39,7 @@ pub mod tune;
 pub mod udp;
 
 pub use classify::{Class, FlowKey};
-pub use config::{EPHEMERAL_START, MAX_ADDRS, StackConfig, StackError};
+pub use config::{DEFAULT_TCP_MEM_LIMIT, EPHEMERAL_START, MAX_ADDRS, StackConfig, StackError};
 pub use corelane_frame::Proto;
 pub use device::{DeviceStats, RxToken, TxToken, XdpDevice};
 pub use flows::FlowTable;
@@ -54,6 +54,8 @@ pub use tune::{BatchTuner, LevelStats, TuneConfig};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_memory_attack;
 #[cfg(test)]
 mod tests_reply_path;
 #[cfg(test)]

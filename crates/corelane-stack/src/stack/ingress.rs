@@ -65,7 +65,10 @@ impl Stack {
                     .filter(|l| l.addr.is_none_or(|a| a == key.local.addr));
                 match listener {
                     Some(l) if syn => {
-                        if l.ready.len() >= l.backlog {
+                        if self.tcp_conns >= self.cfg.max_tcp {
+                            self.stats.tcp_conn_limited += 1;
+                            Route::Drop
+                        } else if l.ready.len() >= l.backlog {
                             self.stats.syn_dropped += 1;
                             Route::Drop
                         } else if l.half_open + l.ready.len() < l.backlog {
@@ -264,6 +267,10 @@ impl Stack {
         };
         if full {
             self.stats.accept_queue_full += 1;
+            return Cookie::Full;
+        }
+        if self.tcp_conns >= self.cfg.max_tcp {
+            self.stats.tcp_conn_limited += 1;
             return Cookie::Full;
         }
         let sizes = self.sizes(inn.remote.addr);

@@ -126,6 +126,12 @@ pub struct StackStats {
     pub tcp_mem: u64,
     /// Times a TCP buffer was refused room by `StackConfig::tcp_mem_limit`.
     pub tcp_mem_limited: u64,
+    /// TCP segments received and dropped because holding them would have passed
+    /// `StackConfig::tcp_mem_limit` (their senders retransmit them).
+    pub tcp_mem_dropped: u64,
+    /// Connections refused (a SYN or a cookie's ACK dropped, a `connect` failed) because the
+    /// core held `StackConfig::max_tcp` of them.
+    pub tcp_conn_limited: u64,
     /// Fragment reassembly and fragmenting.
     pub frag: FragStats,
 }
@@ -218,6 +224,8 @@ pub struct Stack {
     /// What the TCP buffers hold, under `cfg.tcp_mem_limit`; flows whose writer waits for it.
     mem: std::sync::Arc<crate::tcp::MemBudget>,
     mem_waiters: Vec<u32>,
+    /// TCP connections held (flows with a `Sock::Tcp`), under `cfg.max_tcp`.
+    tcp_conns: usize,
     egress: Vec<u32>,
     egress_spare: Vec<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
@@ -302,6 +310,7 @@ impl Stack {
             cookie_ports: Vec::new(),
             mem: crate::tcp::MemBudget::new(cfg.tcp_mem_limit),
             mem_waiters: Vec::new(),
+            tcp_conns: 0,
             egress: Vec::with_capacity(cfg.batch * 2),
             egress_spare: Vec::with_capacity(cfg.batch * 2),
             timers: BinaryHeap::with_capacity(cfg.flows),
@@ -323,6 +332,13 @@ impl Stack {
         self.slots.len() - self.free_slots.len()
     }
 
+    /// Bytes one TCP connection's state takes, without its buffers (which are allocated as
+    /// data arrives or is written, and given back when empty): what `StackConfig::max_tcp`
+    /// connections cost at least.
+    pub fn conn_size() -> usize {
+        std::mem::size_of::<Conn>() + std::mem::size_of::<Slot>()
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> StackStats {
         let mut tcp = self.tcp_done;
@@ -342,6 +358,7 @@ impl Stack {
             frag: self.frag.stats(),
             tcp_mem: self.mem.used() as u64,
             tcp_mem_limited: self.mem.limited(),
+            tcp_mem_dropped: self.mem.dropped(),
             ..self.stats
         }
     }
@@ -365,6 +382,7 @@ impl Stack {
 
     fn insert_tcp(&mut self, mut conn: Conn, setup: impl FnOnce(&mut Flow)) -> u32 {
         conn.set_mem(&self.mem);
+        self.tcp_conns += 1;
         let port = conn.local().port;
         self.insert(Sock::Tcp(Box::new(conn)), Proto::Tcp, port, setup)
     }
@@ -413,7 +431,10 @@ impl Stack {
         };
         slot.generation = slot.generation.wrapping_add(1);
         match &flow.sock {
-            Sock::Tcp(c) => self.tcp_done += c.stats,
+            Sock::Tcp(c) => {
+                self.tcp_done += c.stats;
+                self.tcp_conns -= 1;
+            }
             Sock::Udp(u) => self.udp_done += u.stats,
         }
         if let Some(key) = flow.key

@@ -108,14 +108,22 @@ impl Stack {
     /// flow and its local port (which the caller must steer to this interface).
     ///
     /// # Errors
-    /// No owned address of the remote's family, no route to it, no free port, or a remote
-    /// that cannot be connected to (port 0, an unspecified or multicast address).
+    /// No owned address of the remote's family, no route to it, no free port, a remote that
+    /// cannot be connected to (port 0, an unspecified or multicast address), or as many
+    /// connections as `StackConfig::max_tcp` already held.
     pub fn connect_tcp(&mut self, remote: SocketAddr) -> Result<(FlowId, u16), StackError> {
         let now = self.clock;
         if remote.port() == 0 || remote.ip().is_unspecified() || remote.ip().is_multicast() {
             return Err(StackError::Refused(format!(
                 "cannot connect to {remote}: not a unicast address and port"
             )));
+        }
+        if self.tcp_conns >= self.cfg.max_tcp {
+            self.stats.tcp_conn_limited += 1;
+            return Err(StackError::TooManyConnections {
+                core: self.cfg.core,
+                max: self.cfg.max_tcp,
+            });
         }
         let remote = IpEndpoint::from(remote);
         let local_addr = self.local_addr_for(remote.addr)?;

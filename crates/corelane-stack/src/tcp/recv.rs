@@ -70,6 +70,14 @@ impl Conn {
             return;
         }
         let at = self.rcv.len() + off;
+        // Past the stack's memory cap a segment that needs the ring to grow is dropped, in
+        // order or not (the peer sends it again once the application has read and memory is
+        // given back): what a window promised is not a reservation, so many connections
+        // holding data out of order, or unread, cannot take more than the cap.
+        if !self.rcv.may_hold(at + n, self.rcv_cap) {
+            self.ack_now = true;
+            return;
+        }
         self.rcv.reserve_total(at + n, self.rcv_cap);
         self.rcv.write_at(at, &data[..n]);
         if off == 0 {

@@ -55,6 +55,7 @@ pub(crate) struct MemBudget {
     used: AtomicUsize,
     cap: usize,
     limited: AtomicU64,
+    dropped: AtomicU64,
 }
 
 impl MemBudget {
@@ -64,6 +65,7 @@ impl MemBudget {
             used: AtomicUsize::new(0),
             cap: cap.unwrap_or(usize::MAX),
             limited: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
         })
     }
 
@@ -75,6 +77,11 @@ impl MemBudget {
     /// Times a ring was refused room because of the cap.
     pub(crate) fn limited(&self) -> u64 {
         self.limited.load(Ordering::Relaxed)
+    }
+
+    /// Segments received and dropped because holding them would have passed the cap.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// True when `more` bytes would not fit under the cap.
@@ -172,6 +179,21 @@ impl Ring {
     /// True when its budget has no room left at all.
     pub(crate) fn budget_exhausted(&self) -> bool {
         self.mem.as_ref().is_some_and(|m| m.room() == 0)
+    }
+
+    /// True when the ring can hold `cap` bytes in all (under `limit`, as
+    /// [`Ring::reserve_total`] would grow it) without passing its budget's cap. A refusal is
+    /// counted as a dropped segment: the receive side asks this before placing one.
+    pub(crate) fn may_hold(&self, cap: usize, limit: usize) -> bool {
+        let old = self.buf.len();
+        let want = self.grown(cap, limit);
+        match &self.mem {
+            Some(m) if want > old && m.over(want - old) => {
+                m.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            _ => true,
+        }
     }
 
     /// The most the ring may hold in all when asked for `cap` bytes under `limit` (what

@@ -1,11 +1,17 @@
 //! IP fragments: reassembly of IPv4 and IPv6 datagrams (RFC 791, RFC 8200 section 4.5) with
 //! bounded memory, and the fragmenting of datagrams larger than the link's MTU.
 //!
-//! Reassembly keeps at most [`FragLimits::max_datagrams`] datagrams and
-//! [`FragLimits::max_bytes`] bytes in progress; past either, the oldest in progress is dropped
-//! to make room (so a flood of fragments that never complete cannot starve the datagrams
-//! that do). A datagram not complete within [`FragLimits::timeout`] is dropped. Overlapping
-//! fragments drop their datagram (RFC 5722). Every drop is counted by cause.
+//! Reassembly charges each datagram in progress for what it really holds (the bytes of its
+//! fragments and a fixed cost per fragment and per datagram, never the offset a fragment
+//! claims), keeps at most [`FragLimits::max_datagrams`] datagrams and
+//! [`FragLimits::max_bytes`] bytes, and takes at most [`FragLimits::max_pieces`] fragments per
+//! datagram. Past a limit the datagram that received a fragment least recently is dropped: a
+//! datagram whose fragments are arriving is the most recently used, so a flood of fragments
+//! that never complete (high offsets, 8-byte pieces, spoofed sources) evicts its own kind,
+//! not a datagram in progress. A datagram not complete within [`FragLimits::timeout`] of its
+//! first fragment is dropped. Overlapping fragments drop their datagram (RFC 5722). The work
+//! per fragment is bounded by `max_pieces`, whatever the table holds. Every drop is counted
+//! by cause.
 //!
 //! ```
 //! use corelane_stack::frag::{fragment, FragLimits, Reassembler};
@@ -31,10 +37,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::HashMap;
-
-use crate::keyed::KeyedState;
-use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::IpAddress;
 
 use crate::tcp::wire::inet_checksum;
@@ -46,6 +48,9 @@ pub struct FragLimits {
     pub max_bytes: usize,
     /// Datagrams in progress, at most.
     pub max_datagrams: usize,
+    /// Fragments per datagram, at most (a 65,535-byte datagram cut for a 576-byte link takes
+    /// 120); a datagram sent in more pieces is dropped.
+    pub max_pieces: usize,
     /// A datagram not complete this long after its first fragment is dropped.
     pub timeout: std::time::Duration,
 }
@@ -54,7 +59,8 @@ impl Default for FragLimits {
     fn default() -> Self {
         FragLimits {
             max_bytes: 4 << 20,
-            max_datagrams: 256,
+            max_datagrams: 1024,
+            max_pieces: 128,
             timeout: std::time::Duration::from_secs(30),
         }
     }
@@ -69,8 +75,11 @@ pub struct FragStats {
     pub reassembled: u64,
     /// Datagrams dropped because they were not complete in time.
     pub timeouts: u64,
-    /// Datagrams dropped to keep within the byte or datagram limit.
+    /// Datagrams dropped to keep within the byte or datagram limit (the least recently
+    /// used first).
     pub evicted: u64,
+    /// Datagrams dropped for coming in more than `FragLimits::max_pieces` fragments.
+    pub too_many_pieces: u64,
     /// Datagrams dropped because fragments overlapped or disagreed on the end.
     pub overlaps: u64,
     /// Fragments dropped as malformed (a bad length, past 65535 bytes, a bad header).
@@ -87,25 +96,6 @@ struct Key {
     id: u32,
 }
 
-#[derive(Debug)]
-struct Pending {
-    /// The payload as far as received (holes are zero).
-    data: Vec<u8>,
-    /// Byte ranges received, sorted, not overlapping.
-    have: Vec<(usize, usize)>,
-    /// The payload's length, once the last fragment came.
-    total: Option<usize>,
-    /// The Ethernet and IP header of the first fragment (offset 0), once it came.
-    head: Option<Vec<u8>>,
-    started: Instant,
-}
-
-impl Pending {
-    fn bytes(&self) -> usize {
-        self.data.capacity() + self.head.as_ref().map_or(0, Vec::capacity)
-    }
-}
-
 /// One fragment, parsed.
 struct Piece<'a> {
     key: Key,
@@ -117,233 +107,8 @@ struct Piece<'a> {
     v6: bool,
 }
 
-/// Puts fragmented datagrams back together.
-#[derive(Debug)]
-pub struct Reassembler {
-    limits: FragLimits,
-    pending: HashMap<Key, Pending, KeyedState>,
-    bytes: usize,
-    stats: FragStats,
-}
-
-impl Reassembler {
-    /// An empty reassembler with `limits`, its table keyed by a fresh key from the OS.
-    pub fn new(limits: FragLimits) -> Self {
-        Reassembler::keyed(limits, KeyedState::random())
-    }
-
-    /// An empty reassembler with `limits` whose table of datagrams in progress (indexed by
-    /// what the senders choose: addresses and identification) hashes under `key`.
-    pub fn keyed(limits: FragLimits, key: KeyedState) -> Self {
-        Reassembler {
-            limits,
-            pending: HashMap::with_hasher(key),
-            bytes: 0,
-            stats: FragStats::default(),
-        }
-    }
-
-    /// The counters.
-    pub fn stats(&self) -> FragStats {
-        self.stats
-    }
-
-    /// Counts a datagram this side sent as fragments.
-    pub(crate) fn count_fragmented(&mut self) {
-        self.stats.fragmented += 1;
-    }
-
-    /// Bytes held by datagrams in progress.
-    pub fn bytes_held(&self) -> usize {
-        self.bytes
-    }
-
-    /// Datagrams in progress.
-    pub fn in_progress(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// True when `frame` is an IPv4 or IPv6 fragment.
-    pub fn is_fragment(frame: &[u8]) -> bool {
-        match frame.get(12..14) {
-            Some([0x08, 0x00]) => frame
-                .get(20..22)
-                .is_some_and(|f| u16::from_be_bytes([f[0], f[1]]) & 0x3fff != 0),
-            Some([0x86, 0xdd]) => frame.get(20) == Some(&44),
-            _ => false,
-        }
-    }
-
-    /// Takes one fragment (a whole Ethernet frame). Returns the whole datagram's frame
-    /// (Ethernet, then the IP header without fragmentation, then the payload) when this was
-    /// the last piece missing.
-    pub fn push(&mut self, frame: &[u8], now: Instant) -> Option<Vec<u8>> {
-        self.stats.fragments += 1;
-        self.expire(now);
-        let Some(p) = parse(frame) else {
-            self.stats.malformed += 1;
-            return None;
-        };
-        let end = p.offset + p.data.len();
-        if end > 65535 || (p.more && p.data.len() % 8 != 0) || (p.more && p.data.is_empty()) {
-            self.stats.malformed += 1;
-            return None;
-        }
-        if !self.pending.contains_key(&p.key) {
-            while self.pending.len() >= self.limits.max_datagrams.max(1) {
-                self.evict_oldest();
-            }
-            self.pending.insert(
-                p.key,
-                Pending {
-                    data: Vec::new(),
-                    have: Vec::new(),
-                    total: None,
-                    head: None,
-                    started: now,
-                },
-            );
-        }
-        let d = self.pending.get_mut(&p.key)?;
-        let before = d.bytes();
-        let verdict = add(d, &p, end);
-        let after = d.bytes();
-        self.bytes = self.bytes + after - before;
-        match verdict {
-            Added::Bad => {
-                self.drop_key(p.key);
-                self.stats.overlaps += 1;
-                return None;
-            }
-            Added::Duplicate | Added::Partial => {}
-            Added::Complete => {
-                let d = self.pending.remove(&p.key)?;
-                self.bytes -= d.bytes();
-                self.stats.reassembled += 1;
-                return Some(rebuild(d, p.v6, p.key.proto));
-            }
-        }
-        while self.bytes > self.limits.max_bytes && !self.pending.is_empty() {
-            self.evict_oldest();
-        }
-        None
-    }
-
-    /// Drops what is older than the timeout.
-    pub fn expire(&mut self, now: Instant) {
-        let timeout: Duration = self.limits.timeout.into();
-        let mut freed = 0;
-        let mut n = 0;
-        self.pending.retain(|_, d| {
-            let keep = now - d.started < timeout;
-            if !keep {
-                freed += d.bytes();
-                n += 1;
-            }
-            keep
-        });
-        self.bytes -= freed;
-        self.stats.timeouts += n;
-    }
-
-    fn evict_oldest(&mut self) {
-        if let Some(k) = self
-            .pending
-            .iter()
-            .min_by_key(|(_, d)| d.started)
-            .map(|(k, _)| *k)
-        {
-            self.drop_key(k);
-            self.stats.evicted += 1;
-        }
-    }
-
-    fn drop_key(&mut self, k: Key) {
-        if let Some(d) = self.pending.remove(&k) {
-            self.bytes -= d.bytes();
-        }
-    }
-}
-
-enum Added {
-    Partial,
-    Duplicate,
-    Complete,
-    Bad,
-}
-
-fn add(d: &mut Pending, p: &Piece<'_>, end: usize) -> Added {
-    if !p.more {
-        match d.total {
-            Some(t) if t != end => return Added::Bad,
-            _ => d.total = Some(end),
-        }
-    }
-    if d.total.is_some_and(|t| end > t) {
-        return Added::Bad;
-    }
-    if p.data.is_empty() {
-        return Added::Partial;
-    }
-    // Where the new range goes among those received; an exact repeat is harmless, any other
-    // overlap drops the datagram (RFC 5722).
-    let i = d.have.partition_point(|&(s, _)| s < p.offset);
-    if d.have.get(i) == Some(&(p.offset, end)) {
-        return Added::Duplicate;
-    }
-    let overlaps_prev = i > 0 && d.have[i - 1].1 > p.offset;
-    let overlaps_next = d.have.get(i).is_some_and(|&(s, _)| s < end);
-    if overlaps_prev || overlaps_next {
-        return Added::Bad;
-    }
-    d.have.insert(i, (p.offset, end));
-    if d.data.len() < end {
-        d.data.resize(end, 0);
-    }
-    d.data[p.offset..end].copy_from_slice(p.data);
-    if p.offset == 0 {
-        d.head = Some(p.head.to_vec());
-    }
-    // Complete when the ranges cover 0..total without a gap.
-    let Some(total) = d.total else {
-        return Added::Partial;
-    };
-    let mut at = 0;
-    for &(s, e) in &d.have {
-        if s != at {
-            return Added::Partial;
-        }
-        at = e;
-    }
-    if at == total && d.head.is_some() {
-        Added::Complete
-    } else {
-        Added::Partial
-    }
-}
-
-/// The whole datagram's frame from its pieces.
-fn rebuild(d: Pending, v6: bool, proto: u8) -> Vec<u8> {
-    let head = d.head.unwrap_or_default();
-    let mut out = Vec::with_capacity(head.len() + d.data.len());
-    out.extend_from_slice(&head);
-    out.extend_from_slice(&d.data);
-    if v6 {
-        // The fixed header now says what follows it and how long the payload is.
-        let len = d.data.len() as u16;
-        out[14 + 4..14 + 6].copy_from_slice(&len.to_be_bytes());
-        out[14 + 6] = proto;
-    } else {
-        let ihl = head.len() - 14;
-        let total = (ihl + d.data.len()) as u16;
-        out[16..18].copy_from_slice(&total.to_be_bytes());
-        out[20..22].copy_from_slice(&[0, 0]);
-        out[24..26].copy_from_slice(&[0, 0]);
-        let c = inet_checksum(&out[14..14 + ihl]);
-        out[24..26].copy_from_slice(&c.to_ne_bytes());
-    }
-    out
-}
+mod reassemble;
+pub use reassemble::Reassembler;
 
 fn parse(frame: &[u8]) -> Option<Piece<'_>> {
     let ip = frame.get(14..)?;

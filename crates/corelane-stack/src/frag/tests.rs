@@ -1,4 +1,5 @@
 use super::*;
+use smoltcp::time::Instant;
 
 const A: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const B: [u8; 6] = [2, 0, 0, 0, 0, 2];
@@ -88,12 +89,13 @@ fn a_flood_of_incomplete_datagrams_stays_within_the_limits_and_times_out() {
     let limits = FragLimits {
         max_bytes: 1 << 20,
         max_datagrams: 64,
+        max_pieces: 128,
         timeout: std::time::Duration::from_secs(30),
     };
     let mut r = Reassembler::new(limits);
     let data = payload(60_000);
     for id in 0..2000u32 {
-        // Only the last fragment of each: the whole payload's length is reserved at once.
+        // Only the last fragment of each: never complete.
         let frames = fragment(B, A, ip("10.0.0.2"), ip("10.0.0.1"), 17, id, &data, 1500);
         let last = frames.last().expect("frames");
         assert!(r.push(last, Instant::from_millis(i64::from(id))).is_none());
@@ -150,4 +152,85 @@ fn malformed_and_truncated_fragments_are_counted_not_trusted() {
     let before = r.stats().malformed;
     assert!(r.push(&far, Instant::ZERO).is_none());
     assert_eq!(r.stats().malformed, before + 1);
+}
+
+/// An IPv4 fragment of datagram `id` from `src`: `len` bytes at `offset`, more to come.
+fn piece(src: &str, id: u32, offset: usize, len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + len];
+    f[..6].copy_from_slice(&A);
+    f[6..12].copy_from_slice(&B);
+    let frag = Some(Frag {
+        offset,
+        more: true,
+        id,
+    });
+    write_ip_header(&mut f, ip(src), ip("10.0.0.1"), 17, len, id as u16, frag);
+    f
+}
+
+#[test]
+fn a_fragment_is_charged_for_what_it_holds_not_for_its_offset() {
+    let mut r = Reassembler::new(FragLimits::default());
+    assert!(
+        r.push(&piece("10.0.0.2", 1, 65000, 8), Instant::ZERO)
+            .is_none()
+    );
+    assert_eq!(r.in_progress(), 1);
+    assert!(
+        r.bytes_held() < 512,
+        "one 8-byte fragment at offset 65000 is charged {} bytes",
+        r.bytes_held()
+    );
+}
+
+#[test]
+fn a_flood_of_tiny_high_offset_fragments_does_not_evict_a_datagram_in_progress() {
+    let limits = FragLimits::default();
+    let mut r = Reassembler::new(limits);
+    let good = fragment(
+        B,
+        A,
+        ip("10.0.0.3"),
+        ip("10.0.0.1"),
+        17,
+        7,
+        &payload(60_000),
+        1500,
+    );
+    // 200,000 flood fragments from 256 spoofed sources, each a new datagram that never
+    // completes; the good datagram's 41 fragments come in among them, one per 500.
+    let (mut whole, mut next, mut most) = (None, 0, 0);
+    for n in 0..200_000u32 {
+        let src = format!("10.1.0.{}", n % 256);
+        let f = piece(&src, n, 64_000 - 8 * (n as usize % 64), 8);
+        let now = Instant::from_micros(i64::from(n));
+        assert!(r.push(&f, now).is_none());
+        most = most.max(r.bytes_held());
+        assert!(r.in_progress() <= limits.max_datagrams);
+        if n % 500 == 0 && next < good.len() {
+            whole = r.push(&good[next], now).or(whole);
+            next += 1;
+        }
+    }
+    assert_eq!(next, good.len());
+    assert!(
+        whole.is_some(),
+        "the datagram in progress was dropped: {:?}",
+        r.stats()
+    );
+    assert!(most <= limits.max_bytes, "held {most} bytes");
+    assert!(r.stats().evicted > 190_000, "{:?}", r.stats());
+}
+
+#[test]
+fn a_datagram_in_too_many_pieces_is_dropped_and_each_piece_costs_bounded_work() {
+    let limits = FragLimits::default();
+    let mut r = Reassembler::new(limits);
+    // 8,000 8-byte pieces of one datagram, every other slot (no overlap, never complete).
+    for k in 0..8_000usize {
+        let _ = r.push(&piece("10.0.0.2", 9, 16 * k % 64_000, 8), Instant::ZERO);
+        assert!(r.in_progress() <= 1);
+        assert!(r.bytes_held() <= 256 + 64 + limits.max_pieces * (64 + 8));
+    }
+    assert!(r.stats().too_many_pieces > 0, "{:?}", r.stats());
 }

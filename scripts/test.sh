@@ -12,5 +12,10 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 # CORELANE_STRICT=1: a frame any runtime builds over its MTU panics (a bug) instead of being
 # counted and dropped.
 CORELANE_STRICT=1 cargo test --locked --release --workspace
+# The protocol crate again with debug assertions and overflow checks on (Cargo.toml's `checked`
+# profile): the asserts in tcp/ring.rs and tcp/wire.rs and every subtraction on sequence
+# space and the scoreboard are checked under the conformance scripts and the simulation's
+# seeds (about half a minute).
+cargo test --locked --profile checked -p corelane-stack
 # README's build-dependency list, checked in a minimal Debian root that has nothing else.
 bash scripts/clean-build-check.sh

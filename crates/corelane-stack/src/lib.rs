@@ -28,6 +28,7 @@ mod device;
 pub mod flows;
 pub mod frag;
 pub mod frames;
+pub mod fuzzing;
 pub mod keyed;
 mod node;
 mod pipeline;

@@ -540,7 +540,14 @@ impl Conn {
             self.error = error;
         }
         self.state = TcpState::Closed;
+        // What arrived and the application has not read stays readable (as after a kernel
+        // socket's LAST-ACK or reset), until it is read or the connection released.
+        let unread = std::mem::take(&mut self.rcv);
         self.free_buffers();
+        self.rcv = unread;
+        if self.rcv.is_empty() {
+            self.rcv.free();
+        }
         self.clear_timers();
         self.wake_rx();
         self.wake_tx();
@@ -583,7 +590,16 @@ impl Conn {
     /// The sequence number of the first byte in the send ring: `SND.UNA`, or the byte after
     /// the SYN while the SYN is unacknowledged.
     pub(super) fn data_base(&self) -> Seq {
-        self.snd_una.max(self.iss.plus(1))
+        // Not `max(SND.UNA, ISS + 1)`: sequence order is modular, and 2 GiB into a transfer
+        // SND.UNA compares before ISS + 1 again (which once made every byte past 2 GiB come
+        // from the wrong place in the ring).
+        if self.snd_una == self.iss
+            && matches!(self.state, TcpState::SynSent | TcpState::SynReceived)
+        {
+            self.iss.plus(1)
+        } else {
+            self.snd_una
+        }
     }
 
     /// Data queued and never sent.

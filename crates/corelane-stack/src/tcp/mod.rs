@@ -39,6 +39,8 @@ mod conformance_recovery;
 mod conformance_timeouts;
 #[cfg(test)]
 mod conformance_window;
+#[cfg(test)]
+mod conformance_wrap;
 mod conn;
 mod ecn;
 #[cfg(test)]

@@ -12,7 +12,16 @@ impl Conn {
     /// TIME-WAIT: short when PAWS guards against old duplicates; no buffers kept.
     pub(super) fn enter_time_wait(&mut self, now: Instant) {
         self.state = TcpState::TimeWait;
+        // Everything sent was acknowledged and nothing more arrives, but what arrived and the
+        // application has not read yet is still its to read (a half-closed connection enters
+        // TIME-WAIT while its reader may be behind): the receive ring goes when it is read
+        // empty or the connection is released.
+        let unread = std::mem::take(&mut self.rcv);
         self.free_buffers();
+        self.rcv = unread;
+        if self.rcv.is_empty() {
+            self.rcv.free();
+        }
         self.rto_at = None;
         self.tlp_at = None;
         self.reo_at = None;

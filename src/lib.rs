@@ -87,7 +87,7 @@ pub use corelane_xsk::{
 /// out as `tokio::net`: the sockets here, the halves of a split stream in [`net::tcp`].
 pub mod net {
     pub use corelane_rt::net::{
-        OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream, ToSocketAddr, UdpSocket,
+        OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpSocket, TcpStream, ToSocketAddr, UdpSocket,
     };
 
     /// The halves of a [`TcpStream`], as `tokio::net::tcp` has them.

@@ -252,6 +252,28 @@ pub(crate) fn refragment(frame: &[u8], mtu: usize, id: u32) -> Vec<Vec<u8>> {
     }
 }
 
+/// Sets the TTL (IPv4, the header checksum made right again) or hop limit (IPv6) of the IP
+/// packet in Ethernet frame `buf`; nothing for anything else or a default TTL.
+pub(crate) fn set_ttl(buf: &mut [u8], ttl: u8) {
+    if ttl == 64 {
+        return;
+    }
+    match buf.get(12..14) {
+        Some([0x08, 0x00]) if buf.len() >= 34 => {
+            let ihl = usize::from(buf[14] & 0x0f) * 4;
+            if ihl < 20 || buf.len() < 14 + ihl {
+                return;
+            }
+            buf[22] = ttl;
+            buf[24..26].copy_from_slice(&[0, 0]);
+            let c = inet_checksum(&buf[14..14 + ihl]);
+            buf[24..26].copy_from_slice(&c.to_ne_bytes());
+        }
+        Some([0x86, 0xdd]) if buf.len() >= 54 => buf[21] = ttl,
+        _ => {}
+    }
+}
+
 /// Where a fragment sits in its datagram.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Frag {

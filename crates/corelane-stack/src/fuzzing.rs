@@ -5,7 +5,7 @@
 //! reach the parsers behind the checksum check.
 //!
 //! Targets: [`Target::Parse`] (classification and the TCP wire parser on one frame),
-//! [`Target::Reassemble`] (a sequence of frames into a [`Reassembler`](crate::frag::Reassembler)
+//! [`Target::Reassemble`] (a sequence of frames into a [`Reassembler`]
 //! with small limits) and [`Target::Node`] (a sequence of timed frames into a whole node that
 //! listens on TCP port 7 and UDP port 9, owns an IPv4 and an IPv6 address, echoes what it
 //! reads and answers ARP, NDP, ICMP; frames it builds longer than the MTU panic). The test

@@ -49,7 +49,9 @@ pub use pipeline::{
     Alone, Disposition, Peers, Pipeline, PipelineStats, Stage, TIMED_EVERY, Turn, Unclaimed,
 };
 pub use smoltcp;
-pub use stack::{AcceptOptions, FlowId, Stack, StackStats, SynCookieTemplate, TcpInfo};
+pub use stack::{
+    AcceptOptions, ConnectOptions, FlowId, Stack, StackStats, SynCookieTemplate, TcpInfo,
+};
 pub use tcp::{Congestion, EcnMode, TcpConfig, TcpState, TcpStats};
 pub use tune::{BatchTuner, LevelStats, TuneConfig};
 

@@ -1,4 +1,4 @@
-//! Where a connection's replies go: to the hardware address its peer's segments come from,
+//! Where a connection's replies go, and with which TTL: to the hardware address its peer's segments come from,
 //! learnt only from segments that pass the sequence checks. A replayed old segment with
 //! another source address (an attacker on the link forging the peer) turns nothing.
 
@@ -90,5 +90,72 @@ fn a_replayed_segment_from_another_hardware_address_does_not_move_the_replies()
     for f in &answers {
         assert_eq!(f[0..6], peer_mac, "sent to the peer, not to the forger");
     }
+    Ok(())
+}
+
+/// The IPv4 TTL of a frame, with its header checksum checked.
+fn ttl_of(f: &[u8]) -> Option<u8> {
+    if f.len() < 34 || u16::from_be_bytes([f[12], f[13]]) != 0x0800 {
+        return None;
+    }
+    let ihl = usize::from(f[14] & 0x0f) * 4;
+    (crate::tcp::wire::inet_checksum(&f[14..14 + ihl]) == 0).then_some(f[22])
+}
+
+#[test]
+fn a_udp_socket_s_and_a_listener_s_ttl_are_on_the_wire() -> Result<(), Box<dyn std::error::Error>> {
+    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg(), cfg());
+    // UDP: a datagram from a socket whose TTL is 9.
+    let (ua, _) = p.a.stack.bind_udp(9)?;
+    let (_ub, _) = p.b.stack.bind_udp(10)?;
+    p.a.stack.udp_set_ttl(ua, 9)?;
+    assert_eq!(p.a.stack.udp_ttl(ua)?, 9);
+    assert!(p.a.stack.udp_set_ttl(ua, 0).is_err());
+    p.a.dev_mut().io_mut().set_capture(true);
+    let to = "10.9.0.2:10".parse()?;
+    assert!(matches!(
+        p.a.stack.udp_send_to(ua, b"dgram", to, None),
+        Poll::Ready(Ok(5))
+    ));
+    let mut sent = VecDeque::new();
+    let mut udp_ttl = None;
+    p.drive(Duration::from_millis(500), |p| {
+        p.a.dev_mut().io_mut().take_sent(&mut sent);
+        // ARP first; deliver everything so the neighbour resolves.
+        while let Some(f) = sent.pop_front() {
+            if f.len() > 23 && f[23] == 17 {
+                udp_ttl = ttl_of(&f);
+            }
+            p.a.dev_mut().io_mut().inject(&f);
+        }
+        udp_ttl.is_some()
+    })?;
+    assert_eq!(udp_ttl, Some(9));
+    // TCP: a listener whose accepted connections get TTL 33.
+    p.a.dev_mut().io_mut().set_capture(false);
+    p.a.stack.listen_tcp(7, None)?;
+    let mut o = p.a.stack.accept_options(7).ok_or("options")?;
+    o.ttl = Some(33);
+    p.a.stack.set_accept_options(7, o)?;
+    let (_c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
+    let mut server = None;
+    p.drive(Duration::from_secs(2), |p| {
+        server = server.or_else(|| p.a.stack.accept(7));
+        server.is_some()
+    })?;
+    let s = server.ok_or("accepted")?;
+    assert_eq!(p.a.stack.tcp_ttl(s)?, 33);
+    p.a.dev_mut().io_mut().set_capture(true);
+    assert!(matches!(
+        p.a.stack.tcp_write(s, b"reply", None),
+        Poll::Ready(Ok(5))
+    ));
+    p.drive_for(Duration::from_millis(2), |_| {})?;
+    p.a.dev_mut().io_mut().take_sent(&mut sent);
+    let data = sent
+        .iter()
+        .find(|f| tcp_payload(f) == 5)
+        .ok_or("the data")?;
+    assert_eq!(ttl_of(data), Some(33));
     Ok(())
 }

@@ -136,6 +136,11 @@ impl UdpSock {
         Some((n, d.peer))
     }
 
+    /// True when the send queue has room for a datagram (of one byte, at least).
+    pub(crate) fn has_room(&self) -> bool {
+        self.tx.len() < self.max_packets && self.tx_bytes < self.max_bytes
+    }
+
     /// Queues `data` for `peer`. False when the send queue has no room for it now.
     pub(crate) fn write(&mut self, peer: IpEndpoint, data: &[u8]) -> bool {
         if self.tx.len() >= self.max_packets || self.tx_bytes + data.len() > self.max_bytes {

@@ -28,9 +28,10 @@
 mod addr;
 pub mod tcp;
 mod udp;
+mod udp_ready;
 
 pub use addr::ToSocketAddr;
-pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
+pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpSocket, TcpStream};
 pub use udp::UdpSocket;
 
 /// Makes a type `!Send` and `!Sync`: a socket belongs to the core whose task created it.

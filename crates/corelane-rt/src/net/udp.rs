@@ -26,12 +26,12 @@ use crate::net::{NotSend, ToSocketAddr};
 /// # }
 /// ```
 pub struct UdpSocket {
-    core: Arc<Core>,
-    id: FlowId,
+    pub(super) core: Arc<Core>,
+    pub(super) id: FlowId,
     port: u16,
     /// The address given to `bind` (unspecified: every owned one).
     ip: std::net::IpAddr,
-    peer: Cell<Option<SocketAddr>>,
+    pub(super) peer: Cell<Option<SocketAddr>>,
     _not_send: NotSend,
 }
 

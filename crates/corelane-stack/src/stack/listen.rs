@@ -33,6 +33,8 @@ pub struct AcceptOptions {
     pub keepalive: Option<Duration>,
     /// User timeout (None: the configured default).
     pub user_timeout: Option<Duration>,
+    /// TTL (IPv4) or hop limit (IPv6) of the connection's packets (None: 64).
+    pub ttl: Option<u8>,
 }
 
 impl Stack {
@@ -126,9 +128,18 @@ impl Stack {
         Ok(())
     }
 
+    /// The options the listener on `port` gives the connections it accepts (None: no
+    /// listener there).
+    pub fn accept_options(&self, port: u16) -> Option<AcceptOptions> {
+        self.listeners.get(&port).map(|l| l.options)
+    }
+
     /// Gives accepted connection `id` the listener's options.
     pub(super) fn apply_options(&mut self, id: FlowId, options: AcceptOptions) {
         let now = self.clock;
+        if let (Some(ttl), Some(f)) = (options.ttl, self.flow(id)) {
+            f.ttl = ttl;
+        }
         if let Some(c) = self.flow(id).and_then(|f| f.conn()) {
             if let Some(k) = options.keepalive {
                 c.set_keepalive(Some(k.into()), now);

@@ -38,7 +38,7 @@ mod udp;
 
 pub use cookies::SynCookieTemplate;
 pub use listen::AcceptOptions;
-pub use socket::TcpInfo;
+pub use socket::{ConnectOptions, TcpInfo};
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};

@@ -63,6 +63,18 @@ fn to_socket_addr(e: IpEndpoint) -> SocketAddr {
     SocketAddr::new(e.addr.into(), e.port)
 }
 
+/// Where a connection opened with [`Stack::connect_tcp_with`] leaves from, and its buffers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// The local address and port (an unspecified address: routing picks; port 0: an
+    /// ephemeral port of this stack's share).
+    pub local: Option<SocketAddr>,
+    /// Largest receive window (None: `StackConfig::tcp_rx_buffer`).
+    pub rx_buffer: Option<usize>,
+    /// Largest send buffer (None: `StackConfig::tcp_tx_buffer`).
+    pub tx_buffer: Option<usize>,
+}
+
 impl Stack {
     /// A free port of this stack's share of the ephemeral range (`port % cores == core`).
     pub(super) fn ephemeral_port(&mut self, proto: Proto) -> Result<u16, StackError> {
@@ -112,6 +124,21 @@ impl Stack {
     /// cannot be connected to (port 0, an unspecified or multicast address), or as many
     /// connections as `StackConfig::max_tcp` already held.
     pub fn connect_tcp(&mut self, remote: SocketAddr) -> Result<(FlowId, u16), StackError> {
+        self.connect_tcp_with(remote, ConnectOptions::default())
+    }
+
+    /// As [`Stack::connect_tcp`], from the local address and port of `opts.local` (an
+    /// unspecified address: the one routing picks; port 0: an ephemeral one) and with its
+    /// buffer sizes.
+    ///
+    /// # Errors
+    /// As [`Stack::connect_tcp`]; also a local address this stack does not own or of the
+    /// other family, and a local port already in use here.
+    pub fn connect_tcp_with(
+        &mut self,
+        remote: SocketAddr,
+        opts: ConnectOptions,
+    ) -> Result<(FlowId, u16), StackError> {
         let now = self.clock;
         if remote.port() == 0 || remote.ip().is_unspecified() || remote.ip().is_multicast() {
             return Err(StackError::Refused(format!(
@@ -126,13 +153,39 @@ impl Stack {
             });
         }
         let remote = IpEndpoint::from(remote);
-        let local_addr = self.local_addr_for(remote.addr)?;
+        let local_addr = match opts.local.map(|l| l.ip()) {
+            Some(ip) if !ip.is_unspecified() => {
+                let a = IpAddress::from(ip);
+                let same_family =
+                    std::mem::discriminant(&a) == std::mem::discriminant(&remote.addr);
+                if !same_family || !self.addrs.iter().any(|c| c.address() == a) {
+                    return Err(StackError::NotOwned(ip));
+                }
+                a
+            }
+            _ => self.local_addr_for(remote.addr)?,
+        };
         if self.next_hop(remote.addr).is_none() {
             return Err(StackError::NoRoute(remote.addr.into()));
         }
-        let port = self.ephemeral_port(Proto::Tcp)?;
+        let port = match opts.local.map_or(0, |l| l.port()) {
+            0 => self.ephemeral_port(Proto::Tcp)?,
+            p if self.ports.contains(&(Proto::Tcp, p)) || self.listeners.contains_key(&p) => {
+                return Err(StackError::InUse {
+                    proto: "TCP",
+                    port: p,
+                });
+            }
+            p => p,
+        };
         let local = IpEndpoint::new(local_addr, port);
-        let sizes = self.sizes(remote.addr);
+        let mut sizes = self.sizes(remote.addr);
+        if let Some(n) = opts.rx_buffer {
+            sizes.rx_max = n.max(1);
+        }
+        if let Some(n) = opts.tx_buffer {
+            sizes.tx_max = n.max(1);
+        }
         let conn = Conn::connect(self.cfg.tcp, &self.secret, local, remote, sizes, now);
         let key = FlowKey { local, remote };
         let i = self.insert_tcp(conn, |f| {

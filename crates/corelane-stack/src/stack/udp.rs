@@ -130,6 +130,46 @@ impl Stack {
         }
     }
 
+    /// Ready when UDP flow `id`'s send queue has room for a datagram; `Pending` otherwise
+    /// (`waker`, if given, is woken when room frees up).
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn udp_poll_writable(&mut self, id: FlowId, waker: Option<&Waker>) -> Poll<io::Result<()>> {
+        let Some(s) = self.udp_sock(id) else {
+            return Poll::Ready(Err(super::socket::gone()));
+        };
+        if s.has_room() {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(w) = waker {
+            s.set_tx_waker(w);
+        }
+        Poll::Pending
+    }
+
+    /// Sets the TTL (IPv4) or hop limit (IPv6) of UDP flow `id`'s datagrams (1..=255).
+    ///
+    /// # Errors
+    /// `InvalidInput` for 0 or more than 255; `NotConnected` when the flow is gone.
+    pub fn udp_set_ttl(&mut self, id: FlowId, ttl: u32) -> io::Result<()> {
+        if self.udp_sock(id).is_none() {
+            return Err(super::socket::gone());
+        }
+        self.tcp_set_ttl(id, ttl)
+    }
+
+    /// The TTL (IPv4) or hop limit (IPv6) of UDP flow `id`'s datagrams.
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn udp_ttl(&mut self, id: FlowId) -> io::Result<u32> {
+        if self.udp_sock(id).is_none() {
+            return Err(super::socket::gone());
+        }
+        self.tcp_ttl(id)
+    }
+
     /// Takes the next datagram UDP flow `id` received: the bytes copied into `buf` (a longer
     /// datagram is cut to `buf`, as a kernel UDP socket does) and its sender. `Pending` means
     /// none is waiting (`waker`, if given, is woken when one arrives).
@@ -215,7 +255,10 @@ impl Stack {
         budget: usize,
         emitted: &mut usize,
     ) -> Option<Instant> {
-        let local_port = self.slots[index as usize].flow.as_ref()?.local_port;
+        let (local_port, ttl) = {
+            let f = self.slots[index as usize].flow.as_ref()?;
+            (f.local_port, f.ttl)
+        };
         while *emitted < budget {
             let peer = self.udp_sock_at(index)?.next_peer()?;
             let local = self.local_addr_for(peer.addr).ok();
@@ -242,7 +285,7 @@ impl Stack {
                 self.ask(now, dev, local, hop);
             }
             let d = self.udp_sock_at(index)?.pop_out()?;
-            let sent = self.send_udp(dev, mac, local, local_port, peer, &d.data);
+            let sent = self.send_udp(dev, (mac, ttl), local, local_port, peer, &d.data);
             let s = self.udp_sock_at(index)?;
             if !sent {
                 // No transmit frame free: again on the next pass.
@@ -267,7 +310,7 @@ impl Stack {
     fn send_udp<P: FrameIo>(
         &mut self,
         dev: &mut XdpDevice<P>,
-        dst_mac: [u8; 6],
+        (dst_mac, ttl): ([u8; 6], u8),
         local: IpAddress,
         local_port: u16,
         peer: IpEndpoint,
@@ -304,6 +347,7 @@ impl Stack {
                     .is_some()
                 {
                     write_udp(&mut buf[14 + ip_len..]);
+                    crate::frag::set_ttl(buf, ttl);
                 }
             });
             return true;
@@ -319,7 +363,10 @@ impl Stack {
             let Some(tx) = dev.transmit(Instant::ZERO) else {
                 return any;
             };
-            smoltcp::phy::TxToken::consume(tx, f.len(), |buf| buf.copy_from_slice(f));
+            smoltcp::phy::TxToken::consume(tx, f.len(), |buf| {
+                buf.copy_from_slice(f);
+                crate::frag::set_ttl(buf, ttl);
+            });
             any = true;
         }
         any

@@ -5,7 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use corelane_stack::{AcceptOptions, Proto};
@@ -34,6 +34,8 @@ use crate::net::ToSocketAddr;
 pub struct TcpListener {
     core: Arc<Core>,
     port: u16,
+    /// The waiter id `poll_accept` registers under (one per listener).
+    poll_waiter: u64,
     ip: std::net::IpAddr,
     _not_send: NotSend,
 }
@@ -74,7 +76,12 @@ impl TcpListener {
         addr: impl ToSocketAddr,
         backlog: Option<usize>,
     ) -> io::Result<TcpListener> {
-        let sa = addr.to_socket_addr()?;
+        Self::bind_now(addr.to_socket_addr()?, backlog)
+    }
+
+    /// As `bind_with_backlog`, at once (it never waits: `bind` is async for tokio's
+    /// signature).
+    pub(crate) fn bind_now(sa: SocketAddr, backlog: Option<usize>) -> io::Result<TcpListener> {
         let core = current()?;
         let port = match sa.port() {
             0 => core.auto_port(Proto::Tcp)?,
@@ -86,9 +93,11 @@ impl TcpListener {
             core.stack().unlisten(port);
             return Err(e);
         }
+        let poll_waiter = core.next_waiter.fetch_add(1, Ordering::Relaxed);
         Ok(TcpListener {
             core,
             port,
+            poll_waiter,
             ip: sa.ip(),
             _not_send: NotSend::default(),
         })
@@ -121,13 +130,67 @@ impl TcpListener {
         keepalive: Option<Duration>,
         user_timeout: Option<Duration>,
     ) -> io::Result<()> {
-        self.core.stack().set_accept_options(
+        let mut stack = self.core.stack();
+        let ttl = stack.accept_options(self.port).and_then(|o| o.ttl);
+        stack.set_accept_options(
             self.port,
             AcceptOptions {
                 keepalive,
                 user_timeout,
+                ttl,
             },
         )
+    }
+
+    /// Sets the TTL (IPv4) or hop limit (IPv6) of every connection this listener accepts from
+    /// now on (and those waiting to be accepted), as a kernel listener's `IP_TTL` is inherited.
+    ///
+    /// # Errors
+    /// `InvalidInput` for 0 or more than 255; `NotConnected` when the listener was closed.
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        let ttl = u8::try_from(ttl)
+            .ok()
+            .filter(|t| *t > 0)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a TTL is 1 to 255"))?;
+        let mut stack = self.core.stack();
+        let mut o = stack.accept_options(self.port).unwrap_or_default();
+        o.ttl = Some(ttl);
+        stack.set_accept_options(self.port, o)
+    }
+
+    /// The TTL (IPv4) or hop limit (IPv6) accepted connections get.
+    ///
+    /// # Errors
+    /// `NotConnected` when the listener was closed.
+    pub fn ttl(&self) -> io::Result<u32> {
+        let o = self.core.stack().accept_options(self.port).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "the listener was closed")
+        })?;
+        Ok(u32::from(o.ttl.unwrap_or(64)))
+    }
+
+    /// Polls for the next connection: `Ready` with it, or `Pending` with `cx`'s waker
+    /// registered (as tokio's, for code that drives a listener by hand, such as a
+    /// `Stream` or hyper's accept loop).
+    ///
+    /// # Errors
+    /// As [`TcpListener::accept`].
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
+        let id = {
+            let mut stack = self.core.stack();
+            if !stack.is_listening(self.port) {
+                return Poll::Ready(Err(io::Error::other("the listener was closed")));
+            }
+            match stack.accept(self.port) {
+                Some(id) => id,
+                None => {
+                    stack.accept_wait(self.port, self.poll_waiter, cx.waker());
+                    return Poll::Pending;
+                }
+            }
+        };
+        let stream = TcpStream::new(self.core.clone(), id);
+        Poll::Ready(stream.peer_addr().map(|peer| (stream, peer)))
     }
 
     /// The port.
@@ -207,6 +270,7 @@ impl Drop for AcceptGuard<'_> {
 
 impl Drop for TcpListener {
     fn drop(&mut self) {
+        self.core.stack().accept_cancel(self.port, self.poll_waiter);
         // The port stays steered while connections this listener accepted are open.
         if self.core.stack().close_listener(self.port) {
             self.core.release_port(Proto::Tcp, self.port);

@@ -1,10 +1,13 @@
 //! TCP: a listener per core and port, streams, and their owned halves.
 
 mod listener;
+mod ready;
+mod socket;
 mod split;
 mod stream;
 
 pub use listener::TcpListener;
+pub use socket::TcpSocket;
 pub use split::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf};
 pub use stream::TcpStream;
 

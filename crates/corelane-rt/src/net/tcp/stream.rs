@@ -27,7 +27,7 @@ use crate::net::{NotSend, ToSocketAddr};
 /// # Ok(()) }
 /// ```
 pub struct TcpStream {
-    conn: Arc<Conn>,
+    pub(super) conn: Arc<Conn>,
     _not_send: NotSend,
 }
 
@@ -85,8 +85,16 @@ impl TcpStream {
     /// Dropping the future abandons the attempt: the half-open connection is released.
     pub async fn connect(addr: impl ToSocketAddr) -> io::Result<TcpStream> {
         let addr = addr.to_socket_addr()?;
+        Self::connect_with(addr, corelane_stack::ConnectOptions::default()).await
+    }
+
+    /// As `connect`, from the local address and port and with the buffers of `opts`.
+    pub(crate) async fn connect_with(
+        addr: SocketAddr,
+        opts: corelane_stack::ConnectOptions,
+    ) -> io::Result<TcpStream> {
         let core = current()?;
-        let (id, port) = core.stack().connect_tcp(addr)?;
+        let (id, port) = core.stack().connect_tcp_with(addr, opts)?;
         // From here the flow is released if this future is dropped.
         let stream = TcpStream::new(core.clone(), id);
         if let Err(e) = core.own_port(Proto::Tcp, port) {

@@ -1,0 +1,202 @@
+//! The tokio calls a port reaches for, on a real runtime against the kernel's sockets: a
+//! `TcpSocket` bound to a chosen port and sized before it connects, another that listens;
+//! `poll_accept`, a listener's TTL passed to what it accepts; `ready`, `poll_read_ready`,
+//! `try_read_buf` on a stream; `readable`, `writable`, `ready`, the `try_*` calls and the TTL
+//! of a UDP socket. Each is written as it would be under tokio, only the imports differ.
+
+mod common;
+
+use std::future::poll_fn;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::one_core;
+use corelane::net::{TcpSocket, UdpSocket};
+use corelane_testnet::require_root;
+use tokio::io::{AsyncReadExt, Interest};
+
+const SERVER: &str = "10.77.0.3";
+const PEER: &str = "10.77.0.2";
+
+fn addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|e| format!("{s}: {e}"))
+}
+
+/// What the core's future checks, as a tokio program would write it.
+async fn port_of_a_tokio_program() -> std::io::Result<()> {
+    let bad = |what: &str| std::io::Error::other(what.to_string());
+    // Connect from a chosen local port with a sized receive buffer.
+    let sock = TcpSocket::new_v4()?;
+    sock.bind(SocketAddr::from(([10, 77, 0, 3], 41000)))?;
+    sock.set_recv_buffer_size(1 << 20)?;
+    sock.set_nodelay(true)?;
+    assert_eq!(sock.recv_buffer_size()?, 1 << 20);
+    let s = sock
+        .connect(SocketAddr::from(([10, 77, 0, 2], 9100)))
+        .await?;
+    if s.local_addr()?.port() != 41000 {
+        return Err(bad("not from the bound port"));
+    }
+    let ready = s.ready(Interest::WRITABLE).await?;
+    if !ready.is_writable() {
+        return Err(bad("a new stream is not writable"));
+    }
+    if s.try_write(b"hello")? != 5 {
+        return Err(bad("short write"));
+    }
+    let mut got: Vec<u8> = Vec::new();
+    while got.len() < 5 {
+        poll_fn(|cx| s.poll_read_ready(cx)).await?;
+        match s.try_read_buf(&mut got) {
+            Ok(0) => return Err(bad("closed before the echo")),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if got != b"hello" {
+        return Err(bad("the echo came back changed"));
+    }
+
+    // A listener from a socket, accepted by hand, its TTL inherited.
+    let ls = TcpSocket::new_v4()?;
+    ls.set_reuseaddr(true)?;
+    ls.bind(SocketAddr::from(([0, 0, 0, 0], 9300)))?;
+    let listener = ls.listen(16)?;
+    listener.set_ttl(33)?;
+    if listener.ttl()? != 33 {
+        return Err(bad("listener TTL"));
+    }
+    let (mut a, peer) = poll_fn(|cx| listener.poll_accept(cx)).await?;
+    if peer.ip().to_string() != PEER || a.ttl()? != 33 {
+        return Err(bad("accepted connection: peer or TTL"));
+    }
+    let mut ping = Vec::new();
+    a.read_to_end(&mut ping).await?;
+    if ping != b"ping" {
+        return Err(bad("the kernel client's bytes"));
+    }
+    let ready = a.ready(Interest::READABLE).await?;
+    if !ready.is_read_closed() {
+        return Err(bad("the end of the stream is not read-closed"));
+    }
+
+    // UDP without waiting in the calls themselves.
+    let u = UdpSocket::bind("10.77.0.3:9400").await?;
+    u.set_ttl(9)?;
+    if u.ttl()? != 9 {
+        return Err(bad("UDP TTL"));
+    }
+    u.writable().await?;
+    u.try_send_to(b"dgram", "10.77.0.2:9200")?;
+    let mut buf = [0u8; 64];
+    let (n, from) = loop {
+        u.readable().await?;
+        match u.try_recv_from(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            other => break other?,
+        }
+    };
+    if &buf[..n] != b"dgram" || from.to_string() != "10.77.0.2:9200" {
+        return Err(bad("the UDP echo"));
+    }
+    u.connect("10.77.0.2:9200").await?;
+    u.try_send(b"again")?;
+    let n = loop {
+        let r = u.ready(Interest::READABLE | Interest::WRITABLE).await?;
+        if !r.is_readable() {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        match u.try_recv(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            other => break other?,
+        }
+    };
+    if &buf[..n] != b"again" {
+        return Err(bad("the connected UDP echo"));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_tokio_program_s_socket_calls_work_against_kernel_peers() -> Result<(), String> {
+    if !require_root("tokio surface") {
+        return Ok(());
+    }
+    let net = common::net(1);
+    // Kernel peers: a TCP echo that reports who connected, a UDP echo, and a client that
+    // connects to the corelane listener and sends "ping". (The TTLs on the wire are checked
+    // frame by frame in the protocol crate's tests_reply_path.rs.)
+    let (tcp, udp) = net
+        .client_ns()
+        .run(|| -> std::io::Result<_> {
+            let t = std::net::TcpListener::bind((PEER, 9100))?;
+            let u = std::net::UdpSocket::bind((PEER, 9200))?;
+            Ok((t, u))
+        })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let (seen_tx, seen_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok((mut s, peer)) = tcp.accept() {
+            let _ = seen_tx.send(peer);
+            let mut b = [0u8; 5];
+            if s.read_exact(&mut b).is_ok() {
+                let _ = s.write_all(&b);
+            }
+            let _ = s.read(&mut b);
+        }
+    });
+    std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        for _ in 0..2 {
+            if let Ok((n, from)) = udp.recv_from(&mut b) {
+                let _ = udp.send_to(&b[..n], from);
+            }
+        }
+    });
+    let server = addr(&format!("{SERVER}:9300"))?;
+    let client = net
+        .client_ns()
+        .spawn(move || -> Result<(), String> {
+            let end = Instant::now() + Duration::from_secs(20);
+            loop {
+                match std::net::TcpStream::connect_timeout(&server, Duration::from_millis(200)) {
+                    Ok(mut s) => {
+                        s.write_all(b"ping").map_err(|e| e.to_string())?;
+                        s.shutdown(std::net::Shutdown::Write)
+                            .map_err(|e| e.to_string())?;
+                        return Ok(());
+                    }
+                    Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+                    Err(e) => return Err(format!("connecting to the listener: {e}")),
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let build = one_core(net.server_if(), SERVER);
+    let report = net
+        .server_ns()
+        .run(move || {
+            build()
+                .build()
+                .map_err(|e| e.to_string())?
+                .try_run(|_| port_of_a_tokio_program())
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| e.to_string())?;
+    report?;
+    client.join().map_err(|_| "client thread")??;
+    let peer = seen_rx
+        .recv_timeout(Duration::from_secs(5))
+        .map_err(|_| "the kernel echo saw no connection")?;
+    assert_eq!(
+        peer.port(),
+        41000,
+        "the connection came from the bound port"
+    );
+    Ok(())
+}

@@ -100,7 +100,11 @@ fn runtime_http_example_answers_curl_on_both_cores() {
         return;
     }
     let net = net(2);
-    let http = Echo::start_example(&net, "http", &["--addr", "10.77.0.3/24"]);
+    let http = Echo::start_example(
+        &net,
+        "http",
+        &["--addr", "10.77.0.3/24", "--header-timeout", "0.5"],
+    );
     let url = |p: &str| format!("http://{SERVER_V4}:8080{p}");
     let mut cores_seen = std::collections::BTreeSet::new();
     for _ in 0..30 {
@@ -132,6 +136,29 @@ fn runtime_http_example_answers_curl_on_both_cores() {
         &["-o", "/dev/null", "-w", "%{http_code}", &url("/nope")],
     );
     assert_eq!(code, "404");
+    // A client that never finishes its headers is disconnected after the header timeout
+    // (half a second here), while the server goes on answering others.
+    let slow = net
+        .client_ns()
+        .run(|| -> std::io::Result<usize> {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect((SERVER_V4, 8080))?;
+            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")?;
+            s.set_read_timeout(Some(std::time::Duration::from_secs(20)))?;
+            let mut b = [0u8; 512];
+            s.read(&mut b)
+        })
+        .expect("client thread");
+    match slow {
+        // Closed (perhaps after a 408 hyper sends), not left open until the read timeout.
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("a client with unfinished headers was not disconnected: {e}"),
+    }
+    assert_eq!(
+        curl(&net, &["-o", "/dev/null", "-w", "%{http_code}", &url("/")]),
+        "200"
+    );
     let (status, out) = http.stop();
     assert_clean_exit(status, &out);
     assert_no_xdp(&net);

@@ -2,7 +2,8 @@
 //! `TcpSocket` bound to a chosen port and sized before it connects, another that listens;
 //! `poll_accept`, a listener's TTL passed to what it accepts; `ready`, `poll_read_ready`,
 //! `try_read_buf` on a stream; `readable`, `writable`, `ready`, the `try_*` calls and the TTL
-//! of a UDP socket. Each is written as it would be under tokio, only the imports differ.
+//! of a UDP socket; a connect to an on-link address nobody holds failing with
+//! `HostUnreachable`. Each is written as it would be under tokio, only the imports differ.
 
 mod common;
 
@@ -117,6 +118,12 @@ async fn port_of_a_tokio_program() -> std::io::Result<()> {
     };
     if &buf[..n] != b"again" {
         return Err(bad("the connected UDP echo"));
+    }
+
+    // An on-link address nobody holds: refused once ARP goes unanswered, as the kernel does.
+    match corelane::net::TcpStream::connect("10.77.0.99:80").await {
+        Err(e) if e.kind() == std::io::ErrorKind::HostUnreachable => {}
+        other => return Err(bad(&format!("connect to nobody: {other:?}"))),
     }
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! `GET /` answers with a short text naming the core; `GET /bytes/N` answers with N bytes;
-//! `POST /echo` answers with the request body.
+//! `POST /echo` answers with the request body. A client that takes more than 10 s to send a
+//! request's headers is disconnected (`--header-timeout`).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -23,13 +24,16 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 
 #[derive(Parser, Debug)]
 #[command(about = "HTTP/1.1 (hyper) served by corelane over AF_XDP, on every core")]
 struct Args {
     #[command(flatten)]
     common: common::Common,
+    /// Seconds a client may take to send a request's headers before it is disconnected.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout: f64,
 }
 
 fn main() -> ExitCode {
@@ -66,17 +70,25 @@ fn status(code: StatusCode, msg: &'static str) -> Response<Full<Bytes>> {
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let port = args.common.port_or(8080);
+    // hyper's timer runs on the core's tokio executor.
+    let header_timeout = std::time::Duration::try_from_secs_f64(args.header_timeout)
+        .map_err(|e| format!("--header-timeout {}: {e}", args.header_timeout))?;
     common::serve(
         "http",
         &args.common,
         &format!("port {port}"),
         || TcpListener::bind(port),
-        |core, listener| async move {
+        move |core, listener| async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let idx = core.index;
                 tokio::task::spawn_local(async move {
                     let svc = service_fn(move |req| handle(idx, req));
-                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                    // A client that sends its headers slower than --header-timeout is cut
+                    // off: a thousand trickling clients cannot hold the server's connections.
+                    let conn = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(header_timeout)
+                        .serve_connection(TokioIo::new(stream), svc);
                     tokio::pin!(conn);
                     // A client that goes away mid-request is its own business. When a
                     // graceful shutdown begins, an idle keep-alive connection is closed (a

@@ -349,9 +349,13 @@ fn a_closed_flow_still_held_does_not_capture_a_new_connection_on_its_ports() {
 
 #[test]
 fn a_peer_that_never_answers_costs_a_few_turns_not_a_million() {
-    // The SYN goes nowhere (every frame lost): the clock jumps from one retransmission to the
-    // next, so a minute of simulated time is a handful of steps.
+    // The SYN goes nowhere (every frame lost, the peer's hardware address known from an
+    // earlier connection): the clock jumps from one retransmission to the next, so a minute
+    // of simulated time is a handful of steps.
     let mut p = pair();
+    p.a.stack.listen_tcp(7, None).unwrap();
+    p.b.stack.connect_tcp(server_ep()).unwrap();
+    run(&mut p, 10, false);
     p.b.dev_mut().io_mut().set_loss_every(1);
     let (c, _) = p.b.stack.connect_tcp(server_ep()).unwrap();
     let mut steps = 0;

@@ -159,3 +159,25 @@ fn a_udp_socket_s_and_a_listener_s_ttl_are_on_the_wire() -> Result<(), Box<dyn s
     assert_eq!(ttl_of(data), Some(33));
     Ok(())
 }
+
+#[test]
+fn connecting_to_an_on_link_address_nobody_holds_fails_once_arp_goes_unanswered()
+-> Result<(), Box<dyn std::error::Error>> {
+    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg(), cfg());
+    // 10.9.0.77 is on the link, and nobody answers ARP for it.
+    let (c, _) = p.b.stack.connect_tcp("10.9.0.77:80".parse()?)?;
+    let mut result = None;
+    p.drive(Duration::from_secs(10), |p| {
+        if let Poll::Ready(r) = p.b.stack.tcp_connected(c, None) {
+            result = Some((r, p.now()));
+        }
+        result.is_some()
+    })?;
+    let (r, at) = result.ok_or("the connect never ended")?;
+    let e = r.err().ok_or("connected to nobody")?;
+    assert_eq!(e.kind(), std::io::ErrorKind::HostUnreachable, "{e}");
+    assert!(e.to_string().contains("10.9.0.77:80"), "{e}");
+    // After the neighbour probes (3 s), not after every SYN retry.
+    assert!(at.total_millis() < 4_000, "failed after {at}");
+    Ok(())
+}

@@ -63,14 +63,15 @@ fn data_segments_carrying_sack_blocks_stay_within_the_mtu() {
 
 #[test]
 fn a_stall_past_the_limit_fails_the_run_with_its_seed() {
-    // A path that loses everything from the server: nothing is ever delivered back.
+    // A path that loses every data segment from the server (its ARP answers, handshake and
+    // ACKs pass): the connections open and nothing is ever delivered back.
     let s = scenarios()
         .into_iter()
         .find(|s| s.name == "echo/clean")
         .expect("the scenario exists");
     let cfg = SimConfig {
         down: Impair {
-            loss_ppm: 1_000_000,
+            data_loss_ppm: 1_000_000,
             ..Impair::delay_ms(1)
         },
         ..SimConfig::new(5, s.up, s.down)

@@ -13,6 +13,8 @@ pub struct Impair {
     pub loss_ppm: u32,
     /// Pure ACKs (TCP segments with no data, SYN, FIN or RST) dropped.
     pub ack_loss_ppm: u32,
+    /// TCP segments that carry data dropped (everything else passes: ARP, handshakes, ACKs).
+    pub data_loss_ppm: u32,
     /// Frames sent twice.
     pub dup_ppm: u32,
     /// Frames held back until `reorder_hold` later frames have passed (or until
@@ -50,6 +52,8 @@ pub struct WireStats {
     pub lost: u64,
     /// Pure ACKs dropped by `ack_loss_ppm`.
     pub acks_lost: u64,
+    /// Data segments dropped by `data_loss_ppm`.
+    pub data_lost: u64,
     /// Frames sent twice.
     pub duplicated: u64,
     /// Frames held back behind later ones.
@@ -108,6 +112,28 @@ pub(crate) struct Wire {
     /// When the bottleneck has finished sending what it holds.
     busy_until: Instant,
     pub(crate) stats: WireStats,
+}
+
+/// The TCP payload bytes of an IPv4 or IPv6 Ethernet frame (0 for anything else).
+pub(crate) fn tcp_payload(f: &[u8]) -> usize {
+    let (l4, end) = match f.get(12..14) {
+        Some([0x08, 0x00]) if f.get(23) == Some(&6) => {
+            let ihl = f.get(14).map_or(0, |b| usize::from(b & 0xf) * 4);
+            let total = f
+                .get(16..18)
+                .map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])));
+            (14 + ihl, 14 + total)
+        }
+        Some([0x86, 0xdd]) if f.get(20) == Some(&6) => {
+            let plen = f
+                .get(18..20)
+                .map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])));
+            (54, 54 + plen)
+        }
+        _ => return 0,
+    };
+    let doff = f.get(l4 + 12).map_or(0, |b| usize::from(b >> 4) * 4);
+    end.saturating_sub(l4 + doff)
 }
 
 /// Whether an Ethernet frame is an IPv4 or IPv6 TCP segment with no data and only the ACK flag
@@ -249,6 +275,13 @@ impl Wire {
         }
         if self.imp.ack_loss_ppm > 0 && pure_ack(&bytes) && dice.roll(self.imp.ack_loss_ppm) {
             s.acks_lost += 1;
+            return;
+        }
+        if self.imp.data_loss_ppm > 0
+            && tcp_payload(&bytes) > 0
+            && dice.roll(self.imp.data_loss_ppm)
+        {
+            s.data_lost += 1;
             return;
         }
         let copies = if dice.roll(self.imp.dup_ppm) {

@@ -162,7 +162,13 @@ struct Flow {
     passive: bool,
     /// TCP: the TTL / hop limit of its packets.
     ttl: u8,
+    /// TCP: since when its next hop's hardware address has been asked for in vain.
+    resolving_since: Option<Instant>,
 }
+
+/// How long an opening connection waits for its next hop to answer ARP or neighbour
+/// solicitation before it fails with `HostUnreachable` (Linux: three probes a second apart).
+const NEIGHBOR_GIVE_UP: smoltcp::time::Duration = smoltcp::time::Duration::from_secs(3);
 
 /// The TTL / hop limit of what the stack sends unless a socket says otherwise.
 pub(crate) const DEFAULT_TTL: u8 = 64;
@@ -407,6 +413,7 @@ impl Stack {
             mac: None,
             passive: false,
             ttl: DEFAULT_TTL,
+            resolving_since: None,
         };
         setup(&mut flow);
         match self.free_slots.pop() {
@@ -521,6 +528,7 @@ impl Stack {
         if let Some((mac, fresh)) = self.neigh.lookup(hop, now) {
             if let Some(f) = self.slots[index as usize].flow.as_mut() {
                 f.mac = Some(mac);
+                f.resolving_since = None;
             }
             if !fresh {
                 // Used as it is; the answer refreshes it for the flows that come later.
@@ -529,6 +537,17 @@ impl Stack {
             return true;
         }
         self.stats.neighbor_waits += 1;
+        if let Some(f) = self.slots[index as usize].flow.as_mut() {
+            let since = *f.resolving_since.get_or_insert(now);
+            // An opening connection whose next hop never answers fails as the kernel's does,
+            // instead of waiting out every SYN retry.
+            if now - since >= NEIGHBOR_GIVE_UP
+                && let Sock::Tcp(c) = &mut f.sock
+                && c.no_next_hop()
+            {
+                return false;
+            }
+        }
         if !self.unresolved.contains(&index) {
             self.unresolved.push(index);
         }

@@ -49,7 +49,9 @@ fn ended(kind: io::ErrorKind) -> io::Error {
         io::ErrorKind::TimedOut => "the connection timed out",
         io::ErrorKind::ConnectionRefused => "the connection was refused",
         io::ErrorKind::ConnectionAborted => "the connection was aborted",
-        io::ErrorKind::HostUnreachable => "the peer is unreachable (an ICMP error said so)",
+        io::ErrorKind::HostUnreachable => {
+            "the peer is unreachable (an ICMP error said so, or ARP/NDP got no answer)"
+        }
         _ => "the connection was reset by the peer",
     };
     io::Error::new(kind, what)
@@ -305,7 +307,8 @@ impl Stack {
     /// # Errors
     /// `ConnectionRefused` when the peer refused (a reset, or ICMP port unreachable),
     /// `TimedOut` when it never answered, `HostUnreachable` when it never answered and ICMP
-    /// said why; `NotConnected` when the flow is gone.
+    /// said why or its next hop never answered ARP/NDP (after 3 s); `NotConnected` when the
+    /// flow is gone.
     pub fn tcp_connected(&mut self, id: FlowId, waker: Option<&Waker>) -> Poll<io::Result<()>> {
         let r = self.poll_tcp(id, |c| match c.state() {
             TcpState::SynSent | TcpState::SynReceived => {
@@ -327,7 +330,8 @@ impl Stack {
                     io::ErrorKind::TimedOut => "timed out",
                     io::ErrorKind::ConnectionRefused => "refused",
                     io::ErrorKind::HostUnreachable => {
-                        "failed: the host is unreachable (an ICMP error said so)"
+                        "failed: the host is unreachable (an ICMP error said so, or ARP/NDP got \
+                         no answer)"
                     }
                     _ => "failed",
                 };

@@ -61,6 +61,16 @@ impl Conn {
         taken
     }
 
+    /// The next hop never answered ARP or neighbour solicitation: a connection still opening
+    /// (SYN-SENT) fails with `HostUnreachable`. Returns whether it did.
+    pub(crate) fn no_next_hop(&mut self) -> bool {
+        if self.state != TcpState::SynSent {
+            return false;
+        }
+        self.set_closed(Some(io::ErrorKind::HostUnreachable));
+        true
+    }
+
     /// The path's MTU is `mtu`: segments shrink to fit, and those in flight that did not fit
     /// are cut and sent again at once, without a congestion response (they were not dropped
     /// by congestion).

@@ -108,5 +108,10 @@ pub mod net {
     }
 }
 
+// README's Rust examples are compiled as doctests of this crate, against this facade.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_examples {}
+
 /// Result with corelane's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -16,12 +16,13 @@ use crate::launch::Shared;
 /// Adds and removes owned addresses of a running [`Runtime`](crate::Runtime), from any thread.
 ///
 /// ```no_run
-/// use corelane_rt::parse_cidr;
-/// let rt = corelane_rt::Runtime::builder("eth0").addr(parse_cidr("10.0.0.5/24")?).build()?;
+/// # use corelane_rt as corelane;
+/// use corelane::parse_cidr;
+/// let rt = corelane::Runtime::builder("eth0").addr(parse_cidr("10.0.0.5/24")?).build()?;
 /// let addrs = rt.addr_handle();
 /// let added = std::thread::spawn(move || addrs.add(parse_cidr("10.0.0.6/24")?));
 /// # let _ = added;
-/// # Ok::<(), corelane_rt::Error>(())
+/// # Ok::<(), corelane::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct AddrHandle(pub(crate) Weak<Shared>);

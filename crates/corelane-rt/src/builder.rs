@@ -55,9 +55,8 @@ pub fn bandwidth_delay_product(bits_per_sec: u64, rtt: Duration) -> usize {
 
 impl Builder {
     /// An address (with prefix) the runtime owns. May repeat (IPv4 and IPv6, up to
-    /// [`corelane_stack::MAX_ADDRS`]). Use an
-    /// address the kernel does not also hold on this interface: frames for it, and ARP or NDP
-    /// for it, go to corelane only.
+    /// [`corelane_stack::MAX_ADDRS`]). Use an address the kernel does not also hold on this
+    /// interface: frames for it, and ARP or NDP for it, go to corelane only.
     pub fn addr(mut self, cidr: impl IntoCidr) -> Self {
         match cidr.into_cidr() {
             Ok(c) => self.addrs.push(c.to_smoltcp()),
@@ -72,11 +71,12 @@ impl Builder {
     /// subnet. Replaces the kernel's default route of that family.
     ///
     /// ```no_run
-    /// let rt = corelane_rt::Runtime::builder("eth0")
+    /// # use corelane_rt as corelane;
+    /// let rt = corelane::Runtime::builder("eth0")
     ///     .addr("10.1.0.5/24")
     ///     .gateway("10.1.0.1".parse().expect("an address"))
     ///     .build()?;
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     pub fn gateway(self, gw: std::net::IpAddr) -> Self {
         let any: std::net::IpAddr = match gw {
@@ -160,13 +160,14 @@ impl Builder {
     /// memory, and may steer only the addresses and ports granted.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// // As an unprivileged user, with `corelane-xdp grant veth0 --addr 10.0.0.1 --tcp 7
     /// // --user $USER` running as root:
-    /// let rt = corelane_rt::Runtime::builder("veth0")
+    /// let rt = corelane::Runtime::builder("veth0")
     ///     .addr("10.0.0.1/24")
-    ///     .xdp(corelane_rt::Xdp::Granted)
+    ///     .xdp(corelane::Xdp::Granted)
     ///     .build()?;
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     pub fn xdp(mut self, x: crate::Xdp) -> Self {
         self.xdp = x;
@@ -214,13 +215,13 @@ impl Builder {
     /// change its own with [`TcpStream::set_congestion`](crate::net::TcpStream::set_congestion).
     ///
     /// ```no_run
-    /// use corelane_rt::Runtime;
-    /// use corelane_stack::Congestion;
+    /// # mod corelane { pub use corelane_rt::*; pub use corelane_stack::Congestion; }
+    /// use corelane::{Congestion, Runtime};
     /// let rt = Runtime::builder("veth0")
     ///     .addr("10.0.0.1/24")
     ///     .congestion(Congestion::NewReno)
     ///     .build()?;
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     pub fn congestion(mut self, c: corelane_stack::Congestion) -> Self {
         self.stack.tcp.congestion = c;
@@ -268,12 +269,13 @@ impl Builder {
     /// owns), e.g. `"127.0.0.1:9464"`. Off by default; needs [`publish_stats`](Self::publish_stats).
     ///
     /// ```no_run
-    /// let rt = corelane_rt::Runtime::builder("eth0")
+    /// # use corelane_rt as corelane;
+    /// let rt = corelane::Runtime::builder("eth0")
     ///     .addr("10.0.0.1/24")
     ///     .metrics("127.0.0.1:9464")
     ///     .build()?;
     /// // curl -s http://127.0.0.1:9464/metrics | grep corelane_rx_frames_total
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     pub fn metrics(mut self, addr: impl crate::net::ToSocketAddr) -> Self {
         match addr.to_socket_addr() {
@@ -296,9 +298,10 @@ impl Builder {
     /// privileges). Prints as an explanation.
     ///
     /// ```no_run
-    /// let plan = corelane_rt::Runtime::builder("eth0").cores(2).plan()?;
+    /// # use corelane_rt as corelane;
+    /// let plan = corelane::Runtime::builder("eth0").cores(2).plan()?;
     /// println!("{plan}");
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     ///
     /// # Errors
@@ -374,14 +377,15 @@ impl Builder {
     /// sockets are opened by each core when [`Runtime::run`](crate::Runtime::run) starts it.
     ///
     /// ```no_run
-    /// use corelane_rt::{PollMode, Runtime};
+    /// # use corelane_rt as corelane;
+    /// use corelane::{PollMode, Runtime};
     /// let rt = Runtime::builder("veth0")
     ///     .addr("10.0.0.1/24")
     ///     .cores(2)
     ///     .poll_mode(PollMode::Busy)
     ///     .build()?;
     /// println!("{}", rt.describe());
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     ///
     /// # Errors

@@ -11,13 +11,13 @@ impl Builder {
     /// waiting for one to be dropped.
     ///
     /// ```no_run
-    /// use corelane_rt::Runtime;
-    /// use corelane_stack::EcnMode;
+    /// # mod corelane { pub use corelane_rt::*; pub use corelane_stack::EcnMode; }
+    /// use corelane::{EcnMode, Runtime};
     /// let rt = Runtime::builder("veth0")
     ///     .addr("10.0.0.1/24")
     ///     .ecn(EcnMode::On)
     ///     .build()?;
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     pub fn ecn(mut self, mode: corelane_stack::EcnMode) -> Self {
         self.stack.tcp.ecn = mode;
@@ -35,11 +35,12 @@ impl Builder {
     /// Idle connections hold no buffer.
     ///
     /// ```no_run
-    /// let rt = corelane_rt::Runtime::builder("veth0")
+    /// # use corelane_rt as corelane;
+    /// let rt = corelane::Runtime::builder("veth0")
     ///     .addr("10.0.0.1/24")
     ///     .tcp_memory_limit(512 << 20)
     ///     .build()?;
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     pub fn tcp_memory_limit(mut self, bytes: usize) -> Self {
         self.stack.tcp_mem_limit = Some(bytes);

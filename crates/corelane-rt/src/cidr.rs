@@ -12,7 +12,8 @@ use crate::Error;
 /// An IP address and a prefix length, like `10.0.0.5/24` or `fd00::5/64`.
 ///
 /// ```
-/// use corelane_rt::Cidr;
+/// # use corelane_rt as corelane;
+/// use corelane::Cidr;
 /// let c: Cidr = "10.0.0.5/24".parse()?;
 /// assert_eq!((c.addr().to_string(), c.prefix()), ("10.0.0.5".into(), 24));
 /// assert_eq!(Cidr::new("fd00::5".parse()?, 64)?.to_string(), "fd00::5/64");

@@ -39,11 +39,12 @@ impl Builder {
     /// [`XdpCounters::syn_cookies`](corelane_xsk::XdpCounters::syn_cookies).
     ///
     /// ```no_run
-    /// let rt = corelane_rt::Runtime::builder("veth0")
+    /// # use corelane_rt as corelane;
+    /// let rt = corelane::Runtime::builder("veth0")
     ///     .addr("10.0.0.1/24")
     ///     .xdp_syn_cookies(true)
     ///     .build()?;
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     pub fn xdp_syn_cookies(mut self, on: bool) -> Self {
         self.xdp_cookies = Some(on);

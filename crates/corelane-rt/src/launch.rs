@@ -195,7 +195,8 @@ impl Runtime {
     /// application CPU.
     ///
     /// ```no_run
-    /// use corelane_rt::{Runtime, net::UdpSocket};
+    /// # use corelane_rt as corelane;
+    /// use corelane::{Runtime, net::UdpSocket};
     /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
     /// let report = rt.run(|core| async move {
     ///     let sock = UdpSocket::bind(7).await.expect("port 7");
@@ -206,7 +207,7 @@ impl Runtime {
     ///     println!("core {} done", core.index);
     /// })?;
     /// assert!(report.frames_balanced());
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     ///
     /// # Sharing state between cores
@@ -216,9 +217,10 @@ impl Runtime {
     /// through an `Arc` of something `Sync` (an atomic, a lock, a channel).
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicU64, Ordering};
-    /// use corelane_rt::{Runtime, net::TcpListener};
+    /// use corelane::{Runtime, net::TcpListener};
     ///
     /// struct Config { port: u16, greeting: String }
     /// let config = Config { port: 7, greeting: "hello".into() };
@@ -236,7 +238,7 @@ impl Runtime {
     ///     }
     /// })?;
     /// println!("{} connections", served.load(Ordering::Relaxed));
-    /// # Ok::<(), corelane_rt::Error>(())
+    /// # Ok::<(), corelane::Error>(())
     /// ```
     ///
     /// # Errors
@@ -258,7 +260,8 @@ impl Runtime {
     /// [`Error::Failed`], naming the core and the error.
     ///
     /// ```no_run
-    /// use corelane_rt::{Runtime, net::TcpListener};
+    /// # use corelane_rt as corelane;
+    /// use corelane::{Runtime, net::TcpListener};
     /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
     /// let report = rt.try_run(|_core| async move {
     ///     let listener = TcpListener::bind(7).await?; // a port in use ends the run, with why

@@ -14,7 +14,8 @@
 //! socket, its doorbell, its tasks' output and its next protocol timer.
 //!
 //! ```no_run
-//! use corelane_rt::{Runtime, net::TcpListener};
+//! # use corelane_rt as corelane;
+//! use corelane::{Runtime, net::TcpListener};
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //!
 //! let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;

@@ -36,13 +36,14 @@ impl Shared {
 /// shutdown signal, and close the connection when it fires:
 ///
 /// ```no_run
-/// use corelane_rt::net::TcpStream;
+/// # use corelane_rt as corelane;
+/// use corelane::net::TcpStream;
 /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
 ///
 /// async fn serve(mut s: TcpStream) -> std::io::Result<()> {
 ///     let mut buf = vec![0; 4096];
 ///     // Made once, outside the loop: each wait registers with the runtime.
-///     let shutdown = corelane_rt::shutdown_requested();
+///     let shutdown = corelane::shutdown_requested();
 ///     tokio::pin!(shutdown);
 ///     loop {
 ///         tokio::select! {

@@ -107,17 +107,21 @@ impl Shared {
 /// [`stop`](StopHandle::stop).
 ///
 /// ```no_run
+/// # use corelane_rt as corelane;
 /// use std::time::Duration;
-/// let rt = corelane_rt::Runtime::builder("eth0")
+/// let rt = corelane::Runtime::builder("eth0")
 ///     .addr("10.0.0.5/24")
 ///     .build()?;
 /// let handle = rt.stop_handle();
-/// // From the application's own signal handling (corelane installs none):
+/// // The application's own signal handling (corelane installs none), here signal-hook's:
+/// let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM])?;
 /// std::thread::spawn(move || {
-///     // ... on SIGTERM:
-///     handle.shutdown(Duration::from_secs(10));
+///     if signals.forever().next().is_some() {
+///         handle.shutdown(Duration::from_secs(10));
+///     }
 /// });
-/// # Ok::<(), corelane_rt::Error>(())
+/// rt.run(|_core| async { /* the service */ })?;
+/// # Ok::<(), corelane::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct StopHandle(pub(crate) Weak<Shared>);

@@ -11,18 +11,21 @@
 //! The compiler refuses to move a socket to another thread:
 //!
 //! ```compile_fail
+//! # use corelane_rt as corelane;
 //! fn needs_send<T: Send>() {}
-//! needs_send::<corelane_rt::net::TcpStream>();
+//! needs_send::<corelane::net::TcpStream>();
 //! ```
 //!
 //! ```compile_fail
+//! # use corelane_rt as corelane;
 //! fn needs_send<T: Send>() {}
-//! needs_send::<corelane_rt::net::UdpSocket>();
+//! needs_send::<corelane::net::UdpSocket>();
 //! ```
 //!
 //! ```compile_fail
+//! # use corelane_rt as corelane;
 //! fn needs_send<T: Send>() {}
-//! needs_send::<corelane_rt::net::TcpListener>();
+//! needs_send::<corelane::net::TcpListener>();
 //! ```
 
 mod addr;

@@ -14,8 +14,9 @@ use crate::net::{NotSend, ToSocketAddr};
 /// A UDP socket on the current core.
 ///
 /// ```no_run
+/// # use corelane_rt as corelane;
 /// # async fn f() -> std::io::Result<()> {
-/// use corelane_rt::net::UdpSocket;
+/// use corelane::net::UdpSocket;
 /// // Inside a task of Runtime::run, on every core:
 /// let sock = UdpSocket::bind(7).await?;
 /// let mut buf = vec![0; 2048];
@@ -89,8 +90,9 @@ impl UdpSocket {
     /// Sends one datagram to `addr`.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::UdpSocket;
+    /// use corelane::net::UdpSocket;
     /// // Inside a task of Runtime::run:
     /// let sock = UdpSocket::bind(0).await?;
     /// sock.send_to(b"ping", "10.0.0.2:9000").await?;
@@ -119,8 +121,9 @@ impl UdpSocket {
     /// longer than `buf` is cut to it, the rest lost (as tokio's, on Linux).
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::UdpSocket;
+    /// use corelane::net::UdpSocket;
     /// // A UDP echo server, inside a task of Runtime::run:
     /// let sock = UdpSocket::bind(7).await?;
     /// let mut buf = vec![0; 65_507];
@@ -151,8 +154,9 @@ impl UdpSocket {
     /// with room).
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::UdpSocket;
+    /// use corelane::net::UdpSocket;
     /// let sock = UdpSocket::bind(5353).await?;
     /// let mut head = [0u8; 2];
     /// // Look at the first two bytes, then take the datagram with a buffer that fits it.
@@ -219,8 +223,9 @@ impl UdpSocket {
     /// only its datagrams.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::UdpSocket;
+    /// use corelane::net::UdpSocket;
     /// let sock = UdpSocket::bind(0).await?;
     /// sock.connect("10.0.0.2:53").await?;
     /// sock.send(b"query").await?;

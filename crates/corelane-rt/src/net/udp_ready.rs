@@ -39,8 +39,9 @@ impl UdpSocket {
     /// Waits until a datagram waits (or a receive would return an error at once).
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::UdpSocket;
+    /// use corelane::net::UdpSocket;
     /// let sock = UdpSocket::bind(7).await?;
     /// let mut buf = [0u8; 2048];
     /// loop {

@@ -19,8 +19,9 @@ use crate::net::ToSocketAddr;
 /// connections whose SYN reached its queue.
 ///
 /// ```no_run
+/// # use corelane_rt as corelane;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use corelane_rt::{Runtime, net::TcpListener};
+/// use corelane::{Runtime, net::TcpListener};
 /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
 /// rt.run(|_core| async move {
 ///     let listener = TcpListener::bind(8080).await.expect("port 8080 on this core");
@@ -116,9 +117,10 @@ impl TcpListener {
     /// [`TcpStream::set_keepalive`] and [`TcpStream::set_user_timeout`] on each.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
     /// use std::time::Duration;
-    /// let l = corelane_rt::net::TcpListener::bind(80).await?;
+    /// let l = corelane::net::TcpListener::bind(80).await?;
     /// l.set_accept_options(Some(Duration::from_secs(60)), Some(Duration::from_secs(30)))?;
     /// # Ok(()) }
     /// ```
@@ -201,8 +203,9 @@ impl TcpListener {
     /// Waits for the next connection. With many tasks waiting, each connection wakes one.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::TcpListener;
+    /// use corelane::net::TcpListener;
     /// use tokio::io::AsyncWriteExt;
     /// // Inside the future of Runtime::run (one listener per core, all on port 80):
     /// let listener = TcpListener::bind(80).await?;

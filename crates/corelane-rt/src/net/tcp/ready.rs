@@ -45,8 +45,9 @@ impl TcpStream {
     /// Waits until the stream is ready for any of `interest`, and says for which.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::TcpStream;
+    /// use corelane::net::TcpStream;
     /// use tokio::io::Interest;
     /// let s = TcpStream::connect("10.0.0.2:7").await?;
     /// let ready = s.ready(Interest::READABLE | Interest::WRITABLE).await?;

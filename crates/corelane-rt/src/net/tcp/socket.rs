@@ -20,9 +20,10 @@ const KEEPALIVE: Duration = Duration::from_secs(7200);
 /// [`listen`](Self::listen). It lives on the current core.
 ///
 /// ```no_run
+/// # use corelane_rt as corelane;
 /// # async fn f() -> std::io::Result<()> {
 /// use std::net::SocketAddr;
-/// use corelane_rt::net::TcpSocket;
+/// use corelane::net::TcpSocket;
 /// // From a chosen local port, with a 1 MiB receive buffer:
 /// let sock = TcpSocket::new_v4()?;
 /// sock.bind(SocketAddr::from(([10, 0, 0, 1], 40000)))?;

@@ -16,8 +16,9 @@ use crate::net::{NotSend, ToSocketAddr};
 /// A TCP connection on the current core, with tokio's `AsyncRead` and `AsyncWrite`.
 ///
 /// ```no_run
+/// # use corelane_rt as corelane;
 /// # async fn f() -> std::io::Result<()> {
-/// use corelane_rt::net::TcpStream;
+/// use corelane::net::TcpStream;
 /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// // Inside a task of Runtime::run:
 /// let mut s = TcpStream::connect("10.0.0.2:7").await?;
@@ -66,8 +67,9 @@ impl TcpStream {
     /// the wait with `tokio::time::timeout`.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::TcpStream;
+    /// use corelane::net::TcpStream;
     /// use std::time::Duration;
     /// // Inside a task of Runtime::run:
     /// let s = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(("10.0.0.2", 80)))
@@ -244,8 +246,9 @@ impl TcpStream {
     /// again. Waits while none are there; 0 at the end of the stream.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::TcpStream;
+    /// use corelane::net::TcpStream;
     /// use tokio::io::AsyncReadExt;
     /// let mut s = TcpStream::connect("10.0.0.2:80").await?;
     /// let mut first = [0u8; 1];
@@ -272,8 +275,9 @@ impl TcpStream {
     /// With [`try_read`](Self::try_read), the pair reads without a `&mut` borrow.
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::TcpStream;
+    /// use corelane::net::TcpStream;
     /// let s = TcpStream::connect("10.0.0.2:7").await?;
     /// let mut buf = [0; 4096];
     /// loop {
@@ -327,8 +331,9 @@ impl TcpStream {
     /// Waits until a write would not wait (room in the send buffer, or an error).
     ///
     /// ```no_run
+    /// # use corelane_rt as corelane;
     /// # async fn f() -> std::io::Result<()> {
-    /// use corelane_rt::net::TcpStream;
+    /// use corelane::net::TcpStream;
     /// let s = TcpStream::connect("10.0.0.2:7").await?;
     /// let mut rest: &[u8] = b"hello";
     /// while !rest.is_empty() {

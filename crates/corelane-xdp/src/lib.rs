@@ -49,6 +49,9 @@ pub struct Grant {
     pub uids: Vec<u32>,
     /// How to attach the program.
     pub attach: AttachMode,
+    /// The most receive queues a server may set the interface to (0: it may not change
+    /// them): the queue count is the whole interface's, not the server's.
+    pub channels: u32,
 }
 
 impl Grant {
@@ -78,6 +81,7 @@ impl Grant {
             udp: parse_ports(udp)?,
             uids: uids.to_vec(),
             attach: AttachMode::Auto,
+            channels: 0,
         })
     }
 
@@ -93,17 +97,45 @@ impl Grant {
         self.ports(proto).iter().any(|r| r.contains(&port))
     }
 
-    /// One line: addresses, ports and users.
+    /// One line: addresses, ports, users and queues.
     pub fn summary(&self) -> String {
         let addrs: Vec<String> = self.addrs.iter().map(|a| a.to_string()).collect();
         let uids: Vec<String> = self.uids.iter().map(|u| u.to_string()).collect();
+        let queues = match self.channels {
+            0 => "as they are".to_string(),
+            n => format!("up to {n}"),
+        };
         format!(
-            "addresses {}; tcp {}; udp {}; uid {}",
+            "addresses {}; tcp {}; udp {}; uid {}; queues {queues}",
             list_or_none(&addrs),
             ranges(&self.tcp),
             ranges(&self.udp),
             list_or_none(&uids)
         )
+    }
+
+    /// Whether a server may have the interface's `now` receive queues set to `need`.
+    ///
+    /// # Errors
+    /// A change the grant does not allow, with the option that would.
+    pub fn allows_channels(&self, now: u32, need: u32) -> Result<(), String> {
+        if need == now {
+            return Ok(());
+        }
+        if need == 0 || need > self.channels {
+            return Err(match self.channels {
+                0 => format!(
+                    "{} has {now} receive queue(s) and the grant allows no change (to let a \
+                     server set up to N: corelane-xdp grant ... --channels N)",
+                    self.ifname
+                ),
+                max => format!(
+                    "{need} receive queues asked for {}; the grant allows 1 to {max}",
+                    self.ifname
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -481,6 +513,7 @@ fn handle(
             let now = corelane_xsk::channels(&grant.ifname)
                 .map_err(e)?
                 .ok_or_else(|| format!("{}: the driver does not set its queues", grant.ifname))?;
+            grant.allows_channels(now.rx_queues(), need)?;
             if now.rx_queues() != need {
                 let old = corelane_xsk::set_rx_queues(&grant.ifname, now, need).map_err(e)?;
                 if st.restore.is_none() {
@@ -534,9 +567,29 @@ mod tests {
         assert!(!g.allows_port(Proto::Udp, 7));
         assert_eq!(
             g.summary(),
-            "addresses 10.0.0.1; tcp 7, 49152-65535; udp none; uid 0"
+            "addresses 10.0.0.1; tcp 7, 49152-65535; udp none; uid 0; queues as they are"
         );
         assert!(Grant::parse("veth0", &["10.0.0.300"], &[], &[], &[0]).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn the_grant_bounds_the_queue_count_a_server_may_set() -> Result<(), String> {
+        let mut g = Grant::parse("veth0", &["10.0.0.1"], &["7"], &[], &[0])?;
+        // By default no change: asking for what is there is fine, anything else is refused
+        // with the option that allows it.
+        assert!(g.allows_channels(2, 2).is_ok());
+        let e = g
+            .allows_channels(2, 64)
+            .err()
+            .ok_or("a change was allowed")?;
+        assert!(e.contains("--channels"), "{e}");
+        g.channels = 4;
+        assert!(g.allows_channels(2, 4).is_ok());
+        assert!(g.allows_channels(2, 1).is_ok());
+        assert!(g.allows_channels(2, 5).is_err());
+        assert!(g.allows_channels(2, 0).is_err());
+        assert!(g.summary().ends_with("queues up to 4"), "{}", g.summary());
         Ok(())
     }
 }

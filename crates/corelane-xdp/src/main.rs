@@ -51,6 +51,10 @@ enum Command {
         /// How to attach the program.
         #[arg(long, value_enum, default_value = "auto")]
         mode: Mode,
+        /// The most receive queues the server may set the interface to (default: it may not
+        /// change them; a server with more cores than queues then fails with this hint).
+        #[arg(long, default_value_t = 0)]
+        channels: u32,
     },
 }
 
@@ -102,6 +106,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         udp,
         users,
         mode,
+        channels,
     } = cli.command;
     let uids = if users.is_empty() {
         vec![nix::unistd::geteuid().as_raw()]
@@ -109,6 +114,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         users.iter().map(|u| uid_of(u)).collect::<Result<_, _>>()?
     };
     let mut grant = Grant::parse(&iface, &words(&addrs), &words(&tcp), &words(&udp), &uids)?;
+    grant.channels = channels;
     grant.attach = match mode {
         Mode::Auto => AttachMode::Auto,
         Mode::Native => AttachMode::Native,

@@ -396,3 +396,96 @@ fn each_missing_privilege_is_one_line_naming_it_and_the_fix() {
     assert!(line.contains("no corelane-xdp grant serves"), "{line}");
     let _ = std::fs::remove_dir_all(&run);
 }
+
+/// A local user cannot take the broker down: a thousand idle connections to its socket,
+/// under an open-file limit of 64, leave it serving (connections past its limit are closed
+/// at once, the rest dropped when they say no hello in 2 s), and a granted server then
+/// starts and echoes.
+#[test]
+fn a_thousand_idle_connections_do_not_take_the_broker_down() {
+    if !require_root("a_thousand_idle_connections_do_not_take_the_broker_down") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("idle");
+    let inner = as_user(
+        &net,
+        &run,
+        NOBODY,
+        &["net_admin", "bpf", "perfmon"],
+        &broker_bin(),
+        &[
+            "grant",
+            net.server_if(),
+            "--addr",
+            SERVER_V4,
+            "--addr",
+            SERVER_V6,
+            "--tcp",
+            "7",
+            "--udp",
+            "7",
+            "--user",
+            "nobody",
+        ],
+    );
+    let mut cmd = Command::new("prlimit");
+    cmd.env("CORELANE_RUN_DIR", &run)
+        .arg("--nofile=64:64")
+        .arg("--")
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    wait_for(&broker, "serving");
+    let path = broker
+        .output()
+        .lines()
+        .find_map(|l| {
+            l.split("grant socket ")
+                .nth(1)
+                .map(|p| p.trim().to_string())
+        })
+        .expect("the broker names its socket");
+    let mut idle = Vec::new();
+    for _ in 0..1000 {
+        if let Ok(s) = corelane_xsk::grant::open_connection(Path::new(&path)) {
+            idle.push(s);
+        }
+    }
+    assert!(
+        idle.len() >= 900,
+        "{} connections opened to {path}: {:?}",
+        idle.len(),
+        corelane_xsk::grant::open_connection(Path::new(&path)).err()
+    );
+    // The idle ones that got a session thread are dropped after their hello deadline.
+    std::thread::sleep(Duration::from_millis(2500));
+    let alive = process_alive(broker.pid());
+    assert!(alive, "the broker died:\n{}", broker.output());
+    let server = Echo::start_cmd(
+        echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]),
+        "echo",
+    );
+    wait_for(
+        &broker,
+        &format!("pid {} (uid {NOBODY}) took", server.pid()),
+    );
+    assert_echoes(
+        &net,
+        SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
+        64 * 1024,
+        3,
+    );
+    drop(idle);
+    let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+    let (_, out) = broker.stop();
+    assert!(!out.contains("error"), "{out}");
+}
+
+/// Whether process `pid` still runs (its /proc entry is there and not a zombie).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+        .unwrap_or(false)
+}

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use corelane_xsk::grant::{
     accept, grant_socket_path, listen_at, peer, proto_name, recv_message, send_message,
+    set_read_deadline,
 };
 use corelane_xsk::{AttachMode, Channels, Claim, Error, Proto, Steering};
 
@@ -287,14 +288,53 @@ impl Broker {
     /// # Errors
     /// Accepting failed for a reason other than the wake-up timeout.
     pub fn serve(&self, stop: &AtomicBool) -> Result<(), Error> {
+        // Nothing a local user does to the socket ends this loop (which would detach the
+        // program under the server it serves): a failed accept (out of descriptors) or
+        // thread is logged and survived, connections past MAX_CONNECTIONS are closed at
+        // once, and one that does not say hello within HELLO_DEADLINE is dropped.
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut complained = None::<std::time::Instant>;
+        let mut complain = |what: String| {
+            if complained.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1)) {
+                complained = Some(std::time::Instant::now());
+                tracing::warn!("{}: {what}", self.grant.ifname);
+            }
+        };
         while !stop.load(Ordering::SeqCst) {
-            let Some(conn) = accept(&self.listener)? else {
-                continue;
+            let conn = match accept(&self.listener) {
+                Ok(Some(c)) => c,
+                Ok(None) => continue,
+                Err(e) => {
+                    complain(format!("accepting a connection to the grant socket: {e}"));
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
+                }
             };
-            let (state, grant) = (self.state.clone(), self.grant.clone());
-            std::thread::Builder::new()
+            if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                complain(format!(
+                    "{MAX_CONNECTIONS} connections to the grant socket are open: new ones are \
+                     closed"
+                ));
+                continue;
+            }
+            if let Err(e) = set_read_deadline(&conn, Some(HELLO_DEADLINE)) {
+                complain(format!("a connection to the grant socket: {e}"));
+                continue;
+            }
+            let (state, grant, held) = (self.state.clone(), self.grant.clone(), open.clone());
+            held.fetch_add(1, Ordering::SeqCst);
+            let spawned = std::thread::Builder::new()
                 .name("corelane-xdp-session".into())
-                .spawn(move || session(&state, &grant, &conn))?;
+                .spawn(move || {
+                    session(&state, &grant, &conn);
+                    held.fetch_sub(1, Ordering::SeqCst);
+                });
+            if let Err(e) = spawned {
+                open.fetch_sub(1, Ordering::SeqCst);
+                complain(format!(
+                    "no thread for a connection to the grant socket: {e}"
+                ));
+            }
         }
         Ok(())
     }
@@ -319,6 +359,13 @@ impl Drop for Broker {
         }
     }
 }
+
+/// Most connections to the grant socket open at once (one server holds the grant; the rest
+/// are refused at their hello).
+const MAX_CONNECTIONS: usize = 32;
+
+/// How long a connection may take to say hello.
+const HELLO_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One server's connection: the hello, then requests until it closes.
 fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
@@ -366,7 +413,10 @@ fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
     match welcome {
         Ok(mode) => {
             println!("corelane-xdp: pid {pid} (uid {uid}) took the grant");
-            if send_message(fd, &format!("ok {mode}"), None).is_err() {
+            // The server's connection lasts as long as the server: no deadline from here.
+            if set_read_deadline(conn, None).is_err()
+                || send_message(fd, &format!("ok {mode}"), None).is_err()
+            {
                 end_session(state, grant);
                 return;
             }
@@ -542,54 +592,4 @@ fn handle(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ports_parse_singles_lists_and_ranges() -> Result<(), String> {
-        let r = parse_ports(&["7", "8000-8002,9"])?;
-        assert_eq!(r, vec![7..=7, 8000..=8002, 9..=9]);
-        for bad in ["0", "9-8", "x", "70000", "1-"] {
-            match parse_ports(&[bad]) {
-                Ok(r) => return Err(format!("`{bad}` parsed as {r:?}")),
-                Err(e) => assert!(e.contains(bad), "{e}"),
-            }
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn the_grant_allows_only_its_ports_and_names_them() -> Result<(), String> {
-        let g = Grant::parse("veth0", &["10.0.0.1"], &["7", "49152-65535"], &[], &[0])?;
-        assert!(g.allows_port(Proto::Tcp, 7));
-        assert!(g.allows_port(Proto::Tcp, 50000));
-        assert!(!g.allows_port(Proto::Tcp, 8));
-        assert!(!g.allows_port(Proto::Udp, 7));
-        assert_eq!(
-            g.summary(),
-            "addresses 10.0.0.1; tcp 7, 49152-65535; udp none; uid 0; queues as they are"
-        );
-        assert!(Grant::parse("veth0", &["10.0.0.300"], &[], &[], &[0]).is_err());
-        Ok(())
-    }
-
-    #[test]
-    fn the_grant_bounds_the_queue_count_a_server_may_set() -> Result<(), String> {
-        let mut g = Grant::parse("veth0", &["10.0.0.1"], &["7"], &[], &[0])?;
-        // By default no change: asking for what is there is fine, anything else is refused
-        // with the option that allows it.
-        assert!(g.allows_channels(2, 2).is_ok());
-        let e = g
-            .allows_channels(2, 64)
-            .err()
-            .ok_or("a change was allowed")?;
-        assert!(e.contains("--channels"), "{e}");
-        g.channels = 4;
-        assert!(g.allows_channels(2, 4).is_ok());
-        assert!(g.allows_channels(2, 1).is_ok());
-        assert!(g.allows_channels(2, 5).is_err());
-        assert!(g.allows_channels(2, 0).is_err());
-        assert!(g.summary().ends_with("queues up to 4"), "{}", g.summary());
-        Ok(())
-    }
-}
+mod tests;

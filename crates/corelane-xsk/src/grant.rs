@@ -145,6 +145,20 @@ pub fn accept(listener: &OwnedFd) -> std::io::Result<Option<OwnedFd>> {
     }
 }
 
+/// Makes a read on `conn` give up after `deadline` (None: wait as long as it takes).
+///
+/// # Errors
+/// The kernel refused the option.
+pub fn set_read_deadline(
+    conn: &OwnedFd,
+    deadline: Option<std::time::Duration>,
+) -> std::io::Result<()> {
+    let d = deadline.unwrap_or_default();
+    let tv = nix::sys::time::TimeVal::new(d.as_secs() as i64, i64::from(d.subsec_micros()) as _);
+    socket::setsockopt(conn, sockopt::ReceiveTimeout, &tv)?;
+    Ok(())
+}
+
 /// The process id and user id of the process at the other end of `conn`.
 ///
 /// # Errors
@@ -152,6 +166,23 @@ pub fn accept(listener: &OwnedFd) -> std::io::Result<Option<OwnedFd>> {
 pub fn peer(conn: &OwnedFd) -> std::io::Result<(u32, u32)> {
     let c = socket::getsockopt(conn, sockopt::PeerCredentials)?;
     Ok((c.pid() as u32, c.uid()))
+}
+
+/// A connection to the grant socket at `path`, before anything is said on it (the broker
+/// expects `hello` first; [`GrantClient::connect_at`] says it).
+///
+/// # Errors
+/// The socket could not be made or nobody listens at `path`.
+pub fn open_connection(path: &Path) -> std::io::Result<OwnedFd> {
+    let sock = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let addr = UnixAddr::new(path)?;
+    socket::connect(sock.as_raw_fd(), &addr)?;
+    Ok(sock)
 }
 
 /// The connection of a server to the broker that holds its interface's XDP program.
@@ -180,26 +211,25 @@ impl GrantClient {
     /// # Errors
     /// As [`GrantClient::connect`].
     pub fn connect_at(path: &Path) -> Result<Option<GrantClient>, Error> {
-        let sock = socket::socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(std::io::Error::from)?;
-        let addr = UnixAddr::new(path).map_err(std::io::Error::from)?;
-        match socket::connect(sock.as_raw_fd(), &addr) {
-            Ok(()) => {}
-            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ECONNREFUSED) => return Ok(None),
-            Err(nix::errno::Errno::EACCES) => {
+        let sock = match open_connection(path) {
+            Ok(s) => s,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ECONNREFUSED)
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
                 return Err(Error::Privilege(format!(
                     "{} may not be opened by this user; the broker's socket must be writable \
                      (corelane-xdp grant makes it so)",
                     path.display()
                 )));
             }
-            Err(e) => return Err(Error::Io(e.into())),
-        }
+            Err(e) => return Err(Error::Io(e)),
+        };
         let timeout = nix::sys::time::TimeVal::new(5, 0);
         socket::setsockopt(&sock, sockopt::ReceiveTimeout, &timeout)
             .map_err(std::io::Error::from)?;

@@ -95,7 +95,7 @@ fn curl(net: &corelane_testnet::VethPair, args: &[&str]) -> String {
 }
 
 #[test]
-fn runtime_http_example_answers_curl_on_both_cores() {
+fn runtime_http_example_answers_curl_on_both_cores_over_http1_and_http2() {
     if !require_root("runtime_http_curl") {
         return;
     }
@@ -136,6 +136,33 @@ fn runtime_http_example_answers_curl_on_both_cores() {
         &["-o", "/dev/null", "-w", "%{http_code}", &url("/nope")],
     );
     assert_eq!(code, "404");
+    // HTTP/2 on the same port (h2c, prior knowledge): a GET and a 50,000-byte POST echo.
+    let h2 = curl(
+        &net,
+        &[
+            "--http2-prior-knowledge",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version} %{http_code}",
+            &url("/"),
+        ],
+    );
+    assert_eq!(h2, "2 200");
+    let back = curl(
+        &net,
+        &[
+            "--http2-prior-knowledge",
+            "--data-binary",
+            &data,
+            &url("/echo"),
+        ],
+    );
+    assert!(
+        back == data,
+        "HTTP/2 POST /echo returned {} bytes",
+        back.len()
+    );
     // A client that never finishes its headers is disconnected after the header timeout
     // (half a second here), while the server goes on answering others.
     let slow = net

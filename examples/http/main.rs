@@ -1,9 +1,10 @@
-//! An HTTP/1.1 server: hyper, unmodified, serving on corelane streams through tokio's traits, on
-//! every core.
+//! An HTTP/1.1 and HTTP/2 (h2c) server: hyper, unmodified, serving on corelane streams through
+//! tokio's traits, on every core.
 //!
 //! ```text
 //! ip netns exec NS target/release/examples/http --iface IF --addr 10.77.0.3/24 --port 8080
 //! curl http://10.77.0.3:8080/            # from the peer namespace
+//! curl --http2-prior-knowledge http://10.77.0.3:8080/
 //! ```
 //!
 //! `GET /` answers with a short text naming the core; `GET /bytes/N` answers with N bytes;
@@ -21,13 +22,25 @@ use clap::Parser;
 use corelane::net::TcpListener;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
+
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+
+/// hyper's executor for the tasks of an HTTP/2 connection: on this core, with `spawn_local`
+/// (a corelane stream is not `Send`, so neither are they).
+#[derive(Clone, Copy, Debug)]
+struct LocalExec;
+
+impl<F: std::future::Future + 'static> hyper::rt::Executor<F> for LocalExec {
+    fn execute(&self, fut: F) {
+        tokio::task::spawn_local(fut);
+    }
+}
 
 #[derive(Parser, Debug)]
-#[command(about = "HTTP/1.1 (hyper) served by corelane over AF_XDP, on every core")]
+#[command(about = "HTTP/1.1 and HTTP/2 (hyper) served by corelane over AF_XDP, on every core")]
 struct Args {
     #[command(flatten)]
     common: common::Common,
@@ -85,10 +98,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     let svc = service_fn(move |req| handle(idx, req));
                     // A client that sends its headers slower than --header-timeout is cut
                     // off: a thousand trickling clients cannot hold the server's connections.
-                    let conn = http1::Builder::new()
+                    // HTTP/1.1, or HTTP/2 when the client's first bytes are its preface
+                    // (h2c with prior knowledge; behind TLS, ALPN would choose).
+                    let mut http = auto::Builder::new(LocalExec);
+                    http.http1()
                         .timer(TokioTimer::new())
-                        .header_read_timeout(header_timeout)
-                        .serve_connection(TokioIo::new(stream), svc);
+                        .header_read_timeout(header_timeout);
+                    http.http2().timer(TokioTimer::new());
+                    let conn = http.serve_connection(TokioIo::new(stream), svc);
                     tokio::pin!(conn);
                     // A client that goes away mid-request is its own business. When a
                     // graceful shutdown begins, an idle keep-alive connection is closed (a

@@ -1,0 +1,236 @@
+//! One server's session with the broker: its hello, its requests (addresses, ports, queues,
+//! sockets, statistics), and what is undone when it leaves.
+
+use std::fs;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
+
+use corelane_xsk::grant::{peer, proto_name, recv_message, send_message, set_read_deadline};
+use corelane_xsk::{Error, Proto};
+
+use super::{Grant, Session, State, list_or_none, lock, ranges};
+
+/// One server's connection: the hello, then requests until it closes.
+pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
+    let (pid, uid) = match peer(conn) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("a connection without credentials: {e}");
+            return;
+        }
+    };
+    let fd = conn.as_raw_fd();
+    match recv_message(fd) {
+        Ok(Some((hello, _))) if hello == "hello" => {}
+        _ => return,
+    }
+    let welcome = {
+        let mut st = lock(state);
+        if !grant.uids.contains(&uid) {
+            Err(format!(
+                "uid {uid} is not granted {} (granted: uid {}); start corelane-xdp grant with \
+                 --user {uid}",
+                grant.ifname,
+                list_or_none(&grant.uids.iter().map(|u| u.to_string()).collect::<Vec<_>>())
+            ))
+        } else if let Some(s) = &st.session {
+            Err(format!(
+                "{} is served by another corelane runtime (pid {}: `kill {}`); stop it first",
+                grant.ifname, s.pid, s.pid
+            ))
+        } else if let Some(steering) = &st.steering {
+            let mode = match steering.fallback_reason() {
+                Some(why) => format!("{} {why}", steering.mode()),
+                None => steering.mode().to_string(),
+            };
+            st.session = Some(Session {
+                pid,
+                uid,
+                ..Session::default()
+            });
+            Ok(mode)
+        } else {
+            Err("the broker is stopping".to_string())
+        }
+    };
+    match welcome {
+        Ok(mode) => {
+            println!("corelane-xdp: pid {pid} (uid {uid}) took the grant");
+            // The server's connection lasts as long as the server: no deadline from here.
+            if set_read_deadline(conn, None).is_err()
+                || send_message(fd, &format!("ok {mode}"), None).is_err()
+            {
+                end_session(state, grant);
+                return;
+            }
+        }
+        Err(why) => {
+            println!("corelane-xdp: refused pid {pid} (uid {uid}): {why}");
+            let _ = send_message(fd, &format!("err {why}"), None);
+            return;
+        }
+    }
+    // Requests until the server closes (or dies: the kernel closes for it).
+    while let Ok(Some((text, passed))) = recv_message(fd) {
+        let (reply, out) = match handle(state, grant, &text, passed) {
+            Ok((r, out)) => (format!("ok {r}").trim_end().to_string(), out),
+            Err(why) => (format!("err {why}"), None),
+        };
+        let sent = send_message(fd, &reply, out.as_ref().map(|f| f.as_raw_fd()));
+        if sent.is_err() {
+            break;
+        }
+    }
+    end_session(state, grant);
+}
+
+/// Stops steering everything the departed server asked for.
+fn end_session(state: &Mutex<State>, grant: &Grant) {
+    let mut st = lock(state);
+    let Some(s) = st.session.take() else { return };
+    if let Some(steering) = st.steering.as_mut() {
+        for (proto, port) in &s.ports {
+            let _ = steering.release_port(*proto, *port);
+        }
+        for a in &s.addrs {
+            let _ = steering.disown_addr(*a);
+        }
+    }
+    if let Some(p) = &s.stats {
+        let _ = fs::remove_file(p);
+    }
+    println!(
+        "corelane-xdp: pid {} (uid {}) left {}: released {} address(es) and {} port(s)",
+        s.pid,
+        s.uid,
+        grant.ifname,
+        s.addrs.len(),
+        s.ports.len()
+    );
+}
+
+type Reply = (String, Option<std::fs::File>);
+
+/// Carries out one request, or says why not.
+fn handle(
+    state: &Mutex<State>,
+    grant: &Grant,
+    text: &str,
+    passed: Option<OwnedFd>,
+) -> Result<Reply, String> {
+    let mut st = lock(state);
+    let st = &mut *st;
+    let (Some(steering), Some(session)) = (st.steering.as_mut(), st.session.as_mut()) else {
+        return Err("the broker is stopping".into());
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let e = |e: Error| e.to_string();
+    let ok = || Ok((String::new(), None));
+    match words[..] {
+        [verb @ ("addr" | "unaddr"), a] => {
+            let a: IpAddr = a.parse().map_err(|_| format!("`{a}` is not an address"))?;
+            if verb == "unaddr" {
+                if let Some(i) = session.addrs.iter().position(|x| *x == a) {
+                    session.addrs.remove(i);
+                    steering.disown_addr(a).map_err(e)?;
+                }
+                return ok();
+            }
+            if !grant.addrs.contains(&a) {
+                return Err(format!(
+                    "{a} is not granted to this server on {} (granted: {}); add --addr {a} to \
+                     corelane-xdp grant",
+                    grant.ifname,
+                    list_or_none(
+                        &grant
+                            .addrs
+                            .iter()
+                            .map(|a| a.to_string())
+                            .collect::<Vec<_>>()
+                    )
+                ));
+            }
+            if !session.addrs.contains(&a) {
+                steering.own_addr(a).map_err(e)?;
+                session.addrs.push(a);
+            }
+            ok()
+        }
+        [verb @ ("port" | "unport"), proto, port] => {
+            let proto = match proto {
+                "tcp" => Proto::Tcp,
+                "udp" => Proto::Udp,
+                _ => return Err(format!("`{proto}` is not tcp or udp")),
+            };
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("`{port}` is not a port"))?;
+            if verb == "unport" {
+                if session.ports.remove(&(proto, port)) {
+                    steering.release_port(proto, port).map_err(e)?;
+                }
+                return ok();
+            }
+            if !grant.allows_port(proto, port) {
+                let name = proto_name(proto);
+                return Err(format!(
+                    "{name} port {port} is not granted to this server on {} (granted {name}: \
+                     {}); add --{name} {port} to corelane-xdp grant",
+                    grant.ifname,
+                    ranges(grant.ports(proto))
+                ));
+            }
+            if session.ports.insert((proto, port)) {
+                steering.own_port(proto, port).map_err(e)?;
+            }
+            ok()
+        }
+        ["queue", q] => {
+            let q: u32 = q.parse().map_err(|_| format!("`{q}` is not a queue"))?;
+            let Some(sock) = passed else {
+                return Err("`queue` needs the AF_XDP socket's descriptor".into());
+            };
+            if q >= corelane_xsk::MAX_QUEUES {
+                return Err(format!(
+                    "queue {q}: the program serves queues below {}",
+                    corelane_xsk::MAX_QUEUES
+                ));
+            }
+            steering.register(q, sock.as_raw_fd()).map_err(|err| {
+                format!("queue {q}: the descriptor is not a bound AF_XDP socket ({err})")
+            })?;
+            ok()
+        }
+        ["channels", n] => {
+            let need: u32 = n.parse().map_err(|_| format!("`{n}` is not a count"))?;
+            let now = corelane_xsk::channels(&grant.ifname)
+                .map_err(e)?
+                .ok_or_else(|| format!("{}: the driver does not set its queues", grant.ifname))?;
+            grant.allows_channels(now.rx_queues(), need)?;
+            if now.rx_queues() != need {
+                let old = corelane_xsk::set_rx_queues(&grant.ifname, now, need).map_err(e)?;
+                if st.restore.is_none() {
+                    st.restore = Some(old);
+                    st.claim.note_channels(Some(old));
+                }
+            }
+            ok()
+        }
+        ["counters"] => {
+            let c = steering.counters().map_err(e)?;
+            Ok((
+                format!("{} {} {} {}", c.steered, c.passed, c.malformed, c.no_socket),
+                None,
+            ))
+        }
+        ["stats"] => {
+            let path = st.claim.dir().join("stats");
+            let file = corelane_stat::new_stats_file(&path)
+                .map_err(|err| format!("{}: {err}", path.display()))?;
+            session.stats = Some(path.clone());
+            Ok((path.display().to_string(), Some(file)))
+        }
+        _ => Err(format!("unknown request `{text}`")),
+    }
+}

@@ -489,3 +489,65 @@ fn process_alive(pid: u32) -> bool {
         .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         .unwrap_or(false)
 }
+
+/// A granted server that dies (SIGKILL: nothing of it runs) leaves no peer waiting: the broker
+/// keeps its addresses owned a while with no port steered, so the XDP program answers what
+/// its peers still send with a reset, as a host does for a process that died, and a new SYN
+/// is refused at once.
+#[test]
+fn a_killed_granted_server_s_peers_are_reset_at_once() {
+    if !require_root("a_killed_granted_server_s_peers_are_reset_at_once") {
+        return;
+    }
+    use std::io::{Read, Write};
+    let net = net(1);
+    // veth hands the program's answers (XDP_TX) to a peer only when the peer runs an XDP
+    // program of its own (a NIC needs none): corelane's, owning nothing, passes everything.
+    let object = concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o");
+    net.client_ns()
+        .attach_xdp(net.client_if(), object)
+        .expect("the peer's program");
+    let run = run_dir("killed");
+    let broker = start_broker(&net, &run);
+    let server = Echo::start_cmd(
+        echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]),
+        "echo",
+    );
+    wait_for(
+        &broker,
+        &format!("pid {} (uid {NOBODY}) took", server.pid()),
+    );
+    let v4: SocketAddr = SocketAddr::new(SERVER_V4.parse().unwrap(), 7);
+    let mut s = net
+        .client_ns()
+        .run(move || connect_patiently(v4))
+        .expect("client thread");
+    s.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+    server.signal(libc::SIGKILL);
+    let (_, _) = server.wait();
+    wait_for(&broker, "left");
+    // The peer writes again: a reset comes back, long before any timeout.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let start = Instant::now();
+    let _ = s.write_all(b"more");
+    let r = s.read(&mut b);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "after the server died the peer got {r:?} in {:?}",
+        start.elapsed()
+    );
+    // A new connection is refused at once.
+    let refused = net
+        .client_ns()
+        .run(move || std::net::TcpStream::connect_timeout(&v4, Duration::from_secs(3)))
+        .expect("client thread");
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "{refused:?}"
+    );
+    let (_, out) = broker.stop();
+    assert!(out.contains("answer with resets"), "{out}");
+}

@@ -200,6 +200,31 @@ struct State {
     /// The interface's channels before the first change (put back when the broker stops).
     restore: Option<Channels>,
     session: Option<Session>,
+    /// Addresses of a server that left, still owned until the given time so that the
+    /// program answers its peers' segments with resets (as a host does for a process that
+    /// died) instead of dropping them: disowned when the next server takes the grant, or
+    /// after ADDR_LINGER.
+    lingering: Vec<(IpAddr, std::time::Instant)>,
+}
+
+/// How long a departed server's addresses keep answering with resets.
+const ADDR_LINGER: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl State {
+    /// Disowns the lingering addresses (`all`), or those whose time is up.
+    fn end_lingering(&mut self, all: bool) {
+        let now = std::time::Instant::now();
+        let Some(steering) = self.steering.as_mut() else {
+            return;
+        };
+        self.lingering.retain(|&(a, until)| {
+            let keep = !all && now < until;
+            if !keep {
+                let _ = steering.disown_addr(a);
+            }
+            keep
+        });
+    }
 }
 
 /// The broker: the program attached, the grant's socket listening.
@@ -248,6 +273,7 @@ impl Broker {
                 claim,
                 restore: None,
                 session: None,
+                lingering: Vec::new(),
             })),
             mode,
         })
@@ -298,6 +324,7 @@ impl Broker {
             }
         };
         while !stop.load(Ordering::SeqCst) {
+            lock(&self.state).end_lingering(false);
             let conn = match accept(&self.listener) {
                 Ok(Some(c)) => c,
                 Ok(None) => continue,

@@ -44,6 +44,7 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
                 Some(why) => format!("{} {why}", steering.mode()),
                 None => steering.mode().to_string(),
             };
+            st.end_lingering(true);
             st.session = Some(Session {
                 pid,
                 uid,
@@ -93,20 +94,23 @@ fn end_session(state: &Mutex<State>, grant: &Grant) {
         for (proto, port) in &s.ports {
             let _ = steering.release_port(*proto, *port);
         }
-        for a in &s.addrs {
-            let _ = steering.disown_addr(*a);
-        }
     }
+    // The addresses stay owned a while: the program resets what the departed server's peers
+    // still send (a process that died leaves no peer waiting), and SYNs are refused at once.
+    let until = std::time::Instant::now() + super::ADDR_LINGER;
+    st.lingering.extend(s.addrs.iter().map(|&a| (a, until)));
     if let Some(p) = &s.stats {
         let _ = fs::remove_file(p);
     }
     println!(
-        "corelane-xdp: pid {} (uid {}) left {}: released {} address(es) and {} port(s)",
+        "corelane-xdp: pid {} (uid {}) left {}: released {} port(s); its {} address(es) answer \
+         with resets for {} s or until the next server takes the grant",
         s.pid,
         s.uid,
         grant.ifname,
+        s.ports.len(),
         s.addrs.len(),
-        s.ports.len()
+        super::ADDR_LINGER.as_secs()
     );
 }
 

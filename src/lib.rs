@@ -32,7 +32,8 @@
 //!
 //! let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
 //! println!("{}", rt.describe());
-//! // corelane installs no signal handler: wire your own to these.
+//! // SIGTERM/SIGINT left at their default end the run in 1 s, then the process; a handler
+//! // of your own calls these instead.
 //! let stop = rt.stop_handle();
 //! # let _ = &stop;
 //! let report = rt.run(|core| async move {

@@ -160,3 +160,48 @@ fn the_http_example_closes_idle_keep_alive_connections_on_sigterm() -> Result {
     assert!(out.contains("0 reset at stop"), "nothing was reset:\n{out}");
     Ok(())
 }
+
+/// A server that installed no signal handler, killed with SIGTERM, leaves no peer waiting:
+/// the runtime's default handling shuts down in 1 s (the idle echo connection is reset or
+/// closed) and the process then ends by the signal, as it would have.
+#[test]
+fn a_server_without_a_handler_ends_its_connections_on_sigterm_then_dies_by_it() -> Result {
+    if !require_root("lifecycle: SIGTERM with no handler") {
+        return Ok(());
+    }
+    use std::os::unix::process::ExitStatusExt;
+    let net = net(1);
+    let echo = Echo::start_example(
+        &net,
+        "echo",
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "1",
+            "--runtime-signals",
+        ],
+    );
+    let to: SocketAddr = format!("{SERVER_V4}:7").parse()?;
+    let mut s = net
+        .client_ns()
+        .run(move || -> std::io::Result<TcpStream> {
+            let mut s = connect_patiently(to);
+            s.write_all(b"ping")?;
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b)?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            Ok(s)
+        })??;
+    echo.signal(libc::SIGTERM);
+    let mut b = [0u8; 64];
+    let r = s.read(&mut b);
+    assert!(
+        matches!(&r, Ok(0))
+            || matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the idle connection of a server killed by SIGTERM: {r:?}"
+    );
+    let (status, out) = echo.wait();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}\n{out}");
+    Ok(())
+}

@@ -39,6 +39,11 @@ pub(crate) struct Common {
     /// Port to serve (each example has its default).
     #[arg(long)]
     pub(crate) port: Option<u16>,
+    /// Install no signal handler: SIGINT and SIGTERM get the runtime's default handling (1 s
+    /// graceful, then the process ends by the signal; `Builder::default_signals`) instead of
+    /// this example's (5 s graceful, a second signal stops at once).
+    #[arg(long)]
+    pub(crate) runtime_signals: bool,
     /// Cores to run, one interface queue each (default: one per physical core this process may
     /// use, up to the interface's queues).
     #[arg(long)]
@@ -340,7 +345,9 @@ where
     init_logging();
     let rt = c.builder()?.build()?;
     println!("{}", rt.describe());
-    handle_signals(name, &rt)?;
+    if !c.runtime_signals {
+        handle_signals(name, &rt)?;
+    }
     let cores = rt.cores();
     let every = c.stats_every;
     let ready = std::sync::Arc::new(Ready::new(cores));

@@ -45,6 +45,7 @@ pub struct Builder {
     /// The TCP memory cap follows the machine's memory (neither it nor a whole
     /// `StackConfig` was given).
     pub(crate) tcp_mem_auto: bool,
+    pub(crate) default_signals: bool,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that

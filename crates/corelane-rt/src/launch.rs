@@ -108,6 +108,7 @@ impl Runtime {
             keep_capabilities: false,
             xdp_cookies: None,
             tcp_mem_auto: true,
+            default_signals: true,
         }
     }
 
@@ -186,8 +187,10 @@ impl Runtime {
     }
 
     /// Runs `f` on every core (each call gets its [`CoreInfo`]) and returns when all of them end,
-    /// or when a [`StopHandle`] stops or shuts it down (the runtime installs no signal handler:
-    /// an application that wants Ctrl-C to stop it calls the handle from its own). A core whose
+    /// or when a [`StopHandle`] stops or shuts it down. SIGTERM and SIGINT, when the
+    /// application left them at their default, end the run gracefully in 1 s and then the
+    /// process, by that signal (see [`Builder::default_signals`](crate::Builder::default_signals));
+    /// an application with its own handler calls the handle from it. A core whose
     /// future returns keeps serving its queue until every core's has. Each core first opens its
     /// AF_XDP socket;
     /// if any core fails to start, none runs and the error names the core. On a lane whose
@@ -251,7 +254,10 @@ impl Runtime {
         F: Fn(CoreInfo) -> Fut + Send + Sync,
         Fut: Future<Output = ()> + 'static,
     {
-        self.run_cores(f)
+        let guard = crate::signals::RunGuard::start(self.stop_handle(), self.cfg.default_signals);
+        let r = self.run_cores(f);
+        guard.finish();
+        r
     }
 
     /// As [`run`](Runtime::run), for a future that returns a `Result`, as a
@@ -285,7 +291,8 @@ impl Runtime {
         E: std::fmt::Display,
     {
         let shared = self.shared.clone();
-        self.run_cores(move |info: CoreInfo| {
+        let guard = crate::signals::RunGuard::start(self.stop_handle(), self.cfg.default_signals);
+        let r = self.run_cores(move |info: CoreInfo| {
             let fut = f(info);
             let shared = shared.clone();
             async move {
@@ -293,7 +300,9 @@ impl Runtime {
                     shared.core_failed(info.index, e.to_string());
                 }
             }
-        })
+        });
+        guard.finish();
+        r
     }
 
     fn run_cores<F, Fut>(self, f: F) -> Result<RunReport, Error>

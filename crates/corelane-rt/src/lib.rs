@@ -56,6 +56,7 @@ mod publish;
 mod queues;
 mod report;
 mod routing;
+mod signals;
 mod stop;
 mod threads;
 

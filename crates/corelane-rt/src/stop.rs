@@ -1,5 +1,7 @@
-//! How a run ends, and what a panic does. The runtime installs no signal handler: the process's
-//! signals are the application's, which calls [`StopHandle::shutdown`] (or `stop`) from its own.
+//! How a run ends, and what a panic does. The process's signals are the application's, which
+//! calls [`StopHandle::shutdown`] (or `stop`) from its own handler; SIGTERM and SIGINT left at
+//! their default get the runtime's (a 1 s graceful end, then the process ends by the signal:
+//! [`Builder::default_signals`](crate::Builder::default_signals)).
 //!
 //! A run ends when every core's future has returned (a core whose future returns early keeps
 //! serving its queue until then), when [`StopHandle::shutdown`] drains it, or at once on

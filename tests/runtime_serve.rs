@@ -262,3 +262,54 @@ fn runtime_bulk_sink_counts_what_a_kernel_client_sends() {
         "{out}"
     );
 }
+
+#[test]
+fn runtime_http_example_serves_https_with_http2_by_alpn() {
+    if !require_root("runtime_https") {
+        return;
+    }
+    let net = net(1);
+    let tls = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/http/tls");
+    let (cert, key) = (format!("{tls}/cert.pem"), format!("{tls}/key.pem"));
+    let http = Echo::start_example(
+        &net,
+        "http",
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "1",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+    );
+    let url = |p: &str| format!("https://{SERVER_V4}:8080{p}");
+    let fmt = "%{http_version} %{http_code}";
+    // ALPN picks HTTP/2; a client that offers only HTTP/1.1 gets it; the certificate checks.
+    let h2 = curl(
+        &net,
+        &["--cacert", &cert, "-o", "/dev/null", "-w", fmt, &url("/")],
+    );
+    assert_eq!(h2, "2 200");
+    let h1 = curl(
+        &net,
+        &[
+            "--cacert",
+            &cert,
+            "--http1.1",
+            "-o",
+            "/dev/null",
+            "-w",
+            fmt,
+            &url("/"),
+        ],
+    );
+    assert_eq!(h1, "1.1 200");
+    let body = curl(&net, &["--cacert", &cert, &url("/bytes/100000")]);
+    assert_eq!(body.len(), 100_000);
+    let (status, out) = http.stop();
+    assert_clean_exit(status, &out);
+    assert!(out.contains("HTTPS on port 8080"), "{out}");
+}

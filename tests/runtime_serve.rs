@@ -313,3 +313,67 @@ fn runtime_http_example_serves_https_with_http2_by_alpn() {
     assert_clean_exit(status, &out);
     assert!(out.contains("HTTPS on port 8080"), "{out}");
 }
+
+/// One gRPC call to the grpc example (tonic on hyper's HTTP/2), made with curl: the request
+/// is a length-prefixed protobuf `Say { text }`, the answer `Said { text, core }` with
+/// `grpc-status: 0`; an unknown method is `grpc-status: 12` (unimplemented).
+#[test]
+fn runtime_grpc_example_answers_a_unary_call() {
+    if !require_root("runtime_grpc") {
+        return;
+    }
+    let net = net(1);
+    let grpc = Echo::start_example(&net, "grpc", &["--addr", "10.77.0.3/24", "--cores", "1"]);
+    let text = b"hello over grpc";
+    // Say { text = 1 }: field 1, wire type 2 (0x0a), its length, the bytes; then the gRPC
+    // frame: not compressed, a 4-byte big-endian length.
+    let mut msg = vec![0x0a, text.len() as u8];
+    msg.extend_from_slice(text);
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&msg);
+    let dir = std::env::temp_dir().join(format!("corelane-grpc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (req, resp, heads) = (dir.join("req"), dir.join("resp"), dir.join("heads"));
+    std::fs::write(&req, &frame).unwrap();
+    let call = |method: &str| {
+        curl(
+            &net,
+            &[
+                "--http2-prior-knowledge",
+                "-H",
+                "content-type: application/grpc",
+                "-H",
+                "te: trailers",
+                "--data-binary",
+                &format!("@{}", req.display()),
+                "-D",
+                heads.to_str().unwrap(),
+                "-o",
+                resp.to_str().unwrap(),
+                &format!("http://{SERVER_V4}:50051/corelane.echo.Echo/{method}"),
+            ],
+        );
+        (
+            std::fs::read(&resp).unwrap(),
+            std::fs::read_to_string(&heads).unwrap(),
+        )
+    };
+    let (body, headers) = call("Say");
+    assert!(headers.contains("grpc-status: 0"), "{headers}");
+    // Said { text = 1, core = 2 }, framed.
+    assert_eq!(body[0], 0, "not compressed");
+    let len = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+    let said = &body[5..];
+    assert_eq!(said.len(), len);
+    let mut want = vec![0x0a, text.len() as u8];
+    want.extend_from_slice(text);
+    assert!(said.starts_with(&want), "{said:?}");
+    // The core field is 0 here (one core), which protobuf leaves out.
+    assert_eq!(said.len(), want.len(), "{said:?}");
+    let (_, headers) = call("Shout");
+    assert!(headers.contains("grpc-status: 12"), "{headers}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (status, out) = grpc.stop();
+    assert_clean_exit(status, &out);
+}

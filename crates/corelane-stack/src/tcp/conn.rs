@@ -534,49 +534,6 @@ impl Conn {
         }
     }
 
-    /// Ends the connection with `error` (None: an orderly end). Buffers are given back.
-    pub(super) fn set_closed(&mut self, error: Option<io::ErrorKind>) {
-        if error.is_some() && self.error.is_none() {
-            self.error = error;
-        }
-        self.state = TcpState::Closed;
-        // What arrived and the application has not read stays readable (as after a kernel
-        // socket's LAST-ACK or reset), until it is read or the connection released.
-        let unread = std::mem::take(&mut self.rcv);
-        self.free_buffers();
-        self.rcv = unread;
-        if self.rcv.is_empty() {
-            self.rcv.free();
-        }
-        self.clear_timers();
-        self.wake_rx();
-        self.wake_tx();
-    }
-
-    pub(super) fn free_buffers(&mut self) {
-        self.snd.free();
-        self.rcv.free();
-        self.ooo = Vec::new();
-        self.dsack = None;
-        self.board.clear();
-    }
-
-    fn clear_timers(&mut self) {
-        self.rto_at = None;
-        self.tlp_at = None;
-        self.reo_at = None;
-        self.ack_at = None;
-        self.keep_at = None;
-        self.end_at = None;
-        self.trim_at = None;
-        self.syn_due = false;
-        self.tlp_due = false;
-        self.win_probe_due = false;
-        self.keep_probe_due = false;
-        self.ack_now = false;
-        self.dupacks_owed = 0;
-    }
-
     /// This side's timestamp clock (RFC 7323: milliseconds, offset per four-tuple).
     pub(super) fn ts_now(&self, now: Instant) -> u32 {
         (now.total_millis() as u32).wrapping_add(self.ts_offset)

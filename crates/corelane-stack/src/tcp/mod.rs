@@ -43,6 +43,7 @@ mod conformance_window;
 mod conformance_wrap;
 mod conn;
 mod ecn;
+mod end;
 #[cfg(test)]
 mod fuzz;
 mod icmp;

@@ -9,33 +9,6 @@ use smoltcp::time::Instant;
 use super::conn::{Conn, Recovery, TcpState};
 
 impl Conn {
-    /// TIME-WAIT: short when PAWS guards against old duplicates; no buffers kept.
-    pub(super) fn enter_time_wait(&mut self, now: Instant) {
-        self.state = TcpState::TimeWait;
-        // Everything sent was acknowledged and nothing more arrives, but what arrived and the
-        // application has not read yet is still its to read (a half-closed connection enters
-        // TIME-WAIT while its reader may be behind): the receive ring goes when it is read
-        // empty or the connection is released.
-        let unread = std::mem::take(&mut self.rcv);
-        self.free_buffers();
-        self.rcv = unread;
-        if self.rcv.is_empty() {
-            self.rcv.free();
-        }
-        self.rto_at = None;
-        self.tlp_at = None;
-        self.reo_at = None;
-        self.keep_at = None;
-        let wait = if self.ts_ok {
-            self.cfg.time_wait.into()
-        } else {
-            self.cfg.time_wait_no_ts.into()
-        };
-        self.end_at = Some(now + wait);
-        self.wake_rx();
-        self.wake_tx();
-    }
-
     /// The earliest time this connection needs the clock.
     pub(crate) fn poll_at(&self) -> Option<Instant> {
         let mut t: Option<Instant> = None;

@@ -66,7 +66,12 @@ fn broker_bin() -> PathBuf {
 /// The broker, as `nobody` with exactly what it needs, granting `.3` and `fd00:77::3` with
 /// TCP and UDP port 7 to `nobody`.
 fn start_broker(net: &VethPair, run: &Path) -> Echo {
-    let cmd = as_user(
+    Echo::start_cmd(broker_cmd(net, run), "corelane-xdp")
+}
+
+/// The command [`start_broker`] runs.
+fn broker_cmd(net: &VethPair, run: &Path) -> Command {
+    as_user(
         net,
         run,
         NOBODY,
@@ -86,8 +91,7 @@ fn start_broker(net: &VethPair, run: &Path) -> Echo {
             "--user",
             "nobody",
         ],
-    );
-    Echo::start_cmd(cmd, "corelane-xdp")
+    )
 }
 
 fn echo_args(net: &VethPair) -> Vec<String> {
@@ -408,27 +412,7 @@ fn a_thousand_idle_connections_do_not_take_the_broker_down() {
     }
     let net = net(1);
     let run = run_dir("idle");
-    let inner = as_user(
-        &net,
-        &run,
-        NOBODY,
-        &["net_admin", "bpf", "perfmon"],
-        &broker_bin(),
-        &[
-            "grant",
-            net.server_if(),
-            "--addr",
-            SERVER_V4,
-            "--addr",
-            SERVER_V6,
-            "--tcp",
-            "7",
-            "--udp",
-            "7",
-            "--user",
-            "nobody",
-        ],
-    );
+    let inner = broker_cmd(&net, &run);
     let mut cmd = Command::new("prlimit");
     cmd.env("CORELANE_RUN_DIR", &run)
         .arg("--nofile=64:64")

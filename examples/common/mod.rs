@@ -444,3 +444,14 @@ impl Ready {
         }
     }
 }
+
+/// hyper's executor for the tasks of an HTTP/2 connection (the http and grpc examples): on this
+/// core, with `spawn_local`, since a corelane stream is not `Send` and neither are they.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LocalExec;
+
+impl<F: std::future::Future + 'static> hyper::rt::Executor<F> for LocalExec {
+    fn execute(&self, fut: F) {
+        tokio::task::spawn_local(fut);
+    }
+}

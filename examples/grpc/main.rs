@@ -112,16 +112,6 @@ where
     }
 }
 
-/// hyper's executor for the tasks of an HTTP/2 connection: on this core, with `spawn_local`.
-#[derive(Clone, Copy, Debug)]
-struct LocalExec;
-
-impl<F: std::future::Future + 'static> hyper::rt::Executor<F> for LocalExec {
-    fn execute(&self, fut: F) {
-        tokio::task::spawn_local(fut);
-    }
-}
-
 fn main() -> ExitCode {
     common::exit("grpc", run(Args::parse()))
 }
@@ -140,7 +130,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             while let Ok((stream, _)) = listener.accept().await {
                 let svc = TowerToHyperService::new(routes.clone());
                 tokio::task::spawn_local(async move {
-                    let conn = http2::Builder::new(LocalExec)
+                    let conn = http2::Builder::new(common::LocalExec)
                         .timer(TokioTimer::new())
                         .serve_connection(TokioIo::new(stream), svc);
                     tokio::pin!(conn);

@@ -37,17 +37,6 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::{TlsAcceptor, rustls};
 
-/// hyper's executor for the tasks of an HTTP/2 connection: on this core, with `spawn_local`
-/// (a corelane stream is not `Send`, so neither are they).
-#[derive(Clone, Copy, Debug)]
-struct LocalExec;
-
-impl<F: std::future::Future + 'static> hyper::rt::Executor<F> for LocalExec {
-    fn execute(&self, fut: F) {
-        tokio::task::spawn_local(fut);
-    }
-}
-
 #[derive(Parser, Debug)]
 #[command(about = "HTTP/1.1 and HTTP/2 (hyper) served by corelane over AF_XDP, on every core")]
 struct Args {
@@ -106,7 +95,7 @@ where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
     let svc = service_fn(move |req| handle(core, req));
-    let mut http = auto::Builder::new(LocalExec);
+    let mut http = auto::Builder::new(common::LocalExec);
     http.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout);

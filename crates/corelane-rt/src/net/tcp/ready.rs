@@ -17,17 +17,20 @@ impl TcpStream {
     /// # Errors
     /// `NotConnected` when the connection is gone.
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut probe = [0u8; 1];
-        match self
-            .conn
-            .core
-            .stack()
-            .tcp_peek(self.conn.id, &mut probe, Some(cx.waker()))
-        {
+        match self.peek_one(cx) {
             Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Err(e)),
             Poll::Ready(_) => Poll::Ready(Ok(())),
             Poll::Pending => Poll::Pending,
         }
+    }
+
+    /// What a one-byte peek says now (`cx`'s waker registered when nothing is there).
+    fn peek_one(&self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let mut probe = [0u8; 1];
+        self.conn
+            .core
+            .stack()
+            .tcp_peek(self.conn.id, &mut probe, Some(cx.waker()))
     }
 
     /// Polls until a write would not wait (room in the send buffer, or an error); `cx`'s waker
@@ -70,13 +73,7 @@ impl TcpStream {
         poll_fn(|cx| {
             let mut ready = Ready::EMPTY;
             if interest.is_readable() {
-                let mut probe = [0u8; 1];
-                match self
-                    .conn
-                    .core
-                    .stack()
-                    .tcp_peek(self.conn.id, &mut probe, Some(cx.waker()))
-                {
+                match self.peek_one(cx) {
                     Poll::Ready(Ok(0)) => ready |= Ready::READABLE | Ready::READ_CLOSED,
                     Poll::Ready(Ok(_)) => ready |= Ready::READABLE,
                     Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::NotConnected => {

@@ -4,7 +4,7 @@ use crate::frag::FragStats;
 use crate::tcp::TcpStats;
 use crate::udp::UdpStats;
 
-/// Counters of a [`Stack`].
+/// Counters of a [`Stack`](crate::Stack).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StackStats {
     /// Frames given to a flow found in the table (or a bound UDP port).

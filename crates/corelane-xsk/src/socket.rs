@@ -154,6 +154,9 @@ impl std::fmt::Debug for XskQueue {
     }
 }
 
+/// How long a busy queue is tried again before it is reported taken (see `XskQueue::open`).
+const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl XskQueue {
     /// Binds an AF_XDP socket to queue `queue_id` of `ifname` (in the caller's network namespace).
     /// The XDP program is not loaded here: corelane loads its own with [`crate::Steering`].
@@ -161,6 +164,25 @@ impl XskQueue {
         crate::caps::check_socket_privileges()?;
         crate::netdev::check_interface(ifname)?;
         crate::caps::check_memlock(u64::from(config.frames) * u64::from(config.frame_bytes()))?;
+        // The socket of a process that just ended may hold the queue a moment longer (the
+        // kernel releases it once the last frame it sent is freed, which a restart right after
+        // a crash can beat): a busy queue is tried again for up to BUSY_WAIT before it is
+        // reported taken.
+        let start = std::time::Instant::now();
+        loop {
+            match Self::open_once(ifname, queue_id, config) {
+                Err(Error::Bind {
+                    errno: Some(libc::EBUSY),
+                    ..
+                }) if start.elapsed() < BUSY_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn open_once(ifname: &str, queue_id: u32, config: &XskConfig) -> Result<Self, Error> {
         match config.zero_copy {
             ZeroCopy::Off => Self::bind(ifname, queue_id, config, BindMode::Copy),
             ZeroCopy::Require => Self::bind(ifname, queue_id, config, BindMode::ZeroCopy),

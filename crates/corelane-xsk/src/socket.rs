@@ -13,7 +13,7 @@ use xsk_rs::config::{
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::error::{Error, errno_of};
-use crate::sys::{set_tx_budget, sockopt_zerocopy};
+use crate::sys::{set_send_buffer, set_tx_budget, sockopt_zerocopy};
 use corelane_frame::{Frame, FrameCounts, FrameIo, FramePool, FrameState, UmemId};
 
 /// Whether to ask for zero-copy.
@@ -140,6 +140,7 @@ pub struct XskQueue {
     mode: BindMode,
     queue_id: u32,
     fd: RawFd,
+    send_buffer: usize,
     stats: XskStats,
 }
 
@@ -262,6 +263,17 @@ impl XskQueue {
             BindMode::Copy
         };
         set_tx_budget(fd, c.ring_size);
+        // Every TX slot may hold a frame in flight, each charged its bytes plus the kernel's
+        // per-buffer overhead (under 1 KiB).
+        let want = c.ring_size as usize * (c.frame_bytes() as usize + 1024);
+        let send_buffer = set_send_buffer(fd, want);
+        if send_buffer < want {
+            tracing::debug!(
+                "queue {queue_id}: AF_XDP send buffer {send_buffer} bytes of {want} wanted \
+                 (raise net.core.wmem_max, or open the socket with CAP_NET_ADMIN): a copy-mode \
+                 sender may wait for a slow receiver on a veth"
+            );
+        }
         let n = templates.len();
         let mut q = XskQueue {
             rx,
@@ -279,6 +291,7 @@ impl XskQueue {
             mode: actual,
             queue_id,
             fd,
+            send_buffer,
             stats: XskStats::default(),
         };
         q.top_up_fill()?;
@@ -293,6 +306,13 @@ impl XskQueue {
     /// The queue this socket is bound to.
     pub fn queue_id(&self) -> u32 {
         self.queue_id
+    }
+
+    /// The bytes of copy-mode frames this socket may have in flight (`SO_SNDBUF` as the kernel
+    /// granted it): sized for every TX slot when the opener holds CAP_NET_ADMIN, else capped by
+    /// `net.core.wmem_max`.
+    pub fn send_buffer(&self) -> usize {
+        self.send_buffer
     }
 
     /// The socket's descriptor, to register in the XSKMAP and to poll on.

@@ -157,6 +157,46 @@ pub(crate) fn set_tx_budget(fd: RawFd, budget: u32) {
     };
 }
 
+/// Lets the AF_XDP socket `fd` have `bytes` of copy-mode frames in flight, and returns what the
+/// kernel granted. In copy mode each frame sent becomes a socket buffer charged to this socket
+/// until its last holder frees it, and on a veth that holder is the peer's stack: a receiving
+/// socket that is busy keeps them in its backlog. At the default (`net.core.wmem_default`,
+/// about 200 KiB: some 80 frames) a kick then sends nothing until that receiver has caught up,
+/// and the sender idles while the receiver drains. `SO_SNDBUFFORCE` (CAP_NET_ADMIN) may exceed
+/// `net.core.wmem_max`; without the capability `SO_SNDBUF` gets what that limit allows.
+pub(crate) fn set_send_buffer(fd: RawFd, bytes: usize) -> usize {
+    // The kernel doubles the value it is given (its own bookkeeping overhead).
+    let v = libc::c_int::try_from(bytes / 2).unwrap_or(libc::c_int::MAX);
+    for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+        // SAFETY: v is a valid c_int for the size given; a bad fd or option is an error return.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            break;
+        }
+    }
+    let mut got: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: got and len are valid for writes of the sizes given; a bad fd is an error return.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&mut got as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 { got.max(0) as usize } else { 0 }
+}
+
 /// Lifts the locked-memory limit for UMEM and maps (kernels with memcg accounting, 5.11+, do
 /// not use it for BPF maps anyway).
 pub(crate) fn raise_memlock() {

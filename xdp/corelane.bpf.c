@@ -124,6 +124,23 @@ struct {
 	__type(value, struct cookie_cfg);
 } cookie_cfg SEC(".maps");
 
+// The interface's own hardware address, written by the loader before the program is attached
+// (`set` 1). Answers built here (resets, port unreachable, SYN cookies) go only to frames sent
+// to it: on a promiscuous interface (a bridge port, a capture) a frame for another host's MAC
+// and an owned IP address would otherwise be answered from that host's MAC.
+struct iface_cfg {
+	__u8 mac[ETH_ALEN];
+	__u8 set;
+	__u8 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct iface_cfg);
+} iface SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);
@@ -163,6 +180,23 @@ static __always_inline int malformed(void)
 {
 	count(STAT_MALFORMED);
 	return XDP_PASS;
+}
+
+// True when a frame may be answered from here: sent to the interface's own address (or, before
+// the loader wrote it, to any unicast address).
+static __always_inline int to_iface(const struct ethhdr *eth)
+{
+	if (eth->h_dest[0] & 1)
+		return 0;
+	__u32 zero = 0;
+	struct iface_cfg *c = bpf_map_lookup_elem(&iface, &zero);
+	if (!c || !c->set)
+		return 1;
+	int same = 1;
+#pragma unroll
+	for (int i = 0; i < ETH_ALEN; i++)
+		same &= eth->h_dest[i] == c->mac[i];
+	return same;
 }
 
 static __always_inline int steer(struct xdp_md *ctx)
@@ -433,8 +467,8 @@ static __always_inline int syn_cookie(struct xdp_md *ctx)
 	struct cookie_cfg *c = bpf_map_lookup_elem(&cookie_cfg, &zero);
 	if (!c || !c->mss)
 		return -1;
-	// Never to a multicast or broadcast source.
-	if (eth->h_source[0] & 1)
+	// Never to a multicast or broadcast source, nor for a frame sent to another host.
+	if ((eth->h_source[0] & 1) || !to_iface(eth))
 		return -1;
 	struct syn_info in = {};
 	__builtin_memcpy(in.smac, eth->h_source, ETH_ALEN);
@@ -529,9 +563,9 @@ struct rst_info {
 static __always_inline int rst_read(struct ethhdr *eth, struct tcphdr *th, __u32 seglen,
 				    struct rst_info *in)
 {
-	// Not to a multicast or broadcast source, nor for a frame sent to a group address (the
-	// answer's source would be that address).
-	if (th->rst || (eth->h_source[0] & 1) || (eth->h_dest[0] & 1))
+	// Not to a multicast or broadcast source, nor for a frame sent to a group address or to
+	// another host (the answer's source would be that address).
+	if (th->rst || (eth->h_source[0] & 1) || !to_iface(eth))
 		return -1;
 	__u32 doff = th->doff * 4;
 	if (doff < sizeof(struct tcphdr) || seglen < doff)
@@ -708,7 +742,7 @@ static __always_inline int unreachable_v4(struct xdp_md *ctx)
 		return malformed();
 	__u32 saddr = ip->saddr, daddr = ip->daddr;
 	__u8 first = saddr & 0xff; // network order: the first byte
-	if ((eth->h_source[0] & 1) || (eth->h_dest[0] & 1) || saddr == 0 || saddr == 0xffffffff ||
+	if ((eth->h_source[0] & 1) || !to_iface(eth) || saddr == 0 || saddr == 0xffffffff ||
 	    (first & 0xf0) == 0xe0)
 		return pass();
 	if (!unreach_allowed())
@@ -771,7 +805,7 @@ static __always_inline int unreachable_v6(struct xdp_md *ctx)
 	__u64 s_hi, s_lo;
 	__builtin_memcpy(&s_hi, saddr.addr, 8);
 	__builtin_memcpy(&s_lo, saddr.addr + 8, 8);
-	if ((eth->h_source[0] & 1) || (eth->h_dest[0] & 1) || saddr.addr[0] == 0xff ||
+	if ((eth->h_source[0] & 1) || !to_iface(eth) || saddr.addr[0] == 0xff ||
 	    (s_hi == 0 && s_lo == 0))
 		return pass();
 	if (!unreach_allowed())

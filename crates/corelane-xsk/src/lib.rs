@@ -52,5 +52,5 @@ pub use routes::{KernelRoute, kernel_addrs, kernel_addrs_with_prefix, kernel_rou
 pub use socket::{BindMode, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};
 pub use steering::{
     AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,
-    XDP_OBJECT, XdpCounters,
+    XDP_OBJECT, XdpCounters, iface_entry,
 };

@@ -31,7 +31,7 @@ pub const MAX_QUEUES: u32 = 64;
 pub const STAT_SLOTS: usize = 8;
 /// The maps the loader takes from the object and the entries each has. A test reads the
 /// compiled object and checks every one, so the C program and this crate cannot drift apart.
-pub const MAPS: [(&str, u32); 8] = [
+pub const MAPS: [(&str, u32); 9] = [
     ("owned_v4", MAX_ADDRS),
     ("owned_v6", MAX_ADDRS),
     ("tcp_ports", 65536),
@@ -40,7 +40,16 @@ pub const MAPS: [(&str, u32); 8] = [
     ("stats", STAT_SLOTS as u32),
     ("cookie_cfg", 1),
     ("unreach_rate", 1),
+    ("iface", 1),
 ];
+
+/// The program's `iface` entry (`struct iface_cfg`): the hardware address, then 1 (set).
+pub fn iface_entry(mac: [u8; 6]) -> [u8; 8] {
+    let mut v = [0u8; 8];
+    v[..6].copy_from_slice(&mac);
+    v[6] = 1;
+    v
+}
 
 /// A `tcp_ports` entry's bits (`PORT_OWNED`, `PORT_COOKIES`).
 const PORT_OWNED: u8 = 1;
@@ -177,6 +186,18 @@ impl Steering {
         check_attach_privileges()?;
         check_interface(ifname)?;
         let mut ebpf = Ebpf::load(XDP_OBJECT).map_err(|e| Error::Load(load_detail(&e)))?;
+        // Before the program runs: what it answers leaves from this address, and only frames
+        // sent to it are answered.
+        let mac = crate::netdev::mac_address(ifname)?;
+        let mut iface: Array<_, [u8; 8]> =
+            Array::try_from(ebpf.map_mut("iface").ok_or(Error::Map {
+                map: "iface",
+                detail: "missing from the object".into(),
+            })?)
+            .map_err(map_err("iface"))?;
+        iface
+            .set(0, iface_entry(mac), 0)
+            .map_err(map_err("iface"))?;
         let prog: &mut Xdp = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| Error::Load(format!("program {PROGRAM} missing from the object")))?

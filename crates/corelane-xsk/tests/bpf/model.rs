@@ -1,0 +1,273 @@
+//! A model of what the XDP program must do with a frame, written from the rules in
+//! `xdp/corelane.bpf.c`'s comments, and the checks of the answers it builds.
+
+use super::*;
+
+/// What the program must do with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    Pass,
+    Malformed,
+    Steer,
+    Reset,
+    Unreach,
+    Cookie,
+}
+
+fn be16(b: &[u8], at: usize) -> usize {
+    usize::from(u16::from_be_bytes([b[at], b[at + 1]]))
+}
+
+fn owned4(a: &[u8]) -> bool {
+    a == SERVER
+}
+
+fn owned6(a: &[u8]) -> bool {
+    a == SERVER6
+}
+
+fn tcp_served(port: usize) -> bool {
+    port == usize::from(COOKIE_PORT) || port == usize::from(TCP_PORT)
+}
+
+/// Sent to the interface's own MAC (the program answers nothing else).
+fn to_iface(f: &[u8]) -> bool {
+    f[..6] == IFACE_MAC
+}
+
+fn from_unicast(f: &[u8]) -> bool {
+    f[6] & 1 == 0
+}
+
+/// Whether a TCP segment at `t` (`seglen` bytes by the IP header) to a closed port is reset.
+fn resets(f: &[u8], t: usize, seglen: usize) -> Expect {
+    let doff = usize::from(f[t + 12] >> 4) * 4;
+    let rst = f[t + 13] & 0x04 != 0;
+    if rst || !from_unicast(f) || !to_iface(f) || doff < 20 || seglen < doff {
+        Expect::Pass
+    } else {
+        Expect::Reset
+    }
+}
+
+pub fn expect(f: &[u8]) -> Expect {
+    let n = f.len();
+    match be16(f, 12) {
+        0x0806 => {
+            if n < 14 + 28 {
+                return Expect::Malformed;
+            }
+            let a = &f[14..];
+            if be16(a, 0) != 1 || be16(a, 2) != 0x0800 || a[4] != 6 || a[5] != 4 {
+                return Expect::Pass;
+            }
+            if owned4(&a[24..28]) {
+                Expect::Steer
+            } else {
+                Expect::Pass
+            }
+        }
+        0x0800 => ipv4(f),
+        0x86dd => ipv6(f),
+        _ => Expect::Pass,
+    }
+}
+
+fn ipv4(f: &[u8]) -> Expect {
+    let n = f.len();
+    if n < 34 {
+        return Expect::Malformed;
+    }
+    let ihl = usize::from(f[14] & 0x0f);
+    if f[14] >> 4 != 4 || ihl < 5 {
+        return Expect::Malformed;
+    }
+    if !owned4(&f[30..34]) {
+        return Expect::Pass;
+    }
+    if be16(f, 20) & 0x3fff != 0 {
+        return Expect::Steer;
+    }
+    let l4 = 14 + ihl * 4;
+    if l4 > n {
+        return Expect::Malformed;
+    }
+    let proto = f[23];
+    if proto == 17 && ihl == 5 {
+        if n < l4 + 8 {
+            return Expect::Malformed;
+        }
+        if be16(f, l4 + 2) == usize::from(UDP_PORT) {
+            return Expect::Steer;
+        }
+        let s = &f[26..30];
+        if !from_unicast(f) || !to_iface(f) || s == [0; 4] || s == [255; 4] || s[0] & 0xf0 == 0xe0 {
+            return Expect::Pass;
+        }
+        return Expect::Unreach;
+    }
+    if proto == 6 && ihl == 5 {
+        if n < l4 + 20 {
+            return Expect::Malformed;
+        }
+        let flags = f[l4 + 13];
+        let port = be16(f, l4 + 2);
+        let bare_syn = flags & 0x02 != 0 && flags & (0x10 | 0x04 | 0x01) == 0;
+        let doff = usize::from(f[l4 + 12] >> 4) * 4;
+        if bare_syn
+            && port == usize::from(COOKIE_PORT)
+            && from_unicast(f)
+            && to_iface(f)
+            && doff >= 20
+        {
+            return Expect::Cookie;
+        }
+        if tcp_served(port) {
+            return Expect::Steer;
+        }
+        let tot = be16(f, 16);
+        if tot < 20 {
+            return Expect::Pass;
+        }
+        return resets(f, l4, tot - 20);
+    }
+    l4_steer(f, proto, l4)
+}
+
+/// The program's rule for what follows an IPv4 header with options, or an IPv6 header whose
+/// next header is not TCP, UDP or ICMPv6.
+fn l4_steer(f: &[u8], proto: u8, l4: usize) -> Expect {
+    let n = f.len();
+    match proto {
+        1 | 58 | 44 => Expect::Steer,
+        6 if n < l4 + 20 => Expect::Malformed,
+        6 if tcp_served(be16(f, l4 + 2)) => Expect::Steer,
+        17 if n < l4 + 8 => Expect::Malformed,
+        17 if be16(f, l4 + 2) == usize::from(UDP_PORT) => Expect::Steer,
+        _ => Expect::Pass,
+    }
+}
+
+fn ipv6(f: &[u8]) -> Expect {
+    let n = f.len();
+    if n < 54 {
+        return Expect::Malformed;
+    }
+    if f[14] >> 4 != 6 {
+        return Expect::Malformed;
+    }
+    let next = f[20];
+    let dst_owned = owned6(&f[38..54]);
+    if next == 58 {
+        if n < 62 {
+            return Expect::Malformed;
+        }
+        if f[54] != 135 && f[54] != 136 {
+            return if dst_owned {
+                Expect::Steer
+            } else {
+                Expect::Pass
+            };
+        }
+        if n < 78 {
+            return Expect::Malformed;
+        }
+        return if owned6(&f[62..78]) || dst_owned {
+            Expect::Steer
+        } else {
+            Expect::Pass
+        };
+    }
+    if !dst_owned {
+        return Expect::Pass;
+    }
+    match next {
+        6 => {
+            if n < 74 {
+                return Expect::Malformed;
+            }
+            if tcp_served(be16(f, 56)) {
+                return Expect::Steer;
+            }
+            resets(f, 54, be16(f, 18))
+        }
+        17 => {
+            if n < 62 {
+                return Expect::Malformed;
+            }
+            if be16(f, 56) == usize::from(UDP_PORT) {
+                return Expect::Steer;
+            }
+            let s = &f[22..38];
+            if !from_unicast(f) || !to_iface(f) || s[0] == 0xff || s == [0; 16] {
+                return Expect::Pass;
+            }
+            Expect::Unreach
+        }
+        _ => l4_steer(f, next, 54),
+    }
+}
+
+/// Checks an answer: from the interface to the sender, lengths and checksums right.
+pub fn check_answer(kind: Expect, f: &[u8], out: &[u8]) {
+    assert_eq!(out[..6], f[6..12], "the answer goes to the sender");
+    assert_eq!(
+        out[6..12],
+        IFACE_MAC,
+        "the answer leaves from the interface's MAC"
+    );
+    let v4 = be16(out, 12) == 0x0800;
+    let (l4, src, dst, proto) = if v4 {
+        let ip = &out[14..34];
+        assert_eq!(ip[0], 0x45);
+        assert_eq!(fold(sum(ip)), 0xffff, "IPv4 header checksum");
+        assert_eq!(be16(ip, 2), out.len() - 14, "IPv4 total length");
+        assert_eq!((&ip[12..16], &ip[16..20]), (&f[30..34], &f[26..30]));
+        (34, &out[26..30], &out[30..34], ip[9])
+    } else {
+        assert_eq!(be16(out, 12), 0x86dd);
+        assert_eq!(out[14] >> 4, 6);
+        assert_eq!(be16(out, 18), out.len() - 54, "IPv6 payload length");
+        assert_eq!((&out[22..38], &out[38..54]), (&f[38..54], &f[22..38]));
+        (54, &out[22..38], &out[38..54], out[20])
+    };
+    let body = &out[l4..];
+    let mut pseudo = Vec::new();
+    if !(v4 && proto == 1) {
+        pseudo.extend_from_slice(src);
+        pseudo.extend_from_slice(dst);
+        pseudo.extend_from_slice(&[0, proto]);
+        pseudo.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    }
+    assert_eq!(fold(sum(&pseudo) + sum(body)), 0xffff, "{kind:?} checksum");
+    let fl4 = if v4 {
+        14 + usize::from(f[14] & 0x0f) * 4
+    } else {
+        54
+    };
+    match kind {
+        Expect::Reset | Expect::Cookie => {
+            assert_eq!(proto, 6);
+            assert_eq!(
+                (&body[0..2], &body[2..4]),
+                (&f[fl4 + 2..fl4 + 4], &f[fl4..fl4 + 2])
+            );
+            if kind == Expect::Reset {
+                assert_eq!(body.len(), 20);
+                assert!(body[13] & 0x04 != 0, "RST set");
+            } else {
+                assert_eq!(body[13], 0x12, "SYN and ACK");
+                let isn = u32::from_be_bytes(f[fl4 + 4..fl4 + 8].try_into().unwrap());
+                let ack = u32::from_be_bytes(body[8..12].try_into().unwrap());
+                assert_eq!(ack, isn.wrapping_add(1));
+            }
+        }
+        _ => {
+            // Destination unreachable, port unreachable, quoting the IP header and 8 bytes.
+            let (ty, code, quote) = if v4 { (3, 3, 28) } else { (1, 4, 48) };
+            assert_eq!(proto, if v4 { 1 } else { 58 });
+            assert_eq!((body[0], body[1]), (ty, code));
+            assert_eq!(&body[8..], &f[14..14 + quote], "the quote");
+        }
+    }
+}

@@ -36,6 +36,16 @@ pub mod sys {
         Ok(())
     }
 
+    /// Sets a kernel listener's backlog (listen(2) again).
+    pub fn set_backlog(l: &std::net::TcpListener, n: usize) -> std::io::Result<()> {
+        let n = libc::c_int::try_from(n).unwrap_or(libc::c_int::MAX);
+        // SAFETY: the descriptor is open for the call; listen(2) only changes its backlog.
+        if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(l), n) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Sets the congestion control of a kernel TCP socket (TCP_CONGESTION; a listener's is
     /// inherited by what it accepts).
     pub fn set_congestion(sock: &impl std::os::fd::AsRawFd, cc: &str) -> Result<(), String> {
@@ -307,6 +317,63 @@ where
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| "the corelane server did not start")??;
     Ok(CorelaneServer { stop, thread })
+}
+
+/// A kernel TCP echo server on `ip`:`port` in `ns` (a thread per connection, the accepting one
+/// pinned to CPU 0), with listen backlog `backlog` when given.
+pub fn kernel_echo(
+    ns: &corelane_testnet::Netns,
+    ip: &str,
+    port: u16,
+    backlog: Option<usize>,
+) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let ip = ip.to_string();
+    let l = ns
+        .run(move || -> std::io::Result<std::net::TcpListener> {
+            let l = std::net::TcpListener::bind((ip.as_str(), port))?;
+            if let Some(n) = backlog {
+                sys::set_backlog(&l, n)?;
+            }
+            Ok(l)
+        })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("kernel listener: {e}"))?;
+    ns.spawn(move || {
+        pin(0);
+        while let Ok((mut s, _)) = l.accept() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// A corelane TCP echo server owning `cidr` on `ifname` in `ns`, on `port` (see
+/// [`corelane_server`]).
+pub fn corelane_echo(
+    ns: &corelane_testnet::Netns,
+    ifname: &str,
+    cidr: &str,
+    port: u16,
+    tune: impl FnOnce(corelane::Builder) -> corelane::Builder + Send + 'static,
+) -> Result<CorelaneServer, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    corelane_server(ns, ifname, cidr, port, tune, |mut s| async move {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    })
 }
 
 /// A corelane server started by [`corelane_server`].

@@ -20,6 +20,8 @@
 //! carry the creating process id; namespaces left by a process that no longer exists (one killed
 //! with SIGKILL, say) are removed the next time a namespace is created.
 
+pub mod attacks;
+pub mod craft;
 mod flood;
 mod lossy;
 mod packet;

@@ -12,14 +12,13 @@
 //! ```
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use corelane_bench::{markdown_table, pin};
 use corelane_testnet::{SynFlood, VethPair};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const KERNEL: &str = "10.85.0.1";
 const CORELANE: &str = "10.85.0.3";
@@ -107,32 +106,7 @@ fn echo_once(addr: SocketAddr) -> Result<(Duration, Duration), String> {
 }
 
 fn kernel_server(net: &VethPair, backlog: usize) -> Result<(), String> {
-    let l = net
-        .server_ns()
-        .run(move || -> std::io::Result<TcpListener> {
-            let l = TcpListener::bind((KERNEL, PORT))?;
-            // SAFETY: the descriptor is open; listen(2) only changes its backlog.
-            unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&l), backlog as i32) };
-            Ok(l)
-        })
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("kernel listener: {e}"))?;
-    net.server_ns()
-        .spawn(move || {
-            pin(0);
-            while let Ok((mut s, _)) = l.accept() {
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 64];
-                    while let Ok(n) = s.read(&mut buf) {
-                        if n == 0 || s.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        })
-        .map_err(|e| e.to_string())?;
-    Ok(())
+    corelane_bench::kernel_echo(net.server_ns(), KERNEL, PORT, Some(backlog))
 }
 
 fn corelane_server(
@@ -140,20 +114,12 @@ fn corelane_server(
     backlog: usize,
     xdp_cookies: bool,
 ) -> Result<corelane_bench::CorelaneServer, String> {
-    corelane_bench::corelane_server(
+    corelane_bench::corelane_echo(
         net.server_ns(),
         net.server_if(),
         &format!("{CORELANE}/24"),
         PORT,
         move |b| b.backlog(backlog).xdp_syn_cookies(xdp_cookies),
-        |mut s| async move {
-            let mut buf = [0u8; 64];
-            while let Ok(n) = s.read(&mut buf).await {
-                if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                    break;
-                }
-            }
-        },
     )
 }
 

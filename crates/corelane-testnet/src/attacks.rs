@@ -10,7 +10,7 @@
 //! RFC 5961 or RFC 9293 says to drop.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpStream};
 use std::time::Duration;
 
 use crate::craft::{self, ACK, Ip4, PSH, RST, RawLink, SYN, Seen, Tcp};
@@ -459,4 +459,67 @@ fn ip_ids(b: &Bench<'_>, spare: Ipv4Addr) -> Result<Outcome> {
         largest_segment: None,
         shared_ids: Some(shared),
     })
+}
+
+/// An unsolicited neighbour advertisement with Override, claiming the client's IPv6 address for
+/// another MAC, sent to the server with hop limit 64 (off-link, so to be ignored: RFC 4861
+/// section 7.1.2) and, as a control, with 255 (on-link: a stack may move the neighbour, and the
+/// server's replies then go to a MAC nobody has). Each on a fresh IPv6 connection to `target`.
+pub fn neighbour_advert(
+    net: &VethPair,
+    target: SocketAddrV6,
+    client: Ipv6Addr,
+) -> Result<Vec<Outcome>> {
+    let server_mac = net.server_ns().mac(net.server_if())?;
+    let client_mac = net.client_ns().mac(net.client_if())?;
+    let link = RawLink::open(net.client_ns(), net.client_if())?;
+    let mut out = Vec::new();
+    for hops in [64u8, 255] {
+        let addr = SocketAddr::V6(target);
+        let mut stream = net
+            .client_ns()
+            .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3)))?
+            .map_err(io("connect"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .map_err(io("timeout"))?;
+        let mut b = [0u8; 5];
+        stream.write_all(b"hello").map_err(io("write"))?;
+        stream.read_exact(&mut b).map_err(io("read"))?;
+        let f = craft::na6(
+            server_mac,
+            client_mac,
+            client,
+            *target.ip(),
+            hops,
+            &craft::Advert {
+                target: client,
+                lladdr: [2, 0x66, 0x66, 0x66, 0x66, 0x66],
+                flags: 0x2000_0000,
+            },
+        );
+        link.send(&f).map_err(io("send"))?;
+        std::thread::sleep(Duration::from_millis(100));
+        let survived =
+            stream.write_all(PING).is_ok() && stream.read_exact(&mut b).is_ok() && b == PING;
+        out.push(Outcome {
+            attack: if hops == 64 {
+                "IPv6: unsolicited NA with Override moving the client to another MAC, hop limit 64"
+            } else {
+                "IPv6: the same NA with hop limit 255 (control)"
+            },
+            expected: if hops == 64 {
+                "ignored (RFC 4861 7.1.2)"
+            } else {
+                "may move the neighbour (RFC 4861 7.2.5)"
+            },
+            answer: "-".into(),
+            survived: Some(survived),
+            injected: None,
+            detail: String::new(),
+            largest_segment: None,
+            shared_ids: None,
+        });
+    }
+    Ok(out)
 }

@@ -2,7 +2,7 @@
 //! TCP and ICMP with their checksums right, and a raw link to send them on and listen with.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use crate::Netns;
@@ -188,6 +188,50 @@ pub fn echo4_fragments(
         at = end;
     }
     out
+}
+
+/// What a neighbour advertisement says.
+#[derive(Debug, Clone, Copy)]
+pub struct Advert {
+    /// The address advertised.
+    pub target: Ipv6Addr,
+    /// Where it is (the target link-layer address option).
+    pub lladdr: [u8; 6],
+    /// The R, S and O bits, as the top bits of the first word (O alone: 0x2000_0000).
+    pub flags: u32,
+}
+
+/// Neighbour advertisement `na` (RFC 4861 section 4.4) from `src` to `dst` with hop limit
+/// `hops`.
+pub fn na6(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    hops: u8,
+    na: &Advert,
+) -> Vec<u8> {
+    let mut m = vec![136, 0, 0, 0];
+    m.extend_from_slice(&na.flags.to_be_bytes());
+    m.extend_from_slice(&na.target.octets());
+    // Target link-layer address option: type 2, length 1 (8 bytes).
+    m.extend_from_slice(&[2, 1]);
+    m.extend_from_slice(&na.lladdr);
+    let mut pseudo = Vec::with_capacity(40);
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&(m.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    let c = checksum(&m, sum16(&pseudo, 0));
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut f = ethernet(dst_mac, src_mac, 0x86dd);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(m.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[58, hops]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&m);
+    f
 }
 
 /// A TCP segment read from a frame (IPv4, no VLAN).

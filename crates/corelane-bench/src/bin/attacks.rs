@@ -7,19 +7,22 @@
 //! cargo run --release -p corelane-bench --bin attacks
 //! ```
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::path::PathBuf;
 
 use clap::Parser;
 use corelane_bench::markdown_table;
 use corelane_testnet::VethPair;
-use corelane_testnet::attacks::{Outcome, run_all};
+use corelane_testnet::attacks::{Outcome, neighbour_advert, run_all};
 
 const KERNEL: Ipv4Addr = Ipv4Addr::new(10, 86, 0, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 86, 0, 2);
 const CORELANE: Ipv4Addr = Ipv4Addr::new(10, 86, 0, 3);
 const SPARE: Ipv4Addr = Ipv4Addr::new(10, 86, 0, 9);
 const PORT: u16 = 7;
+const KERNEL6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x86, 0, 0, 0, 0, 0, 1);
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x86, 0, 0, 0, 0, 0, 2);
+const CORELANE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x86, 0, 0, 0, 0, 0, 3);
 
 #[derive(Parser, Debug)]
 #[command(about = "Attack scripts against the kernel and corelane, side by side")]
@@ -62,20 +65,30 @@ fn run(args: &Args) -> Result<(), String> {
     let net = VethPair::builder()
         .server_addr(&format!("{KERNEL}/24"))
         .client_addr(&format!("{CLIENT}/24"))
+        .server_addr(&format!("{KERNEL6}/64"))
+        .client_addr(&format!("{CLIENT6}/64"))
         .build()
         .map_err(|e| e.to_string())?;
     corelane_bench::kernel_echo(net.server_ns(), &KERNEL.to_string(), PORT, None)?;
+    corelane_bench::kernel_echo(net.server_ns(), &KERNEL6.to_string(), PORT, None)?;
     let server = corelane_bench::corelane_echo(
         net.server_ns(),
         net.server_if(),
         &format!("{CORELANE}/24"),
         PORT,
-        |b| b,
+        |b| b.addr(format!("{CORELANE6}/64").as_str()),
     )?;
-    let kernel = run_all(&net, SocketAddrV4::new(KERNEL, PORT), CLIENT, SPARE)
-        .map_err(|e| format!("against the kernel: {e}"))?;
-    let corelane = run_all(&net, SocketAddrV4::new(CORELANE, PORT), CLIENT, SPARE)
-        .map_err(|e| format!("against corelane: {e}"))?;
+    let both = |v4: Ipv4Addr, v6: Ipv6Addr| -> Result<Vec<Outcome>, String> {
+        let mut out =
+            run_all(&net, SocketAddrV4::new(v4, PORT), CLIENT, SPARE).map_err(|e| e.to_string())?;
+        out.extend(
+            neighbour_advert(&net, SocketAddrV6::new(v6, PORT, 0, 0), CLIENT6)
+                .map_err(|e| e.to_string())?,
+        );
+        Ok(out)
+    };
+    let kernel = both(KERNEL, KERNEL6).map_err(|e| format!("against the kernel: {e}"))?;
+    let corelane = both(CORELANE, CORELANE6).map_err(|e| format!("against corelane: {e}"))?;
     server.stop();
     let rows: Vec<Vec<String>> = kernel
         .iter()

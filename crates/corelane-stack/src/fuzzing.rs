@@ -10,7 +10,7 @@
 //! listens on TCP port 7 and UDP port 9, owns an IPv4 and an IPv6 address, echoes what it
 //! reads and answers ARP, NDP, ICMP; frames it builds longer than the MTU panic). The test
 //! suite replays the committed corpus (`crates/corelane-stack/fuzz/corpus/TARGET/`) and a few
-//! thousand mutations; `cargo run --release -p corelane-bench --bin fuzz` runs them for as
+//! thousand mutations; `cargo run --release -p corelane-fuzz` runs them for as
 //! long as asked and saves what panics.
 //!
 //! ```

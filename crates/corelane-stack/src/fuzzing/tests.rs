@@ -30,7 +30,7 @@ fn check(target: Target, input: &[u8], what: &str) {
         let path = dir.join(format!("{}-{:016x}.bin", target.name(), fnv(input)));
         let _ = std::fs::write(&path, input);
         panic!(
-            "{} panicked on {what}; the input is saved as {} (replay: cargo run --release -p corelane-bench --bin fuzz -- --replay {})",
+            "{} panicked on {what}; the input is saved as {} (replay: cargo run --release -p corelane-fuzz -- --replay {})",
             target.name(),
             path.display(),
             path.display()
@@ -48,7 +48,7 @@ fn fuzz(target: Target, rounds: usize) {
     let committed = corpus(target);
     assert!(
         !committed.is_empty(),
-        "no committed corpus for {} (write it: cargo run --release -p corelane-bench --bin fuzz -- --write-seeds)",
+        "no committed corpus for {} (write it: cargo run --release -p corelane-fuzz -- --write-seeds)",
         target.name()
     );
     for (name, input) in &committed {

@@ -1,0 +1,270 @@
+//! The protocol crate's fuzz targets (`corelane_stack::fuzzing`) run for as long as asked: a
+//! seeded structure-aware mutator over the committed corpus and fresh seeds, every input checked
+//! for panics. Built with SanitizerCoverage (`scripts/fuzz-coverage.sh`, stable Rust), it is
+//! coverage-guided: an input that takes an edge, or an edge a number of times, no input took
+//! before joins the pool the mutator draws from, and `--found DIR` keeps those inputs to review
+//! and commit into the corpus. A panicking input is saved under `target/fuzz-failures/` with
+//! the command that replays it; once fixed, move it into
+//! `crates/corelane-stack/fuzz/corpus/TARGET/` so the test suite replays it from then on.
+//!
+//! ```text
+//! scripts/fuzz-coverage.sh --seconds 600                               # coverage-guided, every target
+//! cargo run --release -p corelane-fuzz -- --seconds 600                # blind mutation
+//! cargo run --release -p corelane-fuzz -- --target node --seconds 60 --seed 7
+//! cargo run --release -p corelane-fuzz -- --replay target/fuzz-failures/node-....bin
+//! cargo run --release -p corelane-fuzz -- --write-seeds                # refresh the corpus
+//! ```
+//!
+//! Needs no privilege: everything runs in this process.
+
+mod coverage;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use corelane_stack::fuzzing::{Mutator, Target};
+
+#[derive(Parser, Debug)]
+#[command(about = "The protocol crate's fuzz targets, for as long as asked")]
+struct Args {
+    /// A target (parse, reassemble, node) or all.
+    #[arg(long, default_value = "all")]
+    target: String,
+    /// Seconds per target.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// The mutator's seed (a run is reproducible from it).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Runs one saved input (its target from the file name's prefix) and reports.
+    #[arg(long)]
+    replay: Option<PathBuf>,
+    /// Writes the seeds as the committed corpus and exits.
+    #[arg(long)]
+    write_seeds: bool,
+    /// Coverage-guided runs: also write every input that found new coverage here, under
+    /// TARGET/ (to review and commit into the corpus).
+    #[arg(long)]
+    found: Option<PathBuf>,
+    /// In a coverage build, measure coverage but do not let it guide (to compare).
+    #[arg(long)]
+    blind: bool,
+    /// In a coverage build: instead of fuzzing, reduce the committed corpus plus the inputs in
+    /// DIR/TARGET (what `--found` kept) to a smallest-first subset taking the same edges, and
+    /// write it as the committed corpus.
+    #[arg(long)]
+    minimize_with: Option<PathBuf>,
+    /// Coverage-guided runs: fail unless at least this many edges were taken (CI's check that
+    /// the instrumentation works).
+    #[arg(long, default_value_t = 0)]
+    min_edges: usize,
+}
+
+fn corpus_dir(t: Target) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../corelane-stack/fuzz/corpus")
+        .join(t.name())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    if let Some(path) = &args.replay {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let t = Target::ALL
+            .into_iter()
+            .find(|t| name.starts_with(t.name()))
+            .or_else(|| Target::from_name(&args.target))
+            .ok_or("name the target with --target (the file name does not start with one)")?;
+        let input = std::fs::read(path)?;
+        t.run(&input);
+        println!("{}: {} bytes ran without a panic", t.name(), input.len());
+        return Ok(());
+    }
+    let targets: Vec<Target> = if args.target == "all" {
+        Target::ALL.to_vec()
+    } else {
+        vec![
+            Target::from_name(&args.target)
+                .ok_or("unknown target: parse, reassemble, node or all")?,
+        ]
+    };
+    if args.write_seeds {
+        for t in targets {
+            let dir = corpus_dir(t);
+            std::fs::create_dir_all(&dir)?;
+            for (k, s) in t.seeds().iter().enumerate() {
+                std::fs::write(dir.join(format!("seed-{k:02}.bin")), s)?;
+            }
+            println!("{}: seeds written to {}", t.name(), dir.display());
+        }
+        return Ok(());
+    }
+    if let Some(found) = &args.minimize_with {
+        if !coverage::instrumented() {
+            return Err(
+                "--minimize-with needs a build with SanitizerCoverage (scripts/fuzz-coverage.sh)"
+                    .into(),
+            );
+        }
+        for t in targets {
+            minimize(t, &found.join(t.name()))?;
+        }
+        return Ok(());
+    }
+    // The panics are reported here, with the input; the default hook would print each twice.
+    std::panic::set_hook(Box::new(|_| {}));
+    let failures_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/fuzz-failures");
+    let mut failed = 0;
+    for t in targets {
+        let mut pool = t.seeds();
+        if let Ok(rd) = std::fs::read_dir(corpus_dir(t)) {
+            pool.extend(rd.flatten().filter_map(|e| std::fs::read(e.path()).ok()));
+        }
+        let mut m = Mutator::new(args.seed);
+        let guided = coverage::instrumented() && !args.blind;
+        let measured = coverage::instrumented();
+        let mut seen = coverage::Seen::default();
+        let pool_start = pool.len();
+        if measured {
+            seen.merge();
+            for input in &pool {
+                let _ = std::panic::catch_unwind(|| t.run(input));
+            }
+            seen.merge();
+        }
+        let baseline = seen.edges();
+        let mut pick = args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = move |n: usize| {
+            pick ^= pick << 13;
+            pick ^= pick >> 7;
+            pick ^= pick << 17;
+            (pick % n as u64) as usize
+        };
+        let (start, mut runs, mut panics) = (Instant::now(), 0u64, 0u64);
+        while start.elapsed() < Duration::from_secs(args.seconds) {
+            let base = &pool[next(pool.len())];
+            let other = &pool[next(pool.len())];
+            let input = m.mutate(t, base, other);
+            runs += 1;
+            let outcome = std::panic::catch_unwind(|| t.run(&input));
+            if measured && seen.merge() > 0 && guided {
+                if let Some(dir) = &args.found {
+                    let dir = dir.join(t.name());
+                    std::fs::create_dir_all(&dir)?;
+                    std::fs::write(
+                        dir.join(format!("found-{:04}.bin", pool.len() - pool_start)),
+                        &input,
+                    )?;
+                }
+                pool.push(input.clone());
+            }
+            if outcome.is_err() {
+                panics += 1;
+                std::fs::create_dir_all(&failures_dir)?;
+                let path = failures_dir.join(format!("{}-{runs:08}.bin", t.name()));
+                std::fs::write(&path, &input)?;
+                println!(
+                    "{}: PANIC on run {runs}; saved {} (replay: cargo run --release -p corelane-fuzz -- --replay {})",
+                    t.name(),
+                    path.display(),
+                    path.display()
+                );
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "{}: {runs} inputs in {secs:.0} s ({:.0}/s), {panics} panicked",
+            t.name(),
+            runs as f64 / secs.max(1e-9)
+        );
+        if measured {
+            println!(
+                "{}: {}: edges taken {baseline} by the corpus -> {} of {}; {} inputs found new coverage (pool {} -> {})",
+                t.name(),
+                if guided {
+                    "coverage-guided"
+                } else {
+                    "blind, coverage measured"
+                },
+                seen.edges(),
+                coverage::edges(),
+                pool.len() - pool_start,
+                pool_start,
+                pool.len()
+            );
+            if seen.edges() < args.min_edges {
+                return Err(format!(
+                    "{}: only {} edges taken (at least {} expected): is the instrumentation on?",
+                    t.name(),
+                    seen.edges(),
+                    args.min_edges
+                )
+                .into());
+            }
+        } else if args.min_edges > 0 {
+            return Err(
+                "--min-edges needs a build with SanitizerCoverage (scripts/fuzz-coverage.sh)"
+                    .into(),
+            );
+        }
+        failed += panics;
+    }
+    if failed > 0 {
+        return Err(format!("{failed} input(s) panicked").into());
+    }
+    Ok(())
+}
+
+/// Found inputs longer than this stay out of the committed corpus (it lives in the repository;
+/// a long timed session mostly repeats what a short one covers).
+const MAX_FOUND_LEN: usize = 4096;
+
+/// Rewrites `t`'s committed corpus as the smallest-first subset of it and of the inputs in
+/// `found` that takes every edge they take (hit counts aside: the corpus stays small).
+fn minimize(t: Target, found: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = corpus_dir(t);
+    let mut inputs: Vec<Vec<u8>> = Vec::new();
+    for (d, cap) in [(dir.as_path(), usize::MAX), (found, MAX_FOUND_LEN)] {
+        if let Ok(rd) = std::fs::read_dir(d) {
+            inputs.extend(
+                rd.flatten()
+                    .filter_map(|e| std::fs::read(e.path()).ok())
+                    .filter(|i| i.len() <= cap),
+            );
+        }
+    }
+    let before = inputs.len();
+    inputs.sort_by_key(Vec::len);
+    inputs.dedup();
+    std::panic::set_hook(Box::new(|_| {}));
+    let mut seen = coverage::Seen::default();
+    seen.merge();
+    let mut keep = Vec::new();
+    for input in inputs {
+        let _ = std::panic::catch_unwind(|| t.run(&input));
+        if seen.merge_edges() > 0 {
+            keep.push(input);
+        }
+    }
+    std::fs::create_dir_all(&dir)?;
+    for e in std::fs::read_dir(&dir)?.flatten() {
+        std::fs::remove_file(e.path())?;
+    }
+    for (k, input) in keep.iter().enumerate() {
+        std::fs::write(dir.join(format!("{k:04}.bin")), input)?;
+    }
+    println!(
+        "{}: {before} inputs -> {} kept ({} bytes), {} edges, in {}",
+        t.name(),
+        keep.len(),
+        keep.iter().map(Vec::len).sum::<usize>(),
+        seen.edges(),
+        dir.display()
+    );
+    Ok(())
+}

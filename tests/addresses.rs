@@ -134,6 +134,76 @@ fn an_owned_ipv6_address_joins_its_solicited_node_group_on_the_interface() -> Re
     Ok(())
 }
 
+/// The core threads keep no capability (they parse the wire); an IPv6 address taken from a
+/// task on one still joins its solicited-node group (`CAP_NET_ADMIN`) and a port bound there
+/// still reaches the XDP program's map: the runtime's privileged thread does both for it.
+#[test]
+fn a_task_on_a_core_without_capabilities_takes_an_ipv6_address_and_a_port() -> Result {
+    if !require_root("a task takes an address") {
+        return Ok(());
+    }
+    let net = net(1);
+    let ifname = net.server_if().to_string();
+    let (tx, rx) = std::sync::mpsc::channel::<std::result::Result<u64, String>>();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    let server = net
+        .server_ns()
+        .spawn(move || -> std::result::Result<(), String> {
+            let rt = Runtime::builder(&ifname)
+                .addr("fd00:77::3/64")
+                .cores(1)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let addrs = rt.addr_handle();
+            let _ = stop_tx.send(rt.stop_handle());
+            let tx = std::sync::Mutex::new(tx);
+            rt.run(move |_| {
+                let addrs = addrs.clone();
+                let tx = tx.lock().unwrap().clone();
+                async move {
+                    // This thread's effective capabilities, then the changes.
+                    let caps = std::fs::read_to_string("/proc/thread-self/status")
+                        .ok()
+                        .and_then(|s| {
+                            s.lines()
+                                .find_map(|l| l.strip_prefix("CapEff:"))
+                                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                        })
+                        .unwrap_or(u64::MAX);
+                    let took = addrs
+                        .add("fd00:77::10/64")
+                        .map_err(|e| e.to_string())
+                        .map(|()| caps);
+                    let l = TcpListener::bind(8080).await;
+                    let bound = l.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                    let _ = tx.send(took.and_then(|c| bound.map(|()| c)));
+                    // Held (and accepting) until the runtime stops.
+                    if let Ok(l) = l {
+                        while l.accept().await.is_ok() {}
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+            Ok(())
+        })?;
+    let stop = stop_rx.recv_timeout(Duration::from_secs(20))?;
+    let caps = rx.recv_timeout(Duration::from_secs(20))??;
+    assert_eq!(caps, 0, "a core thread keeps no capability");
+    let maddr = net
+        .server_ns()
+        .ip(&["maddr", "show", "dev", net.server_if()])?;
+    assert!(maddr.contains("33:33:ff:00:00:10"), "{maddr}");
+    // The address answers (the stack has it from its next turn).
+    let to = SocketAddr::new("fd00:77::10".parse()?, 8080);
+    let connected = net
+        .client_ns()
+        .run(move || TcpStream::connect_timeout(&to, Duration::from_secs(3)).is_ok())?;
+    assert!(connected, "connect to the address and port the task took");
+    stop.stop();
+    server.join()??;
+    Ok(())
+}
+
 #[test]
 fn listeners_bind_as_tokio_binds_and_port_0_is_the_same_on_every_core() -> Result {
     if !require_root("bind forms") {

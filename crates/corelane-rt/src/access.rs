@@ -184,3 +184,11 @@ pub(crate) fn fit_frames(ifname: &str, mtu: usize, xsk: &mut XskConfig) -> Resul
     }
     Ok(())
 }
+
+/// Drops every capability of the calling thread (capabilities are per thread in Linux): a
+/// thread that parses frames from the wire, or runs the application's tasks, holds none. What
+/// needs `CAP_NET_ADMIN` or `CAP_BPF` after start is done by the thread that built the runtime.
+pub(crate) fn drop_thread_capabilities() -> Result<(), Error> {
+    corelane_xsk::retain_caps(&[])
+        .map_err(|e| Error::Config(format!("dropping this thread's capabilities: {e}")))
+}

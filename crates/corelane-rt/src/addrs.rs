@@ -76,11 +76,8 @@ impl AddrHandle {
                 corelane_stack::MAX_ADDRS
             )));
         }
-        shared
-            .steering
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .own_addr(IpAddr::from(a))?;
+        let ip = IpAddr::from(a);
+        shared.steer(move |s| s.own_addr(ip))??;
         list.push(cidr);
         drop(list);
         changed(&shared);
@@ -100,11 +97,7 @@ impl AddrHandle {
         if list.len() == before {
             return Ok(false);
         }
-        shared
-            .steering
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .disown_addr(a)?;
+        shared.steer(move |s| s.disown_addr(a))??;
         drop(list);
         changed(&shared);
         Ok(true)

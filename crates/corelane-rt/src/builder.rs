@@ -176,10 +176,12 @@ impl Builder {
     }
 
     /// Keeps every capability the process has after `build` (default: dropped). By default
-    /// the thread that builds the runtime, and so every core and thread started after it,
-    /// keeps none under a grant, and only `CAP_NET_ADMIN` and `CAP_BPF` (to change owned
-    /// addresses and put the queues back) when the runtime attached the program. Threads the
-    /// application started before `build` keep theirs.
+    /// the thread that builds the runtime keeps none under a grant, and only `CAP_NET_ADMIN`
+    /// and `CAP_BPF` (to put the queues back and detach the program) when the runtime attached
+    /// the program; the core and application threads, which parse the wire and run the
+    /// application's tasks, keep none either way, and what needs a capability while they run
+    /// (a port bound, an address taken) is done for them by one thread that parses nothing
+    /// (`corelane-priv`). Threads the application started before `build` keep theirs.
     pub fn keep_capabilities(mut self, keep: bool) -> Self {
         self.keep_capabilities = keep;
         self
@@ -546,6 +548,7 @@ impl Builder {
         let shared = Arc::new(Shared {
             cookies: crate::cookies::XdpCookies::new(self.xdp_cookies, &steering),
             steering: Mutex::new(steering),
+            steward: crate::steward::Steward::default(),
             addrs: Mutex::new(self.addrs.clone()),
             addrs_gen: std::sync::atomic::AtomicU64::new(0),
             life: crate::stop::Life::default(),

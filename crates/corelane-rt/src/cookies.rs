@@ -9,8 +9,8 @@
 //! second passes with fewer than [`QUIET`] SYNs answered in the program, its ports go back to
 //! the stack.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelane_stack::Stack;
@@ -18,6 +18,7 @@ use corelane_xsk::{CookieParams, Steering, monotonic_ns};
 
 use crate::Builder;
 use crate::lane::lock;
+use crate::launch::Shared;
 
 /// Below this many SYNs per second answered in the program, the flood is over.
 pub(crate) const QUIET: u64 = 1000;
@@ -127,7 +128,7 @@ impl XdpCookies {
     /// and off for every port once the flood has passed. `epoch` is the stack's time zero.
     pub(crate) fn update(
         &self,
-        steering: &Mutex<Steering>,
+        shared: &Arc<Shared>,
         stack: &Stack,
         epoch: Instant,
         now: Instant,
@@ -138,7 +139,12 @@ impl XdpCookies {
             return;
         }
         let mut st = lock(&self.state);
-        let mut steer = lock(steering);
+        let cookies_counted = |shared: &Arc<Shared>| {
+            shared
+                .steer(|s| s.counters().map(|c| c.syn_cookies).ok())
+                .ok()
+                .flatten()
+        };
         if !ports.is_empty() {
             if !st.params_set {
                 let Some(t) = stack.syn_cookie_template() else {
@@ -159,15 +165,22 @@ impl XdpCookies {
                     mac: t.mac,
                     pad: [0; 2],
                 };
-                match steering_params(&mut steer, &p) {
+                let set = shared
+                    .steer(move |s| steering_params(s, &p))
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r);
+                match set {
                     Ok(()) => st.params_set = true,
                     Err(why) => return self.disable(ports, &why),
                 }
-                st.counted = steer.counters().map_or(0, |c| c.syn_cookies);
+                st.counted = cookies_counted(shared).unwrap_or(0);
             }
             for port in ports.drain(..) {
                 if !st.ports.contains(&port)
-                    && matches!(steer.set_syn_cookies(port, true), Ok(true))
+                    && matches!(
+                        shared.steer(move |s| s.set_syn_cookies(port, true)),
+                        Ok(Ok(true))
+                    )
                 {
                     tracing::info!(
                         "port {port}: its SYN backlog is full: the XDP program answers its SYNs \
@@ -187,13 +200,13 @@ impl XdpCookies {
         if waited < CHECK_EVERY {
             return;
         }
-        let count = steer.counters().map_or(st.counted, |c| c.syn_cookies);
+        let count = cookies_counted(shared).unwrap_or(st.counted);
         let rate = count.saturating_sub(st.counted) as f64 / waited.as_secs_f64();
         st.counted = count;
         st.checked = Some(now);
         if rate < QUIET as f64 {
             for port in st.ports.drain(..) {
-                let _ = steer.set_syn_cookies(port, false);
+                let _ = shared.steer(move |s| s.set_syn_cookies(port, false));
                 tracing::info!("port {port}: the SYN flood is over: its SYNs go to the stack");
             }
             st.checked = None;

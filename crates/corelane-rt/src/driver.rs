@@ -115,8 +115,7 @@ impl Driver {
         }
         if !self.cookie_ports.is_empty() || checking {
             let epoch = self.epoch;
-            let steering = &core.shared.steering;
-            cookies.update(steering, &stack, epoch, clock, &mut self.cookie_ports);
+            cookies.update(&core.shared, &stack, epoch, clock, &mut self.cookie_ports);
             self.cookie_check_at = Some(clock + crate::cookies::CHECK_EVERY / 4);
         }
         let mut st = core.stats();

@@ -190,13 +190,15 @@ impl Core {
         self.kick.notify_one();
     }
 
+    /// The steering program, to read (changes go through [`Shared::steer`]).
     pub(crate) fn steering(&self) -> MutexGuard<'_, Steering> {
         lock(&self.shared.steering)
     }
 
     pub(crate) fn own_port(&self, proto: Proto, port: u16) -> io::Result<()> {
-        self.steering()
-            .own_port(proto, port)
+        self.shared
+            .steer(move |s| s.own_port(proto, port))
+            .map_err(|e| io::Error::other(e.to_string()))?
             .map_err(io::Error::from)
     }
 
@@ -218,7 +220,11 @@ impl Core {
     }
 
     pub(crate) fn release_port(&self, proto: Proto, port: u16) {
-        if let Err(e) = self.steering().release_port(proto, port) {
+        let done = self.shared.steer(move |s| s.release_port(proto, port));
+        if let Err(e) = done
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
             tracing::warn!("core {}: releasing {proto:?} port {port}: {e}", self.index);
         }
     }

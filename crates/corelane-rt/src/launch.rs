@@ -19,7 +19,10 @@ use crate::{Builder, Error, PollMode, handoff};
 /// State every core can reach: the steering program (for port ownership changes, never per
 /// frame), the stop flag and the doorbells.
 pub(crate) struct Shared {
+    /// Reached through [`Shared::steer`], which runs the change with the runtime's privileges.
     pub(crate) steering: Mutex<Steering>,
+    /// The thread that holds those privileges while the cores run.
+    pub(crate) steward: crate::steward::Steward,
     /// SYN cookies in the XDP program while a listener is flooded.
     pub(crate) cookies: crate::cookies::XdpCookies,
     /// The owned addresses, as the cores should have them.
@@ -326,7 +329,13 @@ impl Runtime {
         let started = std::sync::Barrier::new(n + 1);
         let failed = AtomicBool::new(false);
         let epoch = StdInstant::now();
+        let jobs = self.shared.steward.open();
         let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
+            // Spawned by this thread, it keeps what this thread kept; the cores drop all.
+            std::thread::Builder::new()
+                .name("corelane-priv".into())
+                .spawn_scoped(scope, move || crate::steward::serve(jobs))
+                .expect("spawning the privileged thread");
             let mut handles = Vec::new();
             for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
                 let lane = &self.plan.lanes[i];
@@ -345,7 +354,13 @@ impl Runtime {
                     let h = std::thread::Builder::new()
                         .name(format!("corelane-{i}-app"))
                         .spawn_scoped(scope, move || {
-                            app_main(info.app_cpu, rx, f, this.cfg.on_panic)
+                            app_main(
+                                info.app_cpu,
+                                rx,
+                                f,
+                                this.cfg.on_panic,
+                                !this.cfg.keep_capabilities,
+                            )
                         })
                         .expect("spawning an application thread");
                     (Some(tx), Some(h))
@@ -370,7 +385,7 @@ impl Runtime {
                 handles.push((h, app));
             }
             started.wait();
-            handles
+            let ended: Vec<_> = handles
                 .into_iter()
                 .enumerate()
                 .map(|(i, (h, app))| {
@@ -391,7 +406,9 @@ impl Runtime {
                         }
                     }
                 })
-                .collect()
+                .collect();
+            self.shared.steward.close();
+            ended
         });
         let mut cores = Vec::with_capacity(n);
         let mut first_err = None;

@@ -57,6 +57,7 @@ mod queues;
 mod report;
 mod routing;
 mod signals;
+mod steward;
 mod stop;
 mod threads;
 

@@ -19,6 +19,15 @@ use crate::report::CoreReport;
 use crate::{CoreInfo, Error, OnPanic, handoff};
 
 impl Runtime {
+    /// Core and application threads keep no capability (unless the application asked to keep
+    /// them): they run what the wire and the application hand them.
+    fn drop_thread_capabilities(&self) -> Result<(), Error> {
+        if self.cfg.keep_capabilities {
+            return Ok(());
+        }
+        crate::access::drop_thread_capabilities()
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn core_main<F, Fut>(
         &self,
@@ -43,7 +52,10 @@ impl Runtime {
             queue = info.queue
         )
         .entered();
-        let setup = self.setup_core(info);
+        let setup = self.setup_core(info).and_then(|s| {
+            self.drop_thread_capabilities()?;
+            Ok(s)
+        });
         if setup.is_err() {
             failed.store(true, Ordering::SeqCst);
         }
@@ -284,6 +296,7 @@ pub(crate) fn app_main<F, Fut>(
     start: std::sync::mpsc::Receiver<(Arc<Core>, CoreInfo)>,
     f: &F,
     on_panic: OnPanic,
+    drop_caps: bool,
 ) -> AppEnd
 where
     F: Fn(CoreInfo) -> Fut,
@@ -293,7 +306,12 @@ where
         panicked: None,
         cpu_time: Duration::ZERO,
     };
-    let pinned = pin(cpu);
+    let pinned = pin(cpu).and_then(|()| {
+        if drop_caps {
+            crate::access::drop_thread_capabilities()?;
+        }
+        Ok(())
+    });
     let _span = tracing::info_span!("app", cpu).entered();
     // No core: setup failed somewhere and nothing runs.
     let Ok((core, info)) = start.recv() else {

@@ -1,0 +1,85 @@
+//! The one thread that keeps the runtime's privileges while it runs.
+//!
+//! Core and application threads parse what the wire sends and run the application's code, so
+//! they hold no capability (Linux keeps capabilities per thread; each drops its own when it
+//! starts). What still needs one after start goes to the steward (thread `corelane-priv`),
+//! which parses nothing from the wire: the XDP program's maps (a port bound or released, an
+//! address taken, the SYN cookies of a flooded listener: on kernels before 6.5 with
+//! `kernel.unprivileged_bpf_disabled`, the Debian default, even a map update needs `CAP_BPF`)
+//! and the multicast groups of IPv6 addresses (`CAP_NET_ADMIN`). A caller hands it a job and
+//! waits for the answer; before the cores start and after they end, jobs run on the calling
+//! thread (the one that built the runtime, which kept the capabilities).
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use corelane_xsk::Steering;
+
+use crate::Error;
+use crate::lane::lock;
+use crate::launch::Shared;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Where privileged jobs go while the cores run.
+#[derive(Default)]
+pub(crate) struct Steward {
+    tx: Mutex<Option<Sender<Job>>>,
+}
+
+impl Steward {
+    /// Starts taking jobs; the returned receiver is the steward thread's to [`serve`].
+    pub(crate) fn open(&self) -> Receiver<Job> {
+        let (tx, rx) = mpsc::channel();
+        *lock(&self.tx) = Some(tx);
+        rx
+    }
+
+    /// Stops taking jobs: the steward thread ends once it has run those already queued, and
+    /// jobs from now on run on their caller's thread.
+    pub(crate) fn close(&self) {
+        lock(&self.tx).take();
+    }
+
+    /// Runs `f` on the steward thread while it serves, else here, and returns its result.
+    pub(crate) fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        let (done_tx, done_rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move || {
+            let _ = done_tx.send(f());
+        });
+        let tx = lock(&self.tx).clone();
+        match tx {
+            Some(tx) => {
+                if let Err(mpsc::SendError(job)) = tx.send(job) {
+                    job();
+                }
+            }
+            None => job(),
+        }
+        done_rx.recv().map_err(|_| {
+            Error::Config("the runtime's privileged thread ended during a change".into())
+        })
+    }
+}
+
+/// The steward thread's loop: each job in turn until the runtime closes the steward.
+pub(crate) fn serve(jobs: Receiver<Job>) {
+    while let Ok(job) = jobs.recv() {
+        // A job that panics answers nothing (its caller gets an error); the steward goes on.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+    }
+}
+
+impl Shared {
+    /// Runs `f` on the steering program with the runtime's privileges (see the module).
+    pub(crate) fn steer<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Steering) -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        let shared = Arc::clone(self);
+        self.steward.run(move || f(&mut lock(&shared.steering)))
+    }
+}

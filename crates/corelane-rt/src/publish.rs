@@ -92,6 +92,7 @@ pub(crate) const NAMES: &[&str] = &[
     "tcp_mem_limited",
     "tcp_mem_dropped",
     "tcp_conn_limited",
+    "tcp_ooo_pruned",
 ];
 
 fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<u64> {
@@ -177,6 +178,7 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         s.tcp_mem_limited,
         s.tcp_mem_dropped,
         s.tcp_conn_limited,
+        s.tcp_ooo_pruned,
     ]
 }
 

@@ -156,6 +156,81 @@ fn data_parked_out_of_order_on_many_connections_stays_under_the_cap() -> Res {
     Ok(())
 }
 
+/// Parked data does not starve the others: with the cap full of data held out of order by
+/// connections whose holes never fill, a new connection's in-order data is refused once, the
+/// connections that have held out-of-order data longest lose it (Linux's
+/// `tcp_prune_ofo_queue`; RFC 2018 lets a receiver renege on what it SACKed), and the new
+/// connection then transfers in full while the parked ones stay open.
+#[test]
+fn parked_data_is_pruned_when_in_order_data_needs_the_memory() -> Res {
+    let server = StackConfig {
+        tcp_mem_limit: Some(CAP),
+        ..cfg()
+    };
+    let mut p = Pair::with(corelane_frame::MemLink::default(), server, cfg());
+    let n = 32;
+    let (clients, servers) = open(&mut p, n)?;
+    p.b.dev_mut().io_mut().set_capture(true);
+    for &c in &clients {
+        assert!(matches!(
+            p.b.stack.tcp_write(c, &[7u8; 100], None),
+            Poll::Ready(Ok(100))
+        ));
+    }
+    p.drive_for(Duration::from_millis(1), |_| {})?;
+    let mut sent = VecDeque::new();
+    p.b.dev_mut().io_mut().take_sent(&mut sent);
+    // 8,000 bytes ahead: each parked ring takes 8 KiB, and 32 of them fill the cap to the
+    // byte, so the next connection cannot have even its first 4 KiB.
+    for f in sent.iter().filter_map(|f| moved(f, 100, 8_000)) {
+        assert!(p.b.dev_mut().io_mut().inject(&f));
+    }
+    p.drive_for(Duration::from_millis(2), |_| {})?;
+    // The clients' own segments stay captured (dropped): the holes never fill.
+    let before = p.a.stack.stats();
+    assert!(
+        before.tcp_mem as usize > CAP - 4096,
+        "the cap is full: {before:?}"
+    );
+    let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
+    p.b.dev_mut().io_mut().set_capture(false);
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 11) as u8).collect();
+    let (mut s, mut sent, mut got) = (None, 0, Vec::new());
+    let mut buf = vec![0u8; 65536];
+    let done = p.drive(Duration::from_secs(30), |p| {
+        s = s.or_else(|| p.a.stack.accept(7));
+        if sent < data.len()
+            && let Poll::Ready(Ok(k)) = p.b.stack.tcp_write(c, &data[sent..], None)
+        {
+            sent += k;
+        }
+        if let Some(s) = s {
+            while let Poll::Ready(Ok(k @ 1..)) = p.a.stack.tcp_read(s, &mut buf, None) {
+                got.extend_from_slice(&buf[..k]);
+            }
+        }
+        got.len() == data.len()
+    })?;
+    let st = p.a.stack.stats();
+    assert!(
+        done,
+        "received {} of {} beside the parked data: {st:?}",
+        got.len(),
+        data.len()
+    );
+    assert!(got == data, "the bytes arrived changed");
+    assert!(st.tcp_ooo_pruned > 0, "{st:?}");
+    assert!(st.tcp_mem as usize <= CAP, "{st:?}");
+    // The parked connections are still there.
+    for &h in &servers {
+        assert!(
+            p.a.stack.tcp_state(h).is_some(),
+            "a parked connection was closed"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn past_the_connection_cap_syns_are_dropped_and_connect_fails() -> Res {
     let server = StackConfig {

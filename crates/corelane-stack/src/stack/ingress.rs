@@ -147,6 +147,7 @@ impl Stack {
                     None => self.stats.tcp_malformed += 1,
                 }
                 dev.consume();
+                self.after_tcp_input(i);
             }
             Sock::Udp(_) => {
                 if let Some(bytes) = dev.front_bytes() {
@@ -199,6 +200,7 @@ impl Stack {
                     if let Some(c) = self.slots[i as usize].flow.as_mut().and_then(|f| f.conn()) {
                         let _ = c.input_ecn(now, &inn.seg, inn.ecn);
                     }
+                    self.after_tcp_input(i);
                     self.settle(i);
                     self.queue_egress(i);
                 }

@@ -33,6 +33,7 @@ mod ingress;
 mod listen;
 mod ndisc;
 mod neigh;
+mod prune;
 mod socket;
 mod stats;
 mod udp;
@@ -99,6 +100,8 @@ struct Flow {
     ttl: u8,
     /// TCP: since when its next hop's hardware address has been asked for in vain.
     resolving_since: Option<Instant>,
+    /// TCP: in `Stack::ooo_holders` (it held data out of order since last pruned).
+    ooo_listed: bool,
 }
 
 /// How long an opening connection waits for its next hop to answer ARP or neighbour
@@ -165,6 +168,9 @@ pub struct Stack {
     /// What the TCP buffers hold, under `cfg.tcp_mem_limit`; flows whose writer waits for it.
     mem: std::sync::Arc<crate::tcp::MemBudget>,
     mem_waiters: Vec<u32>,
+    /// Flows that came to hold out-of-order data, oldest first (index, generation): pruned
+    /// from the front when in-order data is refused room (`prune.rs`).
+    ooo_holders: std::collections::VecDeque<(u32, u32)>,
     /// TCP connections held (flows with a `Sock::Tcp`), under `cfg.max_tcp`.
     tcp_conns: usize,
     egress: Vec<u32>,
@@ -251,6 +257,7 @@ impl Stack {
             cookie_ports: Vec::new(),
             mem: crate::tcp::MemBudget::new(cfg.tcp_mem_limit),
             mem_waiters: Vec::new(),
+            ooo_holders: std::collections::VecDeque::new(),
             tcp_conns: 0,
             egress: Vec::with_capacity(cfg.batch * 2),
             egress_spare: Vec::with_capacity(cfg.batch * 2),
@@ -349,6 +356,7 @@ impl Stack {
             passive: false,
             ttl: DEFAULT_TTL,
             resolving_since: None,
+            ooo_listed: false,
         };
         setup(&mut flow);
         match self.free_slots.pop() {

@@ -64,6 +64,9 @@ pub struct StackStats {
     /// TCP segments received and dropped because holding them would have passed
     /// `StackConfig::tcp_mem_limit` (their senders retransmit them).
     pub tcp_mem_dropped: u64,
+    /// Connections whose out-of-order data was dropped because a received segment was refused
+    /// room under `StackConfig::tcp_mem_limit` (they hold none after; their senders resend).
+    pub tcp_ooo_pruned: u64,
     /// Connections refused (a SYN or a cookie's ACK dropped, a `connect` failed) because the
     /// core held `StackConfig::max_tcp` of them.
     pub tcp_conn_limited: u64,

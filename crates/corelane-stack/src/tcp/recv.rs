@@ -75,6 +75,10 @@ impl Conn {
         // given back): what a window promised is not a reservation, so many connections
         // holding data out of order, or unread, cannot take more than the cap.
         if !self.rcv.may_hold(at + n, self.rcv_cap) {
+            // In-order data refused: the stack gives up out-of-order data held elsewhere.
+            if off == 0 {
+                self.rcv.note_pressure();
+            }
             self.ack_now = true;
             return;
         }
@@ -112,6 +116,23 @@ impl Conn {
                 self.dupacks_owed = (self.dupacks_owed + 1).min(3);
             }
         }
+    }
+
+    /// True while data is held past a hole.
+    pub(crate) fn holds_out_of_order(&self) -> bool {
+        !self.ooo.is_empty()
+    }
+
+    /// Drops the data held past a hole (RFC 2018 lets a receiver renege on what it SACKed:
+    /// the sender keeps it until cumulatively acknowledged and sends it again); returns the
+    /// bytes of buffer given back to the stack's memory.
+    pub(crate) fn prune_out_of_order(&mut self) -> usize {
+        if self.ooo.is_empty() {
+            return 0;
+        }
+        self.ooo.clear();
+        self.sack_fresh.clear();
+        self.rcv.drop_past_contents()
     }
 
     /// Moves `RCV.NXT` over `n` bytes written at it, then over the out-of-order ranges that

@@ -14,7 +14,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// The size of a ring's first buffer, the unit the pool keeps.
 pub(crate) const SMALL: usize = 4096;
@@ -56,6 +56,8 @@ pub(crate) struct MemBudget {
     cap: usize,
     limited: AtomicU64,
     dropped: AtomicU64,
+    /// A received segment that was next in order was refused room since the stack last looked.
+    pressure: AtomicBool,
 }
 
 impl MemBudget {
@@ -66,6 +68,7 @@ impl MemBudget {
             cap: cap.unwrap_or(usize::MAX),
             limited: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            pressure: AtomicBool::new(false),
         })
     }
 
@@ -82,6 +85,17 @@ impl MemBudget {
     /// Segments received and dropped because holding them would have passed the cap.
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Notes that a received segment that was next in order was refused room.
+    pub(crate) fn note_pressure(&self) {
+        self.pressure.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a received segment that was next in order was refused room since the last call
+    /// (and forgets it).
+    pub(crate) fn take_pressure(&self) -> bool {
+        self.pressure.swap(false, Ordering::Relaxed)
     }
 
     /// True when `more` bytes would not fit under the cap.
@@ -166,6 +180,34 @@ impl Ring {
         self.len = 0;
     }
 
+    /// Drops what lies past the contiguous part (bytes placed out of order) and gives back the
+    /// capacity the contiguous part does not need; returns the bytes given back.
+    pub(crate) fn drop_past_contents(&mut self) -> usize {
+        let old = self.buf.len();
+        if self.len == 0 {
+            self.free();
+            return old;
+        }
+        let want = self.len.next_power_of_two().max(SMALL);
+        if want >= old {
+            return 0;
+        }
+        let mut buf = if want == SMALL {
+            take_small()
+        } else {
+            vec![0u8; want]
+        };
+        let (a, b) = self.slices(0, self.len);
+        buf[..a.len()].copy_from_slice(a);
+        buf[a.len()..self.len].copy_from_slice(b);
+        give_back(std::mem::replace(&mut self.buf, buf));
+        self.head = 0;
+        if let Some(m) = &self.mem {
+            m.sub(old - want);
+        }
+        old - want
+    }
+
     /// The capacity [`Ring::reserve_total`] would grow to for `cap` bytes under `limit`.
     fn grown(&self, cap: usize, limit: usize) -> usize {
         let old = self.buf.len();
@@ -173,6 +215,13 @@ impl Ring {
             old
         } else {
             cap.max((old * 2).max(SMALL).min(limit))
+        }
+    }
+
+    /// Tells its budget an in-order segment was refused room (see [`MemBudget::take_pressure`]).
+    pub(crate) fn note_pressure(&self) {
+        if let Some(m) = &self.mem {
+            m.note_pressure();
         }
     }
 

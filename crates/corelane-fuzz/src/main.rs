@@ -1,6 +1,6 @@
-//! The protocol crate's fuzz targets (`corelane_stack::fuzzing`) run for as long as asked: a
-//! seeded structure-aware mutator over the committed corpus and fresh seeds, every input checked
-//! for panics. Built with SanitizerCoverage (`scripts/fuzz-coverage.sh`, stable Rust), it is
+//! The protocol crate's fuzz targets (`corelane_stack::fuzzing`), and the stats file
+//! `corelane-stat` reads (`stat`), run for as long as asked: a seeded structure-aware mutator
+//! over the committed corpus and fresh seeds, every input checked for panics. Built with SanitizerCoverage (`scripts/fuzz-coverage.sh`, stable Rust), it is
 //! coverage-guided: an input that takes an edge, or an edge a number of times, no input took
 //! before joins the pool the mutator draws from, and `--found DIR` keeps those inputs to review
 //! and commit into the corpus. A panicking input is saved under `target/fuzz-failures/` with
@@ -18,6 +18,7 @@
 //! Needs no privilege: everything runs in this process.
 
 mod coverage;
+mod stat;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -28,7 +29,7 @@ use corelane_stack::fuzzing::{Mutator, Target};
 #[derive(Parser, Debug)]
 #[command(about = "The protocol crate's fuzz targets, for as long as asked")]
 struct Args {
-    /// A target (parse, reassemble, node) or all.
+    /// A target (parse, reassemble, node, stat) or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seconds per target.
@@ -61,10 +62,68 @@ struct Args {
     min_edges: usize,
 }
 
-fn corpus_dir(t: Target) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../corelane-stack/fuzz/corpus")
-        .join(t.name())
+/// A fuzz target: one of the protocol crate's, or the stats file `corelane-stat` reads.
+#[derive(Debug, Clone, Copy)]
+enum Fuzz {
+    Stack(Target),
+    Stat,
+}
+
+impl Fuzz {
+    fn all() -> Vec<Fuzz> {
+        let mut v: Vec<Fuzz> = Target::ALL.into_iter().map(Fuzz::Stack).collect();
+        v.push(Fuzz::Stat);
+        v
+    }
+
+    fn from_name(name: &str) -> Option<Fuzz> {
+        Fuzz::all().into_iter().find(|t| t.name() == name)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Fuzz::Stack(t) => t.name(),
+            Fuzz::Stat => "stat",
+        }
+    }
+
+    fn run(self, input: &[u8]) {
+        match self {
+            Fuzz::Stack(t) => t.run(input),
+            Fuzz::Stat => stat::run(input),
+        }
+    }
+
+    fn seeds(self) -> Vec<Vec<u8>> {
+        match self {
+            Fuzz::Stack(t) => t.seeds(),
+            Fuzz::Stat => stat::seeds(),
+        }
+    }
+
+    fn mutate(
+        self,
+        m: &mut Mutator,
+        r: &mut impl FnMut(usize) -> usize,
+        base: &[u8],
+        other: &[u8],
+    ) -> Vec<u8> {
+        match self {
+            Fuzz::Stack(t) => m.mutate(t, base, other),
+            Fuzz::Stat => stat::mutate(r, base, other),
+        }
+    }
+}
+
+/// Set while a target runs: its panics are the findings, reported with their input.
+static IN_TARGET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn corpus_dir(t: Fuzz) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    match t {
+        Fuzz::Stack(t) => root.join("../corelane-stack/fuzz/corpus").join(t.name()),
+        Fuzz::Stat => root.join("corpus/stat"),
+    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -75,22 +134,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_string();
-        let t = Target::ALL
+        let t = Fuzz::all()
             .into_iter()
             .find(|t| name.starts_with(t.name()))
-            .or_else(|| Target::from_name(&args.target))
+            .or_else(|| Fuzz::from_name(&args.target))
             .ok_or("name the target with --target (the file name does not start with one)")?;
         let input = std::fs::read(path)?;
         t.run(&input);
         println!("{}: {} bytes ran without a panic", t.name(), input.len());
         return Ok(());
     }
-    let targets: Vec<Target> = if args.target == "all" {
-        Target::ALL.to_vec()
+    let targets: Vec<Fuzz> = if args.target == "all" {
+        Fuzz::all()
     } else {
         vec![
-            Target::from_name(&args.target)
-                .ok_or("unknown target: parse, reassemble, node or all")?,
+            Fuzz::from_name(&args.target)
+                .ok_or("unknown target: parse, reassemble, node, stat or all")?,
         ]
     };
     if args.write_seeds {
@@ -116,8 +175,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         return Ok(());
     }
-    // The panics are reported here, with the input; the default hook would print each twice.
-    std::panic::set_hook(Box::new(|_| {}));
+    // A target's panics are reported here, with the input (the default hook would print each
+    // twice); a panic of the driver itself is printed as usual.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !IN_TARGET.load(std::sync::atomic::Ordering::Relaxed) {
+            default_hook(info);
+        }
+    }));
     let failures_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/fuzz-failures");
     let mut failed = 0;
     for t in targets {
@@ -143,15 +208,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pick ^= pick << 13;
             pick ^= pick >> 7;
             pick ^= pick << 17;
-            (pick % n as u64) as usize
+            (pick % n.max(1) as u64) as usize
         };
         let (start, mut runs, mut panics) = (Instant::now(), 0u64, 0u64);
         while start.elapsed() < Duration::from_secs(args.seconds) {
-            let base = &pool[next(pool.len())];
-            let other = &pool[next(pool.len())];
-            let input = m.mutate(t, base, other);
+            let base = next(pool.len());
+            let other = next(pool.len());
+            let input = t.mutate(&mut m, &mut next, &pool[base], &pool[other]);
             runs += 1;
+            IN_TARGET.store(true, std::sync::atomic::Ordering::Relaxed);
             let outcome = std::panic::catch_unwind(|| t.run(&input));
+            IN_TARGET.store(false, std::sync::atomic::Ordering::Relaxed);
             if measured && seen.merge() > 0 && guided {
                 if let Some(dir) = &args.found {
                     let dir = dir.join(t.name());
@@ -214,6 +281,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         failed += panics;
     }
+    stat::cleanup();
     if failed > 0 {
         return Err(format!("{failed} input(s) panicked").into());
     }
@@ -226,7 +294,7 @@ const MAX_FOUND_LEN: usize = 4096;
 
 /// Rewrites `t`'s committed corpus as the smallest-first subset of it and of the inputs in
 /// `found` that takes every edge they take (hit counts aside: the corpus stays small).
-fn minimize(t: Target, found: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn minimize(t: Fuzz, found: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let dir = corpus_dir(t);
     let mut inputs: Vec<Vec<u8>> = Vec::new();
     for (d, cap) in [(dir.as_path(), usize::MAX), (found, MAX_FOUND_LEN)] {

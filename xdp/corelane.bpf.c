@@ -206,6 +206,18 @@ static __always_inline int steer(struct xdp_md *ctx)
 	return action;
 }
 
+// A TCP segment or UDP datagram to an owned address and port is steered to the socket of the
+// queue it arrived on; with no socket there, it is answered as a closed port would be (a
+// reset, port unreachable) rather than passed to a kernel that does not hold the address and
+// drops it. That happens when the runtime has died (its sockets closed with it: a keeper may
+// hold this program for a while so that peers learn at once, see corelane-xsk's linger.rs),
+// or when no core serves the queue (a misconfiguration the runtime warns of): either way
+// nothing here will ever take it, and a peer should not wait for a timeout to learn so.
+static __always_inline int steered_or_closed(int action)
+{
+	return action == XDP_REDIRECT;
+}
+
 static __always_inline int port_owned(void *map, __u16 port_be)
 {
 	__u32 key = bpf_ntohs(port_be);
@@ -857,7 +869,9 @@ static __always_inline int tcp_steer(struct xdp_md *ctx)
 	struct tcphdr *th = data + sizeof(struct ethhdr) + sizeof(struct iphdr);
 	if ((void *)(th + 1) > end)
 		return malformed();
-	return port_owned(&tcp_ports, th->dest) ? steer(ctx) : reset_v4(ctx);
+	if (!port_owned(&tcp_ports, th->dest))
+		return reset_v4(ctx);
+	return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : reset_v4(ctx);
 }
 
 // ARP for IPv4 over Ethernet: hardware type, protocol type, lengths, opcode, then sender
@@ -906,7 +920,9 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 		struct udphdr *uh = l4;
 		if ((void *)(uh + 1) > end)
 			return malformed();
-		return port_owned(&udp_ports, uh->dest) ? steer(ctx) : unreachable_v4(ctx);
+		if (!port_owned(&udp_ports, uh->dest))
+			return unreachable_v4(ctx);
+		return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : unreachable_v4(ctx);
 	}
 	if (ip->protocol == IPPROTO_TCP && ip->ihl == 5) {
 		if (syn_cookie(ctx) == XDP_TX)
@@ -953,13 +969,17 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 		struct tcphdr *th = l4;
 		if ((void *)(th + 1) > end)
 			return malformed();
-		return port_owned(&tcp_ports, th->dest) ? steer(ctx) : reset_v6(ctx);
+		if (!port_owned(&tcp_ports, th->dest))
+			return reset_v6(ctx);
+		return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : reset_v6(ctx);
 	}
 	if (ip6->nexthdr == IPPROTO_UDP) {
 		struct udphdr *uh = l4;
 		if ((void *)(uh + 1) > end)
 			return malformed();
-		return port_owned(&udp_ports, uh->dest) ? steer(ctx) : unreachable_v6(ctx);
+		if (!port_owned(&udp_ports, uh->dest))
+			return unreachable_v6(ctx);
+		return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : unreachable_v6(ctx);
 	}
 	return l4_steer(ctx, ip6->nexthdr, l4, end);
 }

@@ -44,6 +44,10 @@ pub(crate) struct Common {
     /// this example's (5 s graceful, a second signal stops at once).
     #[arg(long)]
     pub(crate) runtime_signals: bool,
+    /// Seconds the XDP program answers for this server with resets after it dies, however it
+    /// dies (`Builder::linger_on_death`; 0: none).
+    #[arg(long, default_value_t = 60)]
+    pub(crate) linger_on_death: u64,
     /// Cores to run, one interface queue each (default: one per physical core this process may
     /// use, up to the interface's queues).
     #[arg(long)]
@@ -152,7 +156,8 @@ impl Common {
                 ..XskConfig::default()
             })
             .backlog(self.backlog)
-            .poll_mode(poll);
+            .poll_mode(poll)
+            .linger_on_death(Duration::from_secs(self.linger_on_death));
         if self.bdp_gbit.is_some() || self.rtt_us.is_some() {
             b = b.bdp(
                 (self.bdp_gbit.unwrap_or(10.0) * 1e9) as u64,

@@ -41,6 +41,8 @@ pub struct Builder {
     pub(crate) metrics: Option<std::net::SocketAddr>,
     pub(crate) xdp: crate::Xdp,
     pub(crate) keep_capabilities: bool,
+    /// How long the program answers for the runtime once it died (`builder_life.rs`).
+    pub(crate) death_linger: Duration,
     pub(crate) xdp_cookies: Option<bool>,
     /// The TCP memory cap follows the machine's memory (neither it nor a whole
     /// `StackConfig` was given).
@@ -172,18 +174,6 @@ impl Builder {
     /// ```
     pub fn xdp(mut self, x: crate::Xdp) -> Self {
         self.xdp = x;
-        self
-    }
-
-    /// Keeps every capability the process has after `build` (default: dropped). By default
-    /// the thread that builds the runtime keeps none under a grant, and only `CAP_NET_ADMIN`
-    /// and `CAP_BPF` (to put the queues back and detach the program) when the runtime attached
-    /// the program; the core and application threads, which parse the wire and run the
-    /// application's tasks, keep none either way, and what needs a capability while they run
-    /// (a port bound, an address taken) is done for them by one thread that parses nothing
-    /// (`corelane-priv`). Threads the application started before `build` keep theirs.
-    pub fn keep_capabilities(mut self, keep: bool) -> Self {
-        self.keep_capabilities = keep;
         self
     }
 
@@ -527,6 +517,13 @@ impl Builder {
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = access.steering(&self.ifname, self.attach)?;
+        if let Err(e) = steering.linger_on_death(self.death_linger) {
+            tracing::warn!(
+                "{}: nothing will answer for this server if it dies ({e}): its peers wait for \
+                 their timeouts",
+                self.ifname
+            );
+        }
         crate::access::fit_frames(&self.ifname, mtu, &mut self.xsk)?;
         for a in &self.addrs {
             steering.own_addr(a.address().into())?;

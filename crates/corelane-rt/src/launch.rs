@@ -109,6 +109,7 @@ impl Runtime {
             metrics: None,
             xdp: crate::Xdp::Auto,
             keep_capabilities: false,
+            death_linger: Duration::from_secs(60),
             xdp_cookies: None,
             tcp_mem_auto: true,
             default_signals: true,

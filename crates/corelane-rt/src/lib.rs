@@ -39,6 +39,7 @@
 mod access;
 mod addrs;
 mod builder;
+mod builder_life;
 mod builder_tcp;
 mod cidr;
 mod cookies;

@@ -40,6 +40,8 @@ struct Record {
     channels: Option<Channels>,
     /// Multicast groups joined on the interface.
     groups: Vec<[u8; 6]>,
+    /// The keeper holding the XDP program for a while after a death (`linger`).
+    linger: Option<u32>,
 }
 
 impl Record {
@@ -54,6 +56,9 @@ impl Record {
         for g in &self.groups {
             s += &format!("group {}\n", hex(g));
         }
+        if let Some(pid) = self.linger {
+            s += &format!("linger {pid}\n");
+        }
         s
     }
 
@@ -67,6 +72,7 @@ impl Record {
             let nums: Vec<u32> = words.clone().filter_map(|w| w.parse().ok()).collect();
             match (key, nums.as_slice()) {
                 ("pid", [p]) => r.pid = *p,
+                ("linger", [p]) => r.linger = Some(*p),
                 ("ifindex", [i]) => r.ifindex = *i,
                 ("channels", [rx, tx, combined, max_rx, max_tx, max_combined]) => {
                     r.channels = Some(Channels {
@@ -203,6 +209,11 @@ impl Claim {
         self.update(|r| r.channels = old);
     }
 
+    /// Notes the keeper that holds the XDP program after a death (None: ended).
+    pub fn note_linger(&self, pid: Option<u32>) {
+        self.update(|r| r.linger = pid);
+    }
+
     /// Notes a multicast group joined (`true`) or left on the interface.
     pub fn note_group(&self, mac: [u8; 6], joined: bool) {
         self.update(|r| {
@@ -261,6 +272,14 @@ fn write_record(file: &mut File, r: &Record) -> io::Result<()> {
 /// Undoes a dead owner's changes on the interface, if it is still the same interface.
 fn undo(ifname: &str, ifindex: u32, left: &Record) -> Vec<String> {
     let mut done = Vec::new();
+    // First: the keeper still answering for the dead owner holds its program.
+    if let Some(pid) = left.linger
+        && crate::linger::end_keeper(pid)
+    {
+        done.push(format!(
+            "its keeper (pid {pid}, answering for it with resets) ended, its XDP program detached"
+        ));
+    }
     if left.ifindex != ifindex {
         // The interface was deleted and made again since: nothing of the old one is left.
         return done;
@@ -331,6 +350,7 @@ mod tests {
                 max_combined: 4,
             }),
             groups: vec![[0x33, 0x33, 0xff, 0, 0, 3]],
+            linger: Some(4242),
         };
         assert_eq!(Record::parse(&r.to_text()), r);
         let junk = "pid x\ngroup zz:00\nchannels 1 2\nifindex 3\nwhat\n";

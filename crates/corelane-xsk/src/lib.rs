@@ -20,12 +20,14 @@
 
 #![deny(unsafe_code)]
 
+mod attach;
 mod caps;
 mod claim;
 mod cookie;
 mod error;
 mod ethtool;
 pub mod grant;
+mod linger;
 mod netdev;
 mod routes;
 mod socket;

@@ -4,6 +4,7 @@ use std::collections::HashMap as StdHashMap;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use aya::Ebpf;
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, XskMap};
@@ -11,6 +12,7 @@ use aya::programs::{ProgramError, Xdp, XdpMode};
 
 use corelane_frame::Proto;
 
+use crate::attach::{attach, chain, load_detail};
 use crate::caps::check_attach_privileges;
 use crate::claim::Claim;
 use crate::cookie::CookieParams;
@@ -142,6 +144,10 @@ struct Program {
     groups: StdHashMap<[u8; 6], u32>,
     /// The interface's claim, told of every group joined and left (so a crash leaves none).
     claim: Option<Arc<Claim>>,
+    /// The kernel's id of the loaded program (to find its link).
+    prog_id: Option<u32>,
+    /// The keeper that answers for the runtime if it dies ([`Steering::linger_on_death`]).
+    linger: Option<crate::linger::Linger>,
     // Dropped last: holds the program and its link.
     _ebpf: Ebpf,
 }
@@ -154,6 +160,12 @@ fn solicited_node_mac(a: [u8; 16]) -> [u8; 6] {
 
 impl Drop for Program {
     fn drop(&mut self) {
+        // A clean exit: the keeper goes first, so the program is detached with this.
+        if self.linger.take().is_some()
+            && let Some(c) = &self.claim
+        {
+            c.note_linger(None);
+        }
         for mac in self.groups.keys() {
             let _ = crate::netdev::multicast(&self.ifname, *mac, false);
             if let Some(c) = &self.claim {
@@ -204,6 +216,7 @@ impl Steering {
             .try_into()
             .map_err(|e: ProgramError| Error::Load(chain(&e)))?;
         prog.load().map_err(|e| Error::Load(load_detail(&e)))?;
+        let prog_id = prog.info().ok().map(|i| i.id());
         let (mode, fallback_reason) = match mode {
             AttachMode::Generic => {
                 attach(prog, ifname, XdpMode::Skb)?;
@@ -244,6 +257,8 @@ impl Steering {
                 .map_err(map_err("cookie_cfg"))?,
             groups: StdHashMap::new(),
             claim: None,
+            prog_id,
+            linger: None,
             _ebpf: ebpf,
         };
         Ok(Steering {
@@ -290,6 +305,41 @@ impl Steering {
             }
             p.claim = Some(claim);
         }
+    }
+
+    /// Keeps the program answering for `time` after this process dies, however it dies: a
+    /// reset for every TCP segment to an owned address, port unreachable for every UDP
+    /// datagram, so that no peer waits for a timeout (see the `linger` module: a keeper
+    /// process holds the program's link). Nothing changes while the process lives; a clean
+    /// exit (dropping this) ends the keeper first. Only for a program this process attached
+    /// (under a grant the broker does it); recorded in the claim, so the next runtime ends a
+    /// keeper at once.
+    ///
+    /// # Errors
+    /// The program is not attached through a BPF link (kernels before 5.9), or the keeper
+    /// could not be started.
+    pub fn linger_on_death(&mut self, time: Duration) -> Result<(), Error> {
+        let Via::Program(p) = &mut self.via else {
+            return Ok(());
+        };
+        if p.linger.is_some() || time.is_zero() {
+            return Ok(());
+        }
+        let link = p
+            .prog_id
+            .and_then(|id| crate::linger::link_fds(id).into_iter().next())
+            .ok_or_else(|| {
+                Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the XDP program is not attached through a BPF link",
+                ))
+            })?;
+        let keeper = crate::linger::Linger::start(link, time).map_err(Error::Io)?;
+        if let Some(c) = &p.claim {
+            c.note_linger(Some(keeper.pid()));
+        }
+        p.linger = Some(keeper);
+        Ok(())
     }
 
     /// The interface the program is attached to.
@@ -507,70 +557,5 @@ impl Program {
             port_unreachables: sums[6],
             unreachables_limited: sums[7],
         })
-    }
-}
-
-fn attach(prog: &mut Xdp, ifname: &str, mode: XdpMode) -> Result<(), Error> {
-    let name = match mode {
-        XdpMode::Driver => "native",
-        XdpMode::Skb => "generic",
-        _ => "default",
-    };
-    match prog.attach(ifname, mode) {
-        Ok(_) => Ok(()),
-        Err(ProgramError::UnknownInterface { name }) => Err(Error::NoInterface(name)),
-        Err(e) => {
-            let detail = chain(&e);
-            let errno = crate::error::errno_of(&e);
-            if errno == Some(libc::EBUSY) || errno == Some(libc::EEXIST) {
-                return Err(Error::XdpBusy(ifname.to_string()));
-            }
-            if errno == Some(libc::EPERM) {
-                return Err(Error::Privilege(format!(
-                    "attaching XDP to {ifname} was refused ({detail}); it needs CAP_NET_ADMIN \
-                     in the interface's network namespace"
-                )));
-            }
-            let hint = if mode == XdpMode::Driver {
-                format!(
-                    "try generic mode, or on veth lower the MTU of {ifname} and its peer (native XDP on veth refuses large MTUs)"
-                )
-            } else {
-                "check `dmesg` for the verifier or driver message".to_string()
-            };
-            Err(Error::XdpMode {
-                ifname: ifname.to_string(),
-                mode: name,
-                detail,
-                hint,
-            })
-        }
-    }
-}
-
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-/// What loading failed with, in one line: the verifier's log (often a hundred lines) only when
-/// `CORELANE_VERIFIER_LOG` is set.
-fn load_detail(e: &(dyn std::error::Error + 'static)) -> String {
-    let full = chain(e);
-    if std::env::var_os("CORELANE_VERIFIER_LOG").is_some() {
-        return full;
-    }
-    match full.split_once('\n') {
-        Some((first, _)) => format!(
-            "{}; set CORELANE_VERIFIER_LOG=1 for the verifier's log",
-            first.trim_end_matches(':')
-        ),
-        None => full,
     }
 }

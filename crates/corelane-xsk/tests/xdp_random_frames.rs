@@ -6,8 +6,10 @@
 //!   someone else) comes back XDP_PASS with every byte as it was, counted as passed;
 //! - a frame too short for the headers it announces comes back XDP_PASS untouched, counted as
 //!   malformed (the kernel drops it as it always would);
-//! - a frame ours to steer (with no socket here) comes back XDP_PASS untouched, counted as
-//!   steered to no socket;
+//! - a frame ours to steer finds no socket here (these tests register none): a TCP segment or
+//!   UDP datagram to a served port is answered as a closed port would be (the runtime that
+//!   served it is gone), the rest comes back XDP_PASS untouched; both counted as steered to no
+//!   socket;
 //! - an answer (a reset for a closed TCP port, port unreachable for a closed UDP port, a SYN
 //!   cookie's SYN-ACK) is XDP_TX of a well-formed frame: lengths and checksums right, addresses
 //!   and ports swapped, sent to the frame's sender from the interface's own MAC; and only a
@@ -272,36 +274,46 @@ fn check(ebpf: &aya::Ebpf, prog: &Xdp, f: &[u8], seen: &mut [u64; 7]) {
         .collect();
     let ctx = format!("{want:?}: verdict {verdict}, counters {moved:?}, frame {f:02x?}");
     assert_ne!(verdict, XDP_ABORTED, "{ctx}");
-    let untouched = |slot: usize| {
+    let untouched = |slots: &[usize]| {
         assert_eq!(verdict, XDP_PASS, "{ctx}");
         assert_eq!(out, f, "passed frames keep every byte: {ctx}");
-        assert_eq!(moved, [slot], "{ctx}");
+        assert_eq!(moved, slots, "{ctx}");
     };
-    match want {
-        Expect::Pass => untouched(PASSED),
-        Expect::Malformed => untouched(MALFORMED),
-        Expect::Steer => untouched(NO_SOCKET),
-        Expect::Unreach if verdict == XDP_DROP => {
-            assert_eq!(moved, [UNREACH_LIMITED], "{ctx}")
+    // A served port with no socket also counts the missing socket.
+    let also = |slot: usize| -> Vec<usize> {
+        let mut v = vec![slot];
+        if matches!(want, Expect::SteerReset | Expect::SteerUnreach) {
+            v.insert(0, NO_SOCKET);
         }
-        Expect::Reset | Expect::Unreach | Expect::Cookie => {
+        v
+    };
+    let unreach = matches!(want, Expect::Unreach | Expect::SteerUnreach);
+    match want {
+        Expect::Pass => untouched(&[PASSED]),
+        Expect::Malformed => untouched(&[MALFORMED]),
+        Expect::Steer => untouched(&[NO_SOCKET]),
+        Expect::SteerPass => untouched(&[PASSED, NO_SOCKET]),
+        _ if unreach && verdict == XDP_DROP => {
+            assert_eq!(moved, also(UNREACH_LIMITED), "{ctx}")
+        }
+        _ => {
             let slot = match want {
-                Expect::Reset => RESETS,
-                Expect::Unreach => UNREACH,
+                Expect::Reset | Expect::SteerReset => RESETS,
+                Expect::Unreach | Expect::SteerUnreach => UNREACH,
                 _ => COOKIES,
             };
             assert_eq!(verdict, XDP_TX, "{ctx}");
-            assert_eq!(moved, [slot], "{ctx}");
+            assert_eq!(moved, also(slot), "{ctx}");
             check_answer(want, f, &out);
         }
     }
     let k = match want {
         Expect::Pass => 0,
         Expect::Malformed => 1,
-        Expect::Steer => 2,
-        Expect::Reset => 3,
-        Expect::Unreach if verdict == XDP_DROP => 6,
-        Expect::Unreach => 4,
+        Expect::Steer | Expect::SteerPass => 2,
+        Expect::Reset | Expect::SteerReset => 3,
+        _ if unreach && verdict == XDP_DROP => 6,
+        Expect::Unreach | Expect::SteerUnreach => 4,
         Expect::Cookie => 5,
     };
     seen[k] += 1;
@@ -360,7 +372,13 @@ fn every_truncation_of_answered_and_steered_frames_is_safe() {
         let f = frame(&mut r);
         if matches!(
             expect(&f),
-            Expect::Reset | Expect::Unreach | Expect::Cookie | Expect::Steer
+            Expect::Reset
+                | Expect::Unreach
+                | Expect::Cookie
+                | Expect::Steer
+                | Expect::SteerPass
+                | Expect::SteerReset
+                | Expect::SteerUnreach
         ) && (whole.len() % 4 != 0 || f.len() > 60)
         {
             whole.push(f);

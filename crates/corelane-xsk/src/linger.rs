@@ -1,0 +1,175 @@
+//! A runtime that dies leaves no peer waiting.
+//!
+//! A process killed with SIGKILL runs nothing more, and the kernel then releases its BPF link:
+//! the XDP program goes, the owned addresses belong to nobody, and a peer in the middle of a
+//! transfer waits for its timeout (minutes) instead of learning at once that the connection is
+//! gone, as it would from a host whose process died. So a runtime that attached the program
+//! starts a keeper, `corelane-linger`: a shell holding one more reference to the program's
+//! link and no other descriptor but a pipe from the runtime, which it reads. While the runtime
+//! lives the keeper waits and changes nothing. When the runtime dies its AF_XDP sockets close,
+//! the program finds no socket for what it would steer, and answers instead: a reset for
+//! every TCP segment to an owned address, port unreachable for every UDP datagram (its
+//! closed-port rules); the pipe's end tells the keeper, which becomes `sleep` for `time`
+//! (a fresh program: nothing of the runtime's memory is kept), then exits, and the kernel
+//! detaches the program. A clean exit ends the keeper first, so the program is
+//! detached with its owner as before; the next runtime on the interface ends a keeper it finds
+//! in the claim record at once.
+//!
+//! Between `fork` and `execve` the child of a multi-threaded process may only make system
+//! calls: everything it needs is computed before.
+
+#![allow(unsafe_code)] // fork(2), dup2(2), close_range(2), execve(2) and kill(2).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// The keeper's first argument, by which a later runtime knows it.
+pub(crate) const KEEPER_NAME: &str = "corelane-linger";
+/// What runs the keeper: a shell that waits, then the program that holds on.
+const SHELL: &str = "/bin/bash";
+const SLEEP: &str = "/bin/sleep";
+
+/// The keeper of a runtime's XDP program.
+#[derive(Debug)]
+pub(crate) struct Linger {
+    pid: libc::pid_t,
+    /// The only writer of the keeper's standard input: closed when this process ends.
+    _tell: OwnedFd,
+}
+
+/// The descriptors of this process that are BPF links to program `prog_id` (read from
+/// `/proc/self/fdinfo`).
+pub(crate) fn link_fds(prog_id: u32) -> Vec<RawFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<RawFd>().ok()) else {
+            continue;
+        };
+        // The kernel names its inode `bpf_link` (maps and programs `bpf-map`, `bpf-prog`).
+        let is_link = std::fs::read_link(e.path()).is_ok_and(|t| {
+            let t = t.to_string_lossy();
+            t == "anon_inode:bpf_link" || t == "anon_inode:bpf-link"
+        });
+        if !is_link {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
+        let prog = info
+            .lines()
+            .find_map(|l| l.strip_prefix("prog_id:"))
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        if prog == Some(prog_id) {
+            out.push(fd);
+        }
+    }
+    out
+}
+
+impl Linger {
+    /// Starts the keeper of `link` (the program's BPF link), for `time` after the runtime dies.
+    pub(crate) fn start(link: RawFd, time: Duration) -> io::Result<Linger> {
+        let c = |s: &str| CString::new(s).map_err(|_| io::ErrorKind::InvalidInput);
+        let shell = c(SHELL)?;
+        let argv0 = c(KEEPER_NAME)?;
+        let dash_c = c("-c")?;
+        // Waits for the runtime to die (end of file on its pipe: the runtime holds the only
+        // writer), then holds the link for `time`. A clean exit kills it before.
+        let script = c(&format!(
+            "read -r line || exec -a {KEEPER_NAME} {SLEEP} {}",
+            time.as_secs().max(1)
+        ))?;
+        let argv = [
+            argv0.as_ptr(),
+            dash_c.as_ptr(),
+            script.as_ptr(),
+            std::ptr::null(),
+        ];
+        let envp = [std::ptr::null()];
+        let null = c("/dev/null")?;
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: pipe2 writes two descriptors into the array it is given.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors are fresh and owned here.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let rd_raw = rd.as_raw_fd();
+        // Copies above both, so that moving them into place clobbers neither.
+        let (t_link, t_rd) = (link.max(rd_raw).max(3) + 1, link.max(rd_raw).max(3) + 2);
+        // SAFETY: fork has no preconditions. The child only makes system calls on memory made
+        // above (async-signal-safe, as a child of a multi-threaded process requires): the pipe
+        // becomes its standard input, the link descriptor 3 (neither close-on-exec), standard
+        // output and error /dev/null, every other descriptor is closed, signals a terminal's
+        // process group would get are ignored, and it becomes the keeper or exits.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: see above.
+            unsafe {
+                let ok = libc::dup2(link, t_link) == t_link
+                    && libc::dup2(rd_raw, t_rd) == t_rd
+                    && libc::dup2(t_rd, 0) == 0
+                    && libc::dup2(t_link, 3) == 3;
+                let devnull = libc::open(null.as_ptr(), libc::O_RDWR);
+                if ok && devnull >= 0 && libc::dup2(devnull, 1) == 1 && libc::dup2(devnull, 2) == 2
+                {
+                    libc::syscall(libc::SYS_close_range, 4u32, libc::c_uint::MAX, 0u32);
+                    for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGTERM] {
+                        libc::signal(sig, libc::SIG_IGN);
+                    }
+                    libc::setsid();
+                    libc::execve(shell.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                }
+                libc::_exit(127);
+            }
+        }
+        drop(rd);
+        Ok(Linger { pid, _tell: wr })
+    }
+
+    /// The keeper's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+}
+
+impl Drop for Linger {
+    /// A clean exit: the keeper ends and is waited for, so that the program is detached when
+    /// its owner lets it go.
+    fn drop(&mut self) {
+        let mut status = 0;
+        // SAFETY: signals and waits for our own child; `status` is a valid int.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, &mut status, 0);
+        }
+    }
+}
+
+/// Ends the keeper `pid` a dead runtime left (recorded in its claim), if it still is one, and
+/// waits until it is gone (at most 2 s). True when one was ended.
+pub(crate) fn end_keeper(pid: u32) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if !cmdline.starts_with(KEEPER_NAME.as_bytes()) {
+        return false;
+    }
+    // SAFETY: kill has no memory arguments; the pid was checked to be a keeper just above.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
+        && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Its descriptors close as it exits; give the kernel a moment to let the link go.
+    std::thread::sleep(Duration::from_millis(50));
+    true
+}

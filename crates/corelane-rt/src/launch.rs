@@ -333,10 +333,16 @@ impl Runtime {
         let jobs = self.shared.steward.open();
         let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
             // Spawned by this thread, it keeps what this thread kept; the cores drop all.
-            std::thread::Builder::new()
+            let priv_thread = std::thread::Builder::new()
                 .name("corelane-priv".into())
-                .spawn_scoped(scope, move || crate::steward::serve(jobs))
-                .expect("spawning the privileged thread");
+                .spawn_scoped(scope, move || crate::steward::serve(jobs));
+            if let Err(e) = priv_thread {
+                // Changes then run on the thread that asks (and fail where it has no capability).
+                self.shared.steward.close();
+                tracing::warn!(
+                    "the privileged thread did not start ({e}): port and address changes may fail"
+                );
+            }
             let mut handles = Vec::new();
             for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
                 let lane = &self.plan.lanes[i];

@@ -227,3 +227,36 @@ fn a_second_segment_or_data_to_send_acknowledges_the_held_one_at_once() {
         "{out:?}"
     );
 }
+
+/// A batch of arrivals that mostly extends the highest block but also changed a lower one
+/// (a retransmission landing there, say) reports that lower block too: each block an
+/// arrival changed is fresh once, however many arrivals extended the highest. Counted per
+/// arrival, the highest block's forty pushed the lower one out of the list, it was never
+/// reported, and a kernel sender through 5% loss resent what had arrived (1.5-2x the frames
+/// the path lost).
+#[test]
+fn a_lower_block_changed_in_a_batch_is_reported_beside_the_growing_highest_one() {
+    let (mut s, una) = Script::established(false);
+    // Five blocks with holes between: 2000, 4000, 6000, 8000, 10000 (1000 bytes each).
+    for off in [2000u32, 4000, 6000, 8000, 10_000] {
+        let mut a = seg(PEER_ISN + 1 + off, una);
+        a.len = 1000;
+        s.input(a);
+    }
+    s.out();
+    // One batch: the second block grows by 500 bytes, then the highest by forty segments.
+    let mut low = seg(PEER_ISN + 1 + 5000, una);
+    low.len = 500;
+    s.input(low);
+    for k in 0..40u32 {
+        let mut a = seg(PEER_ISN + 1 + 11_000 + 1000 * k, una);
+        a.len = 1000;
+        s.input(a);
+    }
+    let out = s.out();
+    let blocks: Vec<(u32, u32)> = out.iter().flat_map(|o| o.sack.clone()).collect();
+    assert!(
+        blocks.contains(&(PEER_ISN + 1 + 4000, PEER_ISN + 1 + 5500)),
+        "the grown second block was not reported: {blocks:?}"
+    );
+}

@@ -1,6 +1,7 @@
 //! A tokio service ported by changing its imports: a tokio-util `Framed<LinesCodec>` line
-//! server, an axum router served by hyper, a client bounded by `tokio::time::timeout`, and a
-//! stream split and reunited, on corelane sockets, against kernel peers on a veth pair.
+//! server whose connections close gracefully (FIN) when a shutdown begins, a UDP echo, an
+//! axum router served by hyper, a client bounded by `tokio::time::timeout`, and a stream split
+//! and reunited, on corelane sockets, against kernel peers on a veth pair.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::net::TcpStream as StdStream;
 use std::time::Duration;
 
 use common::*;
-use corelane::net::{TcpListener, TcpStream};
+use corelane::net::{TcpListener, TcpStream, UdpSocket};
 use corelane_testnet::require_root;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,17 +18,42 @@ use tokio_util::codec::{Framed, LinesCodec};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// A line server as a tokio user writes it: each line comes back prefixed.
+/// A line server as a tokio user writes it: each line comes back prefixed; once a graceful
+/// shutdown begins (where a tokio program would watch its own signal), each connection is
+/// closed with a FIN.
 async fn lines(l: TcpListener) {
     while let Ok((s, _)) = l.accept().await {
         tokio::task::spawn_local(async move {
             let mut framed = Framed::new(s, LinesCodec::new());
-            while let Some(Ok(line)) = framed.next().await {
-                if framed.send(format!("echo: {line}")).await.is_err() {
-                    break;
+            let shutdown = corelane::shutdown_requested();
+            tokio::pin!(shutdown);
+            loop {
+                tokio::select! {
+                    line = framed.next() => match line {
+                        Some(Ok(line)) => {
+                            if framed.send(format!("echo: {line}")).await.is_err() {
+                                break;
+                            }
+                        }
+                        _ => break,
+                    },
+                    _ = &mut shutdown => {
+                        let _ = framed.get_mut().shutdown().await;
+                        break;
+                    }
                 }
             }
         });
+    }
+}
+
+/// A UDP echo as a tokio user writes it.
+async fn udp_echo(s: UdpSocket) {
+    let mut buf = [0u8; 1500];
+    while let Ok((n, from)) = s.recv_from(&mut buf).await {
+        if s.send_to(&buf[..n], from).await.is_err() {
+            break;
+        }
     }
 }
 
@@ -82,6 +108,7 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
             async move {
                 tokio::task::spawn_local(lines(TcpListener::bind(7300).await.expect("7300")));
                 tokio::task::spawn_local(http(TcpListener::bind(7301).await.expect("7301")));
+                tokio::task::spawn_local(udp_echo(UdpSocket::bind(7302).await.expect("7302")));
                 // A task that panics is contained by the executor, as tokio's are: the
                 // servers above keep answering.
                 let bad = tokio::task::spawn_local(async { panic!("a task's own panic") });
@@ -162,6 +189,20 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
         r.lines().take(2).collect()
     })??;
     assert_eq!(got, vec!["echo: one", "echo: two"]);
+    // The UDP echo.
+    let back = net.client_ns().run(|| -> std::io::Result<Vec<u8>> {
+        let u = std::net::UdpSocket::bind("10.77.0.2:0")?;
+        u.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut buf = [0u8; 64];
+        for _ in 0..5 {
+            u.send_to(b"datagram", "10.77.0.3:7302")?;
+            if let Ok((n, _)) = u.recv_from(&mut buf) {
+                return Ok(buf[..n].to_vec());
+            }
+        }
+        Err(std::io::ErrorKind::TimedOut.into())
+    })??;
+    assert_eq!(back, b"datagram");
     // The axum router.
     let page = net.client_ns().run(|| -> std::io::Result<String> {
         let mut s = StdStream::connect("10.77.0.3:7301")?;
@@ -198,7 +239,23 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
         said.contains(&"split/reunite: Ok(\"split whole\")".to_string()),
         "{said:?}"
     );
-    stop.stop();
+    // A graceful shutdown with a line-server connection sitting idle: it ends with a FIN
+    // (end of file), not a reset.
+    let idle = net.client_ns().run(|| -> std::io::Result<StdStream> {
+        let mut s = connect("10.77.0.3:7300".parse().map_err(std::io::Error::other)?)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"before\n")?;
+        let mut line = String::new();
+        BufReader::new(s.try_clone()?).read_line(&mut line)?;
+        Ok(s)
+    })??;
+    stop.shutdown(Duration::from_secs(3));
+    let mut rest = Vec::new();
+    let end = (&idle).read_to_end(&mut rest).map(|_| ());
+    assert!(
+        end.is_ok(),
+        "the idle connection ended with {end:?}, not a FIN"
+    );
     server.join()??;
     Ok(())
 }

@@ -82,32 +82,51 @@ fn open(p: &mut Pair, n: usize) -> Result<(Vec<FlowId>, Vec<FlowId>), Box<dyn st
     Ok((clients, servers))
 }
 
-#[test]
-fn data_parked_out_of_order_on_many_connections_stays_under_the_cap() -> Res {
+/// A pair, the clients' connections and the server's.
+type Opened = (Pair, Vec<FlowId>, Vec<FlowId>);
+
+/// A server capped at `CAP` with `n` connections from b, accepted and never read.
+fn capped(n: usize) -> Result<Opened, Box<dyn std::error::Error>> {
     let server = StackConfig {
         tcp_mem_limit: Some(CAP),
         ..cfg()
     };
     let mut p = Pair::with(corelane_frame::MemLink::default(), server, cfg());
-    let n = 32;
     let (clients, servers) = open(&mut p, n)?;
-    // Each client sends 100 bytes; the wire (this test) keeps them and delivers instead a
-    // copy moved 60,000 bytes ahead: a hole the server waits for, with data parked past it.
+    Ok((p, clients, servers))
+}
+
+/// Each client sends 100 bytes; the wire (this test) keeps them (capturing from now on) and
+/// delivers instead a copy moved `by` bytes ahead: a hole the server waits for, with data
+/// parked past it. Returns how many were parked.
+fn park(p: &mut Pair, clients: &[FlowId], by: u32) -> usize {
     p.b.dev_mut().io_mut().set_capture(true);
-    for &c in &clients {
+    for &c in clients {
         assert!(matches!(
             p.b.stack.tcp_write(c, &[7u8; 100], None),
             Poll::Ready(Ok(100))
         ));
     }
-    p.drive_for(Duration::from_millis(1), |_| {})?;
+    let _ = p.drive_for(Duration::from_millis(1), |_| {});
     let mut sent = VecDeque::new();
     p.b.dev_mut().io_mut().take_sent(&mut sent);
-    let parked: Vec<Vec<u8>> = sent.iter().filter_map(|f| moved(f, 100, PARK)).collect();
-    assert_eq!(parked.len(), n, "one data segment per connection");
+    let parked: Vec<Vec<u8>> = sent.iter().filter_map(|f| moved(f, 100, by)).collect();
     for f in &parked {
         assert!(p.b.dev_mut().io_mut().inject(f));
     }
+    parked.len()
+}
+
+#[test]
+fn data_parked_out_of_order_on_many_connections_stays_under_the_cap() -> Res {
+    let n = 32;
+    let (mut p, clients, servers) = capped(n)?;
+    // Parked 60,000 bytes ahead.
+    assert_eq!(
+        park(&mut p, &clients, PARK),
+        n,
+        "one data segment per connection"
+    );
     let mut most = 0;
     p.drive_for(Duration::from_millis(2), |p| {
         most = most.max(p.a.stack.stats().tcp_mem);
@@ -163,28 +182,11 @@ fn data_parked_out_of_order_on_many_connections_stays_under_the_cap() -> Res {
 /// connection then transfers in full while the parked ones stay open.
 #[test]
 fn parked_data_is_pruned_when_in_order_data_needs_the_memory() -> Res {
-    let server = StackConfig {
-        tcp_mem_limit: Some(CAP),
-        ..cfg()
-    };
-    let mut p = Pair::with(corelane_frame::MemLink::default(), server, cfg());
     let n = 32;
-    let (clients, servers) = open(&mut p, n)?;
-    p.b.dev_mut().io_mut().set_capture(true);
-    for &c in &clients {
-        assert!(matches!(
-            p.b.stack.tcp_write(c, &[7u8; 100], None),
-            Poll::Ready(Ok(100))
-        ));
-    }
-    p.drive_for(Duration::from_millis(1), |_| {})?;
-    let mut sent = VecDeque::new();
-    p.b.dev_mut().io_mut().take_sent(&mut sent);
+    let (mut p, clients, servers) = capped(n)?;
     // 8,000 bytes ahead: each parked ring takes 8 KiB, and 32 of them fill the cap to the
     // byte, so the next connection cannot have even its first 4 KiB.
-    for f in sent.iter().filter_map(|f| moved(f, 100, 8_000)) {
-        assert!(p.b.dev_mut().io_mut().inject(&f));
-    }
+    assert_eq!(park(&mut p, &clients, 8_000), n);
     p.drive_for(Duration::from_millis(2), |_| {})?;
     // The clients' own segments stay captured (dropped): the holes never fill.
     let before = p.a.stack.stats();

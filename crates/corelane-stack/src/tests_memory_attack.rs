@@ -117,6 +117,33 @@ fn park(p: &mut Pair, clients: &[FlowId], by: u32) -> usize {
     parked.len()
 }
 
+/// Sends `data` on b's connection `c` to the next connection a accepts on port 7, reading as
+/// it comes, for at most `time`; returns whether all arrived, and what did.
+fn transfer(
+    p: &mut Pair,
+    c: FlowId,
+    data: &[u8],
+    time: Duration,
+) -> Result<(bool, Vec<u8>), Box<dyn std::error::Error>> {
+    let (mut s, mut sent, mut got) = (None, 0, Vec::new());
+    let mut buf = vec![0u8; 65536];
+    let done = p.drive(time, |p| {
+        s = s.or_else(|| p.a.stack.accept(7));
+        if sent < data.len()
+            && let Poll::Ready(Ok(k)) = p.b.stack.tcp_write(c, &data[sent..], None)
+        {
+            sent += k;
+        }
+        if let Some(s) = s {
+            while let Poll::Ready(Ok(k @ 1..)) = p.a.stack.tcp_read(s, &mut buf, None) {
+                got.extend_from_slice(&buf[..k]);
+            }
+        }
+        got.len() == data.len()
+    })?;
+    Ok((done, got))
+}
+
 #[test]
 fn data_parked_out_of_order_on_many_connections_stays_under_the_cap() -> Res {
     let n = 32;
@@ -154,22 +181,7 @@ fn data_parked_out_of_order_on_many_connections_stays_under_the_cap() -> Res {
     // A connection opened afterwards transfers in full.
     let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
     let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
-    let (mut s, mut sent, mut got) = (None, 0, Vec::new());
-    let mut buf = vec![0u8; 65536];
-    let done = p.drive(Duration::from_secs(10), |p| {
-        s = s.or_else(|| p.a.stack.accept(7));
-        if sent < data.len()
-            && let Poll::Ready(Ok(k)) = p.b.stack.tcp_write(c, &data[sent..], None)
-        {
-            sent += k;
-        }
-        if let Some(s) = s {
-            while let Poll::Ready(Ok(k @ 1..)) = p.a.stack.tcp_read(s, &mut buf, None) {
-                got.extend_from_slice(&buf[..k]);
-            }
-        }
-        got.len() == data.len()
-    })?;
+    let (done, got) = transfer(&mut p, c, &data, Duration::from_secs(10))?;
     assert!(done, "received {} of {}", got.len(), data.len());
     assert!(got == data, "the bytes arrived changed");
     Ok(())
@@ -197,22 +209,7 @@ fn parked_data_is_pruned_when_in_order_data_needs_the_memory() -> Res {
     let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
     p.b.dev_mut().io_mut().set_capture(false);
     let data: Vec<u8> = (0..200_000u32).map(|i| (i * 11) as u8).collect();
-    let (mut s, mut sent, mut got) = (None, 0, Vec::new());
-    let mut buf = vec![0u8; 65536];
-    let done = p.drive(Duration::from_secs(30), |p| {
-        s = s.or_else(|| p.a.stack.accept(7));
-        if sent < data.len()
-            && let Poll::Ready(Ok(k)) = p.b.stack.tcp_write(c, &data[sent..], None)
-        {
-            sent += k;
-        }
-        if let Some(s) = s {
-            while let Poll::Ready(Ok(k @ 1..)) = p.a.stack.tcp_read(s, &mut buf, None) {
-                got.extend_from_slice(&buf[..k]);
-            }
-        }
-        got.len() == data.len()
-    })?;
+    let (done, got) = transfer(&mut p, c, &data, Duration::from_secs(30))?;
     let st = p.a.stack.stats();
     assert!(
         done,

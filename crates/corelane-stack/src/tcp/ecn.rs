@@ -8,8 +8,6 @@
 //! (and not CWR) agrees. Only new data segments are ECN-capable (ECT(0)): never the SYN or
 //! SYN-ACK, pure ACKs, retransmissions or window probes (section 6.1.5 and 6.1.6).
 
-use super::conn::Conn;
-
 /// The ECN-Echo flag.
 pub(crate) const ECE: u8 = 0x40;
 /// The Congestion Window Reduced flag.
@@ -76,11 +74,11 @@ pub(crate) struct Ecn {
     cwr_due: bool,
 }
 
-impl Conn {
-    /// The flags an active open's SYN carries: ECE and CWR when configured to ask.
-    pub(super) fn ecn_syn_flags(&mut self) -> u8 {
-        if self.cfg.ecn == EcnMode::On {
-            self.ecn.asked = true;
+impl Ecn {
+    /// The flags an active open's SYN carries: ECE and CWR when `mode` asks.
+    pub(crate) fn syn_flags(&mut self, mode: EcnMode) -> u8 {
+        if mode == EcnMode::On {
+            self.asked = true;
             ECE | CWR
         } else {
             0
@@ -88,67 +86,163 @@ impl Conn {
     }
 
     /// The flags of our SYN-ACK: ECE when the peer's SYN asked and we agreed.
-    pub(super) fn ecn_syn_ack_flags(&self) -> u8 {
-        if self.ecn.ok { ECE } else { 0 }
+    pub(crate) fn syn_ack_flags(&self) -> u8 {
+        if self.ok { ECE } else { 0 }
     }
 
     /// A listener's new connection: the peer's SYN asked for ECN (ECE and CWR), and this side
-    /// accepts unless ECN is off.
-    pub(crate) fn ecn_on_syn(&mut self, e: EcnIn) {
-        self.ecn.ok = e.ece && e.cwr && self.cfg.ecn != EcnMode::Off;
+    /// accepts unless `mode` is off.
+    pub(crate) fn on_syn(&mut self, e: EcnIn, mode: EcnMode) {
+        self.ok = e.ece && e.cwr && mode != EcnMode::Off;
     }
 
     /// Our SYN was answered: ECN holds when we asked and the SYN-ACK has ECE without CWR.
-    pub(super) fn ecn_on_syn_ack(&mut self, e: EcnIn) {
-        self.ecn.ok = self.ecn.asked && e.ece && !e.cwr;
+    pub(crate) fn on_syn_ack(&mut self, e: EcnIn) {
+        self.ok = self.asked && e.ece && !e.cwr;
     }
 
     /// A segment arrived on a synchronized connection (after the acceptability checks): CWR
     /// ends the echo, CE on data starts it (CWR first: a segment with both starts it again).
-    pub(super) fn ecn_on_segment(&mut self, e: EcnIn, data: bool) {
-        if !self.ecn.ok {
-            return;
+    /// True when this segment was marked CE: the connection counts it and tells the sender at
+    /// once rather than with a delayed ACK.
+    pub(crate) fn on_segment(&mut self, e: EcnIn, data: bool) -> bool {
+        if !self.ok {
+            return false;
         }
         if e.cwr {
-            self.ecn.echo = false;
+            self.echo = false;
         }
         if e.ce && data {
-            self.ecn.echo = true;
-            self.stats.ecn_ce += 1;
-            // Tell the sender at once rather than with a delayed ACK.
-            self.ack_now = true;
+            self.echo = true;
+            return true;
         }
+        false
     }
 
-    /// An ACK with ECE: reduce the window once per window of data. Within a recovery episode
-    /// (a loss, or an earlier ECE whose window is not acknowledged yet) nothing more is done.
-    pub(super) fn ecn_on_ack(&mut self, e: EcnIn) {
-        if !(self.ecn.ok && e.ece) || self.recovery.is_some() {
-            return;
+    /// An ACK arrived; `recovering`: a recovery episode (a loss, or an earlier ECE whose window
+    /// is not acknowledged yet) is running. True when the ACK's ECE asks for a window reduction
+    /// (once per window of data: within an episode nothing more is done); CWR then goes on the
+    /// next new data segment.
+    pub(crate) fn on_ack(&mut self, e: EcnIn, recovering: bool) -> bool {
+        if !(self.ok && e.ece) || recovering {
+            return false;
         }
-        // A D-SACK proves nothing about a mark: no undo of this reduction.
-        self.undo = None;
-        self.enter_recovery();
-        self.ecn.cwr_due = true;
-        self.stats.ecn_reductions += 1;
+        self.cwr_due = true;
+        true
     }
 
     /// The ECN flags of any segment after the handshake: ECE while echoing.
-    pub(super) fn ecn_flags(&self) -> u8 {
-        if self.ecn.echo { ECE } else { 0 }
+    pub(crate) fn flags(&self) -> u8 {
+        if self.echo { ECE } else { 0 }
     }
 
     /// For a data segment about to go out: whether it is ECN-capable (new data inside the
     /// window), and the CWR flag when a reduction is to be announced.
-    pub(super) fn ecn_data(&self, new: bool) -> (bool, u8) {
-        match (self.ecn.ok && new, self.ecn.cwr_due) {
+    pub(crate) fn data(&self, new: bool) -> (bool, u8) {
+        match (self.ok && new, self.cwr_due) {
             (false, _) => (false, 0),
             (true, due) => (true, if due { CWR } else { 0 }),
         }
     }
 
     /// A segment carrying CWR went out.
-    pub(super) fn ecn_cwr_sent(&mut self) {
-        self.ecn.cwr_due = false;
+    pub(crate) fn cwr_sent(&mut self) {
+        self.cwr_due = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ASK: EcnIn = EcnIn {
+        ce: false,
+        ece: true,
+        cwr: true,
+    };
+    const AGREE: EcnIn = EcnIn {
+        ce: false,
+        ece: true,
+        cwr: false,
+    };
+    const CE: EcnIn = EcnIn {
+        ce: true,
+        ece: false,
+        cwr: false,
+    };
+
+    #[test]
+    fn negotiation_needs_both_sides() {
+        let mut listener = Ecn::default();
+        listener.on_syn(ASK, EcnMode::Off);
+        assert!(!listener.ok, "off declines");
+        listener.on_syn(AGREE, EcnMode::Accept);
+        assert!(!listener.ok, "a SYN without CWR is not a request");
+        listener.on_syn(ASK, EcnMode::Accept);
+        assert!(listener.ok);
+        assert_eq!(listener.syn_ack_flags(), ECE);
+
+        let mut opener = Ecn::default();
+        assert_eq!(opener.syn_flags(EcnMode::Accept), 0, "accept does not ask");
+        opener.on_syn_ack(AGREE);
+        assert!(!opener.ok, "agreement to a question never asked");
+        assert_eq!(opener.syn_flags(EcnMode::On), ECE | CWR);
+        opener.on_syn_ack(ASK);
+        assert!(!opener.ok, "a SYN-ACK with CWR is no agreement");
+        opener.on_syn_ack(AGREE);
+        assert!(opener.ok);
+    }
+
+    #[test]
+    fn ce_starts_the_echo_and_cwr_ends_it() {
+        let mut e = Ecn::default();
+        e.on_syn(ASK, EcnMode::Accept);
+        assert!(
+            !e.on_segment(CE, false),
+            "a mark on a pure ACK is not echoed"
+        );
+        assert!(e.on_segment(CE, true));
+        assert_eq!(e.flags(), ECE);
+        assert!(!e.on_segment(EcnIn::default(), true));
+        assert_eq!(e.flags(), ECE, "echoed until CWR");
+        e.on_segment(
+            EcnIn {
+                cwr: true,
+                ..EcnIn::default()
+            },
+            false,
+        );
+        assert_eq!(e.flags(), 0);
+        assert!(e.on_segment(
+            EcnIn {
+                ce: true,
+                ece: false,
+                cwr: true
+            },
+            true
+        ));
+        assert_eq!(e.flags(), ECE, "CWR first, then the new mark");
+    }
+
+    #[test]
+    fn one_reduction_per_episode_announced_once() {
+        let mut e = Ecn::default();
+        let ece = EcnIn {
+            ece: true,
+            ..EcnIn::default()
+        };
+        assert!(!e.on_ack(ece, false), "not negotiated");
+        e.on_syn(ASK, EcnMode::Accept);
+        assert_eq!(e.data(true), (true, 0));
+        assert!(e.on_ack(ece, false));
+        assert!(!e.on_ack(ece, true), "within the episode");
+        assert_eq!(
+            e.data(false),
+            (false, 0),
+            "retransmissions are not ECN-capable"
+        );
+        assert_eq!(e.data(true), (true, CWR));
+        e.cwr_sent();
+        assert_eq!(e.data(true), (true, 0));
     }
 }

@@ -186,8 +186,17 @@ impl Conn {
         if matches!(self.state, TcpState::Closed) || ack_only {
             return true;
         }
-        self.ecn_on_ack(ecn);
-        self.ecn_on_segment(ecn, !seg.payload.is_empty());
+        if self.ecn.on_ack(ecn, self.recovery.is_some()) {
+            // A D-SACK proves nothing about a mark: no undo of this reduction.
+            self.undo = None;
+            self.enter_recovery();
+            self.stats.ecn_reductions += 1;
+        }
+        if self.ecn.on_segment(ecn, !seg.payload.is_empty()) {
+            self.stats.ecn_ce += 1;
+            // Tell the sender at once rather than with a delayed ACK.
+            self.ack_now = true;
+        }
         if self.state == TcpState::TimeWait {
             // A retransmitted FIN: ACK it and wait again.
             if fin {
@@ -224,6 +233,12 @@ impl Conn {
     }
 
     /// SYN-SENT (RFC 9293 section 3.10.7.3).
+    /// A listener's new connection: the peer's SYN asked for ECN (ECE and CWR), and this side
+    /// accepts unless configured off.
+    pub(crate) fn ecn_on_syn(&mut self, e: EcnIn) {
+        self.ecn.on_syn(e, self.cfg.ecn);
+    }
+
     fn input_syn_sent(&mut self, now: Instant, seg: &TcpRepr<'_>, ecn: EcnIn) {
         let ack = seg.ack_number.map(|a| Seq(a.0 as u32));
         if let Some(a) = ack
@@ -252,7 +267,7 @@ impl Conn {
         self.snd_wl1 = self.irs;
         match ack {
             Some(a) => {
-                self.ecn_on_syn_ack(ecn);
+                self.ecn.on_syn_ack(ecn);
                 self.snd_una = a;
                 self.snd_wl2 = a;
                 // A SYN's window is never scaled (RFC 7323 section 2.2).

@@ -45,7 +45,7 @@ impl Conn {
         let mut o = Out {
             seq: self.snd_nxt,
             ack: Some(self.rcv_nxt),
-            flags: self.ecn_flags(),
+            flags: self.ecn.flags(),
             window: field as u16,
             ..Out::default()
         };
@@ -152,7 +152,7 @@ impl Conn {
         }
         // New data inside the window (not a retransmission, not a window probe).
         let new = len > 0 && start == self.snd_nxt && start.lt(self.snd_una.plus(self.snd_wnd));
-        let (ect, cwr) = self.ecn_data(new);
+        let (ect, cwr) = self.ecn.data(new);
         o.ect = ect;
         o.flags |= cwr;
         o.payload = self.snd.slices(off, len);
@@ -167,7 +167,7 @@ impl Conn {
             self.stats.segs_out += 1;
             self.paced(now, len + 64);
             if cwr != 0 {
-                self.ecn_cwr_sent();
+                self.ecn.cwr_sent();
             }
         } else {
             self.ack_now = true;
@@ -178,9 +178,9 @@ impl Conn {
     fn send_syn(&mut self, now: Instant, emit: &mut dyn FnMut(&Out<'_>) -> bool) -> bool {
         let active = self.state == TcpState::SynSent;
         let ecn = if active {
-            self.ecn_syn_flags()
+            self.ecn.syn_flags(self.cfg.ecn)
         } else {
-            self.ecn_syn_ack_flags()
+            self.ecn.syn_ack_flags()
         };
         let o = Out {
             seq: self.iss,

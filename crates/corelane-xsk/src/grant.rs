@@ -40,7 +40,7 @@ use nix::sys::socket::{
 use corelane_frame::Proto;
 
 use crate::error::Error;
-use crate::steering::{AttachedMode, XdpCounters};
+use crate::program::{AttachedMode, XdpCounters};
 
 /// Longest message either side sends.
 pub const MAX_MESSAGE: usize = 4096;

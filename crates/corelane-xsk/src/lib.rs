@@ -29,6 +29,7 @@ mod ethtool;
 pub mod grant;
 mod linger;
 mod netdev;
+mod program;
 mod routes;
 mod socket;
 mod steering;

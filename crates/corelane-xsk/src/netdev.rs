@@ -2,22 +2,9 @@
 
 #![allow(unsafe_code)] // Interface ioctls read a C union.
 
-use std::ffi::CString;
-
 use crate::error::Error;
+pub use crate::sys::check_interface;
 use crate::sys::if_ioctl;
-
-/// The interface's index, or [`Error::NoInterface`].
-pub fn check_interface(ifname: &str) -> Result<u32, Error> {
-    let c = CString::new(ifname).map_err(|_| Error::NoInterface(ifname.to_string()))?;
-    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        Err(Error::NoInterface(ifname.to_string()))
-    } else {
-        Ok(idx)
-    }
-}
 
 /// The interface's hardware (MAC) address.
 pub fn mac_address(ifname: &str) -> Result<[u8; 6], Error> {

@@ -2,11 +2,23 @@
 
 #![allow(unsafe_code)]
 
+use std::ffi::CString;
 use std::io;
 use std::os::fd::RawFd;
 
 use crate::error::Error;
-use crate::netdev::check_interface;
+
+/// The interface's index, or [`Error::NoInterface`].
+pub fn check_interface(ifname: &str) -> Result<u32, Error> {
+    let c = CString::new(ifname).map_err(|_| Error::NoInterface(ifname.to_string()))?;
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        Err(Error::NoInterface(ifname.to_string()))
+    } else {
+        Ok(idx)
+    }
+}
 
 /// Runs an interface ioctl on a throwaway socket. Works in the calling thread's network
 /// namespace (unlike sysfs, which shows the namespace of whoever mounted it).

@@ -3,15 +3,11 @@
 //! at its next turn (one atomic load per turn when nothing changed).
 
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-
-use corelane_stack::Stack;
-use corelane_stack::smoltcp::wire::IpAddress;
 
 use crate::Error;
 use crate::cidr::{Cidr, IntoCidr};
-use crate::launch::Shared;
+use crate::control::Shared;
 
 /// Adds and removes owned addresses of a running [`Runtime`](crate::Runtime), from any thread.
 ///
@@ -43,10 +39,9 @@ impl AddrHandle {
         };
         shared
             .addrs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|c| Cidr::from_smoltcp(*c))
+            .list()
+            .into_iter()
+            .map(Cidr::from_smoltcp)
             .collect()
     }
 
@@ -59,28 +54,12 @@ impl AddrHandle {
     /// XDP program's map refused it.
     pub fn add(&self, cidr: impl IntoCidr) -> Result<(), Error> {
         let cidr = cidr.into_cidr()?.to_smoltcp();
-        let a = cidr.address();
-        if a.is_unspecified() || a.is_multicast() || a.is_broadcast() {
-            return Err(Error::Config(format!(
-                "{cidr}: an owned address must be unicast"
-            )));
-        }
         let shared = self.shared()?;
-        let mut list = shared.addrs.lock().unwrap_or_else(|p| p.into_inner());
-        if list.iter().any(|c| c.address() == a) {
-            return Err(Error::Config(format!("{a} is already owned")));
-        }
-        if list.len() >= corelane_stack::MAX_ADDRS {
-            return Err(Error::Config(format!(
-                "{cidr}: at most {} addresses",
-                corelane_stack::MAX_ADDRS
-            )));
-        }
-        let ip = IpAddr::from(a);
-        shared.steer(move |s| s.own_addr(ip))??;
-        list.push(cidr);
-        drop(list);
-        changed(&shared);
+        let steer = shared.steer.clone();
+        shared
+            .addrs
+            .add(cidr, move |ip| Ok(steer.run(move |s| s.own_addr(ip))??))?;
+        shared.ring_all();
         Ok(())
     }
 
@@ -91,16 +70,14 @@ impl AddrHandle {
     /// The XDP program's map refused the change.
     pub fn remove(&self, a: IpAddr) -> Result<bool, Error> {
         let shared = self.shared()?;
-        let mut list = shared.addrs.lock().unwrap_or_else(|p| p.into_inner());
-        let before = list.len();
-        list.retain(|c| IpAddr::from(c.address()) != a);
-        if list.len() == before {
-            return Ok(false);
+        let steer = shared.steer.clone();
+        let owned = shared
+            .addrs
+            .remove(a, move |ip| Ok(steer.run(move |s| s.disown_addr(ip))??))?;
+        if owned {
+            shared.ring_all();
         }
-        shared.steer(move |s| s.disown_addr(a))??;
-        drop(list);
-        changed(&shared);
-        Ok(true)
+        Ok(owned)
     }
 
     fn shared(&self) -> Result<Arc<Shared>, Error> {
@@ -108,42 +85,4 @@ impl AddrHandle {
             Error::Config("the runtime has ended: its addresses can no longer change".into())
         })
     }
-}
-
-fn changed(shared: &Shared) {
-    shared.addrs_gen.fetch_add(1, Ordering::SeqCst);
-    for b in &shared.bells {
-        b.ring_always();
-    }
-}
-
-/// Brings `stack` in line with the shared list if it changed since `seen`; returns the
-/// addresses it newly took (for core 0 to announce).
-pub(crate) fn sync(shared: &Shared, seen: &mut u64, stack: &mut Stack) -> Vec<IpAddress> {
-    let now = shared.addrs_gen.load(Ordering::Acquire);
-    if now == *seen {
-        return Vec::new();
-    }
-    *seen = now;
-    let list = shared
-        .addrs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let gone: Vec<IpAddress> = stack
-        .addrs()
-        .iter()
-        .map(|c| c.address())
-        .filter(|a| !list.iter().any(|c| c.address() == *a))
-        .collect();
-    for a in gone {
-        stack.remove_addr(a);
-    }
-    let mut added = Vec::new();
-    for c in list {
-        if !stack.addrs().iter().any(|o| o.address() == c.address()) && stack.add_addr(c).is_ok() {
-            added.push(c.address());
-        }
-    }
-    added
 }

@@ -1,7 +1,5 @@
-//! How to build a [`Runtime`]: the interface, addresses, placement, sizes and modes.
+//! How to build a [`Runtime`](crate::Runtime): the interface, addresses, placement, sizes and modes.
 
-use std::io;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corelane_stack::StackConfig;
@@ -13,11 +11,10 @@ use corelane_xsk::{AttachMode, Channels, XskConfig};
 
 use crate::access::Access;
 use crate::cpu::allowed_cpus;
-use crate::launch::{Runtime, Shared};
-use crate::queues::{RestoreQueues, queues_needed};
-use crate::{Error, PollMode, handoff};
+use crate::queues::queues_needed;
+use crate::{Error, PollMode};
 
-/// How to build a [`Runtime`].
+/// How to build a [`Runtime`](crate::Runtime).
 #[derive(Debug, Clone)]
 pub struct Builder {
     pub(crate) ifname: String,
@@ -104,7 +101,7 @@ impl Builder {
 
     /// Whether to start from the kernel's routes through the interface (default on): its
     /// default gateway and other unicast routes of the main table, read over netlink when the
-    /// runtime is built, as `ip route show dev IF` lists them. [`Runtime::describe`] prints
+    /// runtime is built, as `ip route show dev IF` lists them. [`Runtime::describe`](crate::Runtime::describe) prints
     /// the routes in use.
     pub fn kernel_routes(mut self, on: bool) -> Self {
         self.kernel_routes = on;
@@ -130,7 +127,7 @@ impl Builder {
     }
 
     /// Where the protocol and the application run (default [`Placement::SameCore`]); the plan
-    /// is made from the machine hwloc reads, NIC-local CPUs first. [`Runtime::plan`] shows it.
+    /// is made from the machine hwloc reads, NIC-local CPUs first. [`Runtime::plan`](crate::Runtime::plan) shows it.
     pub fn placement(mut self, p: Placement) -> Self {
         self.placement = p;
         self
@@ -322,7 +319,7 @@ impl Builder {
         Ok(plan)
     }
 
-    fn make_plan(&self) -> Result<(Plan, Option<Channels>), Error> {
+    pub(crate) fn make_plan(&self) -> Result<(Plan, Option<Channels>), Error> {
         corelane_xsk::check_interface(&self.ifname)?;
         let channels = corelane_xsk::channels(&self.ifname)?;
         let nqueues = channels.map_or(1, |c| c.rx_queues());
@@ -352,7 +349,11 @@ impl Builder {
 
     /// The stats file's writer, in the claim's directory (None when switched off, or when it
     /// cannot be made: the run goes on without it, warned).
-    fn publisher(&self, access: &Access, cores: usize) -> Option<corelane_stat::Publisher> {
+    pub(crate) fn publisher(
+        &self,
+        access: &Access,
+        cores: usize,
+    ) -> Option<corelane_stat::Publisher> {
         if !self.publish_stats {
             return None;
         }
@@ -364,214 +365,6 @@ impl Builder {
                 None
             }
         }
-    }
-
-    /// Checks the configuration, attaches the XDP program and owns the addresses. The AF_XDP
-    /// sockets are opened by each core when [`Runtime::run`](crate::Runtime::run) starts it.
-    ///
-    /// ```no_run
-    /// # use corelane_rt as corelane;
-    /// use corelane::{PollMode, Runtime};
-    /// let rt = Runtime::builder("veth0")
-    ///     .addr("10.0.0.1/24")
-    ///     .cores(2)
-    ///     .poll_mode(PollMode::Busy)
-    ///     .build()?;
-    /// println!("{}", rt.describe());
-    /// # Ok::<(), corelane::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// Each names the cause and the fix: no address, too many addresses, missing privileges, no
-    /// such interface, too few queues for the cores (when the driver cannot raise them), an MTU
-    /// that does not fit a frame, or a driver that refuses the XDP program.
-    pub fn build(mut self) -> Result<Runtime, Error> {
-        if let Some(bad) = self.invalid.first() {
-            return Err(Error::Config(bad.clone()));
-        }
-        if self.addrs.is_empty() {
-            return Err(Error::Config(
-                "no address: give the runtime at least one address it owns (e.g. 10.0.0.1/24)"
-                    .into(),
-            ));
-        }
-        if self.addrs.len() > corelane_stack::MAX_ADDRS {
-            return Err(Error::Config(format!(
-                "{} addresses: at most {} per runtime",
-                self.addrs.len(),
-                corelane_stack::MAX_ADDRS
-            )));
-        }
-        let access = Access::get(&self.ifname, self.xdp)?;
-        let (mut plan, channels) = self.make_plan()?;
-        self.tcp_mem_default(plan.lanes.len());
-        let publisher = self.publisher(&access, plan.lanes.len());
-        let metrics = match (self.metrics, &publisher) {
-            (Some(addr), Some(p)) => Some(crate::metrics::Metrics::serve(addr, p.path())?),
-            (Some(_), None) => {
-                return Err(Error::Config(
-                    "metrics need the published statistics (publish_stats(true))".into(),
-                ));
-            }
-            (None, _) => None,
-        };
-        if let Some(claim) = access.claim()
-            && !claim.undone().is_empty()
-        {
-            plan.reasons.push(format!(
-                "a corelane process died on {} without cleaning up; undone: {}",
-                self.ifname,
-                claim.undone().join(", ")
-            ));
-        }
-        // An address the kernel holds too would be answered twice (ARP, TCP resets from the
-        // kernel for corelane's connections): refused.
-        let held = corelane_xsk::kernel_addrs_with_prefix(&self.ifname)?;
-        if let Some((a, prefix)) = self.addrs.iter().find_map(|c| {
-            let a = std::net::IpAddr::from(c.address());
-            held.iter().find(|(h, _)| *h == a).copied()
-        }) {
-            return Err(Error::Config(format!(
-                "{a} is the kernel's address on {}: the kernel and corelane would both answer for \
-                 it; give corelane an address the kernel does not hold (or remove it from the \
-                 kernel: ip addr del {a}/{prefix} dev {})",
-                self.ifname, self.ifname
-            )));
-        }
-        let routes =
-            crate::routing::resolve(&self.ifname, &self.addrs, self.kernel_routes, &self.routes)?;
-        let nqueues = channels.map_or(1, |c| c.rx_queues());
-        let need = queues_needed(&plan);
-        let mut restore = None;
-        if need > nqueues {
-            let cores = plan.lanes.len();
-            let raised = channels
-                .filter(|c| c.max_rx_queues() >= need)
-                .map(|c| access.set_queues(&self.ifname, c, need));
-            match raised {
-                Some(Ok(old)) => {
-                    plan.reasons.push(format!(
-                        "{} had {nqueues} receive queue(s): raised to {need} for this run \
-                         (ethtool -L), restored at the end",
-                        self.ifname
-                    ));
-                    restore = old;
-                }
-                other => {
-                    let why = match other {
-                        Some(Err(e)) => format!("setting its queues failed: {e}"),
-                        _ => format!(
-                            "its driver allows at most {}",
-                            channels.map_or(1, |c| c.max_rx_queues())
-                        ),
-                    };
-                    return Err(Error::Config(format!(
-                        "{} has {nqueues} receive queue(s), too few for {cores} core(s) (queue {} \
-                         does not exist) and {why}; run fewer cores or give it more queues \
-                         (ethtool -L {} combined {need}, or a veth made with \
-                         numrxqueues/numtxqueues)",
-                        self.ifname,
-                        need - 1,
-                        self.ifname,
-                    )));
-                }
-            }
-        }
-        let mut nqueues = nqueues.max(need);
-        if need < nqueues
-            && self.queues.is_none()
-            && let Some(c) = channels
-        {
-            // Queues nobody serves would pass their frames to the kernel, which does not hold
-            // the addresses: connections whose frames land there would fail. Fewer queues for
-            // the run, so every frame reaches a served one.
-            match access.set_queues(&self.ifname, c, need) {
-                Ok(old) => {
-                    plan.reasons.push(format!(
-                        "{} had {nqueues} receive queue(s): lowered to {need} for this run, so \
-                         none goes unserved (ethtool -L), restored at the end",
-                        self.ifname
-                    ));
-                    restore = old;
-                    nqueues = need;
-                }
-                Err(e) => tracing::warn!(
-                    "{}: lowering its receive queues to {need} failed ({e})",
-                    self.ifname
-                ),
-            }
-        }
-        if (nqueues as usize) > plan.lanes.len() {
-            tracing::warn!(
-                "{} has {nqueues} receive queues and {} are served: frames on the others go to \
-                 the kernel (it holds none of the owned addresses: connections whose frames land \
-                 there fail). Serve every queue (.cores({nqueues})), or steer the traffic to the \
-                 served queues (ethtool -X / -N)",
-                self.ifname,
-                plan.lanes.len()
-            );
-        }
-        let restore = RestoreQueues::new(&self.ifname, restore, access.claim().cloned());
-        let mac = corelane_xsk::mac_address(&self.ifname)?;
-        let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
-        // Attach first: a driver that refuses the program (in native mode, say) explains more
-        // than the frame size does.
-        let mut steering = access.steering(&self.ifname, self.attach)?;
-        if let Err(e) = steering.linger_on_death(self.death_linger) {
-            tracing::warn!(
-                "{}: nothing will answer for this server if it dies ({e}): its peers wait for \
-                 their timeouts",
-                self.ifname
-            );
-        }
-        crate::access::fit_frames(&self.ifname, mtu, &mut self.xsk)?;
-        for a in &self.addrs {
-            steering.own_addr(a.address().into())?;
-        }
-        let lanes: Vec<(u32, usize)> = plan
-            .lanes
-            .iter()
-            .map(|l| (l.queue, l.protocol_cpu))
-            .collect();
-        let sockets = crate::access::open_sockets(&self.ifname, &lanes, &self.xsk, &mut steering)?;
-        if !self.keep_capabilities {
-            crate::access::drop_capabilities(steering.is_granted())?;
-        }
-        let bells = plan
-            .lanes
-            .iter()
-            .map(|_| handoff::Doorbell::new())
-            .collect::<io::Result<Vec<_>>>()?;
-        let shared = Arc::new(Shared {
-            cookies: crate::cookies::XdpCookies::new(self.xdp_cookies, &steering),
-            steering: Mutex::new(steering),
-            steward: crate::steward::Steward::default(),
-            addrs: Mutex::new(self.addrs.clone()),
-            addrs_gen: std::sync::atomic::AtomicU64::new(0),
-            life: crate::stop::Life::default(),
-            failure: Mutex::new(None),
-            warnings: Mutex::new(Vec::new()),
-            auto_ports: Mutex::new(Vec::new()),
-            bells,
-            publisher,
-            _metrics: metrics,
-        });
-        // One secret for every core: a SYN cookie issued on one core validates on any (the ACK
-        // of a cookie may be answered by whichever core the segment reaches last), and ISNs
-        // and timestamp offsets stay per four-tuple, not per core.
-        let mut cfg = self;
-        cfg.stack.seed = Some(cfg.stack.seed_or_random());
-        Ok(Runtime {
-            shared,
-            cfg,
-            plan,
-            nqueues,
-            mac,
-            mtu,
-            routes,
-            sockets: Mutex::new(sockets.into_iter().map(Some).collect()),
-            _restore: restore,
-        })
     }
 }
 

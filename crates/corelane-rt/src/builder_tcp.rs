@@ -1,7 +1,35 @@
 //! The builder's TCP options beyond the stack configuration: ECN, the memory cap (by default
-//! a share of the machine's memory) and the connection cap.
+//! a share of the machine's memory), the connection cap and the XDP program's SYN cookies.
 
 use crate::Builder;
+
+impl Builder {
+    /// Whether the XDP program may answer a flooded listener's SYNs with the stack's SYN
+    /// cookies (see below). By default it does, except on veth in native mode: there the
+    /// answer leaves through the peer's XDP receive path, which the kernel runs only when the
+    /// peer has an XDP program or GRO on (`ethtool -K PEER gro on`); otherwise it would be
+    /// dropped. `true` turns it on there too (for a peer set up so), `false` off everywhere.
+    /// Not under a grant (the broker holds the program): the stack answers.
+    ///
+    /// While on for a port (from the first SYN its listener answered with a cookie, its SYN
+    /// backlog full, until a second passes with fewer than 1000 SYNs answered), a flood costs
+    /// the CPU it arrives on a few hundred nanoseconds per SYN and never reaches the AF_XDP
+    /// ring, so real clients' SYNs are not lost with it. The program's count is
+    /// [`XdpCounters::syn_cookies`](corelane_xsk::XdpCounters::syn_cookies).
+    ///
+    /// ```no_run
+    /// # use corelane_rt as corelane;
+    /// let rt = corelane::Runtime::builder("veth0")
+    ///     .addr("10.0.0.1/24")
+    ///     .xdp_syn_cookies(true)
+    ///     .build()?;
+    /// # Ok::<(), corelane::Error>(())
+    /// ```
+    pub fn xdp_syn_cookies(mut self, on: bool) -> Self {
+        self.xdp_cookies = Some(on);
+        self
+    }
+}
 
 impl Builder {
     /// Explicit Congestion Notification (RFC 3168) on TCP connections: by default accepted

@@ -9,48 +9,28 @@
 //! second passes with fewer than [`QUIET`] SYNs answered in the program, its ports go back to
 //! the stack.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelane_stack::Stack;
 use corelane_xsk::{CookieParams, Steering, monotonic_ns};
 
-use crate::Builder;
-use crate::lane::lock;
-use crate::launch::Shared;
+use crate::lock::lock;
 
 /// Below this many SYNs per second answered in the program, the flood is over.
 pub(crate) const QUIET: u64 = 1000;
 /// How often the program's count is looked at while cookies are on.
 pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
 
-impl Builder {
-    /// Whether the XDP program may answer a flooded listener's SYNs with the stack's SYN
-    /// cookies (see below). By default it does, except on veth in native mode: there the
-    /// answer leaves through the peer's XDP receive path, which the kernel runs only when the
-    /// peer has an XDP program or GRO on (`ethtool -K PEER gro on`); otherwise it would be
-    /// dropped. `true` turns it on there too (for a peer set up so), `false` off everywhere.
-    /// Not under a grant (the broker holds the program): the stack answers.
-    ///
-    /// While on for a port (from the first SYN its listener answered with a cookie, its SYN
-    /// backlog full, until a second passes with fewer than 1000 SYNs answered), a flood costs
-    /// the CPU it arrives on a few hundred nanoseconds per SYN and never reaches the AF_XDP
-    /// ring, so real clients' SYNs are not lost with it. The program's count is
-    /// [`XdpCounters::syn_cookies`](corelane_xsk::XdpCounters::syn_cookies).
-    ///
-    /// ```no_run
-    /// # use corelane_rt as corelane;
-    /// let rt = corelane::Runtime::builder("veth0")
-    ///     .addr("10.0.0.1/24")
-    ///     .xdp_syn_cookies(true)
-    ///     .build()?;
-    /// # Ok::<(), corelane::Error>(())
-    /// ```
-    pub fn xdp_syn_cookies(mut self, on: bool) -> Self {
-        self.xdp_cookies = Some(on);
-        self
-    }
+/// What the switch needs of the XDP program, with the runtime's privileges.
+pub(crate) trait CookieProgram {
+    /// SYNs the program has answered with cookies so far (None: the count cannot be read).
+    fn answered(&self) -> Option<u64>;
+    /// Gives the program the stack's cookie secret and options.
+    fn set_params(&self, p: CookieParams) -> Result<(), String>;
+    /// Turns the program's answer for `port` on or off; true when the change took.
+    fn set_port(&self, port: u16, on: bool) -> bool;
 }
 
 /// The runtime's side of it, shared by the cores.
@@ -128,9 +108,21 @@ impl XdpCookies {
     /// and off for every port once the flood has passed. `epoch` is the stack's time zero.
     pub(crate) fn update(
         &self,
-        shared: &Arc<Shared>,
+        program: &impl CookieProgram,
         stack: &Stack,
         epoch: Instant,
+        now: Instant,
+        ports: &mut Vec<u16>,
+    ) {
+        self.update_with(program, || params(stack, epoch), now, ports);
+    }
+
+    /// [`update`](XdpCookies::update) with the program's parameters from `params` (None: the
+    /// stack sends no cookies).
+    fn update_with(
+        &self,
+        program: &impl CookieProgram,
+        params: impl FnOnce() -> Option<CookieParams>,
         now: Instant,
         ports: &mut Vec<u16>,
     ) {
@@ -139,49 +131,19 @@ impl XdpCookies {
             return;
         }
         let mut st = lock(&self.state);
-        let cookies_counted = |shared: &Arc<Shared>| {
-            shared
-                .steer(|s| s.counters().map(|c| c.syn_cookies).ok())
-                .ok()
-                .flatten()
-        };
         if !ports.is_empty() {
             if !st.params_set {
-                let Some(t) = stack.syn_cookie_template() else {
+                let Some(p) = params() else {
                     return self.disable(ports, "the stack sends no SYN cookies");
                 };
-                let p = CookieParams {
-                    k0: t.key.0,
-                    k1: t.key.1,
-                    epoch_ns: monotonic_ns(epoch),
-                    mss: t.mss,
-                    window: t.window,
-                    wscale: t.wscale,
-                    timestamps: u8::from(t.timestamps),
-                    sack: u8::from(t.sack),
-                    ttl: t.ttl,
-                    ts_k0: t.ts_key.0,
-                    ts_k1: t.ts_key.1,
-                    mac: t.mac,
-                    pad: [0; 2],
-                };
-                let set = shared
-                    .steer(move |s| steering_params(s, &p))
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r);
-                match set {
+                match program.set_params(p) {
                     Ok(()) => st.params_set = true,
                     Err(why) => return self.disable(ports, &why),
                 }
-                st.counted = cookies_counted(shared).unwrap_or(0);
+                st.counted = program.answered().unwrap_or(0);
             }
             for port in ports.drain(..) {
-                if !st.ports.contains(&port)
-                    && matches!(
-                        shared.steer(move |s| s.set_syn_cookies(port, true)),
-                        Ok(Ok(true))
-                    )
-                {
+                if !st.ports.contains(&port) && program.set_port(port, true) {
                     tracing::info!(
                         "port {port}: its SYN backlog is full: the XDP program answers its SYNs \
                          with cookies while the flood lasts"
@@ -200,13 +162,13 @@ impl XdpCookies {
         if waited < CHECK_EVERY {
             return;
         }
-        let count = cookies_counted(shared).unwrap_or(st.counted);
+        let count = program.answered().unwrap_or(st.counted);
         let rate = count.saturating_sub(st.counted) as f64 / waited.as_secs_f64();
         st.counted = count;
         st.checked = Some(now);
         if rate < QUIET as f64 {
             for port in st.ports.drain(..) {
-                let _ = shared.steer(move |s| s.set_syn_cookies(port, false));
+                program.set_port(port, false);
                 tracing::info!("port {port}: the SYN flood is over: its SYNs go to the stack");
             }
             st.checked = None;
@@ -221,10 +183,116 @@ impl XdpCookies {
     }
 }
 
-fn steering_params(steer: &mut Steering, p: &CookieParams) -> Result<(), String> {
-    match steer.set_cookie_params(p) {
-        Ok(true) => Ok(()),
-        Ok(false) => Err("the program is the grant broker's".into()),
-        Err(e) => Err(e.to_string()),
+/// The program's parameters from `stack`'s cookie template (None: it sends no cookies);
+/// `epoch` is the stack's time zero.
+fn params(stack: &Stack, epoch: Instant) -> Option<CookieParams> {
+    let t = stack.syn_cookie_template()?;
+    Some(CookieParams {
+        k0: t.key.0,
+        k1: t.key.1,
+        epoch_ns: monotonic_ns(epoch),
+        mss: t.mss,
+        window: t.window,
+        wscale: t.wscale,
+        timestamps: u8::from(t.timestamps),
+        sack: u8::from(t.sack),
+        ttl: t.ttl,
+        ts_k0: t.ts_key.0,
+        ts_k1: t.ts_key.1,
+        mac: t.mac,
+        pad: [0; 2],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    /// The program, faked: what it was told, and a count of answered SYNs the test moves.
+    #[derive(Default)]
+    struct Fake {
+        params: RefCell<u32>,
+        on: RefCell<Vec<u16>>,
+        answered: RefCell<u64>,
+    }
+
+    impl CookieProgram for Fake {
+        fn answered(&self) -> Option<u64> {
+            Some(*self.answered.borrow())
+        }
+        fn set_params(&self, _: CookieParams) -> Result<(), String> {
+            *self.params.borrow_mut() += 1;
+            Ok(())
+        }
+        fn set_port(&self, port: u16, on: bool) -> bool {
+            let mut ports = self.on.borrow_mut();
+            ports.retain(|p| *p != port);
+            if on {
+                ports.push(port);
+            }
+            true
+        }
+    }
+
+    fn switch() -> XdpCookies {
+        XdpCookies {
+            enabled: AtomicBool::new(true),
+            ..XdpCookies::default()
+        }
+    }
+
+    fn some_params() -> Option<CookieParams> {
+        Some(CookieParams::default())
+    }
+
+    #[test]
+    fn a_flood_turns_the_program_on_until_a_quiet_second() {
+        let (c, p, t0) = (switch(), Fake::default(), Instant::now());
+        c.update_with(&p, some_params, t0, &mut vec![80]);
+        assert_eq!(*p.on.borrow(), [80]);
+        assert!(c.active());
+        c.update_with(&p, some_params, t0, &mut vec![80, 443]);
+        assert_eq!(*p.on.borrow(), [80, 443]);
+        assert_eq!(*p.params.borrow(), 1, "the secret is given once");
+
+        // Still flooded a second later: 5,000 SYNs answered in the program.
+        *p.answered.borrow_mut() += 5_000;
+        c.update_with(&p, some_params, t0 + CHECK_EVERY / 2, &mut Vec::new());
+        c.update_with(&p, some_params, t0 + CHECK_EVERY, &mut Vec::new());
+        assert_eq!(p.on.borrow().len(), 2, "the flood goes on");
+
+        // Then a quiet second: fewer than QUIET.
+        *p.answered.borrow_mut() += QUIET / 2;
+        c.update_with(&p, some_params, t0 + 2 * CHECK_EVERY, &mut Vec::new());
+        assert!(p.on.borrow().is_empty(), "every port back to the stack");
+        assert!(!c.active());
+    }
+
+    #[test]
+    fn no_template_or_a_refusal_keeps_cookies_in_the_stack() {
+        let (c, p, t0) = (switch(), Fake::default(), Instant::now());
+        let mut ports = vec![80];
+        c.update_with(&p, || None, t0, &mut ports);
+        assert!(ports.is_empty() && p.on.borrow().is_empty());
+        c.update_with(&p, some_params, t0, &mut vec![80]);
+        assert!(p.on.borrow().is_empty(), "disabled for the run");
+
+        struct Refuses;
+        impl CookieProgram for Refuses {
+            fn answered(&self) -> Option<u64> {
+                None
+            }
+            fn set_params(&self, _: CookieParams) -> Result<(), String> {
+                Err("the program is the grant broker's".into())
+            }
+            fn set_port(&self, _: u16, _: bool) -> bool {
+                panic!("no port is turned on without the secret")
+            }
+        }
+        let c = switch();
+        c.update_with(&Refuses, some_params, t0, &mut vec![80]);
+        assert!(!c.active());
     }
 }

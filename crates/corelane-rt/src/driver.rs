@@ -15,7 +15,7 @@ use corelane_xsk::XskQueue;
 use tokio::io::unix::AsyncFd;
 
 use crate::PollMode;
-use crate::lane::{Core, lock};
+use crate::lane::Core;
 use crate::peers::CorePeers;
 
 struct Fd(RawFd);
@@ -87,7 +87,7 @@ impl Driver {
                 core.shared.stop_all();
             }
         }
-        let added = crate::addrs::sync(&core.shared, &mut self.addrs_seen, &mut stack);
+        let added = core.shared.addrs.sync(&mut self.addrs_seen, &mut stack);
         if core.index == 0 {
             for a in added {
                 stack.announce_addr(now, &mut self.pipe.dev, a);
@@ -115,7 +115,13 @@ impl Driver {
         }
         if !self.cookie_ports.is_empty() || checking {
             let epoch = self.epoch;
-            cookies.update(&core.shared, &stack, epoch, clock, &mut self.cookie_ports);
+            cookies.update(
+                &core.shared.steer,
+                &stack,
+                epoch,
+                clock,
+                &mut self.cookie_ports,
+            );
             self.cookie_check_at = Some(clock + crate::cookies::CHECK_EVERY / 4);
         }
         let mut st = core.stats();
@@ -147,7 +153,7 @@ impl Driver {
                 stats,
                 &mut stack,
                 || io.counts(),
-                || lock(&core.shared.steering).counters().ok(),
+                || core.shared.steer.read().counters().ok(),
             );
         }
         // Three is one client's SYN and its first two retries.
@@ -155,7 +161,7 @@ impl Driver {
             // Most of what arrives fails its checksum: not corruption, a peer that leaves
             // checksums to an offload that never happens (a veth peer with tx offload on).
             self.warned_checksums = true;
-            core.shared.warn_once(format!(
+            core.shared.telemetry.warn_once(format!(
                 "core {}: {bad} of {all} frames had bad TCP/UDP checksums and were dropped: a \
                  peer with transmit checksum offload sends partial checksums (on a veth peer, \
                  run `ethtool -K PEER_IF tx off` in its namespace)",

@@ -12,7 +12,8 @@ use corelane_stack::{DeviceStats, PipelineStats, Proto, Stack, StackStats};
 use corelane_xsk::Steering;
 use tokio::sync::Notify;
 
-use crate::launch::Shared;
+use crate::control::Shared;
+use crate::lock::lock;
 
 /// Counters of one core's pipeline: per stage, frames (or flows) and time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -159,10 +160,6 @@ pub(crate) fn set_current(core: Option<Arc<Core>>) {
     CURRENT.with(|c| *c.borrow_mut() = core);
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// The core the calling task runs on.
 pub(crate) fn current() -> io::Result<Arc<Core>> {
     CURRENT.with(|c| c.borrow().clone()).ok_or_else(|| {
@@ -190,14 +187,15 @@ impl Core {
         self.kick.notify_one();
     }
 
-    /// The steering program, to read (changes go through [`Shared::steer`]).
+    /// The steering program, to read (changes go through [`Steer::run`](crate::steward::Steer::run)).
     pub(crate) fn steering(&self) -> MutexGuard<'_, Steering> {
-        lock(&self.shared.steering)
+        self.shared.steer.read()
     }
 
     pub(crate) fn own_port(&self, proto: Proto, port: u16) -> io::Result<()> {
         self.shared
-            .steer(move |s| s.own_port(proto, port))
+            .steer
+            .run(move |s| s.own_port(proto, port))
             .map_err(|e| io::Error::other(e.to_string()))?
             .map_err(io::Error::from)
     }
@@ -220,7 +218,7 @@ impl Core {
     }
 
     pub(crate) fn release_port(&self, proto: Proto, port: u16) {
-        let done = self.shared.steer(move |s| s.release_port(proto, port));
+        let done = self.shared.steer.run(move |s| s.release_port(proto, port));
         if let Err(e) = done
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string()))

@@ -2,47 +2,18 @@
 //! collecting what each core reports when it ends.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant as StdInstant};
+use std::time::Duration;
 
 use corelane_stack::StackConfig;
 use corelane_topo::{Placement, Plan};
-use corelane_xsk::{AttachMode, AttachedMode, BindMode, Steering, XskConfig};
+use corelane_xsk::{AttachMode, AttachedMode, BindMode, XskConfig};
 
+use crate::control::Shared;
 use crate::queues::RestoreQueues;
-use crate::report::{CoreReport, RunReport};
+use crate::report::RunReport;
 use crate::stop::StopHandle;
-use crate::threads::{AppEnd, app_main};
-use crate::{Builder, Error, PollMode, handoff};
-
-/// State every core can reach: the steering program (for port ownership changes, never per
-/// frame), the stop flag and the doorbells.
-pub(crate) struct Shared {
-    /// Reached through [`Shared::steer`], which runs the change with the runtime's privileges.
-    pub(crate) steering: Mutex<Steering>,
-    /// The thread that holds those privileges while the cores run.
-    pub(crate) steward: crate::steward::Steward,
-    /// SYN cookies in the XDP program while a listener is flooded.
-    pub(crate) cookies: crate::cookies::XdpCookies,
-    /// The owned addresses, as the cores should have them.
-    pub(crate) addrs: Mutex<Vec<corelane_stack::smoltcp::wire::IpCidr>>,
-    /// Bumped on every change of `addrs`.
-    pub(crate) addrs_gen: std::sync::atomic::AtomicU64,
-    pub(crate) life: crate::stop::Life,
-    /// The first error a core's future returned, and its core.
-    pub(crate) failure: Mutex<Option<(usize, String)>>,
-    /// Conditions an operator must hear of even without a log subscriber, once each: kept for
-    /// the run's report.
-    pub(crate) warnings: Mutex<Vec<String>>,
-    /// Ports picked for binds of port 0, in order (every core's n-th gets the n-th).
-    pub(crate) auto_ports: Mutex<Vec<u16>>,
-    pub(crate) bells: Vec<Arc<handoff::Doorbell>>,
-    /// The live statistics' writer (removed with the runtime).
-    pub(crate) publisher: Option<corelane_stat::Publisher>,
-    /// The Prometheus endpoint's thread, stopped with the runtime.
-    pub(crate) _metrics: Option<crate::metrics::Metrics>,
-}
+use crate::{Builder, Error, PollMode};
 
 /// The runtime: an interface, the XDP program and the cores that will serve it.
 pub struct Runtime {
@@ -143,11 +114,7 @@ impl Runtime {
     /// One line per fact: interface, XDP mode (and why, after a fallback), queues and cores,
     /// addresses, routes, buffers and poll mode.
     pub fn describe(&self) -> String {
-        let st = self
-            .shared
-            .steering
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let st = self.shared.steer.read();
         let mut s = format!(
             "interface {}: XDP program attached in {} mode",
             self.cfg.ifname,
@@ -307,155 +274,5 @@ impl Runtime {
         });
         guard.finish();
         r
-    }
-
-    fn run_cores<F, Fut>(self, f: F) -> Result<RunReport, Error>
-    where
-        F: Fn(CoreInfo) -> Fut + Send + Sync,
-        Fut: Future<Output = ()> + 'static,
-    {
-        let n = self.plan.lanes.len();
-        self.shared.life.apps_running.store(n, Ordering::SeqCst);
-        // rings[from][to]
-        let mut producers: Vec<Vec<Option<handoff::Producer>>> =
-            (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
-        let mut consumers: Vec<Vec<handoff::Consumer>> = (0..n).map(|_| Vec::new()).collect();
-        for (from, row) in producers.iter_mut().enumerate() {
-            for (to, slot) in row.iter_mut().enumerate().filter(|(t, _)| *t != from) {
-                let (p, c) = handoff::channel(self.cfg.handoff_slots);
-                *slot = Some(p);
-                consumers[to].push(c);
-            }
-        }
-        let started = std::sync::Barrier::new(n + 1);
-        let failed = AtomicBool::new(false);
-        let epoch = StdInstant::now();
-        let jobs = self.shared.steward.open();
-        let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
-            // Spawned by this thread, it keeps what this thread kept; the cores drop all.
-            let priv_thread = std::thread::Builder::new()
-                .name("corelane-priv".into())
-                .spawn_scoped(scope, move || crate::steward::serve(jobs));
-            if let Err(e) = priv_thread {
-                // Changes then run on the thread that asks (and fail where it has no capability).
-                self.shared.steward.close();
-                tracing::warn!(
-                    "the privileged thread did not start ({e}): port and address changes may fail"
-                );
-            }
-            let mut handles = Vec::new();
-            for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
-                let lane = &self.plan.lanes[i];
-                let info = CoreInfo {
-                    index: i,
-                    cores: n,
-                    cpu: lane.protocol_cpu,
-                    app_cpu: lane.app_cpu,
-                    queue: lane.queue,
-                    bind_mode: BindMode::Copy,
-                };
-                let this = &self;
-                let (f, started, failed) = (&f, &started, &failed);
-                let (app_tx, app) = if lane.split() {
-                    let (tx, rx) = std::sync::mpsc::channel();
-                    let h = std::thread::Builder::new()
-                        .name(format!("corelane-{i}-app"))
-                        .spawn_scoped(scope, move || {
-                            app_main(
-                                info.app_cpu,
-                                rx,
-                                f,
-                                this.cfg.on_panic,
-                                !this.cfg.keep_capabilities,
-                            )
-                        })
-                        .expect("spawning an application thread");
-                    (Some(tx), Some(h))
-                } else {
-                    (None, None)
-                };
-                let h = std::thread::Builder::new()
-                    .name(format!("corelane-{i}"))
-                    .spawn_scoped(scope, move || {
-                        this.core_main(info, out, inb, epoch, started, failed, f, app_tx)
-                            .map_err(|e| match e {
-                                e @ Error::Panicked { .. } => e,
-                                e => Error::Core {
-                                    core: i,
-                                    cpu: info.cpu,
-                                    queue: info.queue,
-                                    source: Box::new(e),
-                                },
-                            })
-                    })
-                    .expect("spawning a core thread");
-                handles.push((h, app));
-            }
-            started.wait();
-            let ended: Vec<_> = handles
-                .into_iter()
-                .enumerate()
-                .map(|(i, (h, app))| {
-                    let r = h
-                        .join()
-                        .unwrap_or_else(|_| Err(Error::Config("a core panicked".into())));
-                    let Some(app) = app else { return r };
-                    let end = app.join().unwrap_or_else(|_| AppEnd {
-                        panicked: Some("the application thread panicked".into()),
-                        cpu_time: Duration::ZERO,
-                    });
-                    match (r, end.panicked) {
-                        (Err(e), _) => Err(e),
-                        (Ok(_), Some(message)) => Err(Error::Panicked { core: i, message }),
-                        (Ok(mut c), None) => {
-                            c.stats.app_cpu_time = end.cpu_time;
-                            Ok(c)
-                        }
-                    }
-                })
-                .collect();
-            self.shared.steward.close();
-            ended
-        });
-        let mut cores = Vec::with_capacity(n);
-        let mut first_err = None;
-        for r in results {
-            match r {
-                Ok(c) => cores.push(c),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        if let Some((core, message)) = crate::lane::lock(&self.shared.failure).take() {
-            return Err(Error::Failed { core, message });
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        let st = self
-            .shared
-            .steering
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let xdp = st.counters().unwrap_or_default();
-        if xdp.no_socket > 0 {
-            self.shared.warn_once(format!(
-                "{} frame(s) for owned addresses and ports arrived on a queue no core served and \
-                 went to the kernel",
-                xdp.no_socket
-            ));
-        }
-        Ok(RunReport {
-            cores,
-            xdp,
-            warnings: self
-                .shared
-                .warnings
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-            stopped: self.shared.life.stop.load(Ordering::SeqCst) || self.shared.life.draining(),
-        })
     }
 }

@@ -37,20 +37,26 @@
 #![deny(unsafe_code)]
 
 mod access;
+mod addrbook;
 mod addrs;
 mod builder;
 mod builder_life;
 mod builder_tcp;
 mod cidr;
+mod control;
 mod cookies;
+mod cores;
 mod cpu;
 mod driver;
 mod error;
 pub mod handoff;
 mod lane;
 mod launch;
+mod life;
+mod lock;
 mod metrics;
 pub mod net;
+mod open;
 mod outcome;
 mod peers;
 mod publish;
@@ -60,6 +66,7 @@ mod routing;
 mod signals;
 mod steward;
 mod stop;
+mod telemetry;
 mod threads;
 
 use std::time::Duration;
@@ -74,9 +81,10 @@ pub use cpu::{allowed_cpus, l2_bytes};
 pub use error::Error;
 pub use lane::{BatchStats, CoreStats, Stage};
 pub use launch::{CoreInfo, Runtime};
+pub use life::OnPanic;
 pub use outcome::shutdown_requested;
 pub use report::{CoreReport, RunReport};
-pub use stop::{OnPanic, StopHandle};
+pub use stop::StopHandle;
 
 /// How an idle core waits for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

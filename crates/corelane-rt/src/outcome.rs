@@ -7,28 +7,6 @@
 
 use std::io;
 
-use crate::launch::Shared;
-
-impl Shared {
-    /// The future of core `core` returned an error: the first one is kept for `run` to
-    /// return, and the run stops.
-    pub(crate) fn core_failed(&self, core: usize, message: String) {
-        tracing::error!(
-            "core {core}: its future returned an error ({message}); stopping the runtime"
-        );
-        {
-            let mut f = crate::lane::lock(&self.failure);
-            f.get_or_insert((core, message));
-        }
-        self.stop_all();
-    }
-
-    /// Wakes every task waiting in [`shutdown_requested`].
-    pub(crate) fn announce_shutdown(&self) {
-        self.life.asked.notify_waiters();
-    }
-}
-
 /// Completes when the run begins to end: a graceful
 /// [`shutdown`](crate::StopHandle::shutdown) (listeners are closed; the tasks have the grace to
 /// finish), a [`stop`](crate::StopHandle::stop), or another core's failure. At once if that

@@ -11,13 +11,13 @@
 //! thread (the one that built the runtime, which kept the capabilities).
 
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use corelane_xsk::Steering;
+use corelane_xsk::{CookieParams, Steering};
 
 use crate::Error;
-use crate::lane::lock;
-use crate::launch::Shared;
+use crate::cookies::CookieProgram;
+use crate::lock::lock;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -73,13 +73,58 @@ pub(crate) fn serve(jobs: Receiver<Job>) {
     }
 }
 
-impl Shared {
+/// The steering program and the thread that changes it: what the cores and the handles
+/// reach the program through.
+pub(crate) struct Steer {
+    steering: Mutex<Steering>,
+    steward: Steward,
+}
+
+impl Steer {
+    pub(crate) fn new(steering: Steering) -> Arc<Steer> {
+        Arc::new(Steer {
+            steering: Mutex::new(steering),
+            steward: Steward::default(),
+        })
+    }
+
+    /// The program, to read (changes go through [`Steer::run`]).
+    pub(crate) fn read(&self) -> MutexGuard<'_, Steering> {
+        lock(&self.steering)
+    }
+
     /// Runs `f` on the steering program with the runtime's privileges (see the module).
-    pub(crate) fn steer<T: Send + 'static>(
+    pub(crate) fn run<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&mut Steering) -> T + Send + 'static,
     ) -> Result<T, Error> {
-        let shared = Arc::clone(self);
-        self.steward.run(move || f(&mut lock(&shared.steering)))
+        let this = Arc::clone(self);
+        self.steward.run(move || f(&mut lock(&this.steering)))
+    }
+
+    /// The steward, to open while the cores run and close after.
+    pub(crate) fn steward(&self) -> &Steward {
+        &self.steward
+    }
+}
+
+impl CookieProgram for Arc<Steer> {
+    fn answered(&self) -> Option<u64> {
+        self.run(|s| s.counters().map(|c| c.syn_cookies).ok())
+            .ok()
+            .flatten()
+    }
+
+    fn set_params(&self, p: CookieParams) -> Result<(), String> {
+        let set = self.run(move |s| match s.set_cookie_params(&p) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("the program is the grant broker's".to_string()),
+            Err(e) => Err(e.to_string()),
+        });
+        set.map_err(|e| e.to_string()).and_then(|r| r)
+    }
+
+    fn set_port(&self, port: u16, on: bool) -> bool {
+        matches!(self.run(move |s| s.set_syn_cookies(port, on)), Ok(Ok(true)))
     }
 }

@@ -8,101 +8,12 @@
 //! [`StopHandle::stop`]. After the futures, each core lingers while connections close (FIN and
 //! its ACK), then resets what is left.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, Weak};
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::launch::Shared;
-
-/// What a panic in a core's future does (see [`Builder::on_panic`](crate::Builder::on_panic)).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnPanic {
-    /// The core's future is run again (the closure given to `run` is called anew); the
-    /// sockets the old one held are dropped with it (their connections closed or reset), and
-    /// the core keeps serving its queue throughout. The panic is logged and counted
-    /// (`CoreStats::restarts`, `CoreReport::panics`). What a server operator wants: one bad
-    /// request does not take a queue down.
-    ///
-    /// Restarts back off: the first panic after a quiet spell waits 10 ms before the future
-    /// runs again, each further panic within 10 s twice as long as the last (at most 1 s),
-    /// and the 5th panic within 10 s stops the runtime: `run` returns
-    /// [`Error::Panicked`](crate::Error) with the panic's message. A future that fails every
-    /// time it starts (a bind of an address the runtime does not own, a port in use) so ends
-    /// the run within a second, with the reason, instead of restarting forever.
-    #[default]
-    RestartCore,
-    /// The whole runtime stops at once and `run` returns [`Error::Panicked`](crate::Error).
-    StopRuntime,
-}
-
-/// The state of a run, shared by the cores and the handles.
-#[derive(Debug, Default)]
-pub(crate) struct Life {
-    /// Stop now: every core resets its connections and ends.
-    pub(crate) stop: AtomicBool,
-    /// A graceful shutdown was asked for: listeners close, futures finish, then the cores end.
-    pub(crate) draining: AtomicBool,
-    /// When a graceful shutdown turns into a stop.
-    pub(crate) drain_until: Mutex<Option<Instant>>,
-    /// Core futures still running.
-    pub(crate) apps_running: AtomicUsize,
-    /// Woken when a stop or a graceful shutdown is asked for.
-    pub(crate) asked: tokio::sync::Notify,
-}
-
-impl Life {
-    /// Every core future has returned, or a stop was asked for: the cores may end.
-    pub(crate) fn ending(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || self.apps_running.load(Ordering::Acquire) == 0
-    }
-
-    pub(crate) fn draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-
-    /// The drain deadline, if a graceful shutdown runs.
-    pub(crate) fn drain_deadline(&self) -> Option<Instant> {
-        *self.drain_until.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl Shared {
-    /// Stop now.
-    pub(crate) fn stop_all(&self) {
-        self.life.stop.store(true, Ordering::SeqCst);
-        self.announce_shutdown();
-        self.ring_all();
-    }
-
-    /// A core's future returned for good.
-    pub(crate) fn app_done(&self) {
-        if self.life.apps_running.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.ring_all();
-        }
-    }
-
-    /// Logs `message` (and, when no tracing subscriber was ever installed, prints it to
-    /// stderr) and keeps it for the run's report, unless the same was said before.
-    pub(crate) fn warn_once(&self, message: String) {
-        let mut w = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
-        if !w.contains(&message) {
-            tracing::warn!("{message}");
-            // With no subscriber installed the warning would go nowhere: a user who did not
-            // set up logging still sees it.
-            if !tracing::dispatcher::has_been_set() {
-                eprintln!("corelane: warning: {message}");
-            }
-            w.push(message);
-        }
-    }
-
-    fn ring_all(&self) {
-        for b in &self.bells {
-            b.ring_always();
-        }
-    }
-}
+use crate::control::Shared;
+use crate::lock::lock;
 
 /// Ends a running [`Runtime`](crate::Runtime) from any thread (a signal handler's thread,
 /// say): gracefully with [`shutdown`](StopHandle::shutdown), or at once with
@@ -154,7 +65,7 @@ impl StopHandle {
         };
         let life = &shared.life;
         {
-            let mut until = life.drain_until.lock().unwrap_or_else(|p| p.into_inner());
+            let mut until = lock(&life.drain_until);
             let t = Instant::now() + grace;
             *until = Some(until.map_or(t, |u| u.min(t)));
         }

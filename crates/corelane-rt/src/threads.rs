@@ -131,6 +131,7 @@ impl Runtime {
             warned_checksums: false,
             publish: self
                 .shared
+                .telemetry
                 .publisher
                 .as_ref()
                 .and_then(|p| p.core(info.index))

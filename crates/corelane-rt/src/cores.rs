@@ -1,0 +1,155 @@
+//! Starting a run's threads (one per core, a second for a lane whose placement splits, and
+//! the privileged one), waiting for them, and the run's report.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant as StdInstant};
+
+use corelane_xsk::BindMode;
+
+use crate::launch::{CoreInfo, Runtime};
+use crate::report::{CoreReport, RunReport};
+use crate::threads::{AppEnd, app_main};
+use crate::{Error, handoff};
+
+impl Runtime {
+    pub(crate) fn run_cores<F, Fut>(self, f: F) -> Result<RunReport, Error>
+    where
+        F: Fn(CoreInfo) -> Fut + Send + Sync,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let n = self.plan.lanes.len();
+        self.shared.life.apps_running.store(n, Ordering::SeqCst);
+        // rings[from][to]
+        let mut producers: Vec<Vec<Option<handoff::Producer>>> =
+            (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+        let mut consumers: Vec<Vec<handoff::Consumer>> = (0..n).map(|_| Vec::new()).collect();
+        for (from, row) in producers.iter_mut().enumerate() {
+            for (to, slot) in row.iter_mut().enumerate().filter(|(t, _)| *t != from) {
+                let (p, c) = handoff::channel(self.cfg.handoff_slots);
+                *slot = Some(p);
+                consumers[to].push(c);
+            }
+        }
+        let started = std::sync::Barrier::new(n + 1);
+        let failed = AtomicBool::new(false);
+        let epoch = StdInstant::now();
+        let jobs = self.shared.steer.steward().open();
+        let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
+            // Spawned by this thread, it keeps what this thread kept; the cores drop all.
+            let priv_thread = std::thread::Builder::new()
+                .name("corelane-priv".into())
+                .spawn_scoped(scope, move || crate::steward::serve(jobs));
+            if let Err(e) = priv_thread {
+                // Changes then run on the thread that asks (and fail where it has no capability).
+                self.shared.steer.steward().close();
+                tracing::warn!(
+                    "the privileged thread did not start ({e}): port and address changes may fail"
+                );
+            }
+            let mut handles = Vec::new();
+            for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
+                let lane = &self.plan.lanes[i];
+                let info = CoreInfo {
+                    index: i,
+                    cores: n,
+                    cpu: lane.protocol_cpu,
+                    app_cpu: lane.app_cpu,
+                    queue: lane.queue,
+                    bind_mode: BindMode::Copy,
+                };
+                let this = &self;
+                let (f, started, failed) = (&f, &started, &failed);
+                let (app_tx, app) = if lane.split() {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let h = std::thread::Builder::new()
+                        .name(format!("corelane-{i}-app"))
+                        .spawn_scoped(scope, move || {
+                            app_main(
+                                info.app_cpu,
+                                rx,
+                                f,
+                                this.cfg.on_panic,
+                                !this.cfg.keep_capabilities,
+                            )
+                        })
+                        .expect("spawning an application thread");
+                    (Some(tx), Some(h))
+                } else {
+                    (None, None)
+                };
+                let h = std::thread::Builder::new()
+                    .name(format!("corelane-{i}"))
+                    .spawn_scoped(scope, move || {
+                        this.core_main(info, out, inb, epoch, started, failed, f, app_tx)
+                            .map_err(|e| match e {
+                                e @ Error::Panicked { .. } => e,
+                                e => Error::Core {
+                                    core: i,
+                                    cpu: info.cpu,
+                                    queue: info.queue,
+                                    source: Box::new(e),
+                                },
+                            })
+                    })
+                    .expect("spawning a core thread");
+                handles.push((h, app));
+            }
+            started.wait();
+            let ended: Vec<_> = handles
+                .into_iter()
+                .enumerate()
+                .map(|(i, (h, app))| {
+                    let r = h
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::Config("a core panicked".into())));
+                    let Some(app) = app else { return r };
+                    let end = app.join().unwrap_or_else(|_| AppEnd {
+                        panicked: Some("the application thread panicked".into()),
+                        cpu_time: Duration::ZERO,
+                    });
+                    match (r, end.panicked) {
+                        (Err(e), _) => Err(e),
+                        (Ok(_), Some(message)) => Err(Error::Panicked { core: i, message }),
+                        (Ok(mut c), None) => {
+                            c.stats.app_cpu_time = end.cpu_time;
+                            Ok(c)
+                        }
+                    }
+                })
+                .collect();
+            self.shared.steer.steward().close();
+            ended
+        });
+        let mut cores = Vec::with_capacity(n);
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(c) => cores.push(c),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some((core, message)) = self.shared.life.take_failure() {
+            return Err(Error::Failed { core, message });
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let xdp = self.shared.steer.read().counters().unwrap_or_default();
+        if xdp.no_socket > 0 {
+            self.shared.telemetry.warn_once(format!(
+                "{} frame(s) for owned addresses and ports arrived on a queue no core served and \
+                 went to the kernel",
+                xdp.no_socket
+            ));
+        }
+        Ok(RunReport {
+            cores,
+            xdp,
+            warnings: self.shared.telemetry.warnings(),
+            stopped: self.shared.life.stop.load(Ordering::SeqCst) || self.shared.life.draining(),
+        })
+    }
+}

@@ -154,8 +154,8 @@ pub(crate) struct Conn {
     pub(super) end_at: Option<Instant>,
     /// When emptied buffers larger than the pool's unit are given back.
     pub(super) trim_at: Option<Instant>,
-    pub(super) pace_ns: u64,
-    pub(super) pace_blocked: bool,
+    /// The pacing clock.
+    pub(super) pacer: super::pacing::Pacer,
     pub(super) syn_sent_at: Option<Instant>,
     pub(super) syn_tries: u32,
     pub(super) last_progress: Instant,
@@ -307,8 +307,7 @@ impl Conn {
             keep_at: None,
             end_at: None,
             trim_at: None,
-            pace_ns: 0,
-            pace_blocked: false,
+            pacer: Default::default(),
             syn_sent_at: None,
             syn_tries: 0,
             last_progress: now,

@@ -49,6 +49,7 @@ mod fuzz;
 mod icmp;
 mod input;
 mod output;
+mod pacing;
 mod recv;
 mod reorder;
 mod ring;

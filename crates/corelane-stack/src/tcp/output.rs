@@ -8,19 +8,10 @@ use smoltcp::wire::{IpEndpoint, TcpRepr};
 use super::TcpConfig;
 use super::board::TxSeg;
 use super::conn::{Conn, Sizes, TcpState, default_mss, scale_for};
+use super::pacing::Rate;
 use super::secret::Secret;
 use super::seq::Seq;
 use super::wire::{FIN, Out, PSH, RST, SYN};
-
-/// The least time a paced burst covers: about a millisecond of the pacing rate, the size of burst
-/// Linux allows a paced flow (its pacing shift of 10). At `burst` segments alone, a path whose
-/// turns take longer than that many segment gaps (veth in copy mode: the peer's receive runs
-/// inside our transmit call) would be held to `burst` segments per turn.
-const BURST_TIME_NS: f64 = 1_000_000.0;
-
-fn now_ns(now: Instant) -> u64 {
-    now.total_micros().max(0) as u64 * 1000
-}
 
 impl Conn {
     /// The fields every segment after the handshake carries: the ACK, the window, the
@@ -97,12 +88,14 @@ impl Conn {
         o
     }
 
-    fn pace_ok(&self, now: Instant) -> bool {
-        !self.cfg.pacing || self.pace_ns <= now_ns(now)
+    /// Whether pacing lets a segment leave now (a refusal is remembered: the connection's
+    /// next deadline includes the pacing clock's).
+    fn pace_ok(&mut self, now: Instant) -> bool {
+        !self.cfg.pacing || self.pacer.allows(now)
     }
 
-    /// Moves the pacing clock past `bytes` at twice (slow start) or 1.2 times (congestion
-    /// avoidance) the rate of one window per SRTT, allowing bursts of `burst` segments.
+    /// `bytes` left at `now`: the pacing clock moves past them at twice (slow start) or 1.2
+    /// times (congestion avoidance) the rate of one window per round trip.
     fn paced(&mut self, now: Instant, bytes: usize) {
         if !self.cfg.pacing {
             return;
@@ -120,15 +113,14 @@ impl Conn {
         } else {
             srtt
         };
-        let factor = if self.cc.slow_start() { 2.0 } else { 1.2 };
-        let rate = self.cc.cwnd as f64 * factor / (rtt.total_micros().max(1) as f64 * 1000.0);
-        let gap = (bytes as f64 / rate) as u64;
-        // The burst allowance: `burst` segments, or the pacing rate's worth of BURST_TIME when
-        // that is more (a fast path's turns take longer than `burst` segments' gaps, and a
-        // fixed count would cap the rate at `burst` segments per turn).
-        let burst = ((self.cfg.burst.max(1) * self.smss) as f64 / rate).max(BURST_TIME_NS) as u64;
-        let t = now_ns(now);
-        self.pace_ns = self.pace_ns.max(t.saturating_sub(burst)) + gap;
+        let rate = Rate {
+            cwnd: self.cc.cwnd,
+            rtt,
+            slow_start: self.cc.slow_start(),
+            smss: self.smss,
+            burst: self.cfg.burst,
+        };
+        self.pacer.sent(now, bytes, rate);
     }
 
     /// Sends the data (and FIN) of `[start, end)` from the send ring.
@@ -223,7 +215,7 @@ impl Conn {
         emit: &mut dyn FnMut(&Out<'_>) -> bool,
     ) -> usize {
         let mut n = 0;
-        self.pace_blocked = false;
+        self.pacer.new_pass();
         if let Some(seq) = self.rst_due_for.take() {
             let o = Out {
                 seq,
@@ -281,7 +273,6 @@ impl Conn {
                 break;
             }
             if !self.pace_ok(now) {
-                self.pace_blocked = true;
                 break;
             }
             if !self.send_range(now, s.start, s.end, s.fin, emit) {
@@ -388,7 +379,6 @@ impl Conn {
                 break;
             }
             if !force && !self.pace_ok(now) {
-                self.pace_blocked = true;
                 break;
             }
             let start = self.snd_nxt;

@@ -29,8 +29,7 @@ impl Conn {
         if let Some(u) = self.user_deadline() {
             t = Some(t.map_or(u, |t| t.min(u)));
         }
-        if self.pace_blocked {
-            let p = Instant::from_micros((self.pace_ns / 1000) as i64 + 1);
+        if let Some(p) = self.pacer.deadline() {
             t = Some(t.map_or(p, |t| t.min(p)));
         }
         t

@@ -128,3 +128,37 @@ impl CookieProgram for Arc<Steer> {
         matches!(self.run(move |s| s.set_syn_cookies(port, on)), Ok(Ok(true)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread_name() -> String {
+        std::thread::current().name().unwrap_or("").to_string()
+    }
+
+    #[test]
+    fn jobs_run_on_the_steward_while_it_serves_and_here_otherwise() -> Result<(), Error> {
+        let steward = Arc::new(Steward::default());
+        let here = thread_name();
+        assert_eq!(steward.run(thread_name)?, here, "before the cores start");
+
+        let jobs = steward.open();
+        let served = std::thread::Builder::new()
+            .name("steward-test".into())
+            .spawn(move || serve(jobs))
+            .map_err(Error::Io)?;
+        assert_eq!(steward.run(thread_name)?, "steward-test");
+        // A job that panics answers with an error; the steward goes on.
+        let panicked = steward.run(|| -> u32 { panic!("a map update went wrong") });
+        assert!(panicked.is_err());
+        assert_eq!(steward.run(|| 7)?, 7);
+
+        steward.close();
+        served
+            .join()
+            .map_err(|_| Error::Config("the steward panicked".into()))?;
+        assert_eq!(steward.run(thread_name)?, here, "after the cores end");
+        Ok(())
+    }
+}

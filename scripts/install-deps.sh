@@ -7,7 +7,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 pkgs=(build-essential pkg-config clang llvm m4 libelf-dev zlib1g-dev libbpf-dev libhwloc-dev
-      libudev-dev linux-libc-dev iproute2 ethtool nftables iputils-ping util-linux python3 curl wrk nginx
+      libudev-dev linux-libc-dev iproute2 ethtool nftables iputils-ping util-linux python3 curl wrk nginx tcpdump
       fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do

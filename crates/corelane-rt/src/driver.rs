@@ -15,6 +15,7 @@ use corelane_xsk::XskQueue;
 use tokio::io::unix::AsyncFd;
 
 use crate::PollMode;
+use crate::capture::{Change, CoreCapture};
 use crate::lane::Core;
 use crate::peers::CorePeers;
 
@@ -41,6 +42,8 @@ pub(crate) struct Driver {
     pub(crate) warned_checksums: bool,
     /// This core's slot of the live statistics (None when they are off).
     pub(crate) publish: Option<crate::publish::Publish>,
+    /// Packet capture, when a reader asks (through the stats file).
+    pub(crate) capture: Option<CoreCapture>,
     /// Listener ports that answered SYNs with cookies this turn.
     pub(crate) cookie_ports: Vec<u16>,
     /// When this core next looks whether a SYN flood is over.
@@ -97,6 +100,18 @@ impl Driver {
         core.shared
             .cookies
             .share_sent(&mut self.cookies_seen, &mut stack);
+        if let Some(c) = &mut self.capture {
+            match c.turn(clock) {
+                Some(Change::Install(tap)) => self.pipe.dev.set_tap(Some(tap)),
+                Some(Change::Clock(ns)) => {
+                    if let Some(t) = self.pipe.dev.tap_mut() {
+                        t.clock(ns);
+                    }
+                }
+                Some(Change::Remove) => self.pipe.dev.set_tap(None),
+                None => {}
+            }
+        }
         let turn = self.pipe.turn(&mut stack, now, &mut self.peers);
         if let Some(e) = &turn.tx_error {
             tracing::warn!("core {}: transmit: {e}", core.index);

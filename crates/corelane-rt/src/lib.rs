@@ -42,6 +42,7 @@ mod addrs;
 mod builder;
 mod builder_life;
 mod builder_tcp;
+mod capture;
 mod cidr;
 mod control;
 mod cookies;

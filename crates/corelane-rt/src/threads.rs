@@ -136,6 +136,13 @@ impl Runtime {
                 .as_ref()
                 .and_then(|p| p.core(info.index))
                 .map(|w| crate::publish::Publish::new(w, info.index)),
+            capture: self
+                .shared
+                .telemetry
+                .publisher
+                .as_ref()
+                .and_then(|p| p.core(info.index))
+                .map(|w| crate::capture::CoreCapture::new(w, epoch)),
             cookie_ports: Vec::new(),
             cookie_check_at: None,
             cookies_seen: 0,

@@ -46,6 +46,16 @@ pub struct DeviceStats {
     pub rx_ring_drops: u64,
 }
 
+/// Sees the frames a device takes from its queue and the frames it sends, while set (a packet
+/// capture: see [`XdpDevice::set_tap`]). Frames handed over from another core are not seen
+/// again: the core whose queue received them saw them.
+pub trait Tap: Send {
+    /// The time of the frames that follow, in Unix nanoseconds (set once per turn).
+    fn clock(&mut self, unix_ns: u64);
+    /// A frame received (`outbound` false) or about to be sent.
+    fn frame(&mut self, outbound: bool, bytes: &[u8]);
+}
+
 /// The device. `B` is the batch size: frames pulled from the RX ring per call and sent per kick.
 #[derive(Debug)]
 pub struct XdpDevice<P: FrameIo> {
@@ -60,6 +70,13 @@ pub struct XdpDevice<P: FrameIo> {
     mtu: usize,
     strict: bool,
     stats: DeviceStats,
+    tap: Option<Box<dyn Tap>>,
+}
+
+impl std::fmt::Debug for dyn Tap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tap")
+    }
 }
 
 impl std::ops::AddAssign for DeviceStats {
@@ -96,7 +113,19 @@ impl<P: FrameIo> XdpDevice<P> {
             mtu,
             strict: cfg!(debug_assertions),
             stats: DeviceStats::default(),
+            tap: None,
         }
+    }
+
+    /// Starts (`Some`) or stops showing every frame received from the queue and sent to a
+    /// [`Tap`]. Without one, the frame path pays one branch per batch.
+    pub fn set_tap(&mut self, tap: Option<Box<dyn Tap>>) {
+        self.tap = tap;
+    }
+
+    /// The tap, while one is set.
+    pub fn tap_mut(&mut self) -> Option<&mut (dyn Tap + 'static)> {
+        self.tap.as_deref_mut()
     }
 
     /// The frame I/O underneath.
@@ -160,6 +189,12 @@ impl<P: FrameIo> XdpDevice<P> {
     pub fn recv_batch(&mut self) -> usize {
         let n = self.io.recv(&mut self.incoming, self.batch);
         self.stats.rx_frames += n as u64;
+        if let Some(tap) = &mut self.tap {
+            let fresh = self.incoming.len() - n;
+            for f in self.incoming.iter().skip(fresh) {
+                tap.frame(false, self.io.bytes(f));
+            }
+        }
         n
     }
 
@@ -239,8 +274,7 @@ impl<P: FrameIo> XdpDevice<P> {
     /// receive frames to the fill ring and reclaims completed transmit frames.
     pub fn flush(&mut self) -> io::Result<()> {
         if !self.tx_out.is_empty() {
-            self.stats.tx_batches += 1;
-            self.io.send(&mut self.tx_out)?;
+            self.send_out()?;
         }
         if !self.rx_done.is_empty() {
             self.io.release(&mut self.rx_done);
@@ -260,12 +294,22 @@ impl<P: FrameIo> XdpDevice<P> {
         Ok(())
     }
 
-    fn ensure_tx_frame(&mut self) -> bool {
-        if self.tx_out.len() >= self.batch {
-            self.stats.tx_batches += 1;
-            if let Err(e) = self.io.send(&mut self.tx_out) {
-                tracing::warn!("transmit kick failed: {e}");
+    /// Sends the queued frames with one kick (the tap sees them first).
+    fn send_out(&mut self) -> io::Result<usize> {
+        self.stats.tx_batches += 1;
+        if let Some(tap) = &mut self.tap {
+            for f in &self.tx_out {
+                tap.frame(true, self.io.bytes(f));
             }
+        }
+        self.io.send(&mut self.tx_out)
+    }
+
+    fn ensure_tx_frame(&mut self) -> bool {
+        if self.tx_out.len() >= self.batch
+            && let Err(e) = self.send_out()
+        {
+            tracing::warn!("transmit kick failed: {e}");
         }
         if self.tx_free.is_empty() && self.io.alloc(&mut self.tx_free, self.batch) == 0 {
             // Reclaim completed frames and try once more.
@@ -502,5 +546,60 @@ mod tests {
             smoltcp::phy::RxToken::consume(rx, |b: &[u8]| seen.push(b[b.len() - 1]));
         }
         assert_eq!(seen, vec![1, 2, 4, 5, 7, 8]);
+    }
+
+    /// A tap that keeps what it sees.
+    struct Seen(
+        std::sync::Arc<std::sync::Mutex<Vec<(bool, usize, u64)>>>,
+        u64,
+    );
+
+    impl Tap for Seen {
+        fn clock(&mut self, unix_ns: u64) {
+            self.1 = unix_ns;
+        }
+        fn frame(&mut self, outbound: bool, bytes: &[u8]) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push((outbound, bytes.len(), self.1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_tap_sees_every_frame_received_and_sent_while_set() {
+        let (mut a, b) = MemLink::default().pair();
+        let mut dev = XdpDevice::new(b, 1500, 8);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        assert!(a.inject(&[0u8; 100]));
+        dev.pull_batch();
+        send(&mut dev, 60);
+        dev.flush().unwrap();
+        dev.set_tap(Some(Box::new(Seen(seen.clone(), 0))));
+        if let Some(t) = dev.tap_mut() {
+            t.clock(7);
+        }
+        assert!(a.inject(&[0u8; 200]));
+        assert!(a.inject(&[0u8; 300]));
+        dev.pull_batch();
+        // A frame handed over from another core was seen there: not again here.
+        assert!(dev.inject(&[0u8; 64], 1));
+        send(&mut dev, 70);
+        send(&mut dev, 80);
+        dev.flush().unwrap();
+        dev.set_tap(None);
+        assert!(a.inject(&[0u8; 400]));
+        dev.pull_batch();
+        send(&mut dev, 90);
+        dev.flush().unwrap();
+        let v = seen.lock().map(|v| v.clone()).unwrap_or_default();
+        assert_eq!(
+            v,
+            [
+                (false, 200, 7),
+                (false, 300, 7),
+                (true, 70, 7),
+                (true, 80, 7)
+            ]
+        );
     }
 }

@@ -42,7 +42,7 @@ pub mod udp;
 pub use classify::{Class, FlowKey};
 pub use config::{DEFAULT_TCP_MEM_LIMIT, EPHEMERAL_START, MAX_ADDRS, StackConfig, StackError};
 pub use corelane_frame::Proto;
-pub use device::{DeviceStats, RxToken, TxToken, XdpDevice};
+pub use device::{DeviceStats, RxToken, Tap, TxToken, XdpDevice};
 pub use flows::FlowTable;
 pub use node::{Node, Pair};
 pub use pipeline::{

@@ -89,6 +89,8 @@ impl Publisher {
         put(H_CONN_STRIDE, layout.conn_stride as u64);
         put(H_NAMES_AT, layout.names_at as u64);
         put(H_NAMES_LEN, layout.names_len as u64);
+        put(H_CAP_AT, layout.cap_at as u64);
+        put(H_CAP_RING, layout.cap_ring as u64);
         let name_bytes = ifname.as_bytes();
         for (i, word) in pack(&name_bytes[..name_bytes.len().min(31)])
             .into_iter()
@@ -202,5 +204,12 @@ impl CoreWriter {
         w[base + C_TOTAL].store(total, Ordering::Relaxed);
         w[base + C_SEQ].store((seq | 1).wrapping_add(1), Ordering::Release);
         w[base + C_SERVED].store(want, Ordering::Release);
+    }
+}
+
+impl CoreWriter {
+    /// The core's side of packet capture (see [`CaptureTap`]).
+    pub fn capture_tap(&self) -> CaptureTap {
+        CaptureTap::new(self.map.clone(), &self.layout, self.index)
     }
 }

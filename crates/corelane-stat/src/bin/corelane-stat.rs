@@ -9,6 +9,9 @@
 //!   top [--interval S] [--count N]
 //!                        per-core rates every S seconds (default 1), the slowest stage marked
 //!   prometheus           the metrics in Prometheus' text format
+//!   capture -w FILE [-c N] [-s SNAP] [--seconds S] [--host H] [--port P] [--proto P]
+//!                        frames received and sent, as pcapng (Wireshark, tcpdump -r),
+//!                        every core's merged by time; until N frames, S seconds or Ctrl-C
 //! ```
 //!
 //! It finds runtimes under `/run/corelane` (or `CORELANE_RUN_DIR`) in its own network namespace
@@ -23,7 +26,8 @@ use std::time::{Duration, Instant, SystemTime};
 use corelane_stat::{ConnSnapshot, CoreCounters, Stats};
 
 const USAGE: &str = "usage: corelane-stat [--iface IF] [--all] [--json] \
-[list | conns [--state S] [--port P] | cores | top [--interval S] [--count N] | prometheus]";
+[list | conns [--state S] [--port P] | cores | top [--interval S] [--count N] | prometheus \
+| capture -w FILE [-c N] [-s SNAP] [--seconds S] [--host H] [--port P] [--proto tcp|udp|icmp|icmp6|N]]";
 
 #[derive(Debug, Default)]
 struct Args {
@@ -35,6 +39,11 @@ struct Args {
     port: Option<u16>,
     interval: f64,
     count: Option<u64>,
+    write: Option<String>,
+    snap: Option<usize>,
+    seconds: Option<f64>,
+    host: Option<std::net::IpAddr>,
+    proto: Option<u8>,
 }
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -63,7 +72,44 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     .filter(|s: &f64| *s >= 0.1)
                     .ok_or("--interval takes seconds, at least 0.1")?
             }
-            "--count" => {
+            "-w" | "--write" => a.write = Some(value("-w")?),
+            "-s" | "--snap" => {
+                a.snap = Some(
+                    value("-s")?
+                        .parse()
+                        .ok()
+                        .filter(|s| (14..=65535).contains(s))
+                        .ok_or("-s takes bytes, 14 to 65535")?,
+                )
+            }
+            "--seconds" => {
+                a.seconds = Some(
+                    value("--seconds")?
+                        .parse()
+                        .ok()
+                        .filter(|s: &f64| *s > 0.0)
+                        .ok_or("--seconds takes a positive number")?,
+                )
+            }
+            "--host" => {
+                a.host = Some(
+                    value("--host")?
+                        .parse()
+                        .map_err(|_| "--host takes an IPv4 or IPv6 address")?,
+                )
+            }
+            "--proto" => {
+                a.proto = Some(match value("--proto")?.as_str() {
+                    "tcp" => 6,
+                    "udp" => 17,
+                    "icmp" => 1,
+                    "icmp6" | "icmpv6" => 58,
+                    n => n
+                        .parse()
+                        .map_err(|_| "--proto takes tcp, udp, icmp, icmp6 or a number")?,
+                })
+            }
+            "--count" | "-c" => {
                 a.count = Some(
                     value("--count")?
                         .parse()
@@ -436,6 +482,55 @@ fn print_rates(
     }
 }
 
+fn capture(a: &Args) -> Result<(), String> {
+    let Some(path) = &a.write else {
+        return Err(format!(
+            "capture needs -w FILE (- for standard output)\n{USAGE}"
+        ));
+    };
+    let s = open_one(a)?;
+    if !s.alive() {
+        return Err(format!("the runtime on {} has ended", s.ifname()));
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("signals: {e}"))?;
+    }
+    let filter = corelane_stat::Filter {
+        proto: a.proto,
+        port: a.port,
+        host: a.host,
+    };
+    let until = a
+        .seconds
+        .map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let snap = a.snap.unwrap_or(65535);
+    let done = if path == "-" {
+        let out = std::io::BufWriter::new(std::io::stdout().lock());
+        corelane_stat::record(&s, filter, snap, a.count, until, &stop, out)
+    } else {
+        let file = std::fs::File::create(path).map_err(|e| format!("{path}: {e}"))?;
+        let out = std::io::BufWriter::new(file);
+        corelane_stat::record(&s, filter, snap, a.count, until, &stop, out)
+    }
+    .map_err(|e| format!("capture on {}: {e}", s.ifname()))?;
+    eprintln!(
+        "{} frame(s) captured on {}{}",
+        done.frames,
+        s.ifname(),
+        if done.dropped > 0 {
+            format!(
+                "; {} more dropped from a full capture ring (the frames themselves went on: \
+                 narrow the filter or lower -s)",
+                done.dropped
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
 fn run(a: &Args) -> Result<(), String> {
     match a.command.as_str() {
         "" => {
@@ -449,6 +544,7 @@ fn run(a: &Args) -> Result<(), String> {
         "conns" | "connections" => conns(a),
         "cores" => cores(a),
         "top" => top(a),
+        "capture" => capture(a),
         "prometheus" | "metrics" => {
             print!("{}", corelane_stat::prometheus(&open_one(a)?));
             Ok(())

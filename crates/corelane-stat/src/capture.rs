@@ -1,0 +1,400 @@
+//! Packet capture from the fast path, in the stats file.
+//!
+//! A reader ([`Stats::capture`]) writes a filter and a lease (a time until which it wants
+//! frames, renewed while it runs) into the control block. Each core looks at the lease once per
+//! turn; while it holds, the core's [`CaptureTap`] copies the frames it receives and sends that
+//! pass the filter, cut to the snap length, into the core's own ring, which only that core
+//! writes and only the reader consumes. A full ring drops the copy (counted), never the frame;
+//! a reader that dies stops the copying when its lease runs out (a second).
+//!
+//! A ring is words: `head` (bytes written, the core's), `tail` (bytes consumed, the reader's),
+//! the counts of copies dropped and kept, then the data. A record is two words (lengths,
+//! direction and a mark; the time in Unix nanoseconds) and the frame's bytes, packed in words;
+//! a record never wraps: where the end of the ring is too near, a skip mark sends the reader
+//! back to the start.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::map::Mapping;
+use crate::{Layout, Stats, now_ns};
+
+/// Words of the control block.
+pub(crate) const CONTROL_WORDS: usize = 16;
+/// Words before a ring's data.
+pub(crate) const R_DATA: usize = 8;
+/// Data words of each core's ring: 2 MiB (tmpfs pages are only taken once written).
+#[cfg(not(test))]
+pub(crate) const RING_WORDS: usize = 1 << 18;
+/// A small ring in tests, so that they fill it.
+#[cfg(test)]
+pub(crate) const RING_WORDS: usize = 1 << 12;
+/// The smallest ring a reader accepts.
+pub(crate) const MIN_RING_WORDS: usize = 1024;
+/// How long a lease lasts: a reader renews it well within.
+pub(crate) const LEASE: Duration = Duration::from_secs(1);
+
+// The control block.
+const K_LEASE: usize = 0;
+const K_GEN: usize = 1;
+const K_SNAP: usize = 2;
+const K_PROTO: usize = 3;
+const K_PORT: usize = 4;
+const K_FAMILY: usize = 5;
+const K_HOST: usize = 6; // two words
+
+// A ring's head words.
+const R_HEAD: usize = 0;
+const R_TAIL: usize = 1;
+const R_DROPPED: usize = 2;
+const R_KEPT: usize = 3;
+
+const MARK_RECORD: u64 = 0xa5;
+const MARK_SKIP: u64 = 0x5a;
+
+/// Which frames a capture keeps. The default keeps every frame.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// IP protocol number (6 TCP, 17 UDP, 1 ICMP, 58 ICMPv6).
+    pub proto: Option<u8>,
+    /// Source or destination port (TCP or UDP).
+    pub port: Option<u16>,
+    /// Source or destination address.
+    pub host: Option<IpAddr>,
+}
+
+impl Filter {
+    fn is_all(&self) -> bool {
+        *self == Filter::default()
+    }
+
+    /// Whether `frame` (Ethernet) passes. Frames that are not IP pass only a filter that
+    /// keeps everything; a frame too short for what the filter asks about does not pass.
+    pub fn matches(&self, frame: &[u8]) -> bool {
+        if self.is_all() {
+            return true;
+        }
+        let Some(ethertype) = frame.get(12..14) else {
+            return false;
+        };
+        let (proto, src, dst, l4) = match u16::from_be_bytes([ethertype[0], ethertype[1]]) {
+            0x0800 => {
+                let Some(ip) = frame.get(14..34) else {
+                    return false;
+                };
+                let ihl = usize::from(ip[0] & 0x0f) * 4;
+                let src = IpAddr::from([ip[12], ip[13], ip[14], ip[15]]);
+                let dst = IpAddr::from([ip[16], ip[17], ip[18], ip[19]]);
+                // Only the first fragment has the ports.
+                let first = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
+                (ip[9], src, dst, first.then_some(14 + ihl))
+            }
+            0x86dd => {
+                let Some(ip) = frame.get(14..54) else {
+                    return false;
+                };
+                let mut s = [0u8; 16];
+                let mut d = [0u8; 16];
+                s.copy_from_slice(&ip[8..24]);
+                d.copy_from_slice(&ip[24..40]);
+                (ip[6], IpAddr::from(s), IpAddr::from(d), Some(54))
+            }
+            _ => return false,
+        };
+        if self.proto.is_some_and(|p| p != proto) {
+            return false;
+        }
+        if self.host.is_some_and(|h| h != src && h != dst) {
+            return false;
+        }
+        match self.port {
+            None => true,
+            Some(port) => {
+                if proto != 6 && proto != 17 {
+                    return false;
+                }
+                let Some(ports) = l4.and_then(|at| frame.get(at..at + 4)) else {
+                    return false;
+                };
+                let sp = u16::from_be_bytes([ports[0], ports[1]]);
+                let dp = u16::from_be_bytes([ports[2], ports[3]]);
+                sp == port || dp == port
+            }
+        }
+    }
+
+    fn store(&self, w: &[AtomicU64], at: usize) {
+        let put = |i: usize, v: u64| w[at + i].store(v, Ordering::Relaxed);
+        put(K_PROTO, self.proto.map_or(0, |p| 0x100 | u64::from(p)));
+        put(K_PORT, self.port.map_or(0, |p| 0x1_0000 | u64::from(p)));
+        let (family, bytes) = match self.host {
+            None => (0, [0u8; 16]),
+            Some(IpAddr::V4(a)) => {
+                let mut b = [0u8; 16];
+                b[..4].copy_from_slice(&a.octets());
+                (4, b)
+            }
+            Some(IpAddr::V6(a)) => (6, a.octets()),
+        };
+        put(K_FAMILY, family);
+        put(
+            K_HOST,
+            u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8])),
+        );
+        put(
+            K_HOST + 1,
+            u64::from_le_bytes(bytes[8..].try_into().unwrap_or([0; 8])),
+        );
+    }
+
+    fn load(w: &[AtomicU64], at: usize) -> Filter {
+        let get = |i: usize| w[at + i].load(Ordering::Relaxed);
+        let proto = get(K_PROTO);
+        let port = get(K_PORT);
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&get(K_HOST).to_le_bytes());
+        bytes[8..].copy_from_slice(&get(K_HOST + 1).to_le_bytes());
+        let host = match get(K_FAMILY) {
+            4 => Some(IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])),
+            6 => Some(IpAddr::from(bytes)),
+            _ => None,
+        };
+        Filter {
+            proto: (proto & 0x100 != 0).then_some(proto as u8),
+            port: (port & 0x1_0000 != 0).then_some(port as u16),
+            host,
+        }
+    }
+}
+
+/// One core's writing side: owned by the core, it copies frames into the core's ring while a
+/// reader's lease holds.
+#[derive(Debug)]
+pub struct CaptureTap {
+    map: Arc<Mapping>,
+    control: usize,
+    ring: usize,
+    words: usize,
+    generation: u64,
+    filter: Filter,
+    snap: usize,
+}
+
+impl CaptureTap {
+    pub(crate) fn new(map: Arc<Mapping>, layout: &Layout, core: usize) -> CaptureTap {
+        CaptureTap {
+            map,
+            control: layout.cap_at,
+            ring: layout.cap_at + CONTROL_WORDS + core * layout.cap_stride(),
+            words: layout.cap_ring,
+            generation: 0,
+            filter: Filter::default(),
+            snap: 0,
+        }
+    }
+
+    /// Whether a reader wants frames at `now_ns` (Unix nanoseconds). One load while nobody
+    /// captures; a new capture's filter and snap length are read when it starts.
+    pub fn wanted(&mut self, now_ns: u64) -> bool {
+        let w = self.map.words();
+        if w[self.control + K_LEASE].load(Ordering::Acquire) <= now_ns {
+            return false;
+        }
+        let generation = w[self.control + K_GEN].load(Ordering::Acquire);
+        if generation != self.generation {
+            self.generation = generation;
+            self.filter = Filter::load(w, self.control);
+            self.snap = w[self.control + K_SNAP]
+                .load(Ordering::Relaxed)
+                .clamp(14, 65535) as usize;
+        }
+        true
+    }
+
+    /// The capture the last [`wanted`](Self::wanted) saw (a new one starts with a new number).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Copies `frame` (received when `outbound` is false) into the ring when it passes the
+    /// filter; `at_ns` is its time (Unix nanoseconds). Returns whether it was kept.
+    pub fn frame(&mut self, outbound: bool, at_ns: u64, frame: &[u8]) -> bool {
+        if !self.filter.matches(frame) {
+            return false;
+        }
+        let w = self.map.words();
+        let r = self.ring;
+        let keep = frame.len().min(self.snap);
+        let need = 2 + keep.div_ceil(8);
+        let head = w[r + R_HEAD].load(Ordering::Relaxed) as usize / 8;
+        let tail = w[r + R_TAIL].load(Ordering::Acquire) as usize / 8;
+        let at = head % self.words;
+        // A record does not wrap: the rest of the ring is skipped when it is too short.
+        let skip = if at + need > self.words {
+            self.words - at
+        } else {
+            0
+        };
+        if head.wrapping_sub(tail) + skip + need > self.words {
+            w[r + R_DROPPED].fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let data = r + R_DATA;
+        if skip > 0 {
+            w[data + at].store(MARK_SKIP << 56, Ordering::Relaxed);
+        }
+        let at = (head + skip) % self.words;
+        let dir = if outbound { 2u64 } else { 1 };
+        let first =
+            keep as u64 | (frame.len().min(0xffff) as u64) << 32 | dir << 48 | MARK_RECORD << 56;
+        w[data + at].store(first, Ordering::Relaxed);
+        w[data + at + 1].store(at_ns, Ordering::Relaxed);
+        for (i, chunk) in frame[..keep].chunks(8).enumerate() {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            w[data + at + 2 + i].store(u64::from_le_bytes(b), Ordering::Relaxed);
+        }
+        w[r + R_KEPT].fetch_add(1, Ordering::Relaxed);
+        w[r + R_HEAD].store(((head + skip + need) * 8) as u64, Ordering::Release);
+        true
+    }
+}
+
+/// A frame a capture kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The core that saw it.
+    pub core: usize,
+    /// Sent by the runtime (else received).
+    pub outbound: bool,
+    /// When (Unix nanoseconds; the core's turn that handled it).
+    pub at_ns: u64,
+    /// Its length on the wire.
+    pub len: usize,
+    /// Its first bytes, up to the snap length.
+    pub bytes: Vec<u8>,
+}
+
+/// A running capture: the reader's side. Dropping it ends the capture.
+#[derive(Debug)]
+pub struct Capture<'a> {
+    stats: &'a Stats,
+}
+
+impl Stats {
+    /// Starts capturing the frames that pass `filter`, each cut to `snap` bytes, on every
+    /// core (see the module). One capture at a time: a second reader takes it over.
+    ///
+    /// # Errors
+    /// This user may not write the stats file (capture needs the server's user or root).
+    pub fn capture(&self, filter: Filter, snap: usize) -> std::io::Result<Capture<'_>> {
+        if !self.map.writable() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "{}: read-only to this user; capture needs the server's user or root",
+                    self.path().display()
+                ),
+            ));
+        }
+        let w = self.map.words();
+        let l = &self.layout;
+        filter.store(w, l.cap_at);
+        w[l.cap_at + K_SNAP].store(snap.clamp(14, 65535) as u64, Ordering::Relaxed);
+        // What is in the rings from an earlier capture is not this one's.
+        for core in 0..l.cores {
+            let r = l.cap_at + CONTROL_WORDS + core * l.cap_stride();
+            let head = w[r + R_HEAD].load(Ordering::Acquire);
+            w[r + R_TAIL].store(head, Ordering::Release);
+        }
+        w[l.cap_at + K_GEN].fetch_add(1, Ordering::AcqRel);
+        let c = Capture { stats: self };
+        c.renew();
+        Ok(c)
+    }
+}
+
+impl Capture<'_> {
+    fn words(&self) -> &[AtomicU64] {
+        self.stats.map.words()
+    }
+
+    fn ring(&self, core: usize) -> usize {
+        let l = &self.stats.layout;
+        l.cap_at + CONTROL_WORDS + core * l.cap_stride()
+    }
+
+    /// Keeps the capture on for another [`LEASE`]; call it more often than that.
+    pub fn renew(&self) {
+        let until = now_ns() + LEASE.as_nanos() as u64;
+        self.words()[self.stats.layout.cap_at + K_LEASE].store(until, Ordering::Release);
+    }
+
+    /// Copies dropped so far because a core's ring was full, per core (counted since the
+    /// runtime started).
+    pub fn dropped(&self) -> Vec<u64> {
+        (0..self.stats.layout.cores)
+            .map(|c| self.words()[self.ring(c) + R_DROPPED].load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Takes what every core's ring holds, each core's in its order.
+    pub fn drain(&mut self) -> Vec<Record> {
+        let mut out = Vec::new();
+        for core in 0..self.stats.layout.cores {
+            self.drain_core(core, &mut out);
+        }
+        out
+    }
+
+    fn drain_core(&self, core: usize, out: &mut Vec<Record>) {
+        let w = self.words();
+        let size = self.stats.layout.cap_ring;
+        let r = self.ring(core);
+        let data = r + R_DATA;
+        let head = w[r + R_HEAD].load(Ordering::Acquire) as usize / 8;
+        let mut tail = w[r + R_TAIL].load(Ordering::Relaxed) as usize / 8;
+        // A head more than a ring ahead is not a core's: start over from it.
+        if head.wrapping_sub(tail) > size {
+            tail = head;
+        }
+        while tail < head {
+            let at = tail % size;
+            let first = w[data + at].load(Ordering::Relaxed);
+            if first >> 56 == MARK_SKIP {
+                tail += size - at;
+                continue;
+            }
+            let keep = (first & 0xffff_ffff) as usize;
+            let need = 2 + keep.div_ceil(8);
+            if first >> 56 != MARK_RECORD || at + need > size || tail + need > head {
+                // Not a record a core wrote: the rest is given up.
+                tail = head;
+                break;
+            }
+            let mut bytes = Vec::with_capacity(keep);
+            for i in 0..keep.div_ceil(8) {
+                bytes
+                    .extend_from_slice(&w[data + at + 2 + i].load(Ordering::Relaxed).to_le_bytes());
+            }
+            bytes.truncate(keep);
+            out.push(Record {
+                core,
+                outbound: (first >> 48) & 0xff == 2,
+                at_ns: w[data + at + 1].load(Ordering::Relaxed),
+                len: ((first >> 32) & 0xffff) as usize,
+                bytes,
+            });
+            tail += need;
+        }
+        w[r + R_TAIL].store((tail * 8) as u64, Ordering::Release);
+    }
+}
+
+impl Drop for Capture<'_> {
+    fn drop(&mut self) {
+        self.words()[self.stats.layout.cap_at + K_LEASE].store(0, Ordering::Release);
+    }
+}

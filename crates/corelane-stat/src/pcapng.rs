@@ -1,0 +1,163 @@
+//! pcapng (the format Wireshark and `tcpdump -r` read): a section header, one Ethernet
+//! interface with nanosecond timestamps, and an enhanced packet block per frame with its
+//! direction.
+
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::{Filter, Record, Stats, now_ns};
+
+const SHB: u32 = 0x0a0d_0d0a;
+const IDB: u32 = 1;
+const EPB: u32 = 6;
+const LINKTYPE_ETHERNET: u16 = 1;
+const OPT_END: u16 = 0;
+const IF_NAME: u16 = 2;
+const IF_TSRESOL: u16 = 9;
+const EPB_FLAGS: u16 = 2;
+
+/// A pcapng writer over `W`.
+#[derive(Debug)]
+pub struct PcapNg<W: Write> {
+    out: W,
+}
+
+fn option(buf: &mut Vec<u8>, code: u16, value: &[u8]) {
+    buf.extend_from_slice(&code.to_le_bytes());
+    buf.extend_from_slice(&(value.len() as u16).to_le_bytes());
+    buf.extend_from_slice(value);
+    buf.resize(buf.len().next_multiple_of(4), 0);
+}
+
+fn block(kind: u32, body: &[u8]) -> Vec<u8> {
+    let len = (12 + body.len().next_multiple_of(4)) as u32;
+    let mut b = Vec::with_capacity(len as usize);
+    b.extend_from_slice(&kind.to_le_bytes());
+    b.extend_from_slice(&len.to_le_bytes());
+    b.extend_from_slice(body);
+    b.resize(b.len().next_multiple_of(4), 0);
+    b.extend_from_slice(&len.to_le_bytes());
+    b
+}
+
+impl<W: Write> PcapNg<W> {
+    /// Writes the section header and the interface (`name`, frames cut to `snap` bytes).
+    ///
+    /// # Errors
+    /// Writing failed.
+    pub fn new(mut out: W, name: &str, snap: usize) -> io::Result<PcapNg<W>> {
+        let mut shb = Vec::new();
+        shb.extend_from_slice(&0x1a2b_3c4du32.to_le_bytes());
+        shb.extend_from_slice(&1u16.to_le_bytes());
+        shb.extend_from_slice(&0u16.to_le_bytes());
+        shb.extend_from_slice(&(-1i64).to_le_bytes());
+        out.write_all(&block(SHB, &shb))?;
+        let mut idb = Vec::new();
+        idb.extend_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
+        idb.extend_from_slice(&0u16.to_le_bytes());
+        idb.extend_from_slice(&(snap as u32).to_le_bytes());
+        option(&mut idb, IF_NAME, name.as_bytes());
+        option(&mut idb, IF_TSRESOL, &[9]);
+        option(&mut idb, OPT_END, &[]);
+        out.write_all(&block(IDB, &idb))?;
+        Ok(PcapNg { out })
+    }
+
+    /// Writes one frame.
+    ///
+    /// # Errors
+    /// Writing failed.
+    pub fn write(&mut self, r: &Record) -> io::Result<()> {
+        let mut epb = Vec::with_capacity(32 + r.bytes.len());
+        epb.extend_from_slice(&0u32.to_le_bytes());
+        epb.extend_from_slice(&((r.at_ns >> 32) as u32).to_le_bytes());
+        epb.extend_from_slice(&(r.at_ns as u32).to_le_bytes());
+        epb.extend_from_slice(&(r.bytes.len() as u32).to_le_bytes());
+        epb.extend_from_slice(&(r.len.max(r.bytes.len()) as u32).to_le_bytes());
+        epb.extend_from_slice(&r.bytes);
+        epb.resize(epb.len().next_multiple_of(4), 0);
+        // Direction: 1 inbound, 2 outbound.
+        let flags: u32 = if r.outbound { 2 } else { 1 };
+        option(&mut epb, EPB_FLAGS, &flags.to_le_bytes());
+        option(&mut epb, OPT_END, &[]);
+        self.out.write_all(&block(EPB, &epb))
+    }
+
+    /// Flushes and returns the writer.
+    ///
+    /// # Errors
+    /// Flushing failed.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// What [`record`] wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// Frames written.
+    pub frames: u64,
+    /// Copies the cores dropped because their ring was full (the frames themselves went on).
+    pub dropped: u64,
+}
+
+/// How long a frame waits for those of other cores before it is written: a core stamps a
+/// frame with its turn's time and writes it within that turn.
+const MERGE_DELAY: Duration = Duration::from_millis(20);
+
+/// Captures the frames that pass `filter` (cut to `snap` bytes) from every core of the
+/// runtime `stats` reads, merged by time, into `out` as pcapng, until `count` frames are
+/// written, `until` passes or `stop` is set.
+///
+/// # Errors
+/// The capture cannot start (see [`Stats::capture`]) or writing failed.
+pub fn record<W: Write>(
+    stats: &Stats,
+    filter: Filter,
+    snap: usize,
+    count: Option<u64>,
+    until: Option<Instant>,
+    stop: &AtomicBool,
+    out: W,
+) -> io::Result<Recorded> {
+    let snap = snap.clamp(14, 65535);
+    let mut pcap = PcapNg::new(out, &stats.ifname(), snap)?;
+    let mut cap = stats.capture(filter, snap)?;
+    let dropped_before: u64 = cap.dropped().iter().sum();
+    let mut pending: Vec<Record> = Vec::new();
+    let mut done = Recorded::default();
+    let full = |done: &Recorded| count.is_some_and(|c| done.frames >= c);
+    loop {
+        let ending = stop.load(Ordering::Relaxed) || until.is_some_and(|u| Instant::now() >= u);
+        cap.renew();
+        pending.extend(cap.drain());
+        pending.sort_by_key(|r| (r.at_ns, r.core));
+        let ripe = if ending {
+            pending.len()
+        } else {
+            let cut = now_ns().saturating_sub(MERGE_DELAY.as_nanos() as u64);
+            pending.partition_point(|r| r.at_ns <= cut)
+        };
+        for r in pending.drain(..ripe) {
+            if full(&done) {
+                break;
+            }
+            pcap.write(&r)?;
+            done.frames += 1;
+        }
+        if ending || full(&done) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    done.dropped = cap
+        .dropped()
+        .iter()
+        .sum::<u64>()
+        .saturating_sub(dropped_before);
+    drop(cap);
+    pcap.finish()?;
+    Ok(done)
+}

@@ -69,19 +69,30 @@ impl<W: Write> PcapNg<W> {
     /// # Errors
     /// Writing failed.
     pub fn write(&mut self, r: &Record) -> io::Result<()> {
-        let mut epb = Vec::with_capacity(32 + r.bytes.len());
-        epb.extend_from_slice(&0u32.to_le_bytes());
-        epb.extend_from_slice(&((r.at_ns >> 32) as u32).to_le_bytes());
-        epb.extend_from_slice(&(r.at_ns as u32).to_le_bytes());
-        epb.extend_from_slice(&(r.bytes.len() as u32).to_le_bytes());
-        epb.extend_from_slice(&(r.len.max(r.bytes.len()) as u32).to_le_bytes());
-        epb.extend_from_slice(&r.bytes);
-        epb.resize(epb.len().next_multiple_of(4), 0);
+        let cap = r.bytes.len();
+        let pad = cap.next_multiple_of(4) - cap;
+        // Block type and length, 20 bytes of packet header, the data, its padding, the flags
+        // option (8 bytes), the end of options (4), the length again.
+        let len = (8 + 20 + cap + pad + 8 + 4 + 4) as u32;
         // Direction: 1 inbound, 2 outbound.
         let flags: u32 = if r.outbound { 2 } else { 1 };
-        option(&mut epb, EPB_FLAGS, &flags.to_le_bytes());
-        option(&mut epb, OPT_END, &[]);
-        self.out.write_all(&block(EPB, &epb))
+        let mut head = [0u8; 28];
+        head[..4].copy_from_slice(&EPB.to_le_bytes());
+        head[4..8].copy_from_slice(&len.to_le_bytes());
+        head[12..16].copy_from_slice(&((r.at_ns >> 32) as u32).to_le_bytes());
+        head[16..20].copy_from_slice(&(r.at_ns as u32).to_le_bytes());
+        head[20..24].copy_from_slice(&(cap as u32).to_le_bytes());
+        head[24..28].copy_from_slice(&(r.len.max(cap) as u32).to_le_bytes());
+        let mut tail = [0u8; 3 + 16];
+        let t = &mut tail[pad..pad + 16];
+        t[..2].copy_from_slice(&EPB_FLAGS.to_le_bytes());
+        t[2..4].copy_from_slice(&4u16.to_le_bytes());
+        t[4..8].copy_from_slice(&flags.to_le_bytes());
+        // t[8..12]: the end of options, zeros.
+        t[12..16].copy_from_slice(&len.to_le_bytes());
+        self.out.write_all(&head)?;
+        self.out.write_all(&r.bytes)?;
+        self.out.write_all(&tail[..pad + 16])
     }
 
     /// Flushes and returns the writer.
@@ -132,7 +143,9 @@ pub fn record<W: Write>(
     loop {
         let ending = stop.load(Ordering::Relaxed) || until.is_some_and(|u| Instant::now() >= u);
         cap.renew();
-        pending.extend(cap.drain());
+        let fresh = cap.drain();
+        let idle = fresh.is_empty();
+        pending.extend(fresh);
         pending.sort_by_key(|r| (r.at_ns, r.core));
         let ripe = if ending {
             pending.len()
@@ -150,7 +163,11 @@ pub fn record<W: Write>(
         if ending || full(&done) {
             break;
         }
-        std::thread::sleep(Duration::from_millis(5));
+        // A busy core fills its ring in a few milliseconds: drain again at once while frames
+        // come, rest a little when none did.
+        if idle {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
     done.dropped = cap
         .dropped()

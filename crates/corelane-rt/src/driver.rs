@@ -19,6 +19,10 @@ use crate::capture::{Change, CoreCapture};
 use crate::lane::Core;
 use crate::peers::CorePeers;
 
+/// Connection buffer memory given back, in bytes, after which the allocator's free pages go
+/// back to the system.
+const GIVE_BACK: usize = 8 << 20;
+
 struct Fd(RawFd);
 
 impl AsRawFd for Fd {
@@ -42,6 +46,8 @@ pub(crate) struct Driver {
     pub(crate) warned_checksums: bool,
     /// This core's slot of the live statistics (None when they are off).
     pub(crate) publish: Option<crate::publish::Publish>,
+    /// The most connection buffer memory held since the free pages last went back.
+    pub(crate) mem_high: usize,
     /// Packet capture, when a reader asks (through the stats file).
     pub(crate) capture: Option<CoreCapture>,
     /// Listener ports that answered SYNs with cookies this turn.
@@ -151,6 +157,15 @@ impl Driver {
             // A system call: ten times a second.
             self.pipe.dev.read_rx_drops();
             self.drops_read_at = Some(clock + Duration::from_millis(100));
+            // Connection buffers given back after a load go to the allocator, which keeps
+            // what is not at the top of its heap: once the buffers held have fallen by
+            // GIVE_BACK since their high point, the free pages go back to the system.
+            let held = stack.stats().tcp_mem as usize;
+            self.mem_high = self.mem_high.max(held);
+            if self.mem_high - held >= GIVE_BACK {
+                crate::cpu::give_back_free_memory();
+                self.mem_high = held;
+            }
         }
         st.device = self.pipe.dev.stats();
         let (bad, all) = (st.device.rx_bad_checksum, st.device.rx_frames);

@@ -147,6 +147,7 @@ impl Runtime {
             cookie_check_at: None,
             cookies_seen: 0,
             drops_read_at: None,
+            mem_high: 0,
             yields: 0,
         };
         let linger = self.cfg.linger;

@@ -60,7 +60,7 @@ fn memory_returns_after_peers_that_never_read_are_gone() -> Result<(), String> {
             // server's send buffer fills, then its receive window closes.
             let chunk = vec![0x5au8; 64 << 10];
             let deadline = Instant::now() + Duration::from_secs(20);
-            let mut open = vec![true; PEERS];
+            let mut open = [true; PEERS];
             while open.iter().any(|o| *o) && Instant::now() < deadline {
                 let mut moved = false;
                 for (s, o) in held.iter_mut().zip(open.iter_mut()).filter(|(_, o)| **o) {

@@ -87,6 +87,18 @@ fn parse_size(s: &str) -> Option<usize> {
     n.parse::<usize>().ok().map(|n| n * mult)
 }
 
+/// Gives the allocator's free pages back to the system (glibc keeps freed memory that is not
+/// at the top of a heap: after a load, the connection buffers freed in the middle stay resident
+/// until this). A no-op elsewhere.
+pub(crate) fn give_back_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim takes a byte count and touches only the allocator's own state, under
+    // its locks; any thread may call it at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,17 +114,5 @@ mod tests {
     #[test]
     fn this_process_may_run_somewhere() {
         assert!(!allowed_cpus().is_empty());
-    }
-}
-
-/// Gives the allocator's free pages back to the system (glibc keeps freed memory that is not
-/// at the top of a heap: after a load, the connection buffers freed in the middle stay resident
-/// until this). A no-op elsewhere.
-pub(crate) fn give_back_free_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim takes a byte count and touches only the allocator's own state, under
-    // its locks; any thread may call it at any time.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }

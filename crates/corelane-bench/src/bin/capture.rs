@@ -140,7 +140,7 @@ fn load(net: &VethPair, load: Load, secs: f64) -> Result<f64, String> {
 
 fn measure(
     net: &VethPair,
-    stats: &PathBuf,
+    stats: &std::path::Path,
     mode: Mode,
     what: Load,
     secs: f64,
@@ -156,7 +156,7 @@ fn measure(
         ..corelane_stat::Filter::default()
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let path = stats.clone();
+    let path = stats.to_path_buf();
     let file = std::env::temp_dir().join(format!(
         "corelane-capture-bench-{}.pcapng",
         std::process::id()

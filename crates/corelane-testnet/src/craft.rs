@@ -20,14 +20,14 @@ pub const PSH: u8 = 0x08;
 pub const ACK: u8 = 0x10;
 
 /// The ones'-complement sum of `data` as big-endian 16-bit words, added to `acc`.
-fn sum16(data: &[u8], mut acc: u32) -> u32 {
+pub(crate) fn sum16(data: &[u8], mut acc: u32) -> u32 {
     for c in data.chunks(2) {
         acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
     }
     acc
 }
 
-fn checksum(data: &[u8], acc: u32) -> u16 {
+pub(crate) fn checksum(data: &[u8], acc: u32) -> u16 {
     let mut s = sum16(data, acc);
     while s >> 16 != 0 {
         s = (s & 0xffff) + (s >> 16);
@@ -81,7 +81,7 @@ pub struct Tcp {
 
 /// An IPv4 header for `proto` and `len` bytes after it, checksummed; `frag` is the flags and
 /// offset word.
-fn ipv4_header(ip: &Ip4, proto: u8, len: usize, frag: u16) -> [u8; 20] {
+pub(crate) fn ipv4_header(ip: &Ip4, proto: u8, len: usize, frag: u16) -> [u8; 20] {
     let mut h = [0u8; 20];
     h[0] = 0x45;
     h[2..4].copy_from_slice(&((20 + len) as u16).to_be_bytes());

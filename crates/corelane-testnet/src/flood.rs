@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::craft::{Ip4, checksum, ipv4_header, sum16};
 use crate::packet::PacketSocket;
 use crate::{Error, Netns, NsThread, Result};
 
@@ -218,21 +219,6 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
-/// Ones' complement sum of 16-bit words.
-fn sum16(data: &[u8], mut acc: u32) -> u32 {
-    for c in data.chunks(2) {
-        acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    acc
-}
-
-fn fold(mut acc: u32) -> u16 {
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    !(acc as u16)
-}
-
 /// Writes an Ethernet + IPv4 frame (the whole of `f`) that is a middle fragment of a UDP
 /// datagram: identification and offset from `r`, more fragments set.
 fn frag_frame(
@@ -246,20 +232,13 @@ fn frag_frame(
     f[0..6].copy_from_slice(&dst_mac);
     f[6..12].copy_from_slice(&src_mac);
     f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-    let total = (f.len() - 14) as u16;
     let offset = ((r >> 20) as u16 % 7000).max(1);
-    let ip = &mut f[14..34];
-    ip.fill(0);
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ip[4..6].copy_from_slice(&((r >> 40) as u16).to_be_bytes());
-    ip[6..8].copy_from_slice(&(0x2000 | offset).to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&src.octets());
-    ip[16..20].copy_from_slice(&dst.octets());
-    let c = fold(sum16(ip, 0));
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let ip = Ip4 {
+        id: (r >> 40) as u16,
+        ..Ip4::new(src, dst)
+    };
+    let header = ipv4_header(&ip, 17, f.len() - 34, 0x2000 | offset);
+    f[14..34].copy_from_slice(&header);
 }
 
 /// Writes a 58-byte Ethernet + IPv4 + TCP SYN (with a 1460-byte MSS option) into `f`.
@@ -275,14 +254,7 @@ fn syn_frame(
     f[0..6].copy_from_slice(&dst_mac);
     f[6..12].copy_from_slice(&src_mac);
     f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-    let ip = &mut f[14..34];
-    ip.copy_from_slice(&[
-        0x45, 0, 0, 44, 0, 0, 0x40, 0, 64, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    ]);
-    ip[12..16].copy_from_slice(&src.octets());
-    ip[16..20].copy_from_slice(&dst.ip().octets());
-    let c = fold(sum16(ip, 0));
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    f[14..34].copy_from_slice(&ipv4_header(&Ip4::new(src, *dst.ip()), 6, 24, 0x4000));
     let tcp = &mut f[34..58];
     tcp[0..2].copy_from_slice(&sport.to_be_bytes());
     tcp[2..4].copy_from_slice(&dst.port().to_be_bytes());
@@ -298,7 +270,7 @@ fn syn_frame(
     pseudo[4..8].copy_from_slice(&dst.ip().octets());
     pseudo[9] = 6;
     pseudo[10..12].copy_from_slice(&24u16.to_be_bytes());
-    let c = fold(sum16(tcp, sum16(&pseudo, 0)));
+    let c = checksum(tcp, sum16(&pseudo, 0));
     tcp[16..18].copy_from_slice(&c.to_be_bytes());
 }
 
@@ -320,14 +292,36 @@ mod tests {
             7,
         );
         // A correct checksum sums (with the pseudo-header) to all ones.
-        assert_eq!(fold(sum16(&f[14..34], 0)), 0);
+        assert_eq!(checksum(&f[14..34], 0), 0);
+        assert_eq!(&f[16..18], &44u16.to_be_bytes(), "IP total length");
+        assert_eq!(f[20], 0x40, "don't fragment");
+        assert_eq!((f[22], f[23]), (64, 6), "TTL, TCP");
         let mut pseudo = [0u8; 12];
         pseudo[0..4].copy_from_slice(&[10, 200, 1, 2]);
         pseudo[4..8].copy_from_slice(&[10, 0, 0, 1]);
         pseudo[9] = 6;
         pseudo[11] = 24;
-        assert_eq!(fold(sum16(&f[34..], sum16(&pseudo, 0))), 0);
+        assert_eq!(checksum(&f[34..], sum16(&pseudo, 0)), 0);
         assert_eq!(f[34 + 13], 0x02);
         assert_eq!(&f[34..36], &40000u16.to_be_bytes());
+    }
+
+    #[test]
+    fn a_fragment_frame_checks_out() {
+        let mut f = [0u8; 14 + 20 + 64];
+        frag_frame(
+            &mut f,
+            [2; 6],
+            [4; 6],
+            Ipv4Addr::new(10, 200, 1, 2),
+            Ipv4Addr::new(10, 0, 0, 1),
+            0x1234_5678_9abc_def0,
+        );
+        assert_eq!(checksum(&f[14..34], 0), 0);
+        assert_eq!(&f[16..18], &84u16.to_be_bytes(), "IP total length");
+        let flags = u16::from_be_bytes([f[20], f[21]]);
+        assert_eq!(flags & 0xe000, 0x2000, "more fragments, DF clear");
+        assert!(flags & 0x1fff > 0, "a middle fragment");
+        assert_eq!((f[23], &f[26..30]), (17, &[10, 200, 1, 2][..]));
     }
 }

@@ -99,10 +99,13 @@ impl Builder {
         self
     }
 
-    /// Whether to start from the kernel's routes through the interface (default on): its
-    /// default gateway and other unicast routes of the main table, read over netlink when the
-    /// runtime is built, as `ip route show dev IF` lists them. [`Runtime::describe`](crate::Runtime::describe) prints
-    /// the routes in use.
+    /// Whether to follow the kernel's routes through the interface (default on): its default
+    /// gateway and other unicast routes of the main table, read over netlink when the runtime
+    /// is built, as `ip route show dev IF` lists them, and read again whenever they change
+    /// while it runs (a router advertisement, `ip route add`, a DHCP client), the routes given
+    /// with [`route`](Self::route) kept over the kernel's for the same prefix. Connections
+    /// already open keep their next hop. [`Runtime::describe`](crate::Runtime::describe)
+    /// prints the routes in use at the start.
     pub fn kernel_routes(mut self, on: bool) -> Self {
         self.kernel_routes = on;
         self

@@ -4,6 +4,7 @@
 //! - the steering ([`Steer`], `steward.rs`): the XDP program and its maps, changed only on the
 //!   privileged thread;
 //! - the address book ([`AddrBook`], `addrbook.rs`): the owned addresses and their generation;
+//! - the route book ([`RouteBook`], `routing.rs`): the routes, followed while the kernel's change;
 //! - the life of the run ([`Life`], `life.rs`): stop, drain, the futures still running, the
 //!   first failure;
 //! - telemetry ([`Telemetry`], `telemetry.rs`): live statistics, metrics, warnings;
@@ -20,6 +21,7 @@ use crate::addrbook::AddrBook;
 use crate::cookies::XdpCookies;
 use crate::handoff::Doorbell;
 use crate::life::Life;
+use crate::routing::RouteBook;
 use crate::steward::Steer;
 use crate::telemetry::Telemetry;
 
@@ -31,6 +33,8 @@ pub(crate) struct Shared {
     pub(crate) cookies: XdpCookies,
     /// The owned addresses, as the cores should have them.
     pub(crate) addrs: AddrBook,
+    /// The routes, as the cores should have them.
+    pub(crate) routes: RouteBook,
     pub(crate) life: Life,
     pub(crate) telemetry: Telemetry,
     /// Ports picked for binds of port 0, in order (every core's n-th gets the n-th).

@@ -47,6 +47,22 @@ impl Runtime {
                     "the privileged thread did not start ({e}): port and address changes may fail"
                 );
             }
+            if self.cfg.kernel_routes {
+                match corelane_xsk::RouteWatch::open(&self.cfg.ifname) {
+                    Ok(watch) => {
+                        let this = &self;
+                        let spawned = std::thread::Builder::new()
+                            .name("corelane-routes".into())
+                            .spawn_scoped(scope, move || this.follow_routes(watch));
+                        if let Err(e) = spawned {
+                            tracing::warn!("the kernel's route changes will not be followed: {e}");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("the kernel's route changes will not be followed: {e}")
+                    }
+                }
+            }
             let mut handles = Vec::new();
             for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
                 let lane = &self.plan.lanes[i];
@@ -151,5 +167,39 @@ impl Runtime {
             warnings: self.shared.telemetry.warnings(),
             stopped: self.shared.life.stop.load(Ordering::SeqCst) || self.shared.life.draining(),
         })
+    }
+
+    /// While the run lasts: reads the kernel's routes again after each change of a route out
+    /// of the interface (a router advertisement, `ip route`, a DHCP client) and gives the
+    /// cores the new table, the builder's routes kept over the kernel's.
+    fn follow_routes(&self, mut watch: corelane_xsk::RouteWatch) {
+        while !self.shared.life.ending() {
+            if !watch.changed(Duration::from_millis(200)) {
+                continue;
+            }
+            let addrs = self.shared.addrs.list();
+            match crate::routing::resolve(&self.cfg.ifname, &addrs, true, &self.cfg.routes) {
+                Ok(table) => {
+                    let shown: Vec<String> =
+                        table.routes().iter().map(ToString::to_string).collect();
+                    if self.shared.routes.replace(table) {
+                        tracing::info!(
+                            "{}: the kernel's routes changed; now {}",
+                            self.cfg.ifname,
+                            if shown.is_empty() {
+                                "none".to_string()
+                            } else {
+                                shown.join(", ")
+                            }
+                        );
+                        self.shared.ring_all();
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    "{}: the kernel's routes changed but could not be read: {e}",
+                    self.cfg.ifname
+                ),
+            }
+        }
     }
 }

@@ -46,6 +46,8 @@ pub(crate) struct Driver {
     pub(crate) warned_checksums: bool,
     /// This core's slot of the live statistics (None when they are off).
     pub(crate) publish: Option<crate::publish::Publish>,
+    /// The generation of the shared route table this core's stack matches.
+    pub(crate) routes_seen: u64,
     /// The most connection buffer memory held since the free pages last went back.
     pub(crate) mem_high: usize,
     /// Packet capture, when a reader asks (through the stats file).
@@ -97,6 +99,7 @@ impl Driver {
             }
         }
         let added = core.shared.addrs.sync(&mut self.addrs_seen, &mut stack);
+        core.shared.routes.sync(&mut self.routes_seen, &mut stack);
         if core.index == 0 {
             for a in added {
                 stack.announce_addr(now, &mut self.pipe.dev, a);

@@ -12,6 +12,7 @@ use crate::cookies::XdpCookies;
 use crate::launch::Runtime;
 use crate::life::Life;
 use crate::queues::{RestoreQueues, queues_needed};
+use crate::routing::RouteBook;
 use crate::steward::Steer;
 use crate::telemetry::Telemetry;
 use crate::{Error, handoff};
@@ -197,6 +198,7 @@ impl Builder {
             cookies: XdpCookies::new(self.xdp_cookies, &steering),
             steer: Steer::new(steering),
             addrs: AddrBook::new(self.addrs.clone()),
+            routes: RouteBook::new(routes.clone()),
             life: Life::default(),
             telemetry: Telemetry::new(publisher, metrics),
             auto_ports: Mutex::new(Vec::new()),

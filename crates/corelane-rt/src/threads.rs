@@ -148,6 +148,7 @@ impl Runtime {
             cookies_seen: 0,
             drops_read_at: None,
             mem_high: 0,
+            routes_seen: 0,
             yields: 0,
         };
         let linger = self.cfg.linger;

@@ -326,7 +326,7 @@ impl Capture<'_> {
         l.cap_at + CONTROL_WORDS + core * l.cap_stride()
     }
 
-    /// Keeps the capture on for another [`LEASE`]; call it more often than that.
+    /// Keeps the capture on for another second; call it more often than that.
     pub fn renew(&self) {
         let until = now_ns() + LEASE.as_nanos() as u64;
         self.words()[self.stats.layout.cap_at + K_LEASE].store(until, Ordering::Release);

@@ -127,6 +127,80 @@ fn netlink_err(what: &str, e: impl fmt::Display) -> Error {
     )))
 }
 
+/// Notice of the kernel's route changes (a route added or removed by `ip route`, a router
+/// advertisement, a DHCP client, an interface going down), as rtnetlink's route groups carry
+/// them; the caller reads the routes again ([`kernel_routes`]) after one.
+#[derive(Debug)]
+pub struct RouteWatch {
+    socket: Socket,
+    index: u32,
+}
+
+/// rtnetlink's multicast groups of IPv4 and IPv6 route changes.
+const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+const RTMGRP_IPV6_ROUTE: u32 = 0x400;
+
+impl RouteWatch {
+    /// Starts listening for changes of routes out of `ifname`, in the calling thread's network
+    /// namespace.
+    ///
+    /// # Errors
+    /// No such interface, or the netlink socket failed.
+    pub fn open(ifname: &str) -> Result<RouteWatch, Error> {
+        let index = check_interface(ifname)?;
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| netlink_err("socket", e))?;
+        socket
+            .bind(&SocketAddr::new(0, RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE))
+            .map_err(|e| netlink_err("bind to the route groups", e))?;
+        socket
+            .set_non_blocking(true)
+            .map_err(|e| netlink_err("non-blocking", e))?;
+        Ok(RouteWatch { socket, index })
+    }
+
+    /// Waits up to `timeout` for changes; true when a route out of the interface was added or
+    /// removed (every notice that arrived is read). A notice lost to a full socket buffer
+    /// counts as a change.
+    pub fn changed(&mut self, timeout: std::time::Duration) -> bool {
+        use std::os::fd::AsFd;
+        if !crate::sys::wait_readable(self.socket.as_fd(), timeout) {
+            return false;
+        }
+        let mut changed = false;
+        let mut rx = vec![0u8; 64 * 1024];
+        loop {
+            let size = match self.socket.recv(&mut &mut rx[..], 0) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return changed,
+                // ENOBUFS: notices were dropped; read the routes again to be sure.
+                Err(_) => return true,
+            };
+            let mut offset = 0;
+            while offset < size {
+                let Ok(msg) = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&rx[offset..size])
+                else {
+                    return true;
+                };
+                let len = msg.header.length as usize;
+                if let NetlinkPayload::InnerMessage(
+                    RouteNetlinkMessage::NewRoute(m) | RouteNetlinkMessage::DelRoute(m),
+                ) = &msg.payload
+                {
+                    let oif = m.attributes.iter().find_map(|a| match a {
+                        RouteAttribute::Oif(i) => Some(*i),
+                        _ => None,
+                    });
+                    changed |= oif == Some(self.index);
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
+    }
+}
+
 /// What the kernel answers a dump request `request` with.
 fn dump(request: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, Error> {
     let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| netlink_err("socket", e))?;

@@ -339,3 +339,18 @@ pub(crate) fn memlock_limit() -> u64 {
         lim.rlim_cur
     }
 }
+
+/// Waits up to `timeout` for `fd` to have something to read. False on a timeout or an error
+/// (the caller reads and finds out).
+pub(crate) fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: std::time::Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one pollfd, valid for the call; `fd` is borrowed open for its duration.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n > 0 && p.revents & libc::POLLIN != 0
+}

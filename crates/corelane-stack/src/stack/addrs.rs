@@ -149,6 +149,12 @@ impl Stack {
         self.routes.remove(dst)
     }
 
+    /// Replaces the route table (the kernel's routes changed while the runtime runs).
+    /// Connections already open keep the next hop they found.
+    pub fn set_routes(&mut self, table: crate::route::RouteTable) {
+        self.routes = table;
+    }
+
     /// The routes in force, in the order they were added.
     pub fn routes(&self) -> &[Route] {
         self.routes.routes()

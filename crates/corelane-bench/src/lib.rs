@@ -46,6 +46,26 @@ pub mod sys {
         Ok(())
     }
 
+    /// Sets a kernel socket's receive buffer (SO_RCVBUF: the kernel doubles it for its
+    /// bookkeeping and stops autotuning it; a listener's is inherited by what it accepts).
+    pub fn set_rcvbuf(sock: &impl std::os::fd::AsRawFd, bytes: usize) -> std::io::Result<()> {
+        let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: the descriptor is open for the call; the value is an int, valid for it.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Sets the congestion control of a kernel TCP socket (TCP_CONGESTION; a listener's is
     /// inherited by what it accepts).
     pub fn set_congestion(sock: &impl std::os::fd::AsRawFd, cc: &str) -> Result<(), String> {

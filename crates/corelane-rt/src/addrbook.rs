@@ -121,7 +121,13 @@ mod tests {
     use super::*;
 
     fn cidr(s: &str) -> IpCidr {
-        s.parse().expect("a test address")
+        s.parse()
+            .unwrap_or_else(|_| panic!("{s}: not a test address"))
+    }
+
+    fn ip(s: &str) -> Result<IpAddr, Error> {
+        s.parse()
+            .map_err(|_| Error::Config(format!("{s}: not an address")))
     }
 
     #[test]
@@ -149,13 +155,11 @@ mod tests {
             "refusals change nothing"
         );
 
-        let kept = book.remove("10.0.0.1".parse().expect("v4"), |_| {
-            Err(Error::Config("map busy".into()))
-        });
+        let kept = book.remove(ip("10.0.0.1")?, |_| Err(Error::Config("map busy".into())));
         assert!(kept.is_err());
         assert_eq!(book.list().len(), 2, "a refused removal keeps the address");
-        assert!(!book.remove("10.9.9.9".parse().expect("v4"), |_| Ok(()))?);
-        assert!(book.remove("10.0.0.1".parse().expect("v4"), |_| Ok(()))?);
+        assert!(!book.remove(ip("10.9.9.9")?, |_| Ok(()))?);
+        assert!(book.remove(ip("10.0.0.1")?, |_| Ok(()))?);
         assert_eq!(book.list(), [cidr("10.0.0.2/24")]);
         assert!(book.changed_since(&mut seen).is_some());
         Ok(())

@@ -25,6 +25,8 @@
 pub mod classify;
 mod config;
 mod device;
+#[cfg(test)]
+mod device_tests;
 pub mod flows;
 pub mod frag;
 pub mod frames;

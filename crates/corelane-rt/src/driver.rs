@@ -163,7 +163,7 @@ impl Driver {
             // Connection buffers given back after a load go to the allocator, which keeps
             // what is not at the top of its heap: once the buffers held have fallen by
             // GIVE_BACK since their high point, the free pages go back to the system.
-            let held = stack.stats().tcp_mem as usize;
+            let held = stack.tcp_mem_in_use();
             self.mem_high = self.mem_high.max(held);
             if self.mem_high - held >= GIVE_BACK {
                 crate::cpu::give_back_free_memory();

@@ -287,6 +287,12 @@ impl Stack {
         std::mem::size_of::<Conn>() + std::mem::size_of::<Slot>()
     }
 
+    /// Bytes the TCP buffers hold now (what [`stats`](Self::stats) reports as `tcp_mem`,
+    /// without walking the flows).
+    pub fn tcp_mem_in_use(&self) -> usize {
+        self.mem.used()
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> StackStats {
         let mut tcp = self.tcp_done;

@@ -38,18 +38,19 @@ pub(crate) struct CoreCapture {
 }
 
 impl CoreCapture {
-    pub(crate) fn new(writer: CoreWriter, epoch: Instant) -> CoreCapture {
+    /// None when the runtime has no capture file (it publishes through a broker's).
+    pub(crate) fn new(writer: CoreWriter, epoch: Instant) -> Option<CoreCapture> {
         let unix_now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let since = Instant::now().saturating_duration_since(epoch).as_nanos() as u64;
-        CoreCapture {
-            probe: writer.capture_tap(),
+        Some(CoreCapture {
+            probe: writer.capture_tap()?,
             writer,
             installed: None,
             unix_at_epoch: unix_now.saturating_sub(since),
             epoch,
-        }
+        })
     }
 
     /// Once per turn, before the device moves frames: what the tap should be now.
@@ -63,7 +64,7 @@ impl CoreCapture {
         if self.installed == Some(generation) {
             return Some(Change::Clock(now));
         }
-        let mut tap = self.writer.capture_tap();
+        let mut tap = self.writer.capture_tap()?;
         tap.wanted(now);
         self.installed = Some(generation);
         Some(Change::Install(Box::new(Tapped { tap, now })))

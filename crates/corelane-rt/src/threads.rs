@@ -142,7 +142,7 @@ impl Runtime {
                 .publisher
                 .as_ref()
                 .and_then(|p| p.core(info.index))
-                .map(|w| crate::capture::CoreCapture::new(w, epoch)),
+                .and_then(|w| crate::capture::CoreCapture::new(w, epoch)),
             cookie_ports: Vec::new(),
             cookie_check_at: None,
             cookies_seen: 0,

@@ -1,4 +1,6 @@
-//! Packet capture from the fast path, in the stats file.
+//! Packet capture from the fast path, in a file beside the stats file (`capture`, mode 0600:
+//! the frames are the traffic itself, so only the server's user and root may map it, where
+//! the stats are for everyone).
 //!
 //! A reader ([`Stats::capture`]) writes a filter and a lease (a time until which it wants
 //! frames, renewed while it runs) into the control block. Each core looks at the lease once per
@@ -13,18 +15,30 @@
 //! a record never wraps: where the end of the ring is too near, a skip mark sends the reader
 //! back to the start.
 
+use std::io;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::map::Mapping;
-use crate::{Layout, Stats, now_ns};
+use crate::{Stats, now_ns};
 
-/// Words of the control block.
-pub(crate) const CONTROL_WORDS: usize = 16;
+/// "clcaptur" in ASCII, the capture file's first word.
+const MAGIC: u64 = u64::from_le_bytes(*b"clcaptur");
+/// The capture file's layout version.
+const VERSION: u64 = 1;
+// Header words.
+const F_MAGIC: usize = 0;
+const F_VERSION: usize = 1;
+const F_CORES: usize = 2;
+const F_RING: usize = 3;
+const HEADER_WORDS: usize = 16;
+/// Words of the control block (after the header).
+const CONTROL_WORDS: usize = 16;
 /// Words before a ring's data.
-pub(crate) const R_DATA: usize = 8;
+const R_DATA: usize = 8;
 /// Data words of each core's ring: 2 MiB (tmpfs pages are only taken once written).
 #[cfg(not(test))]
 pub(crate) const RING_WORDS: usize = 1 << 18;
@@ -32,7 +46,7 @@ pub(crate) const RING_WORDS: usize = 1 << 18;
 #[cfg(test)]
 pub(crate) const RING_WORDS: usize = 1 << 12;
 /// The smallest ring a reader accepts.
-pub(crate) const MIN_RING_WORDS: usize = 1024;
+const MIN_RING_WORDS: usize = 1024;
 /// How long a lease lasts: a reader renews it well within.
 pub(crate) const LEASE: Duration = Duration::from_secs(1);
 
@@ -44,6 +58,101 @@ const K_PROTO: usize = 3;
 const K_PORT: usize = 4;
 const K_FAMILY: usize = 5;
 const K_HOST: usize = 6; // two words
+
+/// The geometry of a capture file.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    cores: usize,
+    /// Data words of each core's ring.
+    ring: usize,
+}
+
+impl Layout {
+    const CONTROL: usize = HEADER_WORDS;
+
+    fn ring_at(&self, core: usize) -> usize {
+        HEADER_WORDS + CONTROL_WORDS + core * (R_DATA + self.ring)
+    }
+
+    fn words(&self) -> usize {
+        self.ring_at(self.cores)
+    }
+
+    fn read(w: &[AtomicU64]) -> io::Result<Layout> {
+        let get = |i: usize| w.get(i).map_or(0, |x| x.load(Ordering::Acquire));
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+        if get(F_MAGIC) != MAGIC || get(F_VERSION) != VERSION {
+            return Err(bad(
+                "not a corelane capture file of this release (use the corelane-stat of the \
+                 server's release)",
+            ));
+        }
+        let l = Layout {
+            cores: usize::try_from(get(F_CORES)).unwrap_or(usize::MAX),
+            ring: usize::try_from(get(F_RING)).unwrap_or(usize::MAX),
+        };
+        let fits = l.cores >= 1
+            && l.cores <= 4096
+            && (MIN_RING_WORDS..=1 << 28).contains(&l.ring)
+            && l.words() <= w.len();
+        if !fits {
+            return Err(bad("the capture file's header does not fit the file"));
+        }
+        Ok(l)
+    }
+}
+
+/// The runtime's capture file: made beside its stats file, removed with it.
+#[derive(Debug)]
+pub struct CaptureFile {
+    map: Arc<Mapping>,
+    layout: Layout,
+    path: PathBuf,
+}
+
+impl CaptureFile {
+    /// Creates (or replaces) the capture file at `path` for `cores` cores, readable and
+    /// writable by its owner only. Its pages are taken only when a capture writes them.
+    ///
+    /// # Errors
+    /// The file cannot be created or mapped.
+    pub fn create(path: &Path, cores: usize) -> io::Result<CaptureFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(path);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
+        let layout = Layout {
+            cores: cores.max(1),
+            ring: RING_WORDS,
+        };
+        let map = Mapping::create_in(&file, layout.words())?;
+        let w = map.words();
+        w[F_VERSION].store(VERSION, Ordering::Relaxed);
+        w[F_CORES].store(layout.cores as u64, Ordering::Relaxed);
+        w[F_RING].store(layout.ring as u64, Ordering::Relaxed);
+        w[F_MAGIC].store(MAGIC, Ordering::Release);
+        Ok(CaptureFile {
+            map: Arc::new(map),
+            layout,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Core `core`'s tap (None past the core count).
+    pub fn tap(&self, core: usize) -> Option<CaptureTap> {
+        (core < self.layout.cores).then(|| CaptureTap::new(self.map.clone(), &self.layout, core))
+    }
+}
+
+impl Drop for CaptureFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
 
 // A ring's head words.
 const R_HEAD: usize = 0;
@@ -183,12 +292,12 @@ pub struct CaptureTap {
 }
 
 impl CaptureTap {
-    pub(crate) fn new(map: Arc<Mapping>, layout: &Layout, core: usize) -> CaptureTap {
+    fn new(map: Arc<Mapping>, layout: &Layout, core: usize) -> CaptureTap {
         CaptureTap {
             map,
-            control: layout.cap_at,
-            ring: layout.cap_at + CONTROL_WORDS + core * layout.cap_stride(),
-            words: layout.cap_ring,
+            control: Layout::CONTROL,
+            ring: layout.ring_at(core),
+            words: layout.ring,
             generation: 0,
             filter: Filter::default(),
             snap: 0,
@@ -279,63 +388,80 @@ pub struct Record {
 
 /// A running capture: the reader's side. Dropping it ends the capture.
 #[derive(Debug)]
-pub struct Capture<'a> {
-    stats: &'a Stats,
+pub struct Capture {
+    map: Mapping,
+    layout: Layout,
 }
 
 impl Stats {
     /// Starts capturing the frames that pass `filter`, each cut to `snap` bytes, on every
-    /// core (see the module). One capture at a time: a second reader takes it over.
+    /// core of this runtime (see the module). One capture at a time: a second reader takes it
+    /// over.
     ///
     /// # Errors
-    /// This user may not write the stats file (capture needs the server's user or root).
-    pub fn capture(&self, filter: Filter, snap: usize) -> std::io::Result<Capture<'_>> {
-        if !self.map.writable() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::PermissionDenied,
-                format!(
-                    "{}: read-only to this user; capture needs the server's user or root",
-                    self.path().display()
-                ),
-            ));
-        }
-        let w = self.map.words();
-        let l = &self.layout;
-        filter.store(w, l.cap_at);
-        w[l.cap_at + K_SNAP].store(snap.clamp(14, 65535) as u64, Ordering::Relaxed);
+    /// The runtime has no capture file (it publishes through a grant broker's file), or this
+    /// user may not open it (capture needs the server's user or root).
+    pub fn capture(&self, filter: Filter, snap: usize) -> io::Result<Capture> {
+        let path = self.path().with_file_name("capture");
+        let map = match Mapping::open(&path) {
+            Ok(m) if m.writable() => m,
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{}: read-only to this user; capture needs the server's user or root",
+                        path.display()
+                    ),
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "{}: this runtime has no capture file (a server that publishes through \
+                         a grant broker's stats file cannot capture yet)",
+                        path.display()
+                    ),
+                ));
+            }
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        };
+        let layout = Layout::read(map.words())?;
+        let w = map.words();
+        filter.store(w, Layout::CONTROL);
+        w[Layout::CONTROL + K_SNAP].store(snap.clamp(14, 65535) as u64, Ordering::Relaxed);
         // What is in the rings from an earlier capture is not this one's.
-        for core in 0..l.cores {
-            let r = l.cap_at + CONTROL_WORDS + core * l.cap_stride();
+        for core in 0..layout.cores {
+            let r = layout.ring_at(core);
             let head = w[r + R_HEAD].load(Ordering::Acquire);
             w[r + R_TAIL].store(head, Ordering::Release);
         }
-        w[l.cap_at + K_GEN].fetch_add(1, Ordering::AcqRel);
-        let c = Capture { stats: self };
+        w[Layout::CONTROL + K_GEN].fetch_add(1, Ordering::AcqRel);
+        let c = Capture { map, layout };
         c.renew();
         Ok(c)
     }
 }
 
-impl Capture<'_> {
+impl Capture {
     fn words(&self) -> &[AtomicU64] {
-        self.stats.map.words()
+        self.map.words()
     }
 
     fn ring(&self, core: usize) -> usize {
-        let l = &self.stats.layout;
-        l.cap_at + CONTROL_WORDS + core * l.cap_stride()
+        self.layout.ring_at(core)
     }
 
     /// Keeps the capture on for another second; call it more often than that.
     pub fn renew(&self) {
         let until = now_ns() + LEASE.as_nanos() as u64;
-        self.words()[self.stats.layout.cap_at + K_LEASE].store(until, Ordering::Release);
+        self.words()[Layout::CONTROL + K_LEASE].store(until, Ordering::Release);
     }
 
     /// Copies dropped so far because a core's ring was full, per core (counted since the
     /// runtime started).
     pub fn dropped(&self) -> Vec<u64> {
-        (0..self.stats.layout.cores)
+        (0..self.layout.cores)
             .map(|c| self.words()[self.ring(c) + R_DROPPED].load(Ordering::Relaxed))
             .collect()
     }
@@ -343,7 +469,7 @@ impl Capture<'_> {
     /// Takes what every core's ring holds, each core's in its order.
     pub fn drain(&mut self) -> Vec<Record> {
         let mut out = Vec::new();
-        for core in 0..self.stats.layout.cores {
+        for core in 0..self.layout.cores {
             self.drain_core(core, &mut out);
         }
         out
@@ -351,7 +477,7 @@ impl Capture<'_> {
 
     fn drain_core(&self, core: usize, out: &mut Vec<Record>) {
         let w = self.words();
-        let size = self.stats.layout.cap_ring;
+        let size = self.layout.ring;
         let r = self.ring(core);
         let data = r + R_DATA;
         let head = w[r + R_HEAD].load(Ordering::Acquire) as usize / 8;
@@ -393,8 +519,8 @@ impl Capture<'_> {
     }
 }
 
-impl Drop for Capture<'_> {
+impl Drop for Capture {
     fn drop(&mut self) {
-        self.words()[self.stats.layout.cap_at + K_LEASE].store(0, Ordering::Release);
+        self.words()[Layout::CONTROL + K_LEASE].store(0, Ordering::Release);
     }
 }

@@ -2,6 +2,12 @@
 use super::*;
 use crate::capture::{LEASE, RING_WORDS as RING_WORDS_FOR_TESTS};
 
+fn tap(p: &Publisher, core: usize) -> io::Result<CaptureTap> {
+    p.core(core)
+        .and_then(|c| c.capture_tap())
+        .ok_or(bad("no capture tap"))
+}
+
 fn frame_v4(sport: u16, dport: u16, proto: u8, len: usize) -> Vec<u8> {
     let mut f = vec![0u8; len.max(54)];
     f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
@@ -30,10 +36,7 @@ fn publisher(name: &str) -> io::Result<(Publisher, std::path::PathBuf)> {
 #[test]
 fn frames_that_pass_the_filter_are_read_back_in_order_cut_to_the_snap_length() -> io::Result<()> {
     let (p, path) = publisher("filter")?;
-    let (mut t0, mut t1) = (
-        p.core(0).ok_or(bad("core 0"))?.capture_tap(),
-        p.core(1).ok_or(bad("core 1"))?.capture_tap(),
-    );
+    let (mut t0, mut t1) = (tap(&p, 0)?, tap(&p, 1)?);
     let now = now_ns();
     assert!(!t0.wanted(now), "nobody captures");
     let stats = Stats::open(&path)?;
@@ -76,7 +79,7 @@ fn frames_that_pass_the_filter_are_read_back_in_order_cut_to_the_snap_length() -
 #[test]
 fn a_full_ring_drops_copies_and_counts_them_and_a_wrap_keeps_order() -> io::Result<()> {
     let (p, path) = publisher("full")?;
-    let mut tap = p.core(0).ok_or(bad("core 0"))?.capture_tap();
+    let mut tap = tap(&p, 0)?;
     let stats = Stats::open(&path)?;
     let mut cap = stats.capture(Filter::default(), 1514)?;
     assert!(tap.wanted(now_ns()));
@@ -110,7 +113,7 @@ fn a_full_ring_drops_copies_and_counts_them_and_a_wrap_keeps_order() -> io::Resu
 #[test]
 fn a_lease_not_renewed_ends_the_copying() -> io::Result<()> {
     let (p, path) = publisher("lease")?;
-    let mut tap = p.core(0).ok_or(bad("core 0"))?.capture_tap();
+    let mut tap = tap(&p, 0)?;
     let stats = Stats::open(&path)?;
     let cap = stats.capture(Filter::default(), 64)?;
     let now = now_ns();
@@ -192,5 +195,20 @@ fn pcapng_blocks_are_well_formed() -> io::Result<()> {
         at += len;
     }
     assert_eq!(kinds, [0x0a0d_0d0a, 1, 6]);
+    Ok(())
+}
+
+#[test]
+fn the_capture_file_is_the_owners_alone_and_goes_with_the_runtime() -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let (p, path) = publisher("mode")?;
+    let cap = path.with_file_name("capture");
+    let mode = |f: &std::path::Path| -> io::Result<u32> {
+        Ok(std::fs::metadata(f)?.permissions().mode() & 0o777)
+    };
+    assert_eq!(mode(&cap)?, 0o600, "the frames are the traffic itself");
+    assert_eq!(mode(&path)?, 0o644, "the counters are for everyone");
+    drop(p);
+    assert!(!cap.exists() && !path.exists());
     Ok(())
 }

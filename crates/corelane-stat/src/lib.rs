@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use capture::{Capture, CaptureTap, Filter, Record};
+pub use capture::{Capture, CaptureFile, CaptureTap, Filter, Record};
 pub use conn::{Conn, TCP_STATES};
 use map::Mapping;
 pub use ns::{netns_id, run_dir};
@@ -55,7 +55,7 @@ pub use write::{CoreWriter, Publisher, new_stats_file};
 /// "corelane" in ASCII, the file's first word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"corelane");
 /// The layout's version (the second word); a reader refuses another.
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 1;
 /// How often each core publishes its counters.
 pub const PUBLISH_INTERVAL_MS: u64 = 100;
 /// Words of one connection entry.
@@ -77,8 +77,6 @@ const H_NAMES_AT: usize = 11;
 const H_NAMES_LEN: usize = 12;
 const H_CLOSED: usize = 13;
 const H_IFNAME: usize = 16; // 4 words: up to 32 bytes
-const H_CAP_AT: usize = 20;
-const H_CAP_RING: usize = 21;
 const HEADER_WORDS: usize = 32;
 
 // Words at the head of a core slot and of a connection table.
@@ -130,10 +128,6 @@ struct Layout {
     conn_stride: usize,
     names_at: usize,
     names_len: usize,
-    /// Where the packet capture's control block starts, then each core's ring.
-    cap_at: usize,
-    /// Data words of each core's capture ring.
-    cap_ring: usize,
 }
 
 impl Layout {
@@ -144,7 +138,6 @@ impl Layout {
         let slot_words = round_up(S_VALUES + names.len(), 8);
         let conns_at = round_up(slots_at + cores * slot_words, 512);
         let conn_stride = round_up(C_ENTRIES + conn_cap * CONN_WORDS, 512);
-        let cap_at = round_up(conns_at + cores * conn_stride, 512);
         Layout {
             cores,
             names: names.len(),
@@ -155,18 +148,11 @@ impl Layout {
             conn_stride,
             names_at,
             names_len,
-            cap_at,
-            cap_ring: capture::RING_WORDS,
         }
     }
 
     fn words(&self) -> usize {
-        self.cap_at + capture::CONTROL_WORDS + self.cores * self.cap_stride()
-    }
-
-    /// Words from one core's capture ring to the next.
-    fn cap_stride(&self) -> usize {
-        capture::R_DATA + self.cap_ring
+        self.conns_at + self.cores * self.conn_stride
     }
 
     fn read(w: &[AtomicU64]) -> io::Result<Layout> {
@@ -192,8 +178,6 @@ impl Layout {
             conn_stride: n(H_CONN_STRIDE),
             names_at: n(H_NAMES_AT),
             names_len: n(H_NAMES_LEN),
-            cap_at: n(H_CAP_AT),
-            cap_ring: n(H_CAP_RING),
         };
         // Checked arithmetic throughout: a crafted header must not overflow into a check
         // that passes.
@@ -208,11 +192,7 @@ impl Layout {
             && l.conn_stride >= C_ENTRIES + l.conn_cap * CONN_WORDS
             && end(l.names_at, l.names_len.div_ceil(8), 1).is_some_and(|e| e <= l.slots_at)
             && end(l.slots_at, l.cores, l.slot_words).is_some_and(|e| e <= l.conns_at)
-            && end(l.conns_at, l.cores, l.conn_stride).is_some_and(|e| e <= l.cap_at)
-            && l.cap_ring >= capture::MIN_RING_WORDS
-            && l.cap_ring <= 1 << 28
-            && end(l.cap_at + capture::CONTROL_WORDS, l.cores, l.cap_stride())
-                .is_some_and(|e| e <= w.len());
+            && end(l.conns_at, l.cores, l.conn_stride).is_some_and(|e| e <= w.len());
         if !fits {
             return Err(bad("the stats file's header does not fit the file"));
         }

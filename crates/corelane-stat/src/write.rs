@@ -29,6 +29,8 @@ pub struct Publisher {
     map: std::sync::Arc<Mapping>,
     layout: Layout,
     path: PathBuf,
+    /// The capture file beside it (see [`CaptureFile`]), when it could be made.
+    capture: Option<std::sync::Arc<CaptureFile>>,
     /// Remove the file when dropped (not when someone else made it and removes it).
     remove: bool,
 }
@@ -50,6 +52,10 @@ impl Publisher {
         let file = new_stats_file(path)?;
         let mut p = Publisher::create_in(&file, path, ifname, cores, names, conn_cap)?;
         p.remove = true;
+        // Beside the stats: a server that may write the directory may capture.
+        p.capture = CaptureFile::create(&path.with_file_name("capture"), cores)
+            .ok()
+            .map(std::sync::Arc::new);
         Ok(p)
     }
 
@@ -89,8 +95,6 @@ impl Publisher {
         put(H_CONN_STRIDE, layout.conn_stride as u64);
         put(H_NAMES_AT, layout.names_at as u64);
         put(H_NAMES_LEN, layout.names_len as u64);
-        put(H_CAP_AT, layout.cap_at as u64);
-        put(H_CAP_RING, layout.cap_ring as u64);
         let name_bytes = ifname.as_bytes();
         for (i, word) in pack(&name_bytes[..name_bytes.len().min(31)])
             .into_iter()
@@ -113,6 +117,7 @@ impl Publisher {
             map,
             layout,
             path: path.to_path_buf(),
+            capture: None,
             remove: false,
         }
     }
@@ -123,6 +128,7 @@ impl Publisher {
             map: self.map.clone(),
             layout: self.layout,
             index,
+            capture: self.capture.clone(),
         })
     }
 
@@ -155,6 +161,7 @@ pub struct CoreWriter {
     map: std::sync::Arc<Mapping>,
     layout: Layout,
     index: usize,
+    capture: Option<std::sync::Arc<CaptureFile>>,
 }
 
 impl CoreWriter {
@@ -208,8 +215,9 @@ impl CoreWriter {
 }
 
 impl CoreWriter {
-    /// The core's side of packet capture (see [`CaptureTap`]).
-    pub fn capture_tap(&self) -> CaptureTap {
-        CaptureTap::new(self.map.clone(), &self.layout, self.index)
+    /// The core's side of packet capture (see [`CaptureTap`]); None when the runtime has no
+    /// capture file.
+    pub fn capture_tap(&self) -> Option<CaptureTap> {
+        self.capture.as_ref().and_then(|c| c.tap(self.index))
     }
 }

@@ -99,7 +99,7 @@ fn load(net: &VethPair, load: Load, secs: f64) -> Result<f64, String> {
                     }
                     Load::Bulk => {
                         let mut r = s.try_clone()?;
-                        let (d, c) = (done.clone(), count.clone());
+                        let c = count.clone();
                         let reader = std::thread::spawn(move || {
                             let mut buf = vec![0u8; 1 << 16];
                             while let Ok(n) = r.read(&mut buf) {
@@ -108,7 +108,6 @@ fn load(net: &VethPair, load: Load, secs: f64) -> Result<f64, String> {
                                 }
                                 c.fetch_add(n as u64, Ordering::Relaxed);
                             }
-                            let _ = d;
                         });
                         let chunk = vec![7u8; 1 << 16];
                         while !done.load(Ordering::Relaxed) {

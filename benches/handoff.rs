@@ -14,7 +14,7 @@ fn bench(c: &mut Criterion) {
     for len in [64usize, 1514] {
         let frame = vec![0xabu8; len];
         g.throughput(Throughput::Elements(1));
-        let (mut p, mut q) = channel(1024);
+        let (mut p, mut q) = channel(1024, 0);
         g.bench_with_input(
             BenchmarkId::new("push_pop_same_thread", len),
             &len,
@@ -28,7 +28,7 @@ fn bench(c: &mut Criterion) {
             },
         );
         // Producer on another CPU keeps the ring fed; we measure the consumer's pops.
-        let (mut p, mut q) = channel(1024);
+        let (mut p, mut q) = channel(1024, 0);
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let f = frame.clone();

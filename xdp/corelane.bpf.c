@@ -182,6 +182,13 @@ static __always_inline int malformed(void)
 	return XDP_PASS;
 }
 
+// Bytes of the whole frame, every buffer of a multi-buffer frame included (data_end - data
+// covers the first buffer only).
+static __always_inline int frame_len(struct xdp_md *ctx)
+{
+	return (int)bpf_xdp_get_buff_len(ctx);
+}
+
 // True when a frame may be answered from here: sent to the interface's own address (or, before
 // the loader wrote it, to any unicast address).
 static __always_inline int to_iface(const struct ethhdr *eth)
@@ -356,7 +363,7 @@ static __always_inline int write_syn_ack(struct xdp_md *ctx, const struct syn_in
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	int want = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr) + optlen;
-	if (bpf_xdp_adjust_tail(ctx, want - (int)(end - data)))
+	if (bpf_xdp_adjust_tail(ctx, want - frame_len(ctx)))
 		return -1;
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
@@ -633,7 +640,7 @@ static __always_inline int reset_v4(struct xdp_md *ctx)
 		return pass();
 	__u32 saddr = ip->saddr, daddr = ip->daddr;
 	int want = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr);
-	if (bpf_xdp_adjust_tail(ctx, want - (int)(end - data)))
+	if (bpf_xdp_adjust_tail(ctx, want - frame_len(ctx)))
 		return pass();
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
@@ -681,7 +688,7 @@ static __always_inline int reset_v6(struct xdp_md *ctx)
 	__builtin_memcpy(saddr.addr, ip6->saddr.in6_u.u6_addr8, 16);
 	__builtin_memcpy(daddr.addr, ip6->daddr.in6_u.u6_addr8, 16);
 	int want = sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + sizeof(struct tcphdr);
-	if (bpf_xdp_adjust_tail(ctx, want - (int)(end - data)))
+	if (bpf_xdp_adjust_tail(ctx, want - frame_len(ctx)))
 		return pass();
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
@@ -764,7 +771,7 @@ static __always_inline int unreachable_v4(struct xdp_md *ctx)
 	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);
 	int quote = sizeof(struct iphdr) + QUOTE_L4;
 	int keep = sizeof(struct ethhdr) + quote;
-	if (bpf_xdp_adjust_tail(ctx, keep - (int)(end - data)))
+	if (bpf_xdp_adjust_tail(ctx, keep - frame_len(ctx)))
 		return pass();
 	// The new IP and ICMP headers go between the old Ethernet header's place and the quote.
 	int grow = sizeof(struct iphdr) + 8;
@@ -827,7 +834,7 @@ static __always_inline int unreachable_v6(struct xdp_md *ctx)
 	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);
 	int quote = sizeof(struct ipv6hdr) + QUOTE_L4;
 	int keep = sizeof(struct ethhdr) + quote;
-	if (bpf_xdp_adjust_tail(ctx, keep - (int)(end - data)))
+	if (bpf_xdp_adjust_tail(ctx, keep - frame_len(ctx)))
 		return pass();
 	int grow = sizeof(struct ipv6hdr) + 8;
 	if (bpf_xdp_adjust_head(ctx, -grow))
@@ -984,7 +991,10 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 	return l4_steer(ctx, ip6->nexthdr, l4, end);
 }
 
-SEC("xdp")
+// Loaded as a multi-buffer ("frags") program: a jumbo frame arrives in several buffers, of which
+// the first holds every header this program reads; the answers it writes shrink the frame first
+// (to its headers, dropping the other buffers), so they read the length of the whole frame.
+SEC("xdp.frags")
 int corelane_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;

@@ -164,23 +164,24 @@ pub(crate) fn drop_capabilities(granted: bool) -> Result<(), Error> {
 
 /// Sizes the frames for `mtu` when the application left it to the runtime (`frame_size` 0):
 /// 2048 bytes, or a page when a full frame and the kernel's 256 bytes of headroom do not fit
-/// half of one; then checks that a full frame fits.
+/// half of one. A full frame larger than one UMEM frame spans several (multi-buffer AF_XDP,
+/// `XskConfig::max_packet`), up to [`corelane_xsk::MAX_PIECES`] of them.
 pub(crate) fn fit_frames(ifname: &str, mtu: usize, xsk: &mut XskConfig) -> Result<(), Error> {
     if xsk.frame_size == 0 {
         xsk.frame_size = if mtu + 14 + 256 > 2048 { 4096 } else { 2048 };
     }
-    let capacity = (xsk.frame_size as usize).saturating_sub(256);
-    if mtu + 14 > capacity {
-        let most = crate::handoff::SLOT_BYTES - 14;
-        let fix = if mtu <= most {
-            "use 4096-byte frames (XskConfig::frame_size)".to_string()
-        } else {
-            format!("lower the MTU to at most {most} (frames larger than a page are not supported)")
-        };
+    let capacity = xsk.frame_capacity() as usize;
+    let most = capacity * corelane_xsk::MAX_PIECES - 14;
+    if mtu > most {
         return Err(Error::Config(format!(
-            "MTU {mtu} of {ifname} does not fit a {}-byte frame; {fix}",
+            "MTU {mtu} of {ifname} needs more than {} frames of {} bytes a packet; lower the \
+             MTU to at most {most}",
+            corelane_xsk::MAX_PIECES,
             xsk.frame_size
         )));
+    }
+    if mtu + 14 > capacity {
+        xsk.max_packet = xsk.max_packet.max((mtu + 14) as u32);
     }
     Ok(())
 }

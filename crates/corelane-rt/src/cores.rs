@@ -24,9 +24,10 @@ impl Runtime {
         let mut producers: Vec<Vec<Option<handoff::Producer>>> =
             (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
         let mut consumers: Vec<Vec<handoff::Consumer>> = (0..n).map(|_| Vec::new()).collect();
+        let frame_bytes = self.cfg.xsk.max_packet as usize;
         for (from, row) in producers.iter_mut().enumerate() {
             for (to, slot) in row.iter_mut().enumerate().filter(|(t, _)| *t != from) {
-                let (p, c) = handoff::channel(self.cfg.handoff_slots);
+                let (p, c) = handoff::channel(self.cfg.handoff_slots, frame_bytes);
                 *slot = Some(p);
                 consumers[to].push(c);
             }

@@ -14,7 +14,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// Largest frame a slot holds: what a 4096-byte UMEM frame holds after the kernel's headroom.
+/// Bytes a slot holds at least: what a 4096-byte UMEM frame holds after the kernel's headroom
+/// (more when the interface's packets span frames).
 pub const SLOT_BYTES: usize = 4096 - 256;
 
 #[repr(align(64))]
@@ -23,11 +24,13 @@ struct CacheLine<T>(T);
 struct Slot {
     len: u16,
     hops: u8,
-    data: [u8; SLOT_BYTES],
+    data: Box<[u8]>,
 }
 
 struct Ring {
     slots: Box<[UnsafeCell<Slot>]>,
+    /// Bytes each slot holds.
+    slot_bytes: usize,
     mask: usize,
     /// Next slot the consumer reads.
     head: CacheLine<AtomicUsize>,
@@ -72,20 +75,23 @@ impl std::fmt::Debug for Consumer {
     }
 }
 
-/// A ring with room for `slots` frames (rounded up to a power of two).
-pub fn channel(slots: usize) -> (Producer, Consumer) {
+/// A ring with room for `slots` frames (rounded up to a power of two) of up to `bytes` bytes
+/// (at least [`SLOT_BYTES`], at most 65535).
+pub fn channel(slots: usize, bytes: usize) -> (Producer, Consumer) {
     let n = slots.max(2).next_power_of_two();
+    let bytes = bytes.clamp(SLOT_BYTES, usize::from(u16::MAX));
     let slots: Box<[UnsafeCell<Slot>]> = (0..n)
         .map(|_| {
             UnsafeCell::new(Slot {
                 len: 0,
                 hops: 0,
-                data: [0; SLOT_BYTES],
+                data: vec![0; bytes].into_boxed_slice(),
             })
         })
         .collect();
     let ring = Arc::new(Ring {
         slots,
+        slot_bytes: bytes,
         mask: n - 1,
         head: CacheLine(AtomicUsize::new(0)),
         tail: CacheLine(AtomicUsize::new(0)),
@@ -108,7 +114,7 @@ impl Producer {
     /// Copies `bytes` into the ring with hop count `hops`. Returns false when the frame is too
     /// large or the ring is full (the consumer is behind): the caller counts a drop.
     pub fn push(&mut self, hops: u8, bytes: &[u8]) -> bool {
-        if bytes.len() > SLOT_BYTES {
+        if bytes.len() > self.ring.slot_bytes {
             return false;
         }
         if self.tail - self.head_cache > self.ring.mask {
@@ -221,12 +227,16 @@ mod tests {
 
     #[test]
     fn frames_come_out_in_order_and_a_full_ring_refuses() {
-        let (mut p, mut c) = channel(4);
+        let (mut p, mut c) = channel(4, 0);
         for i in 0..4u8 {
             assert!(p.push(i, &[i; 100]));
         }
         assert!(!p.push(9, b"full"), "a full ring takes nothing");
         assert!(!p.push(0, &[0; SLOT_BYTES + 1]), "too large");
+        let (mut jp, mut jc) = channel(2, 9014);
+        assert!(jp.push(1, &[7; 9014]), "a jumbo frame fits a jumbo ring");
+        assert!(!jp.push(1, &[7; 9015]), "too large");
+        assert!(jc.pop(|_, b| assert_eq!(b, &[7; 9014][..])));
         for i in 0..4u8 {
             assert!(c.pop(|hops, b| {
                 assert_eq!(hops, i);
@@ -244,7 +254,7 @@ mod tests {
 
     #[test]
     fn a_million_frames_cross_threads_intact() {
-        let (mut p, mut c) = channel(256);
+        let (mut p, mut c) = channel(256, 0);
         let n = 1_000_000u32;
         let t = std::thread::spawn(move || {
             let mut i = 0u32;

@@ -145,7 +145,7 @@ mod tests {
             if to == me {
                 outbound.push(None);
             } else {
-                let (p, c) = crate::handoff::channel(8);
+                let (p, c) = crate::handoff::channel(8, 0);
                 outbound.push(Some(p));
                 theirs.push(c);
             }

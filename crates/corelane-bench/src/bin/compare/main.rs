@@ -91,6 +91,10 @@ struct Cli {
     /// ends, the setting corelane's copy-mode AF_XDP has.
     #[arg(long)]
     offloads: bool,
+    /// The veth pair's MTU (9000: jumbo frames, which corelane carries in chains of UMEM
+    /// frames).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
     /// Where to write compare.md, compare.json and compare.png.
     #[arg(long, default_value = "target/compare")]
     out: PathBuf,
@@ -177,6 +181,7 @@ fn run(cli: Cli) -> Result<(), String> {
         .server_addr(&format!("{KERNEL_SERVER}/24"))
         .client_addr(&format!("{KERNEL_CLIENT}/24"))
         .server_tx_checksum_off(true)
+        .mtu(cli.mtu)
         .build()
         .map_err(|e| format!("making the veth pair: {e}"))?;
     if !cli.offloads {
@@ -257,6 +262,7 @@ fn run(cli: Cli) -> Result<(), String> {
             server_cpus,
             client_cpu,
             offloads: cli.offloads,
+            mtu: cli.mtu,
             seconds: cli.seconds,
             warmup: cli.warmup,
             repeat: cli.repeat,

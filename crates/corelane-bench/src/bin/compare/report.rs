@@ -13,6 +13,7 @@ pub(crate) struct Meta {
     pub(crate) server_cpus: Vec<usize>,
     pub(crate) client_cpu: usize,
     pub(crate) offloads: bool,
+    pub(crate) mtu: u32,
     pub(crate) seconds: f64,
     pub(crate) warmup: f64,
     pub(crate) repeat: usize,
@@ -27,6 +28,7 @@ struct Report<'a> {
     client_cpu: usize,
     kernel: String,
     offloads: bool,
+    mtu: u32,
     seconds: f64,
     repeat: usize,
     results: Vec<Row>,
@@ -235,6 +237,7 @@ pub(crate) fn write(
         client_cpu: meta.client_cpu,
         kernel: kernel_release,
         offloads: meta.offloads,
+        mtu: meta.mtu,
         seconds: meta.seconds,
         repeat: meta.repeat,
         results,
@@ -289,7 +292,7 @@ fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {
     format!(
         "# corelane against the kernel TCP stack (same veth, same CPUs)\n\n\
          Server on CPU(s) {:?}, load generator on CPU {}; kernel {kernel_release}; \
-         veth offloads {}; medians of {} run(s) of {} s after {} s of warm-up; the setups alternate \
+         veth MTU {}, offloads {}; medians of {} run(s) of {} s after {} s of warm-up; the setups alternate \
          within every repetition.\n\n\
          - `kernel`: kernel stack on both ends (tokio, one current_thread runtime per server CPU, \
          SO_REUSEPORT); `corelane-server`: the same kernel-socket load generator against corelane; \
@@ -309,6 +312,7 @@ fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {
          corelane-bench --bin compare -- --repeat {} --seconds {}`).\n",
         meta.server_cpus,
         meta.client_cpu,
+        meta.mtu,
         if meta.offloads {
             "on"
         } else {

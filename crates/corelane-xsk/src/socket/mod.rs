@@ -16,6 +16,10 @@ use crate::error::{Error, errno_of};
 use crate::sys::{set_send_buffer, set_tx_budget, sockopt_zerocopy};
 use corelane_frame::{Frame, FrameCounts, FrameIo, FramePool, FrameState, UmemId};
 
+mod chain;
+use chain::Chain;
+pub use chain::MAX_PIECES;
+
 /// Whether to ask for zero-copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ZeroCopy {
@@ -59,6 +63,11 @@ pub struct XskConfig {
     pub ring_size: u32,
     /// Zero-copy preference.
     pub zero_copy: ZeroCopy,
+    /// The largest packet (Ethernet header included) the socket must carry. Above what one frame
+    /// holds (the frame size less 256 bytes of headroom) the socket is bound for multi-buffer
+    /// (`XDP_USE_SG`, Linux 6.6+): a jumbo frame comes and goes as a chain of UMEM frames, at
+    /// most [`MAX_PIECES`]. 0 (the default): one frame.
+    pub max_packet: u32,
 }
 
 impl XskConfig {
@@ -70,6 +79,16 @@ impl XskConfig {
             self.frame_size
         }
     }
+
+    /// Bytes of packet one frame holds: the frame less the kernel's 256 bytes of headroom.
+    pub fn frame_capacity(&self) -> u32 {
+        self.frame_bytes().saturating_sub(256)
+    }
+
+    /// Whether packets span frames (`max_packet` above one frame's capacity).
+    pub fn multi_buffer(&self) -> bool {
+        self.max_packet > self.frame_capacity()
+    }
 }
 
 impl Default for XskConfig {
@@ -79,6 +98,7 @@ impl Default for XskConfig {
             frame_size: 0,
             ring_size: 2048,
             zero_copy: ZeroCopy::Try,
+            max_packet: 0,
         }
     }
 }
@@ -89,6 +109,8 @@ pub struct XskFrame {
     desc: FrameDesc,
     umem: UmemId,
     index: u32,
+    /// A packet longer than one frame: its bytes, and the frames after this one.
+    chain: Option<Box<Chain>>,
 }
 
 impl Frame for XskFrame {
@@ -99,7 +121,10 @@ impl Frame for XskFrame {
         self.index as usize
     }
     fn len(&self) -> usize {
-        self.desc.lengths().data()
+        match &self.chain {
+            Some(c) => c.bytes.len(),
+            None => self.desc.lengths().data(),
+        }
     }
 }
 
@@ -112,7 +137,8 @@ pub struct XskStats {
     pub tx_frames: u64,
     /// TX kicks (sendto calls).
     pub tx_kicks: u64,
-    /// Frames dropped because the TX ring was full.
+    /// Frames dropped because the TX ring was full (or, for a packet spanning frames, the
+    /// UMEM had no free frames for its pieces).
     pub tx_ring_full: u64,
     /// Fill-ring wakeups.
     pub fill_wakeups: u64,
@@ -136,6 +162,10 @@ pub struct XskQueue {
     scratch: Vec<FrameDesc>,
     post: Vec<u32>,
     frame_size: usize,
+    /// The largest packet: one frame's capacity, or `max_packet` with multi-buffer.
+    max_packet: usize,
+    /// A chained packet whose last piece has not been read yet.
+    partial: Option<XskFrame>,
     ring_size: u32,
     mode: BindMode,
     queue_id: u32,
@@ -231,6 +261,9 @@ impl XskQueue {
                 },
             })?;
         let mut flags = BindFlags::XDP_USE_NEED_WAKEUP;
+        if c.multi_buffer() {
+            flags |= BindFlags::XDP_USE_SG;
+        }
         flags |= match mode {
             BindMode::Copy => BindFlags::XDP_COPY,
             BindMode::ZeroCopy => BindFlags::XDP_ZEROCOPY,
@@ -251,7 +284,17 @@ impl XskQueue {
                 ifname: ifname.to_string(),
                 queue: queue_id,
                 errno: errno_of(&e),
-                detail: e.to_string(),
+                detail: if c.multi_buffer() && mode == BindMode::Copy {
+                    format!(
+                        "{e} (packets of {} bytes span UMEM frames, which needs multi-buffer \
+                         AF_XDP, Linux 6.6 or later: lower the MTU of {ifname} so a frame fits \
+                         {} bytes)",
+                        c.max_packet,
+                        c.frame_capacity()
+                    )
+                } else {
+                    e.to_string()
+                },
             })?;
         let Some((fq, cq)) = rings else {
             return Err(Error::Config("UMEM unexpectedly shared".into()));
@@ -287,6 +330,8 @@ impl XskQueue {
             scratch: vec![FrameDesc::default(); c.ring_size as usize],
             post: Vec::with_capacity(c.ring_size as usize),
             frame_size: c.frame_bytes() as usize,
+            max_packet: (c.max_packet.max(c.frame_capacity())) as usize,
+            partial: None,
             ring_size: c.ring_size,
             mode: actual,
             queue_id,
@@ -400,12 +445,16 @@ impl FrameIo for XskQueue {
     type Frame = XskFrame;
 
     fn frame_capacity(&self) -> usize {
-        // The kernel reserves XDP_PACKET_HEADROOM (256) at the front of each frame.
-        self.frame_size - 256
+        // The kernel reserves XDP_PACKET_HEADROOM (256) at the front of each frame; with
+        // multi-buffer a packet spans frames.
+        self.max_packet
     }
 
     fn bytes<'a>(&'a self, frame: &'a XskFrame) -> &'a [u8] {
         self.id.check(frame);
+        if let Some(c) = &frame.chain {
+            return &c.bytes;
+        }
         // SAFETY: `frame` is a unique handle to a frame of this UMEM (checked above) that user
         // space holds (the ledger has it InUse), so the kernel does not write it while borrowed.
         unsafe { self.umem.data(&frame.desc) }.contents()
@@ -413,6 +462,9 @@ impl FrameIo for XskQueue {
 
     fn bytes_mut<'a>(&'a self, frame: &'a mut XskFrame, len: usize) -> &'a mut [u8] {
         self.id.check(frame);
+        if frame.chain.is_some() || len > self.one_frame() {
+            return self.chained_bytes_mut(frame, len);
+        }
         // SAFETY: as for `bytes`, and the handle is borrowed mutably, so this is the only
         // reference to the frame's bytes.
         let mut data = unsafe { self.umem.data_mut(&mut frame.desc) };
@@ -429,23 +481,21 @@ impl FrameIo for XskQueue {
         let max = max.min(self.scratch.len());
         // SAFETY: descriptors come from this socket's RX ring and refer to this UMEM.
         let n = unsafe { self.rx.consume(&mut self.scratch[..max]) };
+        let mut got = 0;
         for k in 0..n {
-            let desc = self.scratch[k];
-            let index = self.index_of(desc.addr());
-            if let Err(e) = self.pool.received(index) {
-                // The kernel returned a frame we never gave it: report and skip rather than
-                // alias a frame that is in use elsewhere.
-                tracing::error!("queue {}: {e}", self.queue_id);
-                continue;
-            }
-            out.push_back(XskFrame {
-                desc,
-                umem: self.id,
-                index,
-            });
+            got += usize::from(self.take_rx(self.scratch[k], out));
         }
-        self.stats.rx_frames += n as u64;
-        n
+        // The kernel publishes a chained packet whole: finish one this batch cut short.
+        while self.partial.is_some() {
+            let mut one = [FrameDesc::default()];
+            // SAFETY: as above.
+            if unsafe { self.rx.consume(&mut one) } == 0 {
+                break;
+            }
+            got += usize::from(self.take_rx(one[0], out));
+        }
+        self.stats.rx_frames += got as u64;
+        got
     }
 
     fn release(&mut self, frames: &mut Vec<XskFrame>) {
@@ -464,6 +514,7 @@ impl FrameIo for XskQueue {
                 desc: templates[index as usize],
                 umem: id,
                 index,
+                chain: None,
             })
         })
     }
@@ -471,9 +522,7 @@ impl FrameIo for XskQueue {
     fn free(&mut self, frames: &mut Vec<XskFrame>) {
         for f in frames.drain(..) {
             self.id.check(&f);
-            if let Err(e) = self.pool.free(f.index) {
-                tracing::error!("queue {}: {e}", self.queue_id);
-            }
+            self.free_one(f);
         }
     }
 
@@ -481,26 +530,51 @@ impl FrameIo for XskQueue {
         if frames.is_empty() {
             return Ok(0);
         }
-        let room = self.tx.nb_free(frames.len() as u32) as usize;
-        let n = frames.len().min(room).min(self.scratch.len());
-        for (slot, f) in self.scratch.iter_mut().zip(frames.iter()) {
+        let want: usize = frames.iter().map(|f| self.pieces_of(f)).sum();
+        let room = (self.tx.nb_free(want as u32) as usize).min(self.scratch.len());
+        // Descriptors for the frames that fit, every piece of a chained packet or none.
+        let (mut used, mut taken) = (0, 0);
+        while taken < frames.len() {
+            let f = &mut frames[taken];
             self.id.check(f);
-            *slot = f.desc;
+            if f.chain.is_none() {
+                if used == room {
+                    break;
+                }
+                self.scratch[used] = f.desc;
+                used += 1;
+            } else {
+                let Some(n) = self.lay_out_chain(f, room - used, used) else {
+                    break;
+                };
+                used += n;
+            }
+            taken += 1;
         }
         // SAFETY: each descriptor is a frame of this UMEM (checked) held by user space (InUse)
-        // and written through `bytes_mut`; after this call only the kernel refers to it until
-        // completion.
-        let produced = unsafe { self.tx.produce(&self.scratch[..n]) };
-        for f in frames.drain(..produced) {
+        // and written through `bytes_mut` (or with a piece of a chained packet); after this call
+        // only the kernel refers to it until completion.
+        if unsafe { self.tx.produce(&self.scratch[..used]) } < used {
+            // The ring reserves all or nothing, and nb_free promised room: nothing went.
+            taken = 0;
+        }
+        let mut sent = 0;
+        for f in frames.drain(..taken) {
             self.pool.sent(f.index).map_err(io::Error::other)?;
+            if let Some(c) = &f.chain {
+                for &i in &c.rest {
+                    self.pool.sent(i).map_err(io::Error::other)?;
+                }
+            }
+            sent += 1;
         }
         if !frames.is_empty() {
             self.stats.tx_ring_full += frames.len() as u64;
             self.free(frames);
         }
-        self.stats.tx_frames += produced as u64;
+        self.stats.tx_frames += sent as u64;
         self.kick_tx()?;
-        Ok(produced)
+        Ok(sent)
     }
 
     fn complete(&mut self) -> io::Result<usize> {

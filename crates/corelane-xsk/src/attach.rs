@@ -27,9 +27,14 @@ pub(crate) fn attach(prog: &mut Xdp, ifname: &str, mode: XdpMode) -> Result<(), 
                 )));
             }
             let hint = if mode == XdpMode::Driver {
-                format!(
-                    "try generic mode, or on veth lower the MTU of {ifname} and its peer (native XDP on veth refuses large MTUs)"
-                )
+                if errno == Some(libc::EOPNOTSUPP) {
+                    format!("the driver of {ifname} has no native XDP: use generic mode")
+                } else {
+                    format!(
+                        "try generic mode, or lower the MTU of {ifname} (a driver may refuse \
+                         native XDP above a page-sized frame)"
+                    )
+                }
             } else {
                 "check `dmesg` for the verifier or driver message".to_string()
             };

@@ -128,10 +128,17 @@ struct {
 // (`set` 1). Answers built here (resets, port unreachable, SYN cookies) go only to frames sent
 // to it: on a promiscuous interface (a bridge port, a capture) a frame for another host's MAC
 // and an owned IP address would otherwise be answered from that host's MAC.
+//
+// `vid`: the 802.1Q VLAN corelane serves on this interface (0: none, untagged frames). With a
+// VLAN, only frames carrying its tag are corelane's: the tag is taken off before they are judged
+// (and steered to the socket untagged) and put back on what is passed on or answered from here;
+// untagged frames and other VLANs' pass untouched.
 struct iface_cfg {
 	__u8 mac[ETH_ALEN];
 	__u8 set;
 	__u8 pad;
+	__u16 vid;
+	__u16 pad2;
 };
 
 struct {
@@ -991,11 +998,7 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 	return l4_steer(ctx, ip6->nexthdr, l4, end);
 }
 
-// Loaded as a multi-buffer ("frags") program: a jumbo frame arrives in several buffers, of which
-// the first holds every header this program reads; the answers it writes shrink the frame first
-// (to its headers, dropping the other buffers), so they read the length of the whole frame.
-SEC("xdp.frags")
-int corelane_steer(struct xdp_md *ctx)
+static __always_inline int steer_untagged(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -1013,6 +1016,80 @@ int corelane_steer(struct xdp_md *ctx)
 	default:
 		return pass();
 	}
+}
+
+#define ETH_P_8021Q_TAG 0x8100
+
+// The VLAN served (0: none).
+static __always_inline __u16 served_vid(void)
+{
+	__u32 zero = 0;
+	struct iface_cfg *c = bpf_map_lookup_elem(&iface, &zero);
+	return c ? c->vid & 0x0fff : 0;
+}
+
+// Puts an 802.1Q tag with `tci` back in front of the (untagged) frame's EtherType.
+static __always_inline int push_tag(struct xdp_md *ctx, __u16 tci)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	if (data + 2 * ETH_ALEN > end)
+		return -1;
+	__u8 macs[2 * ETH_ALEN];
+	__builtin_memcpy(macs, data, 2 * ETH_ALEN);
+	if (bpf_xdp_adjust_head(ctx, -4))
+		return -1;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + 2 * ETH_ALEN + 4 > end)
+		return -1;
+	__builtin_memcpy(data, macs, 2 * ETH_ALEN);
+	__u16 tpid = bpf_htons(ETH_P_8021Q_TAG), t = bpf_htons(tci);
+	__builtin_memcpy(data + 2 * ETH_ALEN, &tpid, 2);
+	__builtin_memcpy(data + 2 * ETH_ALEN + 2, &t, 2);
+	return 0;
+}
+
+// Loaded as a multi-buffer ("frags") program: a jumbo frame arrives in several buffers, of which
+// the first holds every header this program reads; the answers it writes shrink the frame first
+// (to its headers, dropping the other buffers), so they read the length of the whole frame.
+SEC("xdp.frags")
+int corelane_steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return malformed();
+	__u16 vid = served_vid();
+	if (eth->h_proto != bpf_htons(ETH_P_8021Q_TAG))
+		return vid ? pass() : steer_untagged(ctx);
+	// Tagged: corelane's only when it serves this VLAN; the tag comes off while the frame is
+	// judged and goes back on unless the frame is steered or dropped.
+	__u8 *tag = (void *)(eth + 1);
+	if (!vid || (void *)(tag + 4) > end)
+		return pass();
+	__u16 tci;
+	__builtin_memcpy(&tci, tag, 2);
+	tci = bpf_ntohs(tci);
+	if ((tci & 0x0fff) != vid)
+		return pass();
+	__u8 macs[2 * ETH_ALEN];
+	__builtin_memcpy(macs, data, 2 * ETH_ALEN);
+	if (bpf_xdp_adjust_head(ctx, 4))
+		return pass();
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + 2 * ETH_ALEN > end)
+		return XDP_DROP;
+	__builtin_memcpy(data, macs, 2 * ETH_ALEN);
+	int verdict = steer_untagged(ctx);
+	if (verdict == XDP_REDIRECT || verdict == XDP_DROP)
+		return verdict;
+	// Passed on, or answered from here (the answer's addresses already swapped): tagged again.
+	if (push_tag(ctx, tci))
+		return XDP_DROP;
+	return verdict;
 }
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";

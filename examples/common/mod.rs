@@ -59,6 +59,10 @@ pub(crate) struct Common {
     /// XDP attach mode: auto (native, else generic), native, generic.
     #[arg(long, default_value = "auto")]
     pub(crate) xdp_mode: String,
+    /// Serve this 802.1Q VLAN (1-4094) on the interface instead of its untagged frames
+    /// (`Builder::vlan`); the addresses are the VLAN's.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) vlan: u16,
     /// Where the XDP program comes from: auto (the grant of a `corelane-xdp grant` serving
     /// the interface, else attached here), attach, granted.
     #[arg(long, default_value = "auto")]
@@ -150,6 +154,7 @@ impl Common {
         let mut b = Runtime::builder(iface)
             .placement(self.placement.clone())
             .attach_mode(attach)
+            .vlan(self.vlan)
             .xdp(xdp)
             .xsk(XskConfig {
                 zero_copy,

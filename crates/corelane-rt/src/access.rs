@@ -108,12 +108,23 @@ impl Access {
     }
 
     /// The steering program: attached now, or the broker's.
-    pub(crate) fn steering(self, ifname: &str, mode: AttachMode) -> Result<Steering, Error> {
+    pub(crate) fn steering(
+        self,
+        ifname: &str,
+        mode: AttachMode,
+        vlan: u16,
+    ) -> Result<Steering, Error> {
         Ok(match self {
             Access::Attach(claim) => {
-                let mut s = Steering::attach(ifname, mode)?;
+                let mut s = Steering::attach_vlan(ifname, mode, vlan)?;
                 s.set_claim(claim);
                 s
+            }
+            Access::Granted(_) if vlan != 0 => {
+                return Err(Error::Config(format!(
+                    "VLAN {vlan} on {ifname}: a grant broker's program serves untagged frames \
+                     only; run this server with the privileges to attach its own program"
+                )));
             }
             Access::Granted(g) => Steering::granted(ifname, g),
         })
@@ -164,14 +175,21 @@ pub(crate) fn drop_capabilities(granted: bool) -> Result<(), Error> {
 
 /// Sizes the frames for `mtu` when the application left it to the runtime (`frame_size` 0):
 /// 2048 bytes, or a page when a full frame and the kernel's 256 bytes of headroom do not fit
-/// half of one. A full frame larger than one UMEM frame spans several (multi-buffer AF_XDP,
-/// `XskConfig::max_packet`), up to [`corelane_xsk::MAX_PIECES`] of them.
-pub(crate) fn fit_frames(ifname: &str, mtu: usize, xsk: &mut XskConfig) -> Result<(), Error> {
+/// half of one. A full frame (with its 802.1Q tag when `tagged`) larger than one UMEM frame
+/// spans several (multi-buffer AF_XDP, `XskConfig::max_packet`), up to
+/// [`corelane_xsk::MAX_PIECES`] of them.
+pub(crate) fn fit_frames(
+    ifname: &str,
+    mtu: usize,
+    tagged: bool,
+    xsk: &mut XskConfig,
+) -> Result<(), Error> {
+    let l2 = if tagged { 18 } else { 14 };
     if xsk.frame_size == 0 {
-        xsk.frame_size = if mtu + 14 + 256 > 2048 { 4096 } else { 2048 };
+        xsk.frame_size = if mtu + l2 + 256 > 2048 { 4096 } else { 2048 };
     }
     let capacity = xsk.frame_capacity() as usize;
-    let most = capacity * corelane_xsk::MAX_PIECES - 14;
+    let most = capacity * corelane_xsk::MAX_PIECES - l2;
     if mtu > most {
         return Err(Error::Config(format!(
             "MTU {mtu} of {ifname} needs more than {} frames of {} bytes a packet; lower the \
@@ -180,8 +198,8 @@ pub(crate) fn fit_frames(ifname: &str, mtu: usize, xsk: &mut XskConfig) -> Resul
             xsk.frame_size
         )));
     }
-    if mtu + 14 > capacity {
-        xsk.max_packet = xsk.max_packet.max((mtu + 14) as u32);
+    if mtu + l2 > capacity {
+        xsk.max_packet = xsk.max_packet.max((mtu + l2) as u32);
     }
     Ok(())
 }

@@ -25,6 +25,7 @@ pub struct Builder {
     pub(crate) lanes: Option<usize>,
     pub(crate) queues: Option<Vec<u32>>,
     pub(crate) attach: AttachMode,
+    pub(crate) vlan: u16,
     pub(crate) xsk: XskConfig,
     pub(crate) stack: StackConfig,
     pub(crate) poll: PollMode,
@@ -174,6 +175,21 @@ impl Builder {
     /// ```
     pub fn xdp(mut self, x: crate::Xdp) -> Self {
         self.xdp = x;
+        self
+    }
+
+    /// Serves 802.1Q VLAN `id` (1 to 4094) on the interface instead of its untagged frames:
+    /// the XDP program steers only frames carrying the tag (taking it off), leaves untagged
+    /// frames and other VLANs to the kernel, and every frame the runtime sends carries the tag.
+    /// The addresses given with [`Builder::addr`] are the VLAN's; the interface's MTU is the
+    /// VLAN's as well (the tag is not counted, as for a kernel VLAN device).
+    ///
+    /// ```no_run
+    /// let rt = corelane::Runtime::builder("eth0").vlan(100).addr("10.100.0.3/24").build()?;
+    /// # Ok::<(), corelane::Error>(())
+    /// ```
+    pub fn vlan(mut self, id: u16) -> Self {
+        self.vlan = id;
         self
     }
 

@@ -67,6 +67,7 @@ impl Runtime {
             lanes: None,
             queues: None,
             attach: AttachMode::Auto,
+            vlan: 0,
             xsk: XskConfig::default(),
             stack: StackConfig::default(),
             poll: PollMode::default(),

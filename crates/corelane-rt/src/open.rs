@@ -168,7 +168,7 @@ impl Builder {
         let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
-        let mut steering = access.steering(&self.ifname, self.attach)?;
+        let mut steering = access.steering(&self.ifname, self.attach, self.vlan)?;
         if let Err(e) = steering.linger_on_death(self.death_linger) {
             tracing::warn!(
                 "{}: nothing will answer for this server if it dies ({e}): its peers wait for \
@@ -176,7 +176,7 @@ impl Builder {
                 self.ifname
             );
         }
-        crate::access::fit_frames(&self.ifname, mtu, &mut self.xsk)?;
+        crate::access::fit_frames(&self.ifname, mtu, self.vlan != 0, &mut self.xsk)?;
         for a in &self.addrs {
             steering.own_addr(a.address().into())?;
         }

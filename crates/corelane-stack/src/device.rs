@@ -68,6 +68,8 @@ pub struct XdpDevice<P: FrameIo> {
     tx_out: Vec<P::Frame>,
     batch: usize,
     mtu: usize,
+    /// The 802.1Q tag control field every sent frame carries (0: untagged).
+    vlan_tci: u16,
     strict: bool,
     stats: DeviceStats,
     tap: Option<Box<dyn Tap>>,
@@ -111,10 +113,17 @@ impl<P: FrameIo> XdpDevice<P> {
             tx_out: Vec::with_capacity(batch),
             batch,
             mtu,
+            vlan_tci: 0,
             strict: cfg!(debug_assertions),
             stats: DeviceStats::default(),
             tap: None,
         }
+    }
+
+    /// Tags every frame sent from now on with 802.1Q VLAN `vid` (0: untagged). The frames the
+    /// stack reads stay untagged: on receive the XDP program takes the tag off.
+    pub fn set_vlan(&mut self, vid: u16) {
+        self.vlan_tci = vid & 0x0fff;
     }
 
     /// Starts (`Some`) or stops showing every frame received from the queue and sent to a
@@ -356,6 +365,8 @@ pub struct TxToken<'a, P: FrameIo> {
     stats: &'a mut DeviceStats,
     /// The longest frame the link carries.
     max_frame: usize,
+    /// The 802.1Q tag to insert after the addresses (0: none).
+    vlan_tci: u16,
     strict: bool,
 }
 
@@ -376,9 +387,14 @@ impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
             let mut scratch = vec![0u8; len];
             return f(&mut scratch);
         }
+        let tag = if self.vlan_tci == 0 { 0 } else { VLAN_TAG };
         match self.free.pop() {
-            Some(mut frame) if len <= self.io.frame_capacity() => {
-                let r = f(self.io.bytes_mut(&mut frame, len));
+            Some(mut frame) if len + tag <= self.io.frame_capacity() => {
+                let buf = self.io.bytes_mut(&mut frame, len + tag);
+                let r = f(&mut buf[tag..]);
+                if tag != 0 {
+                    insert_vlan_tag(buf, self.vlan_tci);
+                }
                 self.out.push(frame);
                 self.stats.tx_frames += 1;
                 r
@@ -395,6 +411,20 @@ impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
             }
         }
     }
+}
+
+/// Bytes of an 802.1Q tag.
+const VLAN_TAG: usize = 4;
+
+/// Turns `buf`, an untagged frame written at offset 4, into the same frame with an 802.1Q tag
+/// carrying `tci` between its addresses and its EtherType.
+fn insert_vlan_tag(buf: &mut [u8], tci: u16) {
+    if buf.len() < 2 * 6 + 2 * VLAN_TAG {
+        return;
+    }
+    buf.copy_within(VLAN_TAG..VLAN_TAG + 12, 0);
+    buf[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+    buf[14..16].copy_from_slice(&tci.to_be_bytes());
 }
 
 impl<P: FrameIo> Device for XdpDevice<P> {
@@ -426,6 +456,7 @@ impl<P: FrameIo> Device for XdpDevice<P> {
                 out: &mut self.tx_out,
                 stats: &mut self.stats,
                 max_frame: self.mtu + ETH_HEADER,
+                vlan_tci: self.vlan_tci,
                 strict: self.strict,
             },
         ))
@@ -442,6 +473,7 @@ impl<P: FrameIo> Device for XdpDevice<P> {
             out: &mut self.tx_out,
             stats: &mut self.stats,
             max_frame: self.mtu + ETH_HEADER,
+            vlan_tci: self.vlan_tci,
             strict: self.strict,
         })
     }

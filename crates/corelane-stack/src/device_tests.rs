@@ -146,3 +146,34 @@ fn a_tap_sees_every_frame_received_and_sent_while_set() -> std::io::Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_vlan_device_tags_every_frame_it_sends() {
+    let (a, mut b) = MemLink::default().pair();
+    let mut dev = XdpDevice::new(a, 1500, 8);
+    dev.set_vlan(100);
+    // An untagged full-size frame as the stack writes it: addresses, EtherType, payload.
+    let frame: Vec<u8> = (0..1514u32).map(|i| (i % 251) as u8).collect();
+    let tx = dev.transmit(Instant::ZERO).expect("a free frame");
+    smoltcp::phy::TxToken::consume(tx, frame.len(), |buf| buf.copy_from_slice(&frame));
+    dev.flush().unwrap();
+    assert_eq!(
+        dev.stats().tx_oversize,
+        0,
+        "the tag is not counted in the MTU"
+    );
+    let mut rx = VecDeque::new();
+    assert_eq!(b.recv(&mut rx, 8), 1);
+    let got = b.bytes(&rx[0]).to_vec();
+    assert_eq!(got.len(), 1518);
+    assert_eq!(&got[..12], &frame[..12], "addresses first");
+    assert_eq!(&got[12..16], &[0x81, 0x00, 0, 100], "then the tag");
+    assert_eq!(&got[16..], &frame[12..], "then the EtherType and the rest");
+    b.release(&mut rx.drain(..).collect());
+    // Untagged again once the VLAN is cleared.
+    dev.set_vlan(0);
+    send(&mut dev, 60);
+    dev.flush().unwrap();
+    assert_eq!(b.recv(&mut rx, 8), 1);
+    assert_eq!(b.bytes(&rx[0]).len(), 60);
+}

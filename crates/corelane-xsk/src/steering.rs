@@ -46,13 +46,18 @@ pub const MAPS: [(&str, u32); 9] = [
     ("iface", 1),
 ];
 
-/// The program's `iface` entry (`struct iface_cfg`): the hardware address, then 1 (set).
-pub fn iface_entry(mac: [u8; 6]) -> [u8; 8] {
-    let mut v = [0u8; 8];
+/// The program's `iface` entry (`struct iface_cfg`): the hardware address, 1 (set), and the
+/// 802.1Q VLAN served (0: none; native byte order).
+pub fn iface_entry(mac: [u8; 6], vid: u16) -> [u8; 12] {
+    let mut v = [0u8; 12];
     v[..6].copy_from_slice(&mac);
     v[6] = 1;
+    v[8..10].copy_from_slice(&vid.to_ne_bytes());
     v
 }
+
+/// The largest 802.1Q VLAN id (0 and 4095 are reserved).
+pub const MAX_VLAN: u16 = 4094;
 
 /// A `tcp_ports` entry's bits (`PORT_OWNED`, `PORT_COOKIES`).
 const PORT_OWNED: u8 = 1;
@@ -153,20 +158,33 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
 impl Steering {
     /// Loads the embedded program and attaches it to `ifname` (in the caller's namespace).
     pub fn attach(ifname: &str, mode: AttachMode) -> Result<Self, Error> {
+        Self::attach_vlan(ifname, mode, 0)
+    }
+
+    /// [`Steering::attach`] for the frames of 802.1Q VLAN `vid` only (1 to [`MAX_VLAN`]; 0:
+    /// untagged frames, as `attach`): the program takes the tag off the VLAN's frames before
+    /// steering them and leaves untagged frames and other VLANs' to the kernel. What the
+    /// sockets send must carry the tag (`corelane_stack`'s device adds it).
+    pub fn attach_vlan(ifname: &str, mode: AttachMode, vid: u16) -> Result<Self, Error> {
+        if vid > MAX_VLAN {
+            return Err(Error::Config(format!(
+                "VLAN {vid} is not a VLAN id (1 to {MAX_VLAN})"
+            )));
+        }
         check_attach_privileges()?;
         check_interface(ifname)?;
         let mut ebpf = Ebpf::load(XDP_OBJECT).map_err(|e| Error::Load(load_detail(&e)))?;
         // Before the program runs: what it answers leaves from this address, and only frames
         // sent to it are answered.
         let mac = crate::netdev::mac_address(ifname)?;
-        let mut iface: Array<_, [u8; 8]> =
+        let mut iface: Array<_, [u8; 12]> =
             Array::try_from(ebpf.map_mut("iface").ok_or(Error::Map {
                 map: "iface",
                 detail: "missing from the object".into(),
             })?)
             .map_err(map_err("iface"))?;
         iface
-            .set(0, iface_entry(mac), 0)
+            .set(0, iface_entry(mac, vid), 0)
             .map_err(map_err("iface"))?;
         let prog: &mut Xdp = ebpf
             .program_mut(PROGRAM)

@@ -107,6 +107,11 @@ pub fn counters(ebpf: &Ebpf) -> [u64; STAT_SLOTS] {
 /// and cookie parameters set, and no AF_XDP socket (what it would steer comes back XDP_PASS,
 /// counted as "no socket").
 pub fn loaded() -> Ebpf {
+    loaded_vlan(0)
+}
+
+/// [`loaded`], serving 802.1Q VLAN `vid` (0: untagged frames).
+pub fn loaded_vlan(vid: u16) -> Ebpf {
     let mut ebpf = Ebpf::load(XDP_OBJECT).expect("the object loads");
     let prog: &mut Xdp = ebpf
         .program_mut(PROGRAM)
@@ -140,10 +145,10 @@ pub fn loaded() -> Ebpf {
         ports.set(u32::from(UDP_PORT), 1, 0).expect("served");
     }
     {
-        let mut iface: Array<_, [u8; 8]> =
+        let mut iface: Array<_, [u8; 12]> =
             Array::try_from(ebpf.map_mut("iface").expect("iface")).expect("map");
         iface
-            .set(0, corelane_xsk::iface_entry(IFACE_MAC), 0)
+            .set(0, corelane_xsk::iface_entry(IFACE_MAC, vid), 0)
             .expect("the interface's address");
     }
     {

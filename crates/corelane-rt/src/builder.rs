@@ -185,6 +185,7 @@ impl Builder {
     /// VLAN's as well (the tag is not counted, as for a kernel VLAN device).
     ///
     /// ```no_run
+    /// # mod corelane { pub use corelane_rt::*; }
     /// let rt = corelane::Runtime::builder("eth0").vlan(100).addr("10.100.0.3/24").build()?;
     /// # Ok::<(), corelane::Error>(())
     /// ```

@@ -285,12 +285,20 @@ impl Netns {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Attaches the XDP program of the object file `object` (section `xdp`) to `ifname` in
+    /// Attaches the XDP program of the object file `object` (section `xdp.frags`) to `ifname` in
     /// native mode. On veth a peer needs one for the other end's XDP_TX to reach it; corelane's
     /// own object, owning nothing, passes everything.
     pub fn attach_xdp(&self, ifname: &str, object: &str) -> Result<()> {
         let args = [
-            "link", "set", "dev", ifname, "xdpdrv", "obj", object, "sec", "xdp",
+            "link",
+            "set",
+            "dev",
+            ifname,
+            "xdpdrv",
+            "obj",
+            object,
+            "sec",
+            "xdp.frags",
         ];
         self.exec("ip", &args).map(|_| ())
     }

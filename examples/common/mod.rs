@@ -77,7 +77,7 @@ pub(crate) struct Common {
     #[arg(long, default_value = "adaptive")]
     pub(crate) poll: String,
     /// Spin time before sleeping in adaptive mode, in microseconds.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 200)]
     pub(crate) spin_us: u64,
     /// Caps the socket buffers at a bandwidth-delay product: link rate in Gbit/s (default 10
     /// when `--rtt-us` is given) ...

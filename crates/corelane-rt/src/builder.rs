@@ -244,7 +244,7 @@ impl Builder {
         self
     }
 
-    /// How idle cores wait (default: adaptive, 50 µs spin).
+    /// How idle cores wait (default: adaptive, 200 µs spin).
     pub fn poll_mode(mut self, m: PollMode) -> Self {
         self.poll = m;
         self

@@ -92,10 +92,14 @@ pub use stop::StopHandle;
 pub enum PollMode {
     /// Never sleep: lowest latency, one CPU fully used per core.
     Busy,
-    /// Once idle, spin as long as the stretch of work just done took (at least 2 µs, at most
+    /// Once idle, spin through a gap the recent ones say is short (under half of `spin`: the
+    /// whole `spin`), else as long as the stretch of work just done took (at least 2 µs, at most
     /// `spin`), then sleep until a frame, a handoff, a task's output or the next protocol timer.
-    /// Spinning thus never costs more CPU than the work it waits for: under steady load the next
-    /// frame arrives within the spin, at light load the core sleeps through the gaps.
+    /// Under steady load the next frame arrives within the spin, at light load the core sleeps
+    /// through the gaps. A sleep and its wake-up cost about 30 µs of latency and more CPU per
+    /// request than spinning through a gap of that size (docs/results/tail.md), hence the
+    /// default spin of 200 µs: a one-connection ping-pong, its gaps 35-70 µs, is answered
+    /// spinning.
     Adaptive {
         /// The longest spin once idle.
         spin: Duration,
@@ -105,7 +109,7 @@ pub enum PollMode {
 impl Default for PollMode {
     fn default() -> Self {
         PollMode::Adaptive {
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(200),
         }
     }
 }

@@ -214,7 +214,11 @@ pub(crate) fn reuseport_listener(port: u16) -> io::Result<tokio::net::TcpListene
     s.listen(1024)
 }
 
-pub(crate) fn corelane_server(net: &VethPair, cpus: &[usize]) -> Result<Server, String> {
+pub(crate) fn corelane_server(
+    net: &VethPair,
+    cpus: &[usize],
+    knobs: crate::runs::Knobs,
+) -> Result<Server, String> {
     let (stop_tx, stop_rx) = std::sync::mpsc::channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let ifname = net.server_if().to_string();
@@ -226,6 +230,9 @@ pub(crate) fn corelane_server(net: &VethPair, cpus: &[usize]) -> Result<Server, 
             let rt = Runtime::builder(&ifname)
                 .addr(format!("{CORELANE_SERVER}/24"))
                 .cpus(cpus)
+                .poll_mode(knobs.poll)
+                .publish_stats(knobs.publish)
+                .adaptive_batch(knobs.adaptive_batch)
                 .build()
                 .map_err(|e| e.to_string())?;
             let _ = stop_tx.send(rt.stop_handle());

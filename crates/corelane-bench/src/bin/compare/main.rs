@@ -95,6 +95,16 @@ struct Cli {
     /// frames).
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
+    /// corelane's poll mode: adaptive (the default: spin up to 200 us once idle, then sleep), adaptive:US
+    /// (spin up to US microseconds), or busy (never sleep).
+    #[arg(long, default_value = "adaptive")]
+    corelane_poll: String,
+    /// corelane's live statistics (the publisher that writes them every 100 ms): on or off.
+    #[arg(long, default_value = "on")]
+    corelane_publish: String,
+    /// corelane's batch size: adaptive (Model-T batching) or fixed.
+    #[arg(long, default_value = "adaptive")]
+    corelane_batch: String,
     /// Where to write compare.md, compare.json and compare.png.
     #[arg(long, default_value = "target/compare")]
     out: PathBuf,
@@ -196,7 +206,13 @@ fn run(cli: Cli) -> Result<(), String> {
             .map_err(|e| format!("turning offloads off: {e}"))?;
         }
     }
+    let knobs = runs::Knobs::parse(
+        &cli.corelane_poll,
+        &cli.corelane_publish,
+        &cli.corelane_batch,
+    )?;
     let ctx = Ctx {
+        knobs,
         net: &net,
         server_cpus: server_cpus.clone(),
         client_cpu,
@@ -263,6 +279,10 @@ fn run(cli: Cli) -> Result<(), String> {
             client_cpu,
             offloads: cli.offloads,
             mtu: cli.mtu,
+            corelane: format!(
+                "poll {}, live statistics {}, batch {}",
+                cli.corelane_poll, cli.corelane_publish, cli.corelane_batch
+            ),
             seconds: cli.seconds,
             warmup: cli.warmup,
             repeat: cli.repeat,

@@ -14,6 +14,8 @@ pub(crate) struct Meta {
     pub(crate) client_cpu: usize,
     pub(crate) offloads: bool,
     pub(crate) mtu: u32,
+    /// corelane's runtime settings, as given on the command line.
+    pub(crate) corelane: String,
     pub(crate) seconds: f64,
     pub(crate) warmup: f64,
     pub(crate) repeat: usize,
@@ -292,7 +294,7 @@ fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {
     format!(
         "# corelane against the kernel TCP stack (same veth, same CPUs)\n\n\
          Server on CPU(s) {:?}, load generator on CPU {}; kernel {kernel_release}; \
-         veth MTU {}, offloads {}; medians of {} run(s) of {} s after {} s of warm-up; the setups alternate \
+         corelane {}; veth MTU {}, offloads {}; medians of {} run(s) of {} s after {} s of warm-up; the setups alternate \
          within every repetition.\n\n\
          - `kernel`: kernel stack on both ends (tokio, one current_thread runtime per server CPU, \
          SO_REUSEPORT); `corelane-server`: the same kernel-socket load generator against corelane; \
@@ -312,6 +314,7 @@ fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {
          corelane-bench --bin compare -- --repeat {} --seconds {}`).\n",
         meta.server_cpus,
         meta.client_cpu,
+        meta.corelane,
         meta.mtu,
         if meta.offloads {
             "on"

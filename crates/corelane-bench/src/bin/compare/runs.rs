@@ -69,7 +69,53 @@ pub(crate) struct Sample {
     pub(crate) errors: f64,
 }
 
+/// How corelane's server runtime is set up (the defaults unless a tail study changes them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Knobs {
+    pub(crate) poll: corelane::PollMode,
+    pub(crate) publish: bool,
+    pub(crate) adaptive_batch: bool,
+}
+
+impl Knobs {
+    pub(crate) fn parse(poll: &str, publish: &str, batch: &str) -> Result<Knobs, String> {
+        let poll = match poll {
+            "busy" => corelane::PollMode::Busy,
+            "adaptive" => corelane::PollMode::default(),
+            p => match p
+                .strip_prefix("adaptive:")
+                .and_then(|us| us.parse::<u64>().ok())
+            {
+                Some(us) => corelane::PollMode::Adaptive {
+                    spin: Duration::from_micros(us),
+                },
+                None => {
+                    return Err(format!(
+                        "--corelane-poll {p}: busy, adaptive or adaptive:US"
+                    ));
+                }
+            },
+        };
+        let on_off = |flag: &str, v: &str| match v {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            _ => Err(format!("{flag} {v}: on or off")),
+        };
+        let adaptive_batch = match batch {
+            "adaptive" => true,
+            "fixed" => false,
+            b => return Err(format!("--corelane-batch {b}: adaptive or fixed")),
+        };
+        Ok(Knobs {
+            poll,
+            publish: on_off("--corelane-publish", publish)?,
+            adaptive_batch,
+        })
+    }
+}
+
 pub(crate) struct Ctx<'a> {
+    pub(crate) knobs: Knobs,
     pub(crate) net: &'a VethPair,
     pub(crate) server_cpus: Vec<usize>,
     pub(crate) client_cpu: usize,
@@ -86,7 +132,7 @@ pub(crate) fn one_run(
     let server = if setup == Setup::Nginx {
         crate::http::nginx_server(ctx.net, &ctx.server_cpus)?
     } else if setup.corelane_server() {
-        corelane_server(ctx.net, &ctx.server_cpus)?
+        corelane_server(ctx.net, &ctx.server_cpus, ctx.knobs)?
     } else if setup == Setup::Epoll {
         epoll_server(ctx.net, &ctx.server_cpus)?
     } else if setup == Setup::Monoio {

@@ -8,7 +8,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use common::*;
@@ -114,29 +113,9 @@ fn echo_with_mss(to: SocketAddr, data: &[u8]) -> std::io::Result<([u8; 32], usiz
     let got = reader
         .join()
         .map_err(|_| std::io::Error::other("reader panicked"))??;
-    let (rcv_mss, snd_mss) = tcp_mss(&s)?;
+    let info = corelane_testnet::sockopt::tcp_info(&s)?;
+    let (rcv_mss, snd_mss) = (info.tcpi_rcv_mss, info.tcpi_snd_mss);
     Ok((sha256(&got), got.len(), rcv_mss, snd_mss))
-}
-
-/// `tcpi_rcv_mss` and `tcpi_snd_mss` of a connected socket.
-fn tcp_mss(s: &std::net::TcpStream) -> std::io::Result<(u32, u32)> {
-    // SAFETY: tcp_info is plain integers, for which all zeros is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` is a live tcp_info and `len` its size; the kernel writes at most `len`.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((info.tcpi_rcv_mss, info.tcpi_snd_mss))
 }
 
 /// Sends one UDP datagram of `len` bytes to `to` from the client (up to five tries) and returns

@@ -41,25 +41,6 @@ fn drain(addr: &str, secs: u64) -> Result<u64, String> {
     Ok(counted)
 }
 
-fn set_cubic(l: &TcpListener) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    let cc = b"cubic";
-    // SAFETY: the descriptor is open; the option value is `cc` with its length.
-    let rc = unsafe {
-        libc::setsockopt(
-            l.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            cc.as_ptr().cast(),
-            cc.len() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(format!("kernel CUBIC: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
 #[test]
 fn corelane_and_the_kernel_share_a_bottleneck() -> Result<(), String> {
     if !require_root("tcp fairness") {
@@ -78,7 +59,7 @@ fn corelane_and_the_kernel_share_a_bottleneck() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // The kernel flow runs CUBIC as corelane's does, whatever the machine's default (BBR on
     // some, which takes most of a shallow bottleneck from any loss-based flow).
-    set_cubic(&l)?;
+    corelane_testnet::sockopt::set_congestion(&l, "cubic")?;
     net.server_ns()
         .spawn(move || {
             if let Ok((mut s, _)) = l.accept() {

@@ -66,47 +66,14 @@ pub mod sys {
         Ok(())
     }
 
-    /// Sets the congestion control of a kernel TCP socket (TCP_CONGESTION; a listener's is
-    /// inherited by what it accepts).
-    pub fn set_congestion(sock: &impl std::os::fd::AsRawFd, cc: &str) -> Result<(), String> {
-        // SAFETY: the descriptor is open for the call; the option value is the bytes of `cc`
-        // with their length.
-        let rc = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_CONGESTION,
-                cc.as_ptr().cast(),
-                cc.len() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(format!(
-                "kernel congestion control {cc:?}: {} (is the module loaded? see /proc/sys/net/ipv4/tcp_available_congestion_control)",
-                std::io::Error::last_os_error()
-            ));
-        }
-        Ok(())
-    }
+    pub use corelane_testnet::sockopt::set_congestion;
 
     /// A kernel TCP socket's retransmitted segments and smoothed RTT in microseconds
     /// (TCP_INFO), None when the call fails.
     pub fn tcp_retrans(sock: &impl std::os::fd::AsRawFd) -> Option<(u64, u64)> {
-        // SAFETY: tcp_info is plain data; zeroed is a valid value.
-        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        // SAFETY: the descriptor is open for the call; info and len are valid for writes of
-        // the sizes given.
-        let rc = unsafe {
-            libc::getsockopt(
-                sock.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                (&mut info as *mut libc::tcp_info).cast(),
-                &mut len,
-            )
-        };
-        (rc == 0).then(|| (u64::from(info.tcpi_total_retrans), u64::from(info.tcpi_rtt)))
+        corelane_testnet::sockopt::tcp_info(sock)
+            .ok()
+            .map(|info| (u64::from(info.tcpi_total_retrans), u64::from(info.tcpi_rtt)))
     }
 }
 

@@ -27,6 +27,7 @@ mod lossy;
 mod packet;
 mod reorder;
 mod routed;
+pub mod sockopt;
 mod veth;
 
 pub use flood::{FloodReport, SynFlood, SynFloodBuilder};

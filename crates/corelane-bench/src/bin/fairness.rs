@@ -69,7 +69,7 @@ fn kernel_server(net: &LossyPath) -> Result<(), String> {
         .run(|| TcpListener::bind((KERNEL, PORT)))
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("kernel server: {e}"))?;
-    set_cubic(&l)?;
+    corelane_bench::sys::set_congestion(&l, "cubic")?;
     net.server_ns()
         .spawn(move || {
             while let Ok((mut s, _)) = l.accept() {
@@ -80,25 +80,6 @@ fn kernel_server(net: &LossyPath) -> Result<(), String> {
             }
         })
         .map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-fn set_cubic(l: &TcpListener) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    let cc = b"cubic";
-    // SAFETY: the descriptor is open; the option value is `cc` with its length.
-    let rc = unsafe {
-        libc::setsockopt(
-            l.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            cc.as_ptr().cast(),
-            cc.len() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(format!("kernel CUBIC: {}", std::io::Error::last_os_error()));
-    }
     Ok(())
 }
 

@@ -1,0 +1,88 @@
+//! How a queue's socket is asked for (`XskConfig`, `ZeroCopy`) and how it ended up bound
+//! (`BindMode`).
+
+#[cfg(doc)]
+use super::chain::MAX_PIECES;
+
+/// Whether to ask for zero-copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZeroCopy {
+    /// Copy mode only.
+    Off,
+    /// Try zero-copy, fall back to copy mode (and report it) when the driver refuses.
+    #[default]
+    Try,
+    /// Zero-copy or an error.
+    Require,
+}
+
+/// How an AF_XDP socket ended up bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindMode {
+    /// The kernel copies frames between the driver and the UMEM.
+    Copy,
+    /// The driver DMAs straight into the UMEM.
+    ZeroCopy,
+}
+
+impl std::fmt::Display for BindMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BindMode::Copy => "copy",
+            BindMode::ZeroCopy => "zero-copy",
+        })
+    }
+}
+
+/// Sizes of a queue's UMEM and rings.
+#[derive(Debug, Clone, Copy)]
+pub struct XskConfig {
+    /// Frames in the UMEM (default 4096).
+    pub frames: u32,
+    /// Bytes per frame: 2048 or 4096; 0 (the default) lets the runtime choose from the
+    /// interface's MTU (2048 bytes up to an MTU of 1778, 4096 above), and means 2048 for a
+    /// queue opened directly.
+    pub frame_size: u32,
+    /// Entries in each of the four rings, a power of two (default 2048).
+    pub ring_size: u32,
+    /// Zero-copy preference.
+    pub zero_copy: ZeroCopy,
+    /// The largest packet (Ethernet header included) the socket must carry. Above what one frame
+    /// holds (the frame size less 256 bytes of headroom) the socket is bound for multi-buffer
+    /// (`XDP_USE_SG`, Linux 6.6+): a jumbo frame comes and goes as a chain of UMEM frames, at
+    /// most [`MAX_PIECES`]. 0 (the default): one frame.
+    pub max_packet: u32,
+}
+
+impl XskConfig {
+    /// The frame size in force: `frame_size`, or 2048 for 0.
+    pub fn frame_bytes(&self) -> u32 {
+        if self.frame_size == 0 {
+            2048
+        } else {
+            self.frame_size
+        }
+    }
+
+    /// Bytes of packet one frame holds: the frame less the kernel's 256 bytes of headroom.
+    pub fn frame_capacity(&self) -> u32 {
+        self.frame_bytes().saturating_sub(256)
+    }
+
+    /// Whether packets span frames (`max_packet` above one frame's capacity).
+    pub fn multi_buffer(&self) -> bool {
+        self.max_packet > self.frame_capacity()
+    }
+}
+
+impl Default for XskConfig {
+    fn default() -> Self {
+        XskConfig {
+            frames: 4096,
+            frame_size: 0,
+            ring_size: 2048,
+            zero_copy: ZeroCopy::Try,
+            max_packet: 0,
+        }
+    }
+}

@@ -6,16 +6,50 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
 use corelane_testnet::require_root;
 
-fn interrupt(child: &mut Child) -> Result<(), String> {
+/// Waits (up to 20 s) for `child` to print a line holding `word` on its standard error;
+/// returns a thread that collects the rest.
+fn started(child: &mut Child, word: &str) -> Result<JoinHandle<String>, String> {
+    let err = child.stderr.take().ok_or("no stderr")?;
+    let (tx, rx) = mpsc::channel();
+    let word = word.to_string();
+    let rest = std::thread::spawn(move || {
+        let mut all = String::new();
+        let mut told = false;
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if !told && line.contains(&word) {
+                let _ = tx.send(());
+                told = true;
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(()) => Ok(rest),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(format!(
+                "did not start within 20 s: {}",
+                rest.join().unwrap_or_default()
+            ))
+        }
+    }
+}
+
+fn interrupt(child: &mut Child, stderr: JoinHandle<String>) -> Result<(), String> {
     // SAFETY: kill(2) on a child this test started and has not reaped.
     let r = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     if r != 0 {
@@ -24,10 +58,7 @@ fn interrupt(child: &mut Child) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
+            let err = stderr.join().unwrap_or_default();
             if !st.success() {
                 return Err(format!("exited with {st}: {err}"));
             }
@@ -166,7 +197,11 @@ fn operate_capture_holds_what_the_peer_saw() -> Result<(), String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("corelane-stat capture: {e}"))?;
-    std::thread::sleep(Duration::from_millis(700));
+    // Both say when they see every frame (tcpdump: "listening on", corelane-stat:
+    // "capturing on"); the exchange starts after both did.
+    let peer_err = started(&mut peer, "listening on").map_err(|e| format!("tcpdump: {e}"))?;
+    let ours_err =
+        started(&mut capture, "capturing on").map_err(|e| format!("corelane-stat capture: {e}"))?;
 
     // Four connections (both cores), each three echoed messages of different sizes and a
     // close; UDP on port 7 and TCP on port 9 (discard: refused) are filtered out.
@@ -201,8 +236,8 @@ fn operate_capture_holds_what_the_peer_saw() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // The last ACKs, then both captures end.
     std::thread::sleep(Duration::from_millis(500));
-    interrupt(&mut capture).map_err(|e| format!("corelane-stat capture: {e}"))?;
-    interrupt(&mut peer).map_err(|e| format!("tcpdump: {e}"))?;
+    interrupt(&mut capture, ours_err).map_err(|e| format!("corelane-stat capture: {e}"))?;
+    interrupt(&mut peer, peer_err).map_err(|e| format!("tcpdump: {e}"))?;
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
 

@@ -391,6 +391,8 @@ pub struct Record {
 pub struct Capture {
     map: Mapping,
     layout: Layout,
+    snap: usize,
+    ifname: String,
 }
 
 impl Stats {
@@ -429,7 +431,8 @@ impl Stats {
         let layout = Layout::read(map.words())?;
         let w = map.words();
         filter.store(w, Layout::CONTROL);
-        w[Layout::CONTROL + K_SNAP].store(snap.clamp(14, 65535) as u64, Ordering::Relaxed);
+        let snap = snap.clamp(14, 65535);
+        w[Layout::CONTROL + K_SNAP].store(snap as u64, Ordering::Relaxed);
         // What is in the rings from an earlier capture is not this one's.
         for core in 0..layout.cores {
             let r = layout.ring_at(core);
@@ -437,7 +440,12 @@ impl Stats {
             w[r + R_TAIL].store(head, Ordering::Release);
         }
         w[Layout::CONTROL + K_GEN].fetch_add(1, Ordering::AcqRel);
-        let c = Capture { map, layout };
+        let c = Capture {
+            map,
+            layout,
+            snap,
+            ifname: self.ifname(),
+        };
         c.renew();
         Ok(c)
     }
@@ -446,6 +454,16 @@ impl Stats {
 impl Capture {
     fn words(&self) -> &[AtomicU64] {
         self.map.words()
+    }
+
+    /// The snap length each frame is cut to (14 to 65535 bytes).
+    pub fn snap(&self) -> usize {
+        self.snap
+    }
+
+    /// The interface of the runtime being captured.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
     }
 
     fn ring(&self, core: usize) -> usize {

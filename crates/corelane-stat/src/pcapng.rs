@@ -6,7 +6,9 @@ use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::{Filter, Record, Stats, now_ns};
+#[cfg(doc)]
+use crate::Stats;
+use crate::{Capture, Record, now_ns};
 
 const SHB: u32 = 0x0a0d_0d0a;
 const IDB: u32 = 1;
@@ -118,24 +120,23 @@ pub struct Recorded {
 /// frame with its turn's time and writes it within that turn.
 const MERGE_DELAY: Duration = Duration::from_millis(20);
 
-/// Captures the frames that pass `filter` (cut to `snap` bytes) from every core of the
-/// runtime `stats` reads, merged by time, into `out` as pcapng, until `count` frames are
-/// written, `until` passes or `stop` is set.
+/// Writes what the running capture `cap` (see [`Stats::capture`]) takes from every core of
+/// its runtime, merged by time, into `out` as pcapng, until `count` frames are written,
+/// `until` passes or `stop` is set; the capture ends when this returns. Frames are stamped
+/// with the start of the turn in which their core handled them, so each connection's frames
+/// are in wire order; two cores' frames interleave by those stamps.
 ///
 /// # Errors
-/// The capture cannot start (see [`Stats::capture`]) or writing failed.
+/// Writing failed.
 pub fn record<W: Write>(
-    stats: &Stats,
-    filter: Filter,
-    snap: usize,
+    cap: Capture,
     count: Option<u64>,
     until: Option<Instant>,
     stop: &AtomicBool,
     out: W,
 ) -> io::Result<Recorded> {
-    let snap = snap.clamp(14, 65535);
-    let mut pcap = PcapNg::new(out, &stats.ifname(), snap)?;
-    let mut cap = stats.capture(filter, snap)?;
+    let mut cap = cap;
+    let mut pcap = PcapNg::new(out, cap.ifname(), cap.snap())?;
     let dropped_before: u64 = cap.dropped().iter().sum();
     let mut pending: Vec<Record> = Vec::new();
     let mut done = Recorded::default();

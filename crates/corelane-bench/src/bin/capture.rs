@@ -166,10 +166,11 @@ fn measure(
     let reader = std::thread::spawn(move || -> Result<corelane_stat::Recorded, String> {
         let stats = corelane_stat::Stats::open(&path).map_err(|e| e.to_string())?;
         let w = std::io::BufWriter::new(std::fs::File::create(&out).map_err(|e| e.to_string())?);
+        let cap = stats.capture(filter, 65535).map_err(|e| e.to_string())?;
         st.store(true, Ordering::Relaxed);
-        corelane_stat::record(&stats, filter, 65535, None, None, &s2, w).map_err(|e| e.to_string())
+        corelane_stat::record(cap, None, None, &s2, w).map_err(|e| e.to_string())
     });
-    while !started.load(Ordering::Relaxed) {
+    while !started.load(Ordering::Relaxed) && !reader.is_finished() {
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(200));

@@ -505,13 +505,23 @@ fn capture(a: &Args) -> Result<(), String> {
         .seconds
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
     let snap = a.snap.unwrap_or(65535);
+    let cap = s
+        .capture(filter, snap)
+        .map_err(|e| format!("capture on {}: {e}", s.ifname()))?;
+    // As tcpdump does: from here on every frame a core handles is seen.
+    eprintln!(
+        "capturing on {} ({} core(s)), snap length {} bytes",
+        s.ifname(),
+        s.cores().len(),
+        cap.snap()
+    );
     let done = if path == "-" {
         let out = std::io::BufWriter::new(std::io::stdout().lock());
-        corelane_stat::record(&s, filter, snap, a.count, until, &stop, out)
+        corelane_stat::record(cap, a.count, until, &stop, out)
     } else {
         let file = std::fs::File::create(path).map_err(|e| format!("{path}: {e}"))?;
         let out = std::io::BufWriter::new(file);
-        corelane_stat::record(&s, filter, snap, a.count, until, &stop, out)
+        corelane_stat::record(cap, a.count, until, &stop, out)
     }
     .map_err(|e| format!("capture on {}: {e}", s.ifname()))?;
     eprintln!(

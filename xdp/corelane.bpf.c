@@ -565,6 +565,43 @@ static __always_inline int syn_cookie(struct xdp_md *ctx)
 	return r;
 }
 
+// ---- Answers built in place ------------------------------------------------------------------
+
+// Writes a 20-byte IPv4 header from `src` to `dst` (network order) over `len` bytes of
+// `proto` payload, with its checksum; `frag_off` in network order (DF or 0).
+static __always_inline void write_ip4(struct iphdr *ip, __u32 src, __u32 dst, __u8 proto,
+				      __u16 len, __u16 frag_off)
+{
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(sizeof(struct iphdr) + len);
+	ip->id = 0;
+	ip->frag_off = frag_off;
+	ip->ttl = 64;
+	ip->protocol = proto;
+	ip->check = 0;
+	ip->saddr = src;
+	ip->daddr = dst;
+	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(struct iphdr), 0));
+}
+
+// Writes an IPv6 header from `src` to `dst` over `len` bytes of `next` payload. Returns the
+// upper-layer checksum's pseudo-header sum (RFC 8200 section 8.1), not folded.
+static __always_inline __u64 write_ip6(struct ipv6hdr *ip6, const struct in6_key *src,
+				       const struct in6_key *dst, __u8 next, __u16 len)
+{
+	__builtin_memset(ip6, 0, 4);
+	ip6->version = 6;
+	ip6->payload_len = bpf_htons(len);
+	ip6->nexthdr = next;
+	ip6->hop_limit = 64;
+	__builtin_memcpy(ip6->saddr.in6_u.u6_addr8, src->addr, 16);
+	__builtin_memcpy(ip6->daddr.in6_u.u6_addr8, dst->addr, 16);
+	__u64 pseudo = bpf_csum_diff(0, 0, (__be32 *)&ip6->saddr, 32, 0);
+	return pseudo + bpf_htons(len) + bpf_htons(next);
+}
+
 // ---- Resets for closed ports ----------------------------------------------------------------
 //
 // The host that owns an address answers for all of its ports: a TCP segment to an owned address
@@ -658,18 +695,7 @@ static __always_inline int reset_v4(struct xdp_md *ctx)
 		return pass();
 	rst_write(eth, th, &in);
 	eth->h_proto = bpf_htons(ETH_P_IP);
-	ip->version = 4;
-	ip->ihl = 5;
-	ip->tos = 0;
-	ip->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
-	ip->id = 0;
-	ip->frag_off = bpf_htons(0x4000);
-	ip->ttl = 64;
-	ip->protocol = IPPROTO_TCP;
-	ip->check = 0;
-	ip->saddr = daddr;
-	ip->daddr = saddr;
-	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(struct iphdr), 0));
+	write_ip4(ip, daddr, saddr, IPPROTO_TCP, sizeof(struct tcphdr), bpf_htons(0x4000));
 	__u64 pseudo = (__u64)saddr + daddr + bpf_htons(IPPROTO_TCP) +
 		       bpf_htons(sizeof(struct tcphdr));
 	th->check = csum_fold(
@@ -706,16 +732,7 @@ static __always_inline int reset_v6(struct xdp_md *ctx)
 		return pass();
 	rst_write(eth, th, &in);
 	eth->h_proto = bpf_htons(ETH_P_IPV6);
-	__builtin_memset(ip6, 0, 4);
-	ip6->version = 6;
-	ip6->payload_len = bpf_htons(sizeof(struct tcphdr));
-	ip6->nexthdr = IPPROTO_TCP;
-	ip6->hop_limit = 64;
-	__builtin_memcpy(ip6->saddr.in6_u.u6_addr8, daddr.addr, 16);
-	__builtin_memcpy(ip6->daddr.in6_u.u6_addr8, saddr.addr, 16);
-	// The pseudo-header: both addresses, the upper-layer length and the next header.
-	__u64 pseudo = bpf_csum_diff(0, 0, (__be32 *)&ip6->saddr, 32, 0);
-	pseudo += bpf_htons(sizeof(struct tcphdr)) + bpf_htons(IPPROTO_TCP);
+	__u64 pseudo = write_ip6(ip6, &daddr, &saddr, IPPROTO_TCP, sizeof(struct tcphdr));
 	th->check = csum_fold(
 		bpf_csum_diff(0, 0, (__be32 *)th, sizeof(struct tcphdr), fold32(pseudo)));
 	count(STAT_RESETS);
@@ -756,6 +773,31 @@ static __always_inline int unreach_allowed(void)
 // Bytes of the datagram the answer quotes after its IP header: the UDP header.
 #define QUOTE_L4 8
 
+// Reshapes the frame into an answer to its sender: keeps the Ethernet header and the `quote`
+// bytes after it, makes room for `grow` bytes of new headers between the two, swaps the MAC
+// addresses and sets the EtherType to `proto`. Returns 0, or -1 when the frame cannot be
+// reshaped (the caller passes it on).
+static __always_inline int answer_frame(struct xdp_md *ctx, int quote, int grow, __u16 proto)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return -1;
+	__u8 smac[ETH_ALEN], dmac[ETH_ALEN];
+	__builtin_memcpy(smac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);
+	if (bpf_xdp_adjust_tail(ctx, (int)sizeof(struct ethhdr) + quote - frame_len(ctx)))
+		return -1;
+	if (bpf_xdp_adjust_head(ctx, -grow))
+		return -1;
+	eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return -1;
+	__builtin_memcpy(eth->h_dest, smac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, dmac, ETH_ALEN);
+	eth->h_proto = bpf_htons(proto);
+	return 0;
+}
+
 // A UDP datagram in an IPv4 frame with a 20-byte IP header, to a closed port.
 static __always_inline int unreachable_v4(struct xdp_md *ctx)
 {
@@ -773,16 +815,9 @@ static __always_inline int unreachable_v4(struct xdp_md *ctx)
 		return pass();
 	if (!unreach_allowed())
 		return XDP_DROP;
-	__u8 smac[ETH_ALEN], dmac[ETH_ALEN];
-	__builtin_memcpy(smac, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);
+	// The new IP and ICMP headers go between the Ethernet header and the quote.
 	int quote = sizeof(struct iphdr) + QUOTE_L4;
-	int keep = sizeof(struct ethhdr) + quote;
-	if (bpf_xdp_adjust_tail(ctx, keep - frame_len(ctx)))
-		return pass();
-	// The new IP and ICMP headers go between the old Ethernet header's place and the quote.
-	int grow = sizeof(struct iphdr) + 8;
-	if (bpf_xdp_adjust_head(ctx, -grow))
+	if (answer_frame(ctx, quote, sizeof(struct iphdr) + 8, ETH_P_IP))
 		return pass();
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
@@ -791,21 +826,7 @@ static __always_inline int unreachable_v4(struct xdp_md *ctx)
 	__u8 *icmp = (void *)(ip + 1);
 	if ((void *)(icmp + 8 + quote) > end)
 		return pass();
-	__builtin_memcpy(eth->h_dest, smac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, dmac, ETH_ALEN);
-	eth->h_proto = bpf_htons(ETH_P_IP);
-	ip->version = 4;
-	ip->ihl = 5;
-	ip->tos = 0;
-	ip->tot_len = bpf_htons(sizeof(struct iphdr) + 8 + quote);
-	ip->id = 0;
-	ip->frag_off = 0;
-	ip->ttl = 64;
-	ip->protocol = IPPROTO_ICMP;
-	ip->check = 0;
-	ip->saddr = daddr;
-	ip->daddr = saddr;
-	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(struct iphdr), 0));
+	write_ip4(ip, daddr, saddr, IPPROTO_ICMP, 8 + quote, 0);
 	__builtin_memset(icmp, 0, 8);
 	icmp[0] = 3; // destination unreachable
 	icmp[1] = 3; // port unreachable
@@ -836,15 +857,8 @@ static __always_inline int unreachable_v6(struct xdp_md *ctx)
 		return pass();
 	if (!unreach_allowed())
 		return XDP_DROP;
-	__u8 smac[ETH_ALEN], dmac[ETH_ALEN];
-	__builtin_memcpy(smac, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);
 	int quote = sizeof(struct ipv6hdr) + QUOTE_L4;
-	int keep = sizeof(struct ethhdr) + quote;
-	if (bpf_xdp_adjust_tail(ctx, keep - frame_len(ctx)))
-		return pass();
-	int grow = sizeof(struct ipv6hdr) + 8;
-	if (bpf_xdp_adjust_head(ctx, -grow))
+	if (answer_frame(ctx, quote, sizeof(struct ipv6hdr) + 8, ETH_P_IPV6))
 		return pass();
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
@@ -853,21 +867,10 @@ static __always_inline int unreachable_v6(struct xdp_md *ctx)
 	__u8 *icmp = (void *)(ip6 + 1);
 	if ((void *)(icmp + 8 + quote) > end)
 		return pass();
-	__builtin_memcpy(eth->h_dest, smac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, dmac, ETH_ALEN);
-	eth->h_proto = bpf_htons(ETH_P_IPV6);
-	__builtin_memset(ip6, 0, 4);
-	ip6->version = 6;
-	ip6->payload_len = bpf_htons(8 + quote);
-	ip6->nexthdr = IPPROTO_ICMPV6;
-	ip6->hop_limit = 64;
-	__builtin_memcpy(ip6->saddr.in6_u.u6_addr8, daddr.addr, 16);
-	__builtin_memcpy(ip6->daddr.in6_u.u6_addr8, saddr.addr, 16);
+	__u64 pseudo = write_ip6(ip6, &daddr, &saddr, IPPROTO_ICMPV6, 8 + quote);
 	__builtin_memset(icmp, 0, 8);
 	icmp[0] = 1; // destination unreachable
 	icmp[1] = 4; // port unreachable
-	__u64 pseudo = bpf_csum_diff(0, 0, (__be32 *)&ip6->saddr, 32, 0);
-	pseudo += bpf_htons(8 + quote) + bpf_htons(IPPROTO_ICMPV6);
 	__u16 sum = csum_fold(bpf_csum_diff(0, 0, (__be32 *)icmp, 8 + sizeof(struct ipv6hdr) + QUOTE_L4,
 					    fold32(pseudo)));
 	__builtin_memcpy(icmp + 2, &sum, 2);

@@ -10,11 +10,11 @@
 //! segments in flight oldest first from a heap of transmissions, so each is looked at once
 //! per transmission, not on every ACK.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use smoltcp::time::{Duration, Instant};
 
+use super::order::TimeOrder;
 use super::seq::Seq;
 
 /// Where one segment stands.
@@ -84,7 +84,7 @@ pub(crate) struct Board {
     lost_hint: usize,
     /// Each transmission's time, order and start, oldest first, for RACK. An entry whose
     /// segment was since delivered, deemed lost or sent again is dropped when met.
-    order: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    order: TimeOrder,
     /// Transmissions so far (the order of those sent at the same instant).
     sends: u64,
     /// Indices a SACK block walked through, whose run ends it moves on.
@@ -195,7 +195,7 @@ impl Board {
     /// to drop them).
     fn sent_at(&mut self, xmit: Instant, start: Seq) {
         self.sends += 1;
-        self.order.push(Reverse((xmit, self.sends, start.0)));
+        self.order.push((xmit, self.sends, start.0));
         if self.order.len() > 2 * self.segs.len() + 64 {
             self.reorder();
         }
@@ -203,15 +203,17 @@ impl Board {
 
     /// Builds RACK's time order again from the segments in flight.
     fn reorder(&mut self) {
-        let mut v = std::mem::take(&mut self.order).into_vec();
-        v.clear();
-        for s in &self.segs {
-            if matches!(s.state, SegState::Sent | SegState::Retrans) {
-                self.sends += 1;
-                v.push(Reverse((s.xmit, self.sends, s.start.0)));
-            }
-        }
-        self.order = BinaryHeap::from(v);
+        let mut sends = self.sends;
+        let live = self
+            .segs
+            .iter()
+            .filter(|s| matches!(s.state, SegState::Sent | SegState::Retrans))
+            .map(|s| {
+                sends += 1;
+                (s.xmit, sends, s.start.0)
+            });
+        self.order.rebuild(live);
+        self.sends = sends;
     }
 
     /// The index of the segment at `start`, sent at `xmit` and in flight since, if any.
@@ -346,7 +348,7 @@ impl Board {
         let mut timer = None;
         // Oldest transmission first: the first not yet due ends the walk, and its time is
         // the timer's (a later one is due later).
-        while let Some(&Reverse((xmit, _, start))) = self.order.peek() {
+        while let Some((xmit, _, start)) = self.order.peek() {
             self.ops += 1;
             let Some(i) = self.in_flight_at(Seq(start), xmit) else {
                 self.order.pop();

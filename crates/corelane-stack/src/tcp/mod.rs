@@ -48,6 +48,7 @@ mod end;
 mod fuzz;
 mod icmp;
 mod input;
+mod order;
 mod output;
 mod pacing;
 mod recv;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use corelane::net::TcpListener;
-use corelane::{OnPanic, Runtime};
+use corelane::{OnPanic, Placement, Runtime};
 use corelane_testnet::{VethPair, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -45,10 +45,16 @@ async fn echo(mut s: corelane::net::TcpStream) {
 /// Runs a one-core runtime on `net` with `policy`, whose future panics on its first
 /// connection and echoes on every later one; returns the join handle and a stop handle.
 fn panicky(net: &VethPair, policy: OnPanic) -> Result<Served> {
+    panicky_at(net, policy, Placement::SameCore)
+}
+
+/// `panicky` with the application placed by `placement` (a split lane runs it on a thread of
+/// its own).
+fn panicky_at(net: &VethPair, policy: OnPanic, placement: Placement) -> Result<Served> {
     let runs = Arc::new(AtomicUsize::new(0));
     serve_on(
         net,
-        move |b| b.cores(1).on_panic(policy),
+        move |b| b.cores(1).placement(placement.clone()).on_panic(policy),
         move |_| {
             let run = runs.fetch_add(1, Ordering::SeqCst);
             async move {
@@ -69,12 +75,28 @@ fn a_panicking_core_future_is_run_again_and_its_queue_keeps_serving() -> Result 
     if !require_root("lifecycle: restart after a panic") {
         return Ok(());
     }
+    restarted_after_a_panic(Placement::SameCore)
+}
+
+/// The same on a split lane, where the application has a thread (and executor) of its own.
+#[test]
+fn a_panicking_future_on_a_split_lane_is_run_again() -> Result {
+    if !require_root("lifecycle: restart after a panic, split lane") {
+        return Ok(());
+    }
+    restarted_after_a_panic(Placement::Explicit {
+        protocol: vec![0],
+        application: vec![1],
+    })
+}
+
+fn restarted_after_a_panic(placement: Placement) -> Result {
     let net = net(1);
     let Served {
         thread: server,
         stop,
         ..
-    } = panicky(&net, OnPanic::RestartCore)?;
+    } = panicky_at(&net, OnPanic::RestartCore, placement)?;
     let to: SocketAddr = format!("{SERVER_V4}:7").parse()?;
     // The first connection meets the panic; the core's future runs again and serves the rest.
     let first = hello(&net, to)?;

@@ -174,15 +174,9 @@ impl Runtime {
                 tokio::select! {
                     d = &mut driver_task => break d,
                     r = &mut app => {
-                        if let Some(message) = panic_message(r) {
-                            match core.on_panic(&message, restart) {
-                                Ok(delay) => {
-                                    tokio::time::sleep(delay).await;
-                                    app = tokio::task::spawn_local(f(info));
-                                    continue;
-                                }
-                                Err(message) => panicked = Some(message),
-                            }
+                        if let Some(again) = next_attempt(&core, r, restart, f, info, &mut panicked).await {
+                            app = again;
+                            continue;
                         }
                         // This core's future is done; the core serves its queue (handoff,
                         // ARP, retransmissions) until every core's is, then lingers.
@@ -294,6 +288,34 @@ fn panic_message(r: Result<(), tokio::task::JoinError>) -> Option<String> {
     )
 }
 
+/// A core's application future ended with `r`. When it panicked and the core's policy
+/// restarts it (see `Core::on_panic`), waits the policy's delay and returns the new attempt;
+/// otherwise None, with the panic's message in `panicked` when the policy ends the runtime.
+async fn next_attempt<F, Fut>(
+    core: &Core,
+    r: Result<(), tokio::task::JoinError>,
+    restart: bool,
+    f: &F,
+    info: CoreInfo,
+    panicked: &mut Option<String>,
+) -> Option<tokio::task::JoinHandle<()>>
+where
+    F: Fn(CoreInfo) -> Fut,
+    Fut: Future<Output = ()> + 'static,
+{
+    let message = panic_message(r)?;
+    match core.on_panic(&message, restart) {
+        Ok(delay) => {
+            tokio::time::sleep(delay).await;
+            Some(tokio::task::spawn_local(f(info)))
+        }
+        Err(message) => {
+            *panicked = Some(message);
+            None
+        }
+    }
+}
+
 /// How a split lane's application thread ended.
 pub(crate) struct AppEnd {
     pub(crate) panicked: Option<String>,
@@ -361,15 +383,9 @@ where
         loop {
             tokio::select! {
                 r = &mut app => {
-                    if let Some(message) = panic_message(r) {
-                        match core.on_panic(&message, restart) {
-                            Ok(delay) => {
-                                tokio::time::sleep(delay).await;
-                                app = tokio::task::spawn_local(f(info));
-                                continue;
-                            }
-                            Err(message) => end.panicked = Some(message),
-                        }
+                    if let Some(again) = next_attempt(&core, r, restart, f, info, &mut end.panicked).await {
+                        app = again;
+                        continue;
                     }
                     core.shared.app_done();
                     core.wake_driver();

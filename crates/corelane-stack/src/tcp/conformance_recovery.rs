@@ -66,8 +66,7 @@ fn the_retransmission_timer_backs_off_from_a_200_ms_floor() {
     s.c.cfg.recovery_probe = false;
     // A fast path: SRTT far below the floor.
     s.c.rtt.sample(Duration::from_micros(50));
-    s.c.tlp_at = None;
-    s.c.probes_out = u8::MAX;
+    s.c.probe.exhaust();
     s.c.rto_at = Some(s.now + s.c.rtt.rto());
     let mut gaps = Vec::new();
     for _ in 0..4 {
@@ -191,7 +190,7 @@ fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_time
     assert_eq!(s.c.stats.recovery_probes, 1);
     assert_eq!(s.c.stats.tail_probes, 0);
     // If that brings nothing either, a second probe twice as late.
-    assert_eq!(s.c.tlp_at, Some(s.now + d * 2));
+    assert_eq!(s.c.probe.deadline(), Some(s.now + d * 2));
     // The probe arrives: its SACK tells RACK that everything sent before it is lost, the
     // retransmission of segment 0 included, long before the 200 ms timer.
     s.advance(Duration::from_millis(1));
@@ -221,8 +220,7 @@ fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_time
 #[test]
 fn after_a_timeout_probes_send_the_next_holes_and_a_lost_retransmission_waits_no_doubled_timer() {
     let (mut s, una) = ten_in_flight_1ms();
-    s.c.tlp_at = None;
-    s.c.probes_out = u8::MAX;
+    s.c.probe.exhaust();
     // The whole flight is lost: the timer, then the first segment alone (a window of one).
     let d = s.jump();
     assert_eq!(d, Duration::from_millis(200));
@@ -240,7 +238,7 @@ fn after_a_timeout_probes_send_the_next_holes_and_a_lost_retransmission_waits_no
         assert_eq!(s.c.stats.recovery_probes, u64::from(i));
     }
     // No third: the timer is next, a backed-off RTO after the last probe.
-    assert!(s.c.tlp_at.is_none());
+    assert!(s.c.probe.deadline().is_none());
     assert_eq!(s.c.poll_at(), Some(s.now + Duration::from_millis(400)));
     // The second probe arrives; RACK finds the first segment's retransmission lost and sends
     // it again without waiting for the timer.
@@ -263,8 +261,7 @@ fn an_ack_echoing_a_retransmission_s_timestamp_is_a_sample_and_ends_the_backoff(
         s.c.write(&[9u8; 2000]);
         let first = s.out();
         assert!(first.len() >= 2, "{first:?}");
-        s.c.tlp_at = None;
-        s.c.probes_out = u8::MAX;
+        s.c.probe.exhaust();
         s.jump();
         let again = s.out();
         assert_eq!(again[0].seq, una);
@@ -302,7 +299,7 @@ fn a_recovery_probe_waits_out_a_delayed_ack_when_the_peer_may_have_no_hole() {
     // holds nothing out of order and may delay its ACK, so no probe within 200 ms.
     s.c.enter_recovery();
     s.c.arm_tlp(s.now);
-    let probe = s.c.tlp_at.expect("armed");
+    let probe = s.c.probe.deadline().expect("armed");
     assert!(
         probe - s.now >= Duration::from_millis(200),
         "{}",

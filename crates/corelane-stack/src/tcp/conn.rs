@@ -9,6 +9,7 @@ use smoltcp::wire::{IpAddress, IpEndpoint, TcpRepr};
 use super::TcpConfig;
 use super::board::Board;
 use super::cc::{Cc, Congestion};
+use super::probe::LossProbe;
 use super::ring::Ring;
 use super::rtt::Rtt;
 use super::secret::{CookieInfo, Secret};
@@ -141,13 +142,13 @@ pub(crate) struct Conn {
     /// `RCV.NXT` when the latest second in-order segment arrived: what a pure ACK says while
     /// an odd segment after it waits (see `ack_header`).
     pub(super) ack_point: Option<Seq>,
-    pub(super) tlp_due: bool,
     pub(super) win_probe_due: bool,
     pub(super) keep_probe_due: bool,
     // Timers.
     pub(super) rtt: Rtt,
     pub(super) rto_at: Option<Instant>,
-    pub(super) tlp_at: Option<Instant>,
+    /// The loss probe's timer and count.
+    pub(super) probe: LossProbe,
     pub(super) reo_at: Option<Instant>,
     pub(super) ack_at: Option<Instant>,
     pub(super) keep_at: Option<Instant>,
@@ -190,7 +191,6 @@ pub(crate) struct Conn {
     /// What undoes the last fast recovery's reduction if it proves spurious.
     pub(super) undo: Option<Undo>,
     pub(super) dupacks: u32,
-    pub(super) probes_out: u8,
     pub(super) peak_flight: usize,
     pub(super) ecn: super::ecn::Ecn,
     // Receive window auto-tuning.
@@ -292,7 +292,6 @@ impl Conn {
             dupacks_owed: 0,
             unacked_segs: 0,
             ack_point: None,
-            tlp_due: false,
             win_probe_due: false,
             keep_probe_due: false,
             rtt: Rtt::new(
@@ -301,7 +300,7 @@ impl Conn {
                 cfg.rto_initial.into(),
             ),
             rto_at: None,
-            tlp_at: None,
+            probe: LossProbe::default(),
             reo_at: None,
             ack_at: None,
             keep_at: None,
@@ -330,7 +329,6 @@ impl Conn {
             rack_fack: None,
             undo: None,
             dupacks: 0,
-            probes_out: 0,
             peak_flight: 0,
             ecn: Default::default(),
             rcv_space: 0,
@@ -456,7 +454,7 @@ impl Conn {
             || self.unsent() > 0
             || (self.close_requested && self.fin_seq.is_none())
             || self.board.lost() > 0
-            || self.tlp_due
+            || self.probe.is_due()
             || self.keep_probe_due
             || self.win_probe_due
     }

@@ -29,7 +29,7 @@ impl Conn {
         self.state = TcpState::TimeWait;
         self.free_all_but_unread();
         self.rto_at = None;
-        self.tlp_at = None;
+        self.probe.disarm();
         self.reo_at = None;
         self.keep_at = None;
         let wait = if self.ts_ok {
@@ -63,14 +63,13 @@ impl Conn {
 
     fn clear_timers(&mut self) {
         self.rto_at = None;
-        self.tlp_at = None;
+        self.probe.clear();
         self.reo_at = None;
         self.ack_at = None;
         self.keep_at = None;
         self.end_at = None;
         self.trim_at = None;
         self.syn_due = false;
-        self.tlp_due = false;
         self.win_probe_due = false;
         self.keep_probe_due = false;
         self.ack_now = false;

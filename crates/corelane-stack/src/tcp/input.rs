@@ -9,17 +9,11 @@ use smoltcp::wire::{TcpControl, TcpRepr};
 use super::board::Delivered;
 use super::conn::{Conn, Peer, Recovery, TcpState, Undo};
 use super::ecn::EcnIn;
+use super::probe::Arming;
 use super::seq::Seq;
-
-/// Probes sent into one silence of a recovery before the retransmission timer is left to it.
-const RECOVERY_PROBES: u8 = 2;
 
 /// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
-/// The shortest probe timeout: Linux's floor (two jiffies at 1000 Hz). At a veth's 100 us
-/// round trip twice the SRTT is far less; a larger floor made each tail loss of a small
-/// response cost more than the peer's own recovery would.
-const PTO_MIN: Duration = Duration::from_millis(2);
 
 impl Conn {
     /// A segment for this connection arrived, with no ECN marks.
@@ -328,7 +322,7 @@ impl Conn {
             self.snd_una = ack;
             self.last_progress = now;
             self.dupacks = 0;
-            self.probes_out = 0;
+            self.probe.progress();
             if self.snd.len() < self.send_limit() {
                 self.wake_tx();
             }
@@ -463,14 +457,14 @@ impl Conn {
         // Timers (RFC 6298 section 5.2 and 5.3).
         if self.board.is_empty() {
             self.rto_at = None;
-            self.tlp_at = None;
+            self.probe.disarm();
             self.reo_at = None;
         } else if acked > 0 {
             self.rto_at = Some(now + self.rtt.rto());
             self.arm_tlp(now);
         } else if d.bytes > 0 && self.recovery.is_some() {
             // In recovery a SACK is the progress the recovery probe waits for.
-            self.probes_out = 0;
+            self.probe.progress();
             self.arm_tlp(now);
         }
     }
@@ -500,7 +494,7 @@ impl Conn {
             });
             self.enter_recovery();
             self.stats.fast_recoveries += 1;
-            self.tlp_at = None;
+            self.probe.disarm();
             self.reo_quiet += 1;
             if self.reo_quiet >= 16 {
                 self.reo_mult = 1;
@@ -523,28 +517,18 @@ impl Conn {
         });
     }
 
-    /// Arms the loss probe: outside recovery the tail loss probe (RFC 8985 section 7.2), 2
-    /// SRTT plus the peer's worst delayed ACK when a single segment is in flight, once; in
-    /// recovery (with `recovery_probe`) 2 SRTT from the last delivery or transmission, and a
-    /// second probe twice as late if the first brings nothing. A peer with holes ACKs at
-    /// once, so the delayed ACK is waited for only when it may have none (one segment out,
-    /// nothing SACKed or deemed lost). At least `PTO_MIN`, never later than the RTO.
+    /// Arms the loss probe (see `probe.rs`) from what the connection knows now.
     pub(super) fn arm_tlp(&mut self, now: Instant) {
-        let recovering = self.recovery.is_some();
-        let most = if recovering { RECOVERY_PROBES } else { 1 };
-        if !self.sack_ok || self.probes_out >= most || (recovering && !self.cfg.recovery_probe) {
-            return;
-        }
-        let Some(srtt) = self.rtt.srtt() else {
-            return;
+        let arming = Arming {
+            sack: self.sack_ok,
+            recovering: self.recovery.is_some(),
+            in_recovery: self.cfg.recovery_probe,
+            srtt: self.rtt.srtt(),
+            rto: self.rtt.rto(),
+            one_segment: self.board.len() == 1,
+            holes: self.board.sacked() + self.board.lost() > 0,
         };
-        let mut pto = srtt * 2;
-        let holes = self.board.sacked() + self.board.lost() > 0;
-        if self.board.len() == 1 && !(recovering && holes) {
-            pto += Duration::from_millis(200);
-        }
-        let pto = (pto.max(PTO_MIN) * (1 << self.probes_out.min(4))).min(self.rtt.rto());
-        self.tlp_at = Some(now + pto);
+        self.probe.arm(arming, now);
     }
 
     /// Our FIN was acknowledged.
@@ -561,7 +545,7 @@ impl Conn {
             _ => {}
         }
         self.rto_at = None;
-        self.tlp_at = None;
+        self.probe.disarm();
     }
 }
 

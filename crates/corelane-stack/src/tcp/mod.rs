@@ -51,6 +51,7 @@ mod input;
 mod order;
 mod output;
 mod pacing;
+mod probe;
 mod recv;
 mod reorder;
 mod ring;

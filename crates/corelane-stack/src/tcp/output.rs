@@ -9,6 +9,7 @@ use super::TcpConfig;
 use super::board::TxSeg;
 use super::conn::{Conn, Sizes, TcpState, default_mss, scale_for};
 use super::pacing::Rate;
+use super::probe;
 use super::secret::Secret;
 use super::seq::Seq;
 use super::wire::{FIN, Out, PSH, RST, SYN};
@@ -291,9 +292,7 @@ impl Conn {
         // the next hole comes first, and the segment sent again is the newest not delivered,
         // so that whatever the peer reports of it is news to RACK.
         let mut force = false;
-        if self.tlp_due && n < budget {
-            self.tlp_due = false;
-            self.probes_out = self.probes_out.saturating_add(1);
+        if n < budget && self.probe.take() {
             let recovering = self.recovery.is_some();
             let hole = if recovering {
                 self.stats.recovery_probes += 1;
@@ -303,10 +302,7 @@ impl Conn {
                 None
             };
             let new_data = self.unsent() > 0 && self.snd_una.plus(self.snd_wnd).gt(self.snd_nxt);
-            let again = match hole {
-                None if recovering && !new_data => self.board.newest_in_flight(),
-                other => other,
-            };
+            let again = probe::target(recovering, hole, new_data, || self.board.newest_in_flight());
             let again = self.fitted(again);
             if let Some((i, s)) = again {
                 if !self.send_range(now, s.start, s.end, s.fin, emit) {

@@ -14,7 +14,7 @@ impl Conn {
         let mut t: Option<Instant> = None;
         for x in [
             self.rto_at,
-            self.tlp_at,
+            self.probe.deadline(),
             self.reo_at,
             self.ack_at,
             self.keep_at,
@@ -64,12 +64,7 @@ impl Conn {
             self.rto_at = None;
             self.on_rto(now);
         }
-        if self.tlp_at.is_some_and(|t| t <= now) {
-            self.tlp_at = None;
-            if !self.board.is_empty() {
-                self.tlp_due = true;
-            }
-        }
+        self.probe.on_time(now, !self.board.is_empty());
         if self.reo_at.is_some_and(|t| t <= now) {
             self.reo_at = None;
             self.detect_losses(now);
@@ -130,8 +125,7 @@ impl Conn {
                 self.undo = None;
                 self.board.mark_all_lost();
                 self.recovery = Some(Recovery::without_prr(self.snd_nxt));
-                self.tlp_at = None;
-                self.probes_out = 0;
+                self.probe.on_rto();
                 self.dupacks = 0;
             }
         }

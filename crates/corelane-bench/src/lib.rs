@@ -306,6 +306,25 @@ where
     Ok(CorelaneServer { stop, thread })
 }
 
+/// A kernel TCP listener on `ip`:`port` in `ns`, running congestion control `cc` ("default":
+/// the machine's).
+pub fn kernel_listener(
+    ns: &corelane_testnet::Netns,
+    ip: &str,
+    port: u16,
+    cc: &str,
+) -> Result<std::net::TcpListener, String> {
+    let ip = ip.to_string();
+    let l = ns
+        .run(move || std::net::TcpListener::bind((ip.as_str(), port)))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("kernel listener on port {port}: {e}"))?;
+    if cc != "default" {
+        sys::set_congestion(&l, cc)?;
+    }
+    Ok(l)
+}
+
 /// A kernel TCP echo server on `ip`:`port` in `ns` (a thread per connection, the accepting one
 /// pinned to CPU 0), with listen backlog `backlog` when given.
 pub fn kernel_echo(

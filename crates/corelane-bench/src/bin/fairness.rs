@@ -14,7 +14,7 @@
 //! ```
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,12 +64,7 @@ fn main() {
 
 /// Sends until the peer goes away.
 fn kernel_server(net: &LossyPath) -> Result<(), String> {
-    let l = net
-        .server_ns()
-        .run(|| TcpListener::bind((KERNEL, PORT)))
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("kernel server: {e}"))?;
-    corelane_bench::sys::set_congestion(&l, "cubic")?;
+    let l = corelane_bench::kernel_listener(net.server_ns(), KERNEL, PORT, "cubic")?;
     net.server_ns()
         .spawn(move || {
             while let Ok((mut s, _)) = l.accept() {

@@ -18,7 +18,7 @@
 //! ```
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -146,14 +146,7 @@ fn kernel_server(
     cc: &str,
     tx: mpsc::Sender<Sent>,
 ) -> Result<(), String> {
-    let l = net
-        .server_ns()
-        .run(|| TcpListener::bind((KERNEL, PORT)))
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("kernel server: {e}"))?;
-    if cc != "default" {
-        corelane_bench::sys::set_congestion(&l, cc)?;
-    }
+    let l = corelane_bench::kernel_listener(net.server_ns(), KERNEL, PORT, cc)?;
     net.server_ns()
         .spawn(move || {
             pin(0);

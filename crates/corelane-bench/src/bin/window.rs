@@ -14,7 +14,7 @@
 //! Needs root (network namespaces, XDP, AF_XDP).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -107,11 +107,7 @@ fn kernel_receiver(
     net: &LossyPath,
     rcvbuf: Option<usize>,
 ) -> Result<mpsc::Receiver<(u64, f64)>, String> {
-    let l = net
-        .server_ns()
-        .run(|| TcpListener::bind((KERNEL, PORT)))
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("kernel receiver: {e}"))?;
+    let l = corelane_bench::kernel_listener(net.server_ns(), KERNEL, PORT, "default")?;
     if let Some(b) = rcvbuf {
         corelane_bench::sys::set_rcvbuf(&l, b).map_err(|e| e.to_string())?;
     }

@@ -19,7 +19,7 @@
 
 mod proto;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -355,14 +355,7 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn kernel_server(net: &LossyPath, cc: &str, tx: mpsc::Sender<u64>) -> Result<(), String> {
-    let l = net
-        .server_ns()
-        .run(|| TcpListener::bind((KERNEL, PORT)))
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("kernel server: {e}"))?;
-    if cc != "default" {
-        corelane_bench::sys::set_congestion(&l, cc)?;
-    }
+    let l = corelane_bench::kernel_listener(net.server_ns(), KERNEL, PORT, cc)?;
     net.server_ns()
         .spawn(move || {
             pin(0);

@@ -91,6 +91,10 @@ struct Cli {
     /// ends, the setting corelane's copy-mode AF_XDP has.
     #[arg(long)]
     offloads: bool,
+    /// The kernel's congestion control in both namespaces, for every kernel-stack server and
+    /// client (corelane runs CUBIC); `default` leaves the machine's (often BBR).
+    #[arg(long, default_value = "cubic")]
+    kernel_cc: String,
     /// The veth pair's MTU (9000: jumbo frames, which corelane carries in chains of UMEM
     /// frames).
     #[arg(long, default_value_t = 1500)]
@@ -206,6 +210,19 @@ fn run(cli: Cli) -> Result<(), String> {
             .map_err(|e| format!("turning offloads off: {e}"))?;
         }
     }
+    // Kept until the run ends: a namespace may only choose an allowed algorithm.
+    let _allowed = if cli.kernel_cc == "default" {
+        None
+    } else {
+        let allowed = AllowedCc::add(&cli.kernel_cc)?;
+        // Per network namespace: every kernel socket made there from now on.
+        let set = format!("net.ipv4.tcp_congestion_control={}", cli.kernel_cc);
+        for ns in [net.server_ns(), net.client_ns()] {
+            ns.exec("sysctl", &["-qw", &set])
+                .map_err(|e| format!("--kernel-cc {}: {e}", cli.kernel_cc))?;
+        }
+        Some(allowed)
+    };
     let knobs = runs::Knobs::parse(
         &cli.corelane_poll,
         &cli.corelane_publish,
@@ -220,13 +237,14 @@ fn run(cli: Cli) -> Result<(), String> {
         seconds: Duration::from_secs_f64(cli.seconds),
     };
     println!(
-        "compare: server on CPU(s) {server_cpus:?}, load generator on CPU {client_cpu}; {} case(s) x {} setup(s) x {} repetition(s) of {} s (+{} s warm-up); offloads {}",
+        "compare: server on CPU(s) {server_cpus:?}, load generator on CPU {client_cpu}; {} case(s) x {} setup(s) x {} repetition(s) of {} s (+{} s warm-up); offloads {}; kernel congestion control {}",
         kinds.len(),
         setups.len(),
         cli.repeat,
         cli.seconds,
         cli.warmup,
-        if cli.offloads { "on" } else { "off" }
+        if cli.offloads { "on" } else { "off" },
+        cli.kernel_cc
     );
     let total = cli.repeat
         * kinds
@@ -279,6 +297,7 @@ fn run(cli: Cli) -> Result<(), String> {
             client_cpu,
             offloads: cli.offloads,
             mtu: cli.mtu,
+            kernel_cc: cli.kernel_cc.clone(),
             corelane: format!(
                 "poll {}, live statistics {}, batch {}",
                 cli.corelane_poll, cli.corelane_publish, cli.corelane_batch
@@ -292,4 +311,49 @@ fn run(cli: Cli) -> Result<(), String> {
         &setups,
         &samples,
     )
+}
+
+/// `net.ipv4.tcp_allowed_congestion_control` with one algorithm added for the run (a network
+/// namespace other than the first may only make an allowed one its default); the list as it
+/// was comes back on drop.
+struct AllowedCc {
+    before: Option<String>,
+}
+
+const ALLOWED_CC: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+impl AllowedCc {
+    fn add(algorithm: &str) -> Result<AllowedCc, String> {
+        let available =
+            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                .map_err(|e| format!("reading the available congestion controls: {e}"))?;
+        if !available.split_whitespace().any(|a| a == algorithm) {
+            return Err(format!(
+                "--kernel-cc {algorithm}: not available here (available: {}; modprobe tcp_{algorithm}?)",
+                available.trim()
+            ));
+        }
+        let before = std::fs::read_to_string(ALLOWED_CC)
+            .map_err(|e| format!("{ALLOWED_CC}: {e}"))?
+            .trim()
+            .to_string();
+        if before.split_whitespace().any(|a| a == algorithm) {
+            return Ok(AllowedCc { before: None });
+        }
+        std::fs::write(ALLOWED_CC, format!("{before} {algorithm}"))
+            .map_err(|e| format!("{ALLOWED_CC}: {e}"))?;
+        Ok(AllowedCc {
+            before: Some(before),
+        })
+    }
+}
+
+impl Drop for AllowedCc {
+    fn drop(&mut self) {
+        if let Some(b) = &self.before
+            && let Err(e) = std::fs::write(ALLOWED_CC, b)
+        {
+            eprintln!("compare: could not restore {ALLOWED_CC} to \"{b}\": {e}");
+        }
+    }
 }

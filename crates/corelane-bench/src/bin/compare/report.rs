@@ -14,6 +14,8 @@ pub(crate) struct Meta {
     pub(crate) client_cpu: usize,
     pub(crate) offloads: bool,
     pub(crate) mtu: u32,
+    /// The kernel sockets' congestion control (`default`: the machine's).
+    pub(crate) kernel_cc: String,
     /// corelane's runtime settings, as given on the command line.
     pub(crate) corelane: String,
     pub(crate) seconds: f64,
@@ -29,6 +31,7 @@ struct Report<'a> {
     server_cpus: &'a [usize],
     client_cpu: usize,
     kernel: String,
+    kernel_cc: &'a str,
     offloads: bool,
     mtu: u32,
     seconds: f64,
@@ -238,6 +241,7 @@ pub(crate) fn write(
         server_cpus: &meta.server_cpus,
         client_cpu: meta.client_cpu,
         kernel: kernel_release,
+        kernel_cc: &meta.kernel_cc,
         offloads: meta.offloads,
         mtu: meta.mtu,
         seconds: meta.seconds,
@@ -293,8 +297,8 @@ fn spread(v: &[Sample], bulk: bool) -> f64 {
 fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {
     format!(
         "# corelane against the kernel TCP stack (same veth, same CPUs)\n\n\
-         Server on CPU(s) {:?}, load generator on CPU {}; kernel {kernel_release}; \
-         corelane {}; veth MTU {}, offloads {}; medians of {} run(s) of {} s after {} s of warm-up; the setups alternate \
+         Server on CPU(s) {:?}, load generator on CPU {}; kernel {kernel_release}, congestion \
+         control {}; corelane {} (CUBIC); veth MTU {}, offloads {}; medians of {} run(s) of {} s after {} s of warm-up; the setups alternate \
          within every repetition.\n\n\
          - `kernel`: kernel stack on both ends (tokio, one current_thread runtime per server CPU, \
          SO_REUSEPORT); `corelane-server`: the same kernel-socket load generator against corelane; \
@@ -314,6 +318,7 @@ fn markdown(meta: &Meta, kernel_release: &str, table: &str) -> String {
          corelane-bench --bin compare -- --repeat {} --seconds {}`).\n",
         meta.server_cpus,
         meta.client_cpu,
+        meta.kernel_cc,
         meta.corelane,
         meta.mtu,
         if meta.offloads {

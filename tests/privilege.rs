@@ -217,6 +217,14 @@ fn a_granted_server_needs_only_net_raw_and_steers_only_its_grant() {
         "corelane-stat list: {list}"
     );
 
+    // Packet capture works through the broker too: it made the capture file beside the stats
+    // file, the server's user's alone.
+    let capture = run_capture_during(&net, &run, || assert_echoes(&net, v4, 16 * 1024, 4));
+    assert!(
+        capture >= 6,
+        "a handshake and echoed data captured: {capture} frames"
+    );
+
     // A second server is refused, naming the first.
     let (status, out) = finish(echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]));
     let line = one_error_line(status, &out);
@@ -271,6 +279,64 @@ fn a_granted_server_needs_only_net_raw_and_steers_only_its_grant() {
     let left: Vec<_> = walk(&run);
     assert!(left.is_empty(), "left behind: {left:?}");
     let _ = std::fs::remove_dir_all(&run);
+}
+
+/// Runs `corelane-stat capture` (as root) on the granted server's TCP port 7 while `load`
+/// runs; returns the frames `tcpdump -r` reads from the file. Checks the capture file's owner
+/// and mode on the way.
+fn run_capture_during(net: &VethPair, run: &Path, load: impl FnOnce()) -> usize {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::MetadataExt;
+    let out = run.join("granted-capture.pcapng");
+    let mut cap = net
+        .server_ns()
+        .command(workspace_bin("corelane-stat").unwrap().to_str().unwrap())
+        .env("CORELANE_RUN_DIR", run)
+        .args(["capture", "-w"])
+        .arg(&out)
+        .args([
+            "--port",
+            "7",
+            "--proto",
+            "tcp",
+            "-c",
+            "6",
+            "--seconds",
+            "20",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(cap.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("capturing on"),
+        "corelane-stat capture: {line}"
+    );
+    let file = walk(run)
+        .into_iter()
+        .find(|p| p.file_name().is_some_and(|n| n == "capture"))
+        .expect("the broker's capture file");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert_eq!(
+        meta.uid(),
+        NOBODY,
+        "{}: the server's user's",
+        file.display()
+    );
+    assert_eq!(meta.mode() & 0o777, 0o600, "{}", file.display());
+    load();
+    let status = cap.wait().unwrap();
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+    assert!(status.success(), "corelane-stat capture: {line}{rest}");
+    let read = Command::new("tcpdump")
+        .args(["-r", out.to_str().unwrap(), "-nn", "tcp", "port", "7"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&out);
+    String::from_utf8_lossy(&read.stdout).lines().count()
 }
 
 /// Every file under `dir`.

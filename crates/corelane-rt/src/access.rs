@@ -88,7 +88,23 @@ impl Access {
             ),
             Access::Granted(g) => {
                 let (file, path) = g.stats_file().map_err(std::io::Error::from)?;
-                corelane_stat::Publisher::create_in(&file, &path, ifname, cores, names, conn_cap)
+                let p = corelane_stat::Publisher::create_in(
+                    &file, &path, ifname, cores, names, conn_cap,
+                )?;
+                // Packet capture through the file the broker makes beside the stats.
+                let capture =
+                    g.capture_file()
+                        .map_err(std::io::Error::from)
+                        .and_then(|(file, path)| {
+                            corelane_stat::CaptureFile::create_in(&file, &path, cores)
+                        });
+                Ok(match capture {
+                    Ok(c) => p.with_capture(c),
+                    Err(e) => {
+                        tracing::debug!("{ifname}: no packet capture through the broker: {e}");
+                        p
+                    }
+                })
             }
         }
     }

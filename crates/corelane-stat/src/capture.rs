@@ -108,6 +108,24 @@ pub struct CaptureFile {
     map: Arc<Mapping>,
     layout: Layout,
     path: PathBuf,
+    /// Remove the file when dropped (not when someone else made it and removes it).
+    remove: bool,
+}
+
+/// Makes (or replaces) an empty capture file at `path`, readable and writable by its owner
+/// only (the frames are the traffic itself), opened for reading and writing.
+///
+/// # Errors
+/// The file cannot be created.
+pub fn new_capture_file(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
 }
 
 impl CaptureFile {
@@ -117,19 +135,24 @@ impl CaptureFile {
     /// # Errors
     /// The file cannot be created or mapped.
     pub fn create(path: &Path, cores: usize) -> io::Result<CaptureFile> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let _ = std::fs::remove_file(path);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
+        let file = new_capture_file(path)?;
+        let mut c = CaptureFile::create_in(&file, path, cores)?;
+        c.remove = true;
+        Ok(c)
+    }
+
+    /// Like [`CaptureFile::create`], in `file`, which someone else made at `path` (opened for
+    /// reading and writing) and removes: a grant broker that hands the file to a server
+    /// without the right to write its directory. Dropping this one leaves the file.
+    ///
+    /// # Errors
+    /// The file cannot be sized or mapped.
+    pub fn create_in(file: &std::fs::File, path: &Path, cores: usize) -> io::Result<CaptureFile> {
         let layout = Layout {
             cores: cores.max(1),
             ring: RING_WORDS,
         };
-        let map = Mapping::create_in(&file, layout.words())?;
+        let map = Mapping::create_in(file, layout.words())?;
         let w = map.words();
         w[F_VERSION].store(VERSION, Ordering::Relaxed);
         w[F_CORES].store(layout.cores as u64, Ordering::Relaxed);
@@ -139,6 +162,7 @@ impl CaptureFile {
             map: Arc::new(map),
             layout,
             path: path.to_path_buf(),
+            remove: false,
         })
     }
 
@@ -150,7 +174,9 @@ impl CaptureFile {
 
 impl Drop for CaptureFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.remove {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -420,8 +446,8 @@ impl Stats {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!(
-                        "{}: this runtime has no capture file (a server that publishes through \
-                         a grant broker's stats file cannot capture yet)",
+                        "{}: this runtime has no capture file (under a grant broker older than \
+                         this corelane-stat, update the broker)",
                         path.display()
                     ),
                 ));

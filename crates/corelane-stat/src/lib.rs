@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use capture::{Capture, CaptureFile, CaptureTap, Filter, Record};
+pub use capture::{Capture, CaptureFile, CaptureTap, Filter, Record, new_capture_file};
 pub use conn::{Conn, TCP_STATES};
 use map::Mapping;
 pub use ns::{netns_id, run_dir};

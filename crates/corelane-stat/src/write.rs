@@ -122,6 +122,14 @@ impl Publisher {
         }
     }
 
+    /// Packet capture through `capture` (made with [`CaptureFile::create_in`] in a file a
+    /// grant broker handed over), for a publisher whose directory it may not write. Before
+    /// the cores' writers are taken.
+    pub fn with_capture(mut self, capture: CaptureFile) -> Publisher {
+        self.capture = Some(std::sync::Arc::new(capture));
+        self
+    }
+
     /// The writer of core `index`'s slot and connection table (None past the core count).
     pub fn core(&self, index: usize) -> Option<CoreWriter> {
         (index < self.layout.cores).then(|| CoreWriter {

@@ -190,6 +190,7 @@ struct Session {
     addrs: Vec<IpAddr>,
     ports: HashSet<(Proto, u16)>,
     stats: Option<PathBuf>,
+    capture: Option<PathBuf>,
 }
 
 #[derive(Debug)]

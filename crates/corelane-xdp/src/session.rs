@@ -99,7 +99,7 @@ fn end_session(state: &Mutex<State>, grant: &Grant) {
     // still send (a process that died leaves no peer waiting), and SYNs are refused at once.
     let until = std::time::Instant::now() + super::ADDR_LINGER;
     st.lingering.extend(s.addrs.iter().map(|&a| (a, until)));
-    if let Some(p) = &s.stats {
+    for p in s.stats.iter().chain(&s.capture) {
         let _ = fs::remove_file(p);
     }
     println!(
@@ -233,6 +233,19 @@ fn handle(
             let file = corelane_stat::new_stats_file(&path)
                 .map_err(|err| format!("{}: {err}", path.display()))?;
             session.stats = Some(path.clone());
+            Ok((path.display().to_string(), Some(file)))
+        }
+        ["capture"] => {
+            // Beside the stats file, as `corelane-stat capture` looks for it; the frames are
+            // the traffic, so the file is the server's user's alone (and root's).
+            let path = st.claim.dir().join("capture");
+            let file = corelane_stat::new_capture_file(&path)
+                .and_then(|f| {
+                    std::os::unix::fs::fchown(&f, Some(session.uid), None)?;
+                    Ok(f)
+                })
+                .map_err(|err| format!("{}: {err}", path.display()))?;
+            session.capture = Some(path.clone());
             Ok((path.display().to_string(), Some(file)))
         }
         _ => Err(format!("unknown request `{text}`")),

@@ -15,6 +15,7 @@
 //! | `channels N` | `ok` | N within the driver's maximum |
 //! | `counters` | `ok STEERED PASSED MALFORMED NO_SOCKET` | |
 //! | `stats` | `ok PATH` with the stats file's descriptor | |
+//! | `capture` | `ok PATH` with the capture file's descriptor (owned by the server's user, mode 0600) | |
 //!
 //! Errors are `err MESSAGE`, one line naming what was refused and how to grant it. The server
 //! never holds a map descriptor: it cannot steer an address or port it was not granted, only
@@ -350,6 +351,20 @@ impl GrantClient {
             (path, Some(fd)) => Ok((File::from(fd), PathBuf::from(path))),
             (_, None) => Err(Error::Grant(
                 "the broker sent no descriptor with the stats file".into(),
+            )),
+        }
+    }
+
+    /// The packet capture file the broker made for this server beside its stats file, opened
+    /// for reading and writing, and its path.
+    ///
+    /// # Errors
+    /// The broker refused (an older broker does not know the request) or sent no descriptor.
+    pub fn capture_file(&self) -> Result<(File, PathBuf), Error> {
+        match self.exchange("capture", None)? {
+            (path, Some(fd)) => Ok((File::from(fd), PathBuf::from(path))),
+            (_, None) => Err(Error::Grant(
+                "the broker sent no descriptor with the capture file".into(),
             )),
         }
     }

@@ -73,6 +73,8 @@ pub struct XdpDevice<P: FrameIo> {
     strict: bool,
     stats: DeviceStats,
     tap: Option<Box<dyn Tap>>,
+    /// A received VLAN frame with its tag put back, for the tap.
+    tap_buf: Vec<u8>,
 }
 
 impl std::fmt::Debug for dyn Tap {
@@ -117,6 +119,7 @@ impl<P: FrameIo> XdpDevice<P> {
             strict: cfg!(debug_assertions),
             stats: DeviceStats::default(),
             tap: None,
+            tap_buf: Vec::new(),
         }
     }
 
@@ -201,7 +204,20 @@ impl<P: FrameIo> XdpDevice<P> {
         if let Some(tap) = &mut self.tap {
             let fresh = self.incoming.len() - n;
             for f in self.incoming.iter().skip(fresh) {
-                tap.frame(false, self.io.bytes(f));
+                let bytes = self.io.bytes(f);
+                if self.vlan_tci == 0 || bytes.len() < 12 {
+                    tap.frame(false, bytes);
+                    continue;
+                }
+                // The XDP program took the VLAN's tag off; a capture shows the frame as the
+                // wire carried it, as it shows what this device sends.
+                let tagged = &mut self.tap_buf;
+                tagged.clear();
+                tagged.extend_from_slice(&bytes[..12]);
+                tagged.extend_from_slice(&0x8100u16.to_be_bytes());
+                tagged.extend_from_slice(&self.vlan_tci.to_be_bytes());
+                tagged.extend_from_slice(&bytes[12..]);
+                tap.frame(false, tagged);
             }
         }
         n

@@ -177,3 +177,41 @@ fn a_vlan_device_tags_every_frame_it_sends() {
     assert_eq!(b.recv(&mut rx, 8), 1);
     assert_eq!(b.bytes(&rx[0]).len(), 60);
 }
+
+/// A capture on a VLAN shows both directions tagged, as on the wire: the program took the tag
+/// off what was received, the device puts it on what it sends.
+#[test]
+fn a_vlan_device_s_tap_sees_both_directions_tagged() -> std::io::Result<()> {
+    type Frames = std::sync::Arc<std::sync::Mutex<Vec<(bool, Vec<u8>)>>>;
+    struct Bytes(Frames);
+    impl Tap for Bytes {
+        fn clock(&mut self, _: u64) {}
+        fn frame(&mut self, outbound: bool, bytes: &[u8]) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push((outbound, bytes.to_vec()));
+            }
+        }
+    }
+    let (mut a, b) = MemLink::default().pair();
+    let mut dev = XdpDevice::new(b, 1500, 8);
+    dev.set_vlan(100);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    dev.set_tap(Some(Box::new(Bytes(seen.clone()))));
+    let inbound: Vec<u8> = (0..100u8).collect();
+    assert!(a.inject(&inbound));
+    dev.pull_batch();
+    send(&mut dev, 60);
+    dev.flush()?;
+    let v = seen.lock().map(|v| v.clone()).unwrap_or_default();
+    assert_eq!(v.len(), 2);
+    let (out_in, got_in) = &v[0];
+    assert!(!out_in);
+    assert_eq!(got_in.len(), 104);
+    assert_eq!(&got_in[..12], &inbound[..12]);
+    assert_eq!(&got_in[12..16], &[0x81, 0x00, 0, 100]);
+    assert_eq!(&got_in[16..], &inbound[12..]);
+    let (out_out, got_out) = &v[1];
+    assert!(out_out);
+    assert_eq!(&got_out[12..16], &[0x81, 0x00, 0, 100]);
+    Ok(())
+}

@@ -211,12 +211,21 @@ impl Filter {
         if self.is_all() {
             return true;
         }
-        let Some(ethertype) = frame.get(12..14) else {
+        let Some(mut ethertype) = frame.get(12..14) else {
             return false;
         };
+        // One 802.1Q tag (a served VLAN's frames carry it): judge what it carries.
+        let mut l2 = 14;
+        if ethertype == [0x81, 0x00] {
+            let Some(inner) = frame.get(16..18) else {
+                return false;
+            };
+            ethertype = inner;
+            l2 = 18;
+        }
         let (proto, src, dst, l4) = match u16::from_be_bytes([ethertype[0], ethertype[1]]) {
             0x0800 => {
-                let Some(ip) = frame.get(14..34) else {
+                let Some(ip) = frame.get(l2..l2 + 20) else {
                     return false;
                 };
                 let ihl = usize::from(ip[0] & 0x0f) * 4;
@@ -224,17 +233,17 @@ impl Filter {
                 let dst = IpAddr::from([ip[16], ip[17], ip[18], ip[19]]);
                 // Only the first fragment has the ports.
                 let first = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
-                (ip[9], src, dst, first.then_some(14 + ihl))
+                (ip[9], src, dst, first.then_some(l2 + ihl))
             }
             0x86dd => {
-                let Some(ip) = frame.get(14..54) else {
+                let Some(ip) = frame.get(l2..l2 + 40) else {
                     return false;
                 };
                 let mut s = [0u8; 16];
                 let mut d = [0u8; 16];
                 s.copy_from_slice(&ip[8..24]);
                 d.copy_from_slice(&ip[24..40]);
-                (ip[6], IpAddr::from(s), IpAddr::from(d), Some(54))
+                (ip[6], IpAddr::from(s), IpAddr::from(d), Some(l2 + 40))
             }
             _ => return false,
         };

@@ -212,3 +212,21 @@ fn the_capture_file_is_the_owners_alone_and_goes_with_the_runtime() -> io::Resul
     assert!(!cap.exists() && !path.exists());
     Ok(())
 }
+
+/// A served VLAN's frames carry an 802.1Q tag in a capture: the filter judges what it carries.
+#[test]
+fn filters_see_through_one_vlan_tag() {
+    let plain = frame_v4(1000, 7, 6, 80);
+    let mut tagged = plain[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 100]);
+    tagged.extend_from_slice(&plain[12..]);
+    let port = |p: u16| Filter {
+        port: Some(p),
+        proto: Some(6),
+        host: "10.0.0.2".parse().ok(),
+    };
+    assert!(port(7).matches(&plain) && port(7).matches(&tagged));
+    assert!(!port(8).matches(&tagged));
+    // A tag with nothing after it is too short to judge.
+    assert!(!port(7).matches(&tagged[..17]));
+}

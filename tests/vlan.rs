@@ -2,7 +2,9 @@
 //! (this kernel has no 802.1Q module, so no kernel VLAN device can be the peer). A client on
 //! the same VLAN echoes TCP and UDP through it, every frame on the wire tagged; a client on
 //! VLAN 200 and an untagged kernel client with an address in the same subnet do not reach it;
-//! the kernel's own untagged traffic on the interface goes on.
+//! the kernel's own untagged traffic on the interface goes on. Under a grant broker that serves
+//! the VLAN the same server runs without privileges to attach, and one built for untagged
+//! frames is refused.
 
 mod common;
 
@@ -175,4 +177,59 @@ fn a_vlan_id_out_of_range_is_refused() {
         &out,
         &["VLAN 4095 is not a VLAN id (1 to 4094)"],
     );
+}
+
+/// A grant broker serving VLAN 100: a server built for VLAN 100 serves through it; one built
+/// for untagged frames is refused in one line naming both.
+#[test]
+fn a_grant_broker_serves_its_vlan_to_a_server_built_for_it() {
+    if !require_root("vlan under a grant broker") {
+        return;
+    }
+    let net = net(1);
+    let broker_bin = workspace_bin("corelane-xdp").expect("corelane-xdp built");
+    let mut cmd = net.server_ns().command(broker_bin.to_str().expect("path"));
+    cmd.args([
+        "grant",
+        net.server_if(),
+        "--addr",
+        SERVER,
+        "--tcp",
+        "7",
+        "--udp",
+        "7",
+        "--vlan",
+        "100",
+    ]);
+    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let base = ["--addr", "10.100.0.3/24", "--cores", "1"];
+    let out = net
+        .server_ns()
+        .command(echo_bin().to_str().expect("path"))
+        .args(["--iface", net.server_if()])
+        .args(base)
+        .output()
+        .expect("echo");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an untagged server started: {text}");
+    assert!(
+        text.contains("built for untagged frames") && text.contains("serves VLAN 100"),
+        "{text}"
+    );
+    let mut args = base.to_vec();
+    args.extend(["--vlan", "100"]);
+    let echo = Echo::start(&net, &args);
+    assert!(
+        echo.output().contains("by corelane-xdp grant"),
+        "{}",
+        echo.output()
+    );
+    let (tcp, udp) = client_on_vlan(&net, 100, 256 << 10);
+    assert_eq!(tcp.expect("tcp on VLAN 100"), payload(256 << 10, 5));
+    assert_eq!(udp.expect("udp on VLAN 100"), payload(1000, 6));
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    broker.signal(libc::SIGTERM);
+    let (status, out) = broker.wait();
+    assert!(status.success(), "{out}");
 }

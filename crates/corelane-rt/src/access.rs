@@ -136,13 +136,26 @@ impl Access {
                 s.set_claim(claim);
                 s
             }
-            Access::Granted(_) if vlan != 0 => {
-                return Err(Error::Config(format!(
-                    "VLAN {vlan} on {ifname}: a grant broker's program serves untagged frames \
-                     only; run this server with the privileges to attach its own program"
-                )));
+            Access::Granted(g) => {
+                let served = g.vlan()?;
+                if served != vlan {
+                    let what = |v: u16| {
+                        if v == 0 {
+                            "untagged frames".to_string()
+                        } else {
+                            format!("VLAN {v}")
+                        }
+                    };
+                    return Err(Error::Config(format!(
+                        "{ifname}: this server is built for {} but the grant broker's program \
+                         serves {}: start both for the same VLAN (corelane-xdp grant --vlan ID, \
+                         Builder::vlan)",
+                        what(vlan),
+                        what(served)
+                    )));
+                }
+                Steering::granted(ifname, g)
             }
-            Access::Granted(g) => Steering::granted(ifname, g),
         })
     }
 }

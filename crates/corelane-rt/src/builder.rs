@@ -182,7 +182,8 @@ impl Builder {
     /// the XDP program steers only frames carrying the tag (taking it off), leaves untagged
     /// frames and other VLANs to the kernel, and every frame the runtime sends carries the tag.
     /// The addresses given with [`Builder::addr`] are the VLAN's; the interface's MTU is the
-    /// VLAN's as well (the tag is not counted, as for a kernel VLAN device).
+    /// VLAN's as well (the tag is not counted, as for a kernel VLAN device). Under a grant
+    /// broker the broker's program must serve the same VLAN (`corelane-xdp grant --vlan`).
     ///
     /// ```no_run
     /// # mod corelane { pub use corelane_rt::*; }

@@ -50,6 +50,8 @@ pub struct Grant {
     /// The most receive queues a server may set the interface to (0: it may not change
     /// them): the queue count is the whole interface's, not the server's.
     pub channels: u32,
+    /// The 802.1Q VLAN served (0: untagged frames).
+    pub vlan: u16,
 }
 
 impl Grant {
@@ -80,6 +82,7 @@ impl Grant {
             uids: uids.to_vec(),
             attach: AttachMode::Auto,
             channels: 0,
+            vlan: 0,
         })
     }
 
@@ -256,7 +259,7 @@ impl Broker {
             ));
         }
         let claim = Arc::new(Claim::take(&grant.ifname)?);
-        let mut steering = Steering::attach(&grant.ifname, grant.attach)?;
+        let mut steering = Steering::attach_vlan(&grant.ifname, grant.attach, grant.vlan)?;
         steering.set_claim(claim.clone());
         let mode = match steering.fallback_reason() {
             Some(why) => format!("{} {why}", steering.mode()),

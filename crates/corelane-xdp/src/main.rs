@@ -55,6 +55,10 @@ enum Command {
         /// change them; a server with more cores than queues then fails with this hint).
         #[arg(long, default_value_t = 0)]
         channels: u32,
+        /// Serve one 802.1Q VLAN of the interface (1 to 4094) instead of its untagged frames;
+        /// the server must be started for the same VLAN (`Builder::vlan`, `--vlan`).
+        #[arg(long, default_value_t = 0)]
+        vlan: u16,
     },
 }
 
@@ -107,6 +111,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         users,
         mode,
         channels,
+        vlan,
     } = cli.command;
     let uids = if users.is_empty() {
         vec![nix::unistd::geteuid().as_raw()]
@@ -115,6 +120,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut grant = Grant::parse(&iface, &words(&addrs), &words(&tcp), &words(&udp), &uids)?;
     grant.channels = channels;
+    grant.vlan = vlan;
     grant.attach = match mode {
         Mode::Auto => AttachMode::Auto,
         Mode::Native => AttachMode::Native,

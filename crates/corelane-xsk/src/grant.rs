@@ -15,6 +15,7 @@
 //! | `channels N` | `ok` | N within the driver's maximum |
 //! | `counters` | `ok STEERED PASSED MALFORMED NO_SOCKET` | |
 //! | `stats` | `ok PATH` with the stats file's descriptor | |
+//! | `vlan` | `ok VID`: the 802.1Q VLAN the program serves (0: untagged frames) | |
 //! | `capture` | `ok PATH` with the capture file's descriptor (owned by the server's user, mode 0600) | |
 //!
 //! Errors are `err MESSAGE`, one line naming what was refused and how to grant it. The server
@@ -352,6 +353,22 @@ impl GrantClient {
             (_, None) => Err(Error::Grant(
                 "the broker sent no descriptor with the stats file".into(),
             )),
+        }
+    }
+
+    /// The 802.1Q VLAN the broker's program serves (0: untagged frames; also from a broker
+    /// older than the request).
+    ///
+    /// # Errors
+    /// The broker's connection failed, or its answer is not a VLAN id.
+    pub fn vlan(&self) -> Result<u16, Error> {
+        match self.exchange("vlan", None) {
+            Ok((text, _)) => text
+                .trim()
+                .parse()
+                .map_err(|_| Error::Grant(format!("malformed VLAN from the broker: {text}"))),
+            Err(Error::Grant(e)) if e.contains("unknown request") => Ok(0),
+            Err(e) => Err(e),
         }
     }
 

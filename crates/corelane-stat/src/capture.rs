@@ -118,14 +118,7 @@ pub struct CaptureFile {
 /// # Errors
 /// The file cannot be created.
 pub fn new_capture_file(path: &Path) -> io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::remove_file(path);
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
+    crate::new_file(path, 0o600)
 }
 
 impl CaptureFile {

@@ -13,14 +13,7 @@ use crate::*;
 /// # Errors
 /// The file cannot be created.
 pub fn new_stats_file(path: &Path) -> io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::remove_file(path);
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(path)
+    new_file(path, 0o644)
 }
 
 /// The writing side: created by a runtime, one [`CoreWriter`] per core.

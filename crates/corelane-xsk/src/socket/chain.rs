@@ -22,6 +22,9 @@ pub(crate) const XDP_PKT_CONTD: u32 = 1;
 /// default); a longer chain is dropped.
 pub const MAX_PIECES: usize = 17;
 
+/// Gather buffers kept for reuse per queue (each up to a few jumbo frames long).
+pub(crate) const SPARE_CHAINS: usize = 32;
+
 /// A packet that spans more than one UMEM frame: its bytes in one buffer, and the indices of the
 /// frames after the first that hold (on receive) or will hold (on transmit) its pieces.
 #[derive(Debug, Default)]
@@ -119,6 +122,12 @@ impl XskQueue {
             return false;
         }
         let more = desc.options() & XDP_PKT_CONTD != 0;
+        // A gather buffer from the spares, taken before the UMEM is borrowed.
+        let spare = if more && self.partial.is_none() {
+            self.spare_chains.pop()
+        } else {
+            None
+        };
         // SAFETY: the descriptor came from this socket's RX ring, so it names a frame of this
         // UMEM that the kernel has handed to user space (the ledger has it InUse now).
         let piece = unsafe { self.umem.data(&desc) }.contents();
@@ -133,7 +142,13 @@ impl XskQueue {
                 desc,
                 umem: self.id,
                 index,
-                chain: Some(Chain::start(piece)),
+                chain: Some(match spare {
+                    Some(mut c) => {
+                        c.bytes.extend_from_slice(piece);
+                        c
+                    }
+                    None => Chain::start(piece),
+                }),
             },
             Some(mut f) => {
                 if let Some(c) = f.chain.as_mut() {
@@ -162,13 +177,26 @@ impl XskQueue {
         true
     }
 
-    /// Gives `f`'s frames back to the free list.
+    /// Gives `f`'s frames back to the free list (and its gather buffer to the spares).
     pub(super) fn free_one(&mut self, f: XskFrame) {
         let rest = f.chain.iter().flat_map(|c| c.rest.iter().copied());
         for i in std::iter::once(f.index).chain(rest) {
             if let Err(e) = self.pool.free(i) {
                 tracing::error!("queue {}: {e}", self.queue_id);
             }
+        }
+        if let Some(c) = f.chain {
+            self.keep_spare(c);
+        }
+    }
+
+    /// Keeps a chained packet's buffer for the next one received (at most [`SPARE_CHAINS`]),
+    /// so that jumbo frames are gathered without an allocation each.
+    pub(super) fn keep_spare(&mut self, mut c: Box<Chain>) {
+        if self.spare_chains.len() < SPARE_CHAINS {
+            c.bytes.clear();
+            c.rest.clear();
+            self.spare_chains.push(c);
         }
     }
 

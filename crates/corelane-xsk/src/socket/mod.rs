@@ -85,6 +85,10 @@ pub struct XskQueue {
     max_packet: usize,
     /// A chained packet whose last piece has not been read yet.
     partial: Option<XskFrame>,
+    /// Gather buffers of chained packets done with, for the next ones. Boxed as a frame holds
+    /// them, so that reusing one allocates nothing.
+    #[allow(clippy::vec_box)]
+    spare_chains: Vec<Box<Chain>>,
     ring_size: u32,
     mode: BindMode,
     queue_id: u32,
@@ -251,6 +255,7 @@ impl XskQueue {
             frame_size: c.frame_bytes() as usize,
             max_packet: (c.max_packet.max(c.frame_capacity())) as usize,
             partial: None,
+            spare_chains: Vec::new(),
             ring_size: c.ring_size,
             mode: actual,
             queue_id,
@@ -480,10 +485,11 @@ impl FrameIo for XskQueue {
         let mut sent = 0;
         for f in frames.drain(..taken) {
             self.pool.sent(f.index).map_err(io::Error::other)?;
-            if let Some(c) = &f.chain {
+            if let Some(c) = f.chain {
                 for &i in &c.rest {
                     self.pool.sent(i).map_err(io::Error::other)?;
                 }
+                self.keep_spare(c);
             }
             sent += 1;
         }

@@ -14,6 +14,33 @@ pub mod sys {
         hz.max(1) as f64
     }
 
+    /// Busy time per CPU (user, nice, system, irq, softirq, steal) in seconds, from /proc/stat.
+    pub fn cpu_busy() -> Result<Vec<f64>, String> {
+        let stat = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
+        let hz = clock_ticks_per_sec();
+        let mut out = Vec::new();
+        for line in stat.lines() {
+            let mut f = line.split_whitespace();
+            let Some(name) = f.next() else { continue };
+            let Some(idx) = name
+                .strip_prefix("cpu")
+                .and_then(|n| n.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            let v: Vec<f64> = f.filter_map(|x| x.parse().ok()).collect();
+            if v.len() < 8 {
+                return Err(format!("/proc/stat: short line for {name}"));
+            }
+            if out.len() <= idx {
+                out.resize(idx + 1, 0.0);
+            }
+            // user nice system idle iowait irq softirq steal
+            out[idx] = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / hz;
+        }
+        Ok(out)
+    }
+
     /// Raises this process's open-file limit (soft and hard) to at least `n`.
     pub fn raise_nofile(n: u64) -> std::io::Result<()> {
         let mut lim = libc::rlimit {
@@ -83,6 +110,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use plotters::prelude::*;
+
+mod sink;
+pub use sink::{Sink, SinkSample, load_name, parse_loads, write_report};
 
 /// The median of `v` (0 for none).
 pub fn median(v: &[f64]) -> f64 {

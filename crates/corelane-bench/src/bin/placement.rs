@@ -11,18 +11,15 @@
 //!
 //! Needs root (network namespaces, XDP, AF_XDP).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use corelane::net::TcpListener;
 use corelane::{Placement, Runtime};
-use corelane_bench::{Panel, markdown_table, median, paced_send, pin, plot_png};
+use corelane_bench::{
+    Panel, Sink, SinkSample, load_name, markdown_table, median, parse_loads, write_report,
+};
 use corelane_testnet::VethPair;
-use tokio::io::AsyncReadExt;
 
 #[derive(Parser, Debug)]
 #[command(about = "Protocol/application placement against offered load (seed 000) on corelane")]
@@ -47,100 +44,26 @@ struct Cli {
 const PORT: u16 = 5001;
 const SERVER: &str = "10.77.0.3";
 
-/// One run's outcome.
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    gbit: f64,
-    cpu_s_per_gb: f64,
-    cpu_s: f64,
-}
-
+/// One run: a kernel sender offering `load` to a one-lane corelane sink placed as `placement`.
 fn one_run(
     net: &VethPair,
     placement: &Placement,
     load: Option<f64>,
     secs: f64,
-) -> Result<Sample, String> {
-    let received = Arc::new(AtomicU64::new(0));
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
-    let ifname = net.server_if().to_string();
-    let (p, rcv) = (placement.clone(), received.clone());
-    let server = net
-        .server_ns()
-        .spawn(move || -> Result<corelane::RunReport, String> {
-            let rt = Runtime::builder(&ifname)
-                .addr(format!("{SERVER}/24"))
-                .placement(p)
-                .cores(1)
-                .bdp(10_000_000_000, Duration::from_micros(200))
-                .build()
-                .map_err(|e| e.to_string())?;
-            let _ = stop_tx.send(rt.stop_handle());
-            rt.run(move |_core| {
-                let rcv = rcv.clone();
-                async move {
-                    let l = match TcpListener::bind(PORT).await {
-                        Ok(l) => l,
-                        Err(e) => return eprintln!("placement: port {PORT}: {e}"),
-                    };
-                    loop {
-                        let Ok((mut s, _)) = l.accept().await else {
-                            return;
-                        };
-                        let rcv = rcv.clone();
-                        tokio::task::spawn_local(async move {
-                            let mut buf = vec![0u8; 64 * 1024];
-                            while let Ok(n @ 1..) = s.read(&mut buf).await {
-                                rcv.fetch_add(n as u64, Ordering::Relaxed);
-                            }
-                        });
-                    }
-                }
-            })
-            .map_err(|e| e.to_string())
-        })
-        .map_err(|e| e.to_string())?;
-    let Ok(stop) = stop_rx.recv_timeout(Duration::from_secs(10)) else {
-        return Err(match server.join() {
-            Ok(Err(e)) => e,
-            _ => "the server did not start".to_string(),
-        });
+) -> Result<SinkSample, String> {
+    let sink = Sink {
+        ip: SERVER.to_string(),
+        port: PORT,
+        conns: 1,
+        gbit: load,
+        client_cpu: *corelane::allowed_cpus().last().unwrap_or(&0),
+        secs,
     };
-    let addr: SocketAddr = format!("{SERVER}:{PORT}").parse().map_err(|_| "address")?;
-    let client_cpu = *corelane::allowed_cpus().last().unwrap_or(&0);
-    let dur = Duration::from_secs_f64(secs);
-    let (sent, elapsed) = net
-        .client_ns()
-        .run(move || {
-            pin(client_cpu);
-            // The first connection may race the listener's start: retry briefly.
-            let mut last = None;
-            for _ in 0..50 {
-                match paced_send(addr, load.map(|g| g * 1e9), dur, 64 * 1024) {
-                    Ok(n) => return Ok(n),
-                    Err(e) => last = Some(e),
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(last.map(|e| e.to_string()).unwrap_or_default())
-        })
-        .map_err(|e| e.to_string())??;
-    let elapsed = elapsed.as_secs_f64();
-    stop.stop();
-    let report = server.join().map_err(|e| e.to_string())??;
-    let got = received.load(Ordering::Relaxed);
-    if got < sent / 2 {
-        return Err(format!("the sink received {got} of {sent} bytes"));
-    }
-    let cpu_s: f64 = report
-        .cores
-        .iter()
-        .map(|c| (c.stats.cpu_time + c.stats.app_cpu_time).as_secs_f64())
-        .sum();
-    Ok(Sample {
-        gbit: got as f64 * 8.0 / elapsed / 1e9,
-        cpu_s_per_gb: cpu_s / (got as f64 / 1e9),
-        cpu_s,
+    let p = placement.clone();
+    sink.run(net, move |b| {
+        b.placement(p)
+            .cores(1)
+            .bdp(10_000_000_000, Duration::from_micros(200))
     })
 }
 
@@ -155,19 +78,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> Result<(), String> {
-    let loads: Vec<Option<f64>> = cli
-        .loads
-        .split(',')
-        .map(|l| match l.trim() {
-            "max" => Ok(None),
-            v => v
-                .parse::<f64>()
-                .ok()
-                .filter(|g| *g > 0.0)
-                .map(Some)
-                .ok_or_else(|| format!("--loads: `{v}` is not a rate in Gbit/s or `max`")),
-        })
-        .collect::<Result<_, _>>()?;
+    let loads = parse_loads(&cli.loads)?;
     let placements: Vec<Placement> = cli
         .placements
         .split(',')
@@ -193,7 +104,8 @@ fn run(cli: Cli) -> Result<(), String> {
         plans.push(plan);
     }
     let total = cli.repeat * loads.len() * placements.len();
-    let mut samples: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); loads.len()]; placements.len()];
+    let mut samples: Vec<Vec<Vec<SinkSample>>> =
+        vec![vec![Vec::new(); loads.len()]; placements.len()];
     let mut done = 0;
     for rep in 0..cli.repeat {
         for (li, load) in loads.iter().enumerate() {
@@ -207,7 +119,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     load_name(*load),
                     s.gbit,
                     s.cpu_s,
-                    s.cpu_s_per_gb
+                    s.cpu_s_per_gb()
                 );
                 samples[pi][li].push(s);
             }
@@ -230,7 +142,7 @@ fn run(cli: Cli) -> Result<(), String> {
         for (li, load) in loads.iter().enumerate() {
             let s = &samples[pi][li];
             let gb = median(&s.iter().map(|x| x.gbit).collect::<Vec<_>>());
-            let cpg = median(&s.iter().map(|x| x.cpu_s_per_gb).collect::<Vec<_>>());
+            let cpg = median(&s.iter().map(|x| x.cpu_s_per_gb()).collect::<Vec<_>>());
             let cpu = median(&s.iter().map(|x| x.cpu_s).collect::<Vec<_>>());
             rows.push(vec![
                 p.name().to_string(),
@@ -266,7 +178,6 @@ fn run(cli: Cli) -> Result<(), String> {
         &rows,
     );
     println!("\n{table}");
-    std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
     let md = format!(
         "# Placement against offered load (seed 000 on corelane)\n\n{}\n\nMedians of {} run(s) of {} s each; one queue, one lane; the kernel sender pinned to CPU {}.\n\n{table}\n",
         plans
@@ -278,18 +189,11 @@ fn run(cli: Cli) -> Result<(), String> {
         cli.seconds,
         corelane::allowed_cpus().last().unwrap_or(&0)
     );
-    let write = |name: &str, text: &str| {
-        let p = cli.out.join(name);
-        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
-    };
-    write("placement.md", &md)?;
-    write(
-        "placement.json",
-        &format!("[\n  {}\n]\n", json.join(",\n  ")),
-    )?;
-    let png = cli.out.join("placement.png");
-    plot_png(
-        &png,
+    write_report(
+        &cli.out,
+        "placement",
+        &md,
+        &json,
         &[
             Panel {
                 title: "goodput against offered load".into(),
@@ -305,15 +209,5 @@ fn run(cli: Cli) -> Result<(), String> {
             },
         ],
     )?;
-    println!(
-        "wrote {}, {} and {}",
-        cli.out.join("placement.md").display(),
-        cli.out.join("placement.json").display(),
-        png.display()
-    );
     Ok(())
-}
-
-fn load_name(l: Option<f64>) -> String {
-    l.map_or("max".to_string(), |g| format!("{g}"))
 }

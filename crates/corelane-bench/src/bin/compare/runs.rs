@@ -7,40 +7,14 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use corelane_bench::median;
+use corelane_bench::sys::cpu_busy;
 use corelane_testnet::VethPair;
 
 use crate::cases::{ECHO, HTTP, Kind, Setup};
 use crate::hosts::{corelane_client, corelane_server, epoll_server, kernel_client, kernel_server};
 use crate::load::{MEASURE, STOP, WARM};
 
-/// Busy time per CPU (user, nice, system, irq, softirq, steal) in seconds, from /proc/stat.
-pub(crate) fn cpu_busy() -> Result<Vec<f64>, String> {
-    let stat = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
-    let hz = corelane_bench::sys::clock_ticks_per_sec();
-    let mut out = Vec::new();
-    for line in stat.lines() {
-        let mut f = line.split_whitespace();
-        let Some(name) = f.next() else { continue };
-        let Some(idx) = name
-            .strip_prefix("cpu")
-            .and_then(|n| n.parse::<usize>().ok())
-        else {
-            continue;
-        };
-        let v: Vec<f64> = f.filter_map(|x| x.parse().ok()).collect();
-        if v.len() < 8 {
-            return Err(format!("/proc/stat: short line for {name}"));
-        }
-        if out.len() <= idx {
-            out.resize(idx + 1, 0.0);
-        }
-        // user nice system idle iowait irq softirq steal
-        out[idx] = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / hz;
-    }
-    Ok(out)
-}
-
-/// Busy seconds between two [`cpu_busy`] readings: of the server CPUs, and of every CPU.
+/// Busy seconds between two [`cpu_busy`](corelane_bench::sys::cpu_busy) readings: of the server CPUs, and of every CPU.
 fn busy_between(before: &[f64], after: &[f64], server: &[usize]) -> (f64, f64) {
     let busy = |c: usize| after.get(c).unwrap_or(&0.0) - before.get(c).unwrap_or(&0.0);
     (

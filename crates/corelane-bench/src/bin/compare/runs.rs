@@ -14,7 +14,7 @@ use crate::cases::{ECHO, HTTP, Kind, Setup};
 use crate::hosts::{corelane_client, corelane_server, epoll_server, kernel_client, kernel_server};
 use crate::load::{MEASURE, STOP, WARM};
 
-/// Busy seconds between two [`cpu_busy`](corelane_bench::sys::cpu_busy) readings: of the server CPUs, and of every CPU.
+/// Busy seconds between two [`cpu_busy`] readings: of the server CPUs, and of every CPU.
 fn busy_between(before: &[f64], after: &[f64], server: &[usize]) -> (f64, f64) {
     let busy = |c: usize| after.get(c).unwrap_or(&0.0) - before.get(c).unwrap_or(&0.0);
     (

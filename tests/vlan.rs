@@ -4,7 +4,8 @@
 //! VLAN 200 and an untagged kernel client with an address in the same subnet do not reach it;
 //! the kernel's own untagged traffic on the interface goes on. Under a grant broker that serves
 //! the VLAN the same server runs without privileges to attach, and one built for untagged
-//! frames is refused.
+//! frames is refused. With QinQ (VLAN 100 inside 802.1ad service VLAN 200) the same, and
+//! neither a client in service VLAN 300 nor one on VLAN 100 without the service tag reaches it.
 
 mod common;
 
@@ -23,9 +24,14 @@ const SERVER: &str = "10.100.0.3";
 /// What came back through an echo, or why nothing did.
 type Echoed = Result<Vec<u8>, String>;
 
-/// What a corelane client on VLAN `vid` of the client's end got: the TCP echo of `len` bytes
-/// (or the error) and the UDP echo of one datagram (or the error).
-fn client_on_vlan(net: &corelane_testnet::VethPair, vid: u16, len: usize) -> (Echoed, Echoed) {
+/// What a corelane client on VLAN `vid` (inside service VLAN `svid` when not 0) of the
+/// client's end got: the TCP echo of `len` bytes (or the error) and the UDP echo of one
+/// datagram (or the error).
+fn client_on_vlan(
+    net: &corelane_testnet::VethPair,
+    (svid, vid): (u16, u16),
+    len: usize,
+) -> (Echoed, Echoed) {
     let out: Arc<Mutex<Vec<Echoed>>> = Arc::default();
     let o = out.clone();
     let ifname = net.client_if().to_string();
@@ -34,6 +40,7 @@ fn client_on_vlan(net: &corelane_testnet::VethPair, vid: u16, len: usize) -> (Ec
         stack.tcp.syn_retries = 2;
         stack.tcp.rto_initial = Duration::from_millis(200);
         Runtime::builder(&ifname)
+            .service_vlan(svid)
             .vlan(vid)
             .addr("10.100.0.2/24")
             .cores(1)
@@ -90,7 +97,7 @@ fn client_on_vlan(net: &corelane_testnet::VethPair, vid: u16, len: usize) -> (Ec
             .map_err(|e| e.to_string())
     });
     if let Err(e) = ran.expect("client thread") {
-        panic!("the VLAN {vid} client failed to run: {e}");
+        panic!("the VLAN {vid} (service VLAN {svid}) client failed to run: {e}");
     }
     let mut o = out.lock().expect("lock");
     let udp = o.pop().expect("udp result");
@@ -140,11 +147,11 @@ fn vlan_server_answers_its_vlan_only() {
     // The kernel's own untagged address on the served interface still answers.
     assert_echoes_kernel_ping(&net);
     // A corelane client on the same VLAN: 2 MiB of TCP and a datagram, echoed.
-    let (tcp, udp) = client_on_vlan(&net, 100, 2 << 20);
+    let (tcp, udp) = client_on_vlan(&net, (0, 100), 2 << 20);
     assert_eq!(tcp.expect("tcp on VLAN 100"), payload(2 << 20, 5));
     assert_eq!(udp.expect("udp on VLAN 100"), payload(1000, 6));
     // One on VLAN 200, the same addresses: nothing reaches the server.
-    let (tcp, udp) = client_on_vlan(&net, 200, 1000);
+    let (tcp, udp) = client_on_vlan(&net, (0, 200), 1000);
     assert!(
         tcp.is_err(),
         "a VLAN 200 client reached the VLAN 100 server"
@@ -224,9 +231,73 @@ fn a_grant_broker_serves_its_vlan_to_a_server_built_for_it() {
         "{}",
         echo.output()
     );
-    let (tcp, udp) = client_on_vlan(&net, 100, 256 << 10);
+    let (tcp, udp) = client_on_vlan(&net, (0, 100), 256 << 10);
     assert_eq!(tcp.expect("tcp on VLAN 100"), payload(256 << 10, 5));
     assert_eq!(udp.expect("udp on VLAN 100"), payload(1000, 6));
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    broker.signal(libc::SIGTERM);
+    let (status, out) = broker.wait();
+    assert!(status.success(), "{out}");
+}
+
+/// QinQ: a server on VLAN 100 inside service VLAN 200 echoes a client with both tags (full-size
+/// segments: the second tag comes out of the MTU), and nothing without both; under a grant
+/// broker serving the same tags, a server built for VLAN 100 alone is refused, one built for
+/// both serves.
+#[test]
+fn a_qinq_server_answers_its_service_vlan_and_vlan_only() {
+    if !require_root("qinq") {
+        return;
+    }
+    let net = net(1);
+    let base = ["--addr", "10.100.0.3/24", "--cores", "1"];
+    let qinq = ["--vlan", "100", "--service-vlan", "200"];
+    let mut args = base.to_vec();
+    args.extend(qinq);
+    let echo = Echo::start(&net, &args);
+    let (tcp, udp) = client_on_vlan(&net, (200, 100), 2 << 20);
+    assert_eq!(tcp.expect("tcp on VLAN 100 in 200"), payload(2 << 20, 5));
+    assert_eq!(udp.expect("udp on VLAN 100 in 200"), payload(1000, 6));
+    for other in [(300, 100), (0, 100)] {
+        let (tcp, udp) = client_on_vlan(&net, other, 1000);
+        assert!(tcp.is_err(), "a client on {other:?} reached the server");
+        assert!(udp.is_err(), "a datagram on {other:?} was answered");
+    }
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    assert_eq!(xdp_counter(&out, "malformed"), 0, "{out}");
+
+    let broker_bin = workspace_bin("corelane-xdp").expect("corelane-xdp built");
+    let mut cmd = net.server_ns().command(broker_bin.to_str().expect("path"));
+    cmd.args(["grant", net.server_if(), "--addr", SERVER])
+        .args(["--tcp", "7", "--udp", "7"])
+        .args(qinq);
+    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let out = net
+        .server_ns()
+        .command(echo_bin().to_str().expect("path"))
+        .args(["--iface", net.server_if()])
+        .args(base)
+        .args(["--vlan", "100"])
+        .output()
+        .expect("echo");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a VLAN 100 server started: {text}");
+    assert!(
+        text.contains("built for VLAN 100 but")
+            && text.contains("serves VLAN 100 in service VLAN 200"),
+        "{text}"
+    );
+    let echo = Echo::start(&net, &args);
+    assert!(
+        echo.output().contains("by corelane-xdp grant"),
+        "{}",
+        echo.output()
+    );
+    let (tcp, udp) = client_on_vlan(&net, (200, 100), 256 << 10);
+    assert_eq!(tcp.expect("tcp under the broker"), payload(256 << 10, 5));
+    assert_eq!(udp.expect("udp under the broker"), payload(1000, 6));
     let (status, out) = echo.stop();
     assert_clean_exit(status, &out);
     broker.signal(libc::SIGTERM);

@@ -132,13 +132,16 @@ struct {
 // `vid`: the 802.1Q VLAN corelane serves on this interface (0: none, untagged frames). With a
 // VLAN, only frames carrying its tag are corelane's: the tag is taken off before they are judged
 // (and steered to the socket untagged) and put back on what is passed on or answered from here;
-// untagged frames and other VLANs' pass untouched.
+// untagged frames and other VLANs' pass untouched. `svid`: the 802.1ad service VLAN the frames
+// carry outside that tag (QinQ; 0: none): then only frames whose outer tag (0x88a8) carries
+// `svid` and whose next tag (0x8100) carries `vid` are corelane's, and both tags come off and
+// go back on together.
 struct iface_cfg {
 	__u8 mac[ETH_ALEN];
 	__u8 set;
 	__u8 pad;
 	__u16 vid;
-	__u16 pad2;
+	__u16 svid;
 };
 
 struct {
@@ -1022,17 +1025,19 @@ static __always_inline int steer_untagged(struct xdp_md *ctx)
 }
 
 #define ETH_P_8021Q_TAG 0x8100
+#define ETH_P_8021AD_TAG 0x88A8
 
-// The VLAN served (0: none).
-static __always_inline __u16 served_vid(void)
+// The VLAN served and the service VLAN around it (0: none).
+static __always_inline void served_tags(__u16 *vid, __u16 *svid)
 {
 	__u32 zero = 0;
 	struct iface_cfg *c = bpf_map_lookup_elem(&iface, &zero);
-	return c ? c->vid & 0x0fff : 0;
+	*vid = c ? c->vid & 0x0fff : 0;
+	*svid = c ? c->svid & 0x0fff : 0;
 }
 
-// Puts an 802.1Q tag with `tci` back in front of the (untagged) frame's EtherType.
-static __always_inline int push_tag(struct xdp_md *ctx, __u16 tci)
+// Puts a tag (`tpid`, `tci`) back in front of the frame's EtherType, after its addresses.
+static __always_inline int push_tag(struct xdp_md *ctx, __u16 tpid, __u16 tci)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -1047,10 +1052,24 @@ static __always_inline int push_tag(struct xdp_md *ctx, __u16 tci)
 	if (data + 2 * ETH_ALEN + 4 > end)
 		return -1;
 	__builtin_memcpy(data, macs, 2 * ETH_ALEN);
-	__u16 tpid = bpf_htons(ETH_P_8021Q_TAG), t = bpf_htons(tci);
-	__builtin_memcpy(data + 2 * ETH_ALEN, &tpid, 2);
-	__builtin_memcpy(data + 2 * ETH_ALEN + 2, &t, 2);
+	__u16 t = bpf_htons(tpid), c = bpf_htons(tci);
+	__builtin_memcpy(data + 2 * ETH_ALEN, &t, 2);
+	__builtin_memcpy(data + 2 * ETH_ALEN + 2, &c, 2);
 	return 0;
+}
+
+// Reads the tag at `tag` into `tci` when it has type `tpid` and carries VLAN `vid`.
+static __always_inline int tag_is(__u8 *tag, void *end, __u16 tpid, __u16 vid, __u16 *tci)
+{
+	if ((void *)(tag + 4) > end)
+		return 0;
+	__u16 t;
+	__builtin_memcpy(&t, tag, 2);
+	if (t != bpf_htons(tpid))
+		return 0;
+	__builtin_memcpy(&t, tag + 2, 2);
+	*tci = bpf_ntohs(t);
+	return (*tci & 0x0fff) == vid;
 }
 
 // Loaded as a multi-buffer ("frags") program: a jumbo frame arrives in several buffers, of which
@@ -1064,22 +1083,32 @@ int corelane_steer(struct xdp_md *ctx)
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return malformed();
-	__u16 vid = served_vid();
-	if (eth->h_proto != bpf_htons(ETH_P_8021Q_TAG))
-		return vid ? pass() : steer_untagged(ctx);
-	// Tagged: corelane's only when it serves this VLAN; the tag comes off while the frame is
-	// judged and goes back on unless the frame is steered or dropped.
-	__u8 *tag = (void *)(eth + 1);
-	if (!vid || (void *)(tag + 4) > end)
-		return pass();
-	__u16 tci;
-	__builtin_memcpy(&tci, tag, 2);
-	tci = bpf_ntohs(tci);
-	if ((tci & 0x0fff) != vid)
-		return pass();
+	__u16 vid, svid;
+	served_tags(&vid, &svid);
+	if (!vid && !svid)
+		return eth->h_proto == bpf_htons(ETH_P_8021Q_TAG) ||
+				       eth->h_proto == bpf_htons(ETH_P_8021AD_TAG)
+			       ? pass()
+			       : steer_untagged(ctx);
+	// Tagged: corelane's only when the tags are the ones it serves, outermost first; they come
+	// off while the frame is judged and go back on unless the frame is steered or dropped.
+	__u8 *tag = (void *)&eth->h_proto;
+	__u16 outer = 0, inner = 0;
+	int len = 0;
+	if (svid) {
+		if (!tag_is(tag, end, ETH_P_8021AD_TAG, svid, &outer))
+			return pass();
+		tag += 4;
+		len = 4;
+	}
+	if (vid) {
+		if (!tag_is(tag, end, ETH_P_8021Q_TAG, vid, &inner))
+			return pass();
+		len += 4;
+	}
 	__u8 macs[2 * ETH_ALEN];
 	__builtin_memcpy(macs, data, 2 * ETH_ALEN);
-	if (bpf_xdp_adjust_head(ctx, 4))
+	if (bpf_xdp_adjust_head(ctx, len))
 		return pass();
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
@@ -1089,8 +1118,11 @@ int corelane_steer(struct xdp_md *ctx)
 	int verdict = steer_untagged(ctx);
 	if (verdict == XDP_REDIRECT || verdict == XDP_DROP)
 		return verdict;
-	// Passed on, or answered from here (the answer's addresses already swapped): tagged again.
-	if (push_tag(ctx, tci))
+	// Passed on, or answered from here (the answer's addresses already swapped): tagged again,
+	// the inner tag first so that the outer one ends up outside it.
+	if (vid && push_tag(ctx, ETH_P_8021Q_TAG, inner))
+		return XDP_DROP;
+	if (svid && push_tag(ctx, ETH_P_8021AD_TAG, outer))
 		return XDP_DROP;
 	return verdict;
 }

@@ -63,6 +63,10 @@ pub(crate) struct Common {
     /// (`Builder::vlan`); the addresses are the VLAN's.
     #[arg(long, default_value_t = 0)]
     pub(crate) vlan: u16,
+    /// The 802.1ad service VLAN (1-4094) around the VLAN's tag (QinQ;
+    /// `Builder::service_vlan`).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) service_vlan: u16,
     /// Where the XDP program comes from: auto (the grant of a `corelane-xdp grant` serving
     /// the interface, else attached here), attach, granted.
     #[arg(long, default_value = "auto")]
@@ -155,6 +159,7 @@ impl Common {
             .placement(self.placement.clone())
             .attach_mode(attach)
             .vlan(self.vlan)
+            .service_vlan(self.service_vlan)
             .xdp(xdp)
             .xsk(XskConfig {
                 zero_copy,

@@ -128,7 +128,7 @@ impl Access {
         self,
         ifname: &str,
         mode: AttachMode,
-        vlan: u16,
+        vlan: corelane_xsk::Vlan,
     ) -> Result<Steering, Error> {
         Ok(match self {
             Access::Attach(claim) => {
@@ -139,19 +139,11 @@ impl Access {
             Access::Granted(g) => {
                 let served = g.vlan()?;
                 if served != vlan {
-                    let what = |v: u16| {
-                        if v == 0 {
-                            "untagged frames".to_string()
-                        } else {
-                            format!("VLAN {v}")
-                        }
-                    };
                     return Err(Error::Config(format!(
-                        "{ifname}: this server is built for {} but the grant broker's program \
-                         serves {}: start both for the same VLAN (corelane-xdp grant --vlan ID, \
-                         Builder::vlan)",
-                        what(vlan),
-                        what(served)
+                        "{ifname}: this server is built for {vlan} but the grant broker's \
+                         program serves {served}: start both for the same VLAN (corelane-xdp \
+                         grant --vlan ID [--service-vlan ID], Builder::vlan, \
+                         Builder::service_vlan)"
                     )));
                 }
                 Steering::granted(ifname, g)
@@ -204,16 +196,16 @@ pub(crate) fn drop_capabilities(granted: bool) -> Result<(), Error> {
 
 /// Sizes the frames for `mtu` when the application left it to the runtime (`frame_size` 0):
 /// 2048 bytes, or a page when a full frame and the kernel's 256 bytes of headroom do not fit
-/// half of one. A full frame (with its 802.1Q tag when `tagged`) larger than one UMEM frame
+/// half of one. A full frame (with its `tags` bytes of VLAN tags) larger than one UMEM frame
 /// spans several (multi-buffer AF_XDP, `XskConfig::max_packet`), up to
 /// [`corelane_xsk::MAX_PIECES`] of them.
 pub(crate) fn fit_frames(
     ifname: &str,
     mtu: usize,
-    tagged: bool,
+    tags: usize,
     xsk: &mut XskConfig,
 ) -> Result<(), Error> {
-    let l2 = if tagged { 18 } else { 14 };
+    let l2 = 14 + tags;
     if xsk.frame_size == 0 {
         xsk.frame_size = if mtu + l2 + 256 > 2048 { 4096 } else { 2048 };
     }

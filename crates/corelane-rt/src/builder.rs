@@ -25,7 +25,7 @@ pub struct Builder {
     pub(crate) lanes: Option<usize>,
     pub(crate) queues: Option<Vec<u32>>,
     pub(crate) attach: AttachMode,
-    pub(crate) vlan: u16,
+    pub(crate) vlan: corelane_xsk::Vlan,
     pub(crate) xsk: XskConfig,
     pub(crate) stack: StackConfig,
     pub(crate) poll: PollMode,
@@ -191,7 +191,29 @@ impl Builder {
     /// # Ok::<(), corelane::Error>(())
     /// ```
     pub fn vlan(mut self, id: u16) -> Self {
-        self.vlan = id;
+        self.vlan.id = id;
+        self
+    }
+
+    /// Serves the VLAN inside 802.1ad service VLAN `id` (1 to 4094; QinQ): the frames carry an
+    /// outer tag (TPID 0x88a8) with `id` around the 802.1Q tag of [`Builder::vlan`] (or none
+    /// when no VLAN is set). The program steers only frames with both tags, taking both off,
+    /// and every frame sent carries both. A link lets a frame exceed its MTU by one tag's 4
+    /// bytes, not two: the runtime's IP MTU is the interface's less 4 (set the MTU 4 bytes
+    /// higher on the path to carry full 1500-byte packets). Under a grant broker the broker
+    /// must serve the same tags (`corelane-xdp grant --vlan ID --service-vlan ID`).
+    ///
+    /// ```no_run
+    /// # mod corelane { pub use corelane_rt::*; }
+    /// let rt = corelane::Runtime::builder("eth0")
+    ///     .service_vlan(200)
+    ///     .vlan(100)
+    ///     .addr("10.100.0.3/24")
+    ///     .build()?;
+    /// # Ok::<(), corelane::Error>(())
+    /// ```
+    pub fn service_vlan(mut self, id: u16) -> Self {
+        self.vlan.service = id;
         self
     }
 

@@ -67,7 +67,7 @@ impl Runtime {
             lanes: None,
             queues: None,
             attach: AttachMode::Auto,
-            vlan: 0,
+            vlan: corelane_xsk::Vlan::default(),
             xsk: XskConfig::default(),
             stack: StackConfig::default(),
             poll: PollMode::default(),

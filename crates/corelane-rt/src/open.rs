@@ -165,7 +165,10 @@ impl Builder {
         }
         let restore = RestoreQueues::new(&self.ifname, restore, access.claim().cloned());
         let mac = corelane_xsk::mac_address(&self.ifname)?;
-        let mtu = corelane_xsk::mtu(&self.ifname)? as usize;
+        // A link carries a frame one tag (4 bytes) over its MTU; a second tag (QinQ) comes
+        // out of the packet.
+        let mtu = (corelane_xsk::mtu(&self.ifname)? as usize)
+            .saturating_sub(self.vlan.tag_bytes().saturating_sub(4));
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = access.steering(&self.ifname, self.attach, self.vlan)?;
@@ -176,7 +179,7 @@ impl Builder {
                 self.ifname
             );
         }
-        crate::access::fit_frames(&self.ifname, mtu, self.vlan != 0, &mut self.xsk)?;
+        crate::access::fit_frames(&self.ifname, mtu, self.vlan.tag_bytes(), &mut self.xsk)?;
         for a in &self.addrs {
             steering.own_addr(a.address().into())?;
         }

@@ -229,7 +229,7 @@ impl Runtime {
             .and_then(Option::take)
             .ok_or_else(|| Error::Config(format!("core {}: no socket", info.index)))?;
         let mut dev = XdpDevice::new(q, self.mtu, self.cfg.stack.batch);
-        dev.set_vlan(self.cfg.vlan);
+        dev.set_vlans(self.cfg.vlan.service, self.cfg.vlan.id);
         // A frame built over the MTU is a bug: counted (`DeviceStats::tx_oversize`) and dropped,
         // or a panic in debug builds and wherever CORELANE_STRICT=1 (every test run).
         if std::env::var_os("CORELANE_STRICT").is_some_and(|v| v == "1") {

@@ -68,12 +68,12 @@ pub struct XdpDevice<P: FrameIo> {
     tx_out: Vec<P::Frame>,
     batch: usize,
     mtu: usize,
-    /// The 802.1Q tag control field every sent frame carries (0: untagged).
-    vlan_tci: u16,
+    /// The VLAN tags every sent frame carries after its addresses, outermost first.
+    tags: Tags,
     strict: bool,
     stats: DeviceStats,
     tap: Option<Box<dyn Tap>>,
-    /// A received VLAN frame with its tag put back, for the tap.
+    /// A received VLAN frame with its tags put back, for the tap.
     tap_buf: Vec<u8>,
 }
 
@@ -115,7 +115,7 @@ impl<P: FrameIo> XdpDevice<P> {
             tx_out: Vec::with_capacity(batch),
             batch,
             mtu,
-            vlan_tci: 0,
+            tags: Tags::default(),
             strict: cfg!(debug_assertions),
             stats: DeviceStats::default(),
             tap: None,
@@ -126,7 +126,14 @@ impl<P: FrameIo> XdpDevice<P> {
     /// Tags every frame sent from now on with 802.1Q VLAN `vid` (0: untagged). The frames the
     /// stack reads stay untagged: on receive the XDP program takes the tag off.
     pub fn set_vlan(&mut self, vid: u16) {
-        self.vlan_tci = vid & 0x0fff;
+        self.set_vlans(0, vid);
+    }
+
+    /// Tags every frame sent from now on with 802.1Q VLAN `vid` inside 802.1ad service VLAN
+    /// `svid` (QinQ: the outer tag 0x88a8, the inner 0x8100; either 0: that tag left out). The
+    /// frames the stack reads stay untagged: on receive the XDP program takes the tags off.
+    pub fn set_vlans(&mut self, svid: u16, vid: u16) {
+        self.tags = Tags::new(svid, vid);
     }
 
     /// Starts (`Some`) or stops showing every frame received from the queue and sent to a
@@ -205,17 +212,16 @@ impl<P: FrameIo> XdpDevice<P> {
             let fresh = self.incoming.len() - n;
             for f in self.incoming.iter().skip(fresh) {
                 let bytes = self.io.bytes(f);
-                if self.vlan_tci == 0 || bytes.len() < 12 {
+                if self.tags.len == 0 || bytes.len() < 12 {
                     tap.frame(false, bytes);
                     continue;
                 }
-                // The XDP program took the VLAN's tag off; a capture shows the frame as the
+                // The XDP program took the VLAN's tags off; a capture shows the frame as the
                 // wire carried it, as it shows what this device sends.
                 let tagged = &mut self.tap_buf;
                 tagged.clear();
                 tagged.extend_from_slice(&bytes[..12]);
-                tagged.extend_from_slice(&0x8100u16.to_be_bytes());
-                tagged.extend_from_slice(&self.vlan_tci.to_be_bytes());
+                tagged.extend_from_slice(self.tags.bytes());
                 tagged.extend_from_slice(&bytes[12..]);
                 tap.frame(false, tagged);
             }
@@ -381,8 +387,8 @@ pub struct TxToken<'a, P: FrameIo> {
     stats: &'a mut DeviceStats,
     /// The longest frame the link carries.
     max_frame: usize,
-    /// The 802.1Q tag to insert after the addresses (0: none).
-    vlan_tci: u16,
+    /// The tags to insert after the addresses.
+    tags: Tags,
     strict: bool,
 }
 
@@ -403,13 +409,13 @@ impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
             let mut scratch = vec![0u8; len];
             return f(&mut scratch);
         }
-        let tag = if self.vlan_tci == 0 { 0 } else { VLAN_TAG };
+        let tag = self.tags.len;
         match self.free.pop() {
             Some(mut frame) if len + tag <= self.io.frame_capacity() => {
                 let buf = self.io.bytes_mut(&mut frame, len + tag);
                 let r = f(&mut buf[tag..]);
                 if tag != 0 {
-                    insert_vlan_tag(buf, self.vlan_tci);
+                    self.tags.insert(buf);
                 }
                 self.out.push(frame);
                 self.stats.tx_frames += 1;
@@ -429,18 +435,40 @@ impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
     }
 }
 
-/// Bytes of an 802.1Q tag.
-const VLAN_TAG: usize = 4;
+/// The VLAN tags a device's frames carry after their addresses, outermost first, as on the
+/// wire: none, one 802.1Q tag, or an 802.1ad service tag (QinQ) and the 802.1Q tag inside it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tags {
+    wire: [u8; 8],
+    len: usize,
+}
 
-/// Turns `buf`, an untagged frame written at offset 4, into the same frame with an 802.1Q tag
-/// carrying `tci` between its addresses and its EtherType.
-fn insert_vlan_tag(buf: &mut [u8], tci: u16) {
-    if buf.len() < 2 * 6 + 2 * VLAN_TAG {
-        return;
+impl Tags {
+    fn new(svid: u16, vid: u16) -> Tags {
+        let mut t = Tags::default();
+        for (tpid, id) in [(0x88a8u16, svid & 0x0fff), (0x8100, vid & 0x0fff)] {
+            if id != 0 {
+                t.wire[t.len..t.len + 2].copy_from_slice(&tpid.to_be_bytes());
+                t.wire[t.len + 2..t.len + 4].copy_from_slice(&id.to_be_bytes());
+                t.len += 4;
+            }
+        }
+        t
     }
-    buf.copy_within(VLAN_TAG..VLAN_TAG + 12, 0);
-    buf[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
-    buf[14..16].copy_from_slice(&tci.to_be_bytes());
+
+    fn bytes(&self) -> &[u8] {
+        &self.wire[..self.len]
+    }
+
+    /// Turns `buf`, an untagged frame written at offset `len`, into the same frame with the
+    /// tags between its addresses and its EtherType.
+    fn insert(&self, buf: &mut [u8]) {
+        if buf.len() < 12 + 2 * self.len {
+            return;
+        }
+        buf.copy_within(self.len..self.len + 12, 0);
+        buf[12..12 + self.len].copy_from_slice(self.bytes());
+    }
 }
 
 impl<P: FrameIo> Device for XdpDevice<P> {
@@ -472,7 +500,7 @@ impl<P: FrameIo> Device for XdpDevice<P> {
                 out: &mut self.tx_out,
                 stats: &mut self.stats,
                 max_frame: self.mtu + ETH_HEADER,
-                vlan_tci: self.vlan_tci,
+                tags: self.tags,
                 strict: self.strict,
             },
         ))
@@ -489,7 +517,7 @@ impl<P: FrameIo> Device for XdpDevice<P> {
             out: &mut self.tx_out,
             stats: &mut self.stats,
             max_frame: self.mtu + ETH_HEADER,
-            vlan_tci: self.vlan_tci,
+            tags: self.tags,
             strict: self.strict,
         })
     }

@@ -178,6 +178,56 @@ fn a_vlan_device_tags_every_frame_it_sends() {
     assert_eq!(b.bytes(&rx[0]).len(), 60);
 }
 
+#[test]
+fn a_qinq_device_puts_the_service_tag_outside_the_vlan_tag() -> std::io::Result<()> {
+    type Frames = std::sync::Arc<std::sync::Mutex<Vec<(bool, Vec<u8>)>>>;
+    struct Bytes(Frames);
+    impl Tap for Bytes {
+        fn clock(&mut self, _: u64) {}
+        fn frame(&mut self, outbound: bool, bytes: &[u8]) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push((outbound, bytes.to_vec()));
+            }
+        }
+    }
+    let (mut a, b) = MemLink::default().pair();
+    let mut dev = XdpDevice::new(b, 1500, 8);
+    dev.set_vlans(200, 100);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    dev.set_tap(Some(Box::new(Bytes(seen.clone()))));
+    let frame: Vec<u8> = (0..1514u32).map(|i| (i % 251) as u8).collect();
+    let tx = dev.transmit(Instant::ZERO).expect("a free frame");
+    smoltcp::phy::TxToken::consume(tx, frame.len(), |buf| buf.copy_from_slice(&frame));
+    dev.flush()?;
+    let mut rx = VecDeque::new();
+    assert_eq!(a.recv(&mut rx, 8), 1);
+    let got = a.bytes(&rx[0]).to_vec();
+    a.release(&mut rx.drain(..).collect());
+    let tags = [0x88, 0xa8, 0, 200, 0x81, 0x00, 0, 100];
+    assert_eq!(got.len(), 1522);
+    assert_eq!(&got[..12], &frame[..12], "addresses first");
+    assert_eq!(&got[12..20], &tags, "then the service tag, then the VLAN's");
+    assert_eq!(&got[20..], &frame[12..], "then the EtherType and the rest");
+    // What arrives (the program took both tags off) is shown with both, as on the wire.
+    let inbound: Vec<u8> = (0..100u8).collect();
+    assert!(a.inject(&inbound));
+    dev.pull_batch();
+    let v = seen.lock().map(|v| v.clone()).unwrap_or_default();
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[0], (true, got));
+    let (outbound, shown) = &v[1];
+    assert!(!outbound);
+    assert_eq!(&shown[12..20], &tags);
+    assert_eq!(&shown[20..], &inbound[12..]);
+    // The service tag alone, without a VLAN inside it.
+    dev.set_vlans(200, 0);
+    send(&mut dev, 60);
+    dev.flush()?;
+    assert_eq!(a.recv(&mut rx, 8), 1);
+    assert_eq!(&a.bytes(&rx[0])[12..16], &[0x88, 0xa8, 0, 200]);
+    Ok(())
+}
+
 /// A capture on a VLAN shows both directions tagged, as on the wire: the program took the tag
 /// off what was received, the device puts it on what it sends.
 #[test]

@@ -207,14 +207,18 @@ impl Filter {
         let Some(mut ethertype) = frame.get(12..14) else {
             return false;
         };
-        // One 802.1Q tag (a served VLAN's frames carry it): judge what it carries.
+        // Up to two VLAN tags (a served VLAN's frames carry an 802.1Q tag, inside an 802.1ad
+        // service tag with QinQ): judge what they carry.
         let mut l2 = 14;
-        if ethertype == [0x81, 0x00] {
-            let Some(inner) = frame.get(16..18) else {
+        for _ in 0..2 {
+            if ethertype != [0x81, 0x00] && ethertype != [0x88, 0xa8] {
+                break;
+            }
+            let Some(inner) = frame.get(l2 + 2..l2 + 4) else {
                 return false;
             };
             ethertype = inner;
-            l2 = 18;
+            l2 += 4;
         }
         let (proto, src, dst, l4) = match u16::from_be_bytes([ethertype[0], ethertype[1]]) {
             0x0800 => {

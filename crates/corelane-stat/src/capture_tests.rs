@@ -230,3 +230,24 @@ fn filters_see_through_one_vlan_tag() {
     // A tag with nothing after it is too short to judge.
     assert!(!port(7).matches(&tagged[..17]));
 }
+
+#[test]
+fn filters_see_through_a_service_tag_and_the_vlan_tag_inside_it() {
+    let plain = frame_v4(1000, 7, 6, 80);
+    let mut qinq = plain[..12].to_vec();
+    qinq.extend_from_slice(&[0x88, 0xa8, 0x00, 200, 0x81, 0x00, 0x00, 100]);
+    qinq.extend_from_slice(&plain[12..]);
+    let port = |p: u16| Filter {
+        port: Some(p),
+        proto: Some(6),
+        host: "10.0.0.2".parse().ok(),
+    };
+    assert!(port(7).matches(&qinq));
+    assert!(!port(8).matches(&qinq));
+    assert!(!port(7).matches(&qinq[..21]), "cut inside the inner tag");
+    // A third tag is not looked through: what it carries is not judged as IP.
+    let mut three = plain[..12].to_vec();
+    three.extend_from_slice(&[0x88, 0xa8, 0, 1, 0x88, 0xa8, 0, 2, 0x81, 0x00, 0, 3]);
+    three.extend_from_slice(&plain[12..]);
+    assert!(!port(7).matches(&three));
+}

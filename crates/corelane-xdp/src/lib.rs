@@ -50,8 +50,8 @@ pub struct Grant {
     /// The most receive queues a server may set the interface to (0: it may not change
     /// them): the queue count is the whole interface's, not the server's.
     pub channels: u32,
-    /// The 802.1Q VLAN served (0: untagged frames).
-    pub vlan: u16,
+    /// The VLAN served (by default untagged frames).
+    pub vlan: corelane_xsk::Vlan,
 }
 
 impl Grant {
@@ -82,7 +82,7 @@ impl Grant {
             uids: uids.to_vec(),
             attach: AttachMode::Auto,
             channels: 0,
-            vlan: 0,
+            vlan: corelane_xsk::Vlan::default(),
         })
     }
 

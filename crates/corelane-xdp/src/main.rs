@@ -59,6 +59,11 @@ enum Command {
         /// the server must be started for the same VLAN (`Builder::vlan`, `--vlan`).
         #[arg(long, default_value_t = 0)]
         vlan: u16,
+        /// The 802.1ad service VLAN (1 to 4094) the frames carry outside the VLAN's tag (QinQ);
+        /// the server must be started for the same one (`Builder::service_vlan`,
+        /// `--service-vlan`).
+        #[arg(long, default_value_t = 0)]
+        service_vlan: u16,
     },
 }
 
@@ -112,6 +117,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         mode,
         channels,
         vlan,
+        service_vlan,
     } = cli.command;
     let uids = if users.is_empty() {
         vec![nix::unistd::geteuid().as_raw()]
@@ -120,7 +126,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut grant = Grant::parse(&iface, &words(&addrs), &words(&tcp), &words(&udp), &uids)?;
     grant.channels = channels;
-    grant.vlan = vlan;
+    grant.vlan = corelane_xsk::Vlan::qinq(service_vlan, vlan);
     grant.attach = match mode {
         Mode::Auto => AttachMode::Auto,
         Mode::Native => AttachMode::Native,

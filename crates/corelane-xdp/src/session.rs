@@ -235,7 +235,7 @@ fn handle(
             session.stats = Some(path.clone());
             Ok((path.display().to_string(), Some(file)))
         }
-        ["vlan"] => Ok((grant.vlan.to_string(), None)),
+        ["vlan"] => Ok((grant.vlan.to_wire(), None)),
         ["capture"] => {
             // Beside the stats file, as `corelane-stat capture` looks for it; the frames are
             // the traffic, so the file is the server's user's alone (and root's).

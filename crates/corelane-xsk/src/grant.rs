@@ -15,7 +15,7 @@
 //! | `channels N` | `ok` | N within the driver's maximum |
 //! | `counters` | `ok STEERED PASSED MALFORMED NO_SOCKET` | |
 //! | `stats` | `ok PATH` with the stats file's descriptor | |
-//! | `vlan` | `ok VID`: the 802.1Q VLAN the program serves (0: untagged frames) | |
+//! | `vlan` | `ok VID` or `ok VID SVID`: the 802.1Q VLAN the program serves (0: untagged frames) and the 802.1ad service VLAN around it (QinQ), when there is one | |
 //! | `capture` | `ok PATH` with the capture file's descriptor (owned by the server's user, mode 0600) | |
 //!
 //! Errors are `err MESSAGE`, one line naming what was refused and how to grant it. The server
@@ -43,6 +43,7 @@ use corelane_frame::Proto;
 
 use crate::error::Error;
 use crate::program::{AttachedMode, XdpCounters};
+use crate::vlan::Vlan;
 
 /// Longest message either side sends.
 pub const MAX_MESSAGE: usize = 4096;
@@ -356,18 +357,16 @@ impl GrantClient {
         }
     }
 
-    /// The 802.1Q VLAN the broker's program serves (0: untagged frames; also from a broker
-    /// older than the request).
+    /// The VLAN the broker's program serves (untagged frames also from a broker older than the
+    /// request).
     ///
     /// # Errors
-    /// The broker's connection failed, or its answer is not a VLAN id.
-    pub fn vlan(&self) -> Result<u16, Error> {
+    /// The broker's connection failed, or its answer is not a VLAN.
+    pub fn vlan(&self) -> Result<Vlan, Error> {
         match self.exchange("vlan", None) {
-            Ok((text, _)) => text
-                .trim()
-                .parse()
-                .map_err(|_| Error::Grant(format!("malformed VLAN from the broker: {text}"))),
-            Err(Error::Grant(e)) if e.contains("unknown request") => Ok(0),
+            Ok((text, _)) => Vlan::from_wire(&text)
+                .ok_or_else(|| Error::Grant(format!("malformed VLAN from the broker: {text}"))),
+            Err(Error::Grant(e)) if e.contains("unknown request") => Ok(Vlan::default()),
             Err(e) => Err(e),
         }
     }

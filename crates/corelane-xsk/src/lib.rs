@@ -34,6 +34,7 @@ mod routes;
 mod socket;
 mod steering;
 mod sys;
+mod vlan;
 
 pub use caps::{
     ATTACH_CAPS, Cap, SOCKET_CAPS, check_attach_privileges, check_memlock, check_privileges,
@@ -54,6 +55,7 @@ pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, RouteWatch, kernel_addrs, kernel_addrs_with_prefix, kernel_routes};
 pub use socket::{BindMode, MAX_PIECES, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};
 pub use steering::{
-    AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, MAX_VLAN, PROGRAM, STAT_SLOTS, Steering,
+    AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,
     XDP_OBJECT, XdpCounters, iface_entry,
 };
+pub use vlan::{MAX_VLAN, Vlan};

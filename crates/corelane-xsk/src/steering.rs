@@ -20,6 +20,7 @@ use crate::error::Error;
 use crate::grant::GrantClient;
 use crate::netdev::check_interface;
 pub use crate::program::{AttachedMode, XdpCounters};
+use crate::vlan::Vlan;
 
 /// The compiled steering program (built from `xdp/corelane.bpf.c` by `xdp/build.sh`).
 pub static XDP_OBJECT: &[u8] = include_bytes!("../../../xdp/corelane.bpf.o");
@@ -46,18 +47,16 @@ pub const MAPS: [(&str, u32); 9] = [
     ("iface", 1),
 ];
 
-/// The program's `iface` entry (`struct iface_cfg`): the hardware address, 1 (set), and the
-/// 802.1Q VLAN served (0: none; native byte order).
-pub fn iface_entry(mac: [u8; 6], vid: u16) -> [u8; 12] {
+/// The program's `iface` entry (`struct iface_cfg`): the hardware address, 1 (set), the
+/// 802.1Q VLAN served and the 802.1ad service VLAN around it (0: none; native byte order).
+pub fn iface_entry(mac: [u8; 6], vlan: Vlan) -> [u8; 12] {
     let mut v = [0u8; 12];
     v[..6].copy_from_slice(&mac);
     v[6] = 1;
-    v[8..10].copy_from_slice(&vid.to_ne_bytes());
+    v[8..10].copy_from_slice(&vlan.id.to_ne_bytes());
+    v[10..12].copy_from_slice(&vlan.service.to_ne_bytes());
     v
 }
-
-/// The largest 802.1Q VLAN id (0 and 4095 are reserved).
-pub const MAX_VLAN: u16 = 4094;
 
 /// A `tcp_ports` entry's bits (`PORT_OWNED`, `PORT_COOKIES`).
 const PORT_OWNED: u8 = 1;
@@ -158,19 +157,16 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
 impl Steering {
     /// Loads the embedded program and attaches it to `ifname` (in the caller's namespace).
     pub fn attach(ifname: &str, mode: AttachMode) -> Result<Self, Error> {
-        Self::attach_vlan(ifname, mode, 0)
+        Self::attach_vlan(ifname, mode, Vlan::default())
     }
 
-    /// [`Steering::attach`] for the frames of 802.1Q VLAN `vid` only (1 to [`MAX_VLAN`]; 0:
-    /// untagged frames, as `attach`): the program takes the tag off the VLAN's frames before
-    /// steering them and leaves untagged frames and other VLANs' to the kernel. What the
-    /// sockets send must carry the tag (`corelane_stack`'s device adds it).
-    pub fn attach_vlan(ifname: &str, mode: AttachMode, vid: u16) -> Result<Self, Error> {
-        if vid > MAX_VLAN {
-            return Err(Error::Config(format!(
-                "VLAN {vid} is not a VLAN id (1 to {MAX_VLAN})"
-            )));
-        }
+    /// [`Steering::attach`] for the frames of `vlan` only (an 802.1Q VLAN, or one inside an
+    /// 802.1ad service VLAN; `Vlan::default()`: untagged frames, as `attach`): the program
+    /// takes the tags off the VLAN's frames before steering them and leaves untagged frames
+    /// and other VLANs' to the kernel. What the sockets send must carry the tags
+    /// (`corelane_stack`'s device adds them).
+    pub fn attach_vlan(ifname: &str, mode: AttachMode, vlan: Vlan) -> Result<Self, Error> {
+        vlan.check().map_err(Error::Config)?;
         check_attach_privileges()?;
         check_interface(ifname)?;
         let mut ebpf = Ebpf::load(XDP_OBJECT).map_err(|e| Error::Load(load_detail(&e)))?;
@@ -184,7 +180,7 @@ impl Steering {
             })?)
             .map_err(map_err("iface"))?;
         iface
-            .set(0, iface_entry(mac, vid), 0)
+            .set(0, iface_entry(mac, vlan), 0)
             .map_err(map_err("iface"))?;
         let prog: &mut Xdp = ebpf
             .program_mut(PROGRAM)

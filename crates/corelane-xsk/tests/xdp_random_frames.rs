@@ -560,3 +560,78 @@ fn a_vlan_program_judges_its_tagged_frames_as_untagged_ones_and_leaves_the_rest(
     );
     assert!(same[0] > 0 && same[1] > 0, "{same:?}");
 }
+
+/// `f` with an 802.1ad service tag carrying `outer` and, inside it, an 802.1Q tag carrying
+/// `inner` after its addresses.
+fn double_tagged(f: &[u8], outer: u16, inner: u16) -> Vec<u8> {
+    let mut g = f[..12].to_vec();
+    g.extend_from_slice(&[0x88, 0xa8]);
+    g.extend_from_slice(&outer.to_be_bytes());
+    g.extend_from_slice(&tagged(f, inner)[12..]);
+    g
+}
+
+#[test]
+fn a_qinq_program_judges_its_double_tagged_frames_as_untagged_ones_and_leaves_the_rest() {
+    if !root("xdp_random_frames") {
+        return;
+    }
+    // As the VLAN test, with VLAN 100 inside service VLAN 200: the same verdict as untagged
+    // frames get, both tags put back in order. Untagged frames, VLAN 100 without the service
+    // tag, service VLAN 300 around VLAN 100, service VLAN 200 around VLAN 101, and the tags in
+    // the wrong order pass untouched.
+    let plain = loaded();
+    let qinq = loaded_tags(corelane_xsk::Vlan::qinq(200, 100));
+    let p: &Xdp = plain.program(PROGRAM).unwrap().try_into().unwrap();
+    let q: &Xdp = qinq.program(PROGRAM).unwrap().try_into().unwrap();
+    let mut r = Rng(88);
+    let mut same = [0u64; 4]; // passed, answered, rate-limited apart, not this VLAN's
+    for _ in 0..3000 {
+        let f = frame(&mut r);
+        if f.len() < 14 {
+            continue;
+        }
+        let (pv, pout) = run(p, &f);
+        let (outer, inner) = (0x4000 | 200, 0x2000 | 100); // with priorities
+        let (qv, qout) = run(q, &double_tagged(&f, outer, inner));
+        if pv != qv {
+            assert!(
+                matches!((pv, qv), (XDP_TX, XDP_DROP) | (XDP_DROP, XDP_TX)),
+                "verdicts {pv} / {qv} for {f:02x?}"
+            );
+            same[2] += 1;
+            continue;
+        }
+        match pv {
+            XDP_PASS | XDP_TX => {
+                assert_eq!(
+                    qout,
+                    double_tagged(&pout, outer, inner),
+                    "verdict {pv} for {f:02x?}"
+                );
+                same[usize::from(pv == XDP_TX)] += 1;
+            }
+            XDP_DROP => {}
+            other => panic!("verdict {other} for {f:02x?}"),
+        }
+        let mut swapped = f[..12].to_vec();
+        swapped.extend_from_slice(&[0x81, 0x00, 0, 100, 0x88, 0xa8, 0, 200]);
+        swapped.extend_from_slice(&f[12..]);
+        for g in [
+            f.clone(),
+            tagged(&f, 100),
+            double_tagged(&f, 300, 100),
+            double_tagged(&f, 200, 101),
+            swapped,
+        ] {
+            let (gv, gout) = run(q, &g);
+            assert_eq!((gv, &gout), (XDP_PASS, &g), "not this VLAN's: {g:02x?}");
+            same[3] += 1;
+        }
+    }
+    eprintln!(
+        "passed {}, answered {}, rate-limited apart {}, left alone {}",
+        same[0], same[1], same[2], same[3]
+    );
+    assert!(same[0] > 0 && same[1] > 0, "{same:?}");
+}

@@ -112,6 +112,11 @@ pub fn loaded() -> Ebpf {
 
 /// [`loaded`], serving 802.1Q VLAN `vid` (0: untagged frames).
 pub fn loaded_vlan(vid: u16) -> Ebpf {
+    loaded_tags(corelane_xsk::Vlan::tagged(vid))
+}
+
+/// [`loaded`], serving `vlan`'s frames.
+pub fn loaded_tags(vlan: corelane_xsk::Vlan) -> Ebpf {
     let mut ebpf = Ebpf::load(XDP_OBJECT).expect("the object loads");
     let prog: &mut Xdp = ebpf
         .program_mut(PROGRAM)
@@ -148,7 +153,7 @@ pub fn loaded_vlan(vid: u16) -> Ebpf {
         let mut iface: Array<_, [u8; 12]> =
             Array::try_from(ebpf.map_mut("iface").expect("iface")).expect("map");
         iface
-            .set(0, corelane_xsk::iface_entry(IFACE_MAC, vid), 0)
+            .set(0, corelane_xsk::iface_entry(IFACE_MAC, vlan), 0)
             .expect("the interface's address");
     }
     {

@@ -18,6 +18,14 @@ use crate::cases::{CHUNK, CONNECT_CONNS, ECHO, Kind, SINK, SOURCE};
 pub(crate) const WARM: u8 = 0;
 pub(crate) const MEASURE: u8 = 1;
 pub(crate) const STOP: u8 = 2;
+/// Before the load generator's first connection: the warm-up starts when one is up, so a
+/// client runtime slow to start (a cold machine) does not eat into the measured time.
+pub(crate) const START: u8 = 3;
+
+/// Says the load generator is up: its first connection (or exchange) went through.
+fn started(phase: &AtomicU8) {
+    let _ = phase.compare_exchange(START, WARM, Ordering::SeqCst, Ordering::SeqCst);
+}
 
 /// What one load generator measured.
 #[derive(Debug, Default)]
@@ -142,6 +150,9 @@ pub(crate) async fn load<N: Net>(kind: Kind, addr: SocketAddr, phase: Arc<Atomic
                         io::Result::Ok(())
                     }
                     .await;
+                    if r.is_ok() {
+                        started(&phase);
+                    }
                     match r {
                         Ok(()) if measuring() => {
                             out.ops += 1;
@@ -161,6 +172,7 @@ pub(crate) async fn load<N: Net>(kind: Kind, addr: SocketAddr, phase: Arc<Atomic
                     return out;
                 }
             };
+            started(&phase);
             if let Err(e) = stream_load::<N>(kind, s, step, &phase, &mut out).await {
                 out.error("load", e);
             }

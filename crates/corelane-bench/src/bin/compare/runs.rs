@@ -12,7 +12,7 @@ use corelane_testnet::VethPair;
 
 use crate::cases::{ECHO, HTTP, Kind, Setup};
 use crate::hosts::{corelane_client, corelane_server, epoll_server, kernel_client, kernel_server};
-use crate::load::{MEASURE, STOP, WARM};
+use crate::load::{MEASURE, START, STOP};
 
 /// Busy seconds between two [`cpu_busy`] readings: of the server CPUs, and of every CPU.
 fn busy_between(before: &[f64], after: &[f64], server: &[usize]) -> (f64, f64) {
@@ -124,7 +124,7 @@ pub(crate) fn one_run(
     let addr: SocketAddr = format!("{}:{ECHO}", server.addr)
         .parse()
         .map_err(|_| "address")?;
-    let phase = Arc::new(AtomicU8::new(WARM));
+    let phase = Arc::new(AtomicU8::new(START));
     let client = if setup.corelane_client() {
         corelane_client(ctx.net, ctx.client_cpu, kind, addr, phase.clone())
     } else {
@@ -137,6 +137,11 @@ pub(crate) fn one_run(
             return Err(e);
         }
     };
+    // The warm-up runs from the first connection (up to 15 s for one to come).
+    let asked = Instant::now();
+    while phase.load(Ordering::SeqCst) == START && asked.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     std::thread::sleep(ctx.warmup);
     let before = cpu_busy()?;
     let t = Instant::now();

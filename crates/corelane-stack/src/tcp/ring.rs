@@ -95,7 +95,9 @@ impl MemBudget {
     /// Whether a received segment that was next in order was refused room since the last call
     /// (and forgets it).
     pub(crate) fn take_pressure(&self) -> bool {
-        self.pressure.swap(false, Ordering::Relaxed)
+        // Asked once per segment received: a load first, since the swap is a locked
+        // instruction (it was 3.5% of the in-memory pipeline on its own).
+        self.pressure.load(Ordering::Relaxed) && self.pressure.swap(false, Ordering::Relaxed)
     }
 
     /// True when `more` bytes would not fit under the cap.

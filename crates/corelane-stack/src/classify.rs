@@ -8,12 +8,31 @@ use smoltcp::wire::{
 };
 
 /// A TCP or UDP flow as seen from this side: `local` is the received frame's destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowKey {
     /// This side's address and port.
     pub local: IpEndpoint,
     /// The peer's address and port.
     pub remote: IpEndpoint,
+}
+
+impl std::hash::Hash for FlowKey {
+    /// In whole words: an IPv4 endpoint is one (address and port), an IPv6 one three. The flow
+    /// table hashes every received segment's key, and the derived hash fed its hasher the
+    /// enum's discriminant, the address array's length and the bytes in seven pieces.
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        for e in [&self.local, &self.remote] {
+            match e.addr {
+                IpAddress::Ipv4(a) => h.write_u64(u64::from(a.to_bits()) << 16 | u64::from(e.port)),
+                IpAddress::Ipv6(a) => {
+                    let bits = a.to_bits();
+                    h.write_u64((bits >> 64) as u64);
+                    h.write_u64(bits as u64);
+                    h.write_u64(1 << 16 | u64::from(e.port));
+                }
+            }
+        }
+    }
 }
 
 /// What the classify stage decided about one frame.

@@ -122,19 +122,64 @@ pub struct KeyedHasher {
     len: usize,
 }
 
+impl KeyedHasher {
+    /// Appends the `n` (1 to 8) low bytes of `x`, least significant first, to the message.
+    #[inline]
+    fn push(&mut self, x: u64, n: usize) {
+        self.len += n;
+        let fill = self.ntail;
+        self.tail |= x << (8 * fill);
+        if fill + n < 8 {
+            self.ntail = fill + n;
+            return;
+        }
+        compress(&mut self.v, self.tail, 1);
+        // The bytes of `x` that did not fit start the next word.
+        let used = 8 - fill;
+        self.tail = if used == 8 { 0 } else { x >> (8 * used) };
+        self.ntail = fill + n - 8;
+    }
+}
+
 impl Hasher for KeyedHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        self.len += bytes.len();
-        for &b in bytes {
-            self.tail |= u64::from(b) << (8 * self.ntail);
-            self.ntail += 1;
-            if self.ntail == 8 {
-                compress(&mut self.v, self.tail, 1);
-                self.tail = 0;
-                self.ntail = 0;
-            }
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            self.push(u64::from_le_bytes(b), 8);
         }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let w = rest.iter().rev().fold(0u64, |a, &x| a << 8 | u64::from(x));
+            self.push(w, rest.len());
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, x: u8) {
+        self.push(u64::from(x), 1);
+    }
+
+    #[inline]
+    fn write_u16(&mut self, x: u16) {
+        self.push(u64::from(x), 2);
+    }
+
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.push(u64::from(x), 4);
+    }
+
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        self.push(x, 8);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, x: usize) {
+        self.push(x as u64, std::mem::size_of::<usize>());
     }
 
     #[inline]
@@ -180,6 +225,18 @@ mod tests {
             h.write(&msg[cut..]);
             assert_eq!(h.finish(), whole, "cut at {cut}");
         }
+        // Integers are their little-endian bytes, wherever the stream stands.
+        for lead in 0..9usize {
+            let mut bytes = h_bytes(&s, &msg[..lead]);
+            bytes.write(&0x0102_0304u32.to_le_bytes());
+            bytes.write(&0xa1a2_a3a4_a5a6_a7a8u64.to_le_bytes());
+            bytes.write(&[9]);
+            let mut ints = h_bytes(&s, &msg[..lead]);
+            ints.write_u32(0x0102_0304);
+            ints.write_u64(0xa1a2_a3a4_a5a6_a7a8);
+            ints.write_u8(9);
+            assert_eq!(ints.finish(), bytes.finish(), "after {lead} bytes");
+        }
         // Another key, another hash; another message, another hash.
         let mut h = KeyedState::new((1, 2)).build_hasher();
         h.write(&msg);
@@ -187,6 +244,12 @@ mod tests {
         let mut h = s.build_hasher();
         h.write(&msg[1..]);
         assert_ne!(h.finish(), whole);
+    }
+
+    fn h_bytes(s: &KeyedState, lead: &[u8]) -> KeyedHasher {
+        let mut h = s.build_hasher();
+        h.write(lead);
+        h
     }
 
     #[test]

@@ -162,6 +162,34 @@ fn vlan_server_answers_its_vlan_only() {
     assert_eq!(xdp_counter(&out, "malformed"), 0, "{out}");
 }
 
+/// A grant broker on the server's interface granting the server's address and TCP and UDP
+/// port 7, for the tags `tags` adds (`--vlan`, `--service-vlan`).
+fn grant_broker(net: &corelane_testnet::VethPair, tags: &[&str]) -> Echo {
+    let broker_bin = workspace_bin("corelane-xdp").expect("corelane-xdp built");
+    let mut cmd = net.server_ns().command(broker_bin.to_str().expect("path"));
+    cmd.args(["grant", net.server_if(), "--addr", SERVER])
+        .args(["--tcp", "7", "--udp", "7"])
+        .args(tags);
+    Echo::start_cmd(cmd, "corelane-xdp")
+}
+
+/// The echo server started with `args` under the broker: it must be refused; what it said.
+fn refused_server(net: &corelane_testnet::VethPair, args: &[&str]) -> String {
+    let out = net
+        .server_ns()
+        .command(echo_bin().to_str().expect("path"))
+        .args(["--iface", net.server_if()])
+        .args(args)
+        .output()
+        .expect("echo");
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "a server built for other tags started: {text}"
+    );
+    text
+}
+
 /// The server namespace's kernel answers a ping to its own (untagged) address.
 fn assert_echoes_kernel_ping(net: &corelane_testnet::VethPair) {
     let out = net
@@ -194,31 +222,9 @@ fn a_grant_broker_serves_its_vlan_to_a_server_built_for_it() {
         return;
     }
     let net = net(1);
-    let broker_bin = workspace_bin("corelane-xdp").expect("corelane-xdp built");
-    let mut cmd = net.server_ns().command(broker_bin.to_str().expect("path"));
-    cmd.args([
-        "grant",
-        net.server_if(),
-        "--addr",
-        SERVER,
-        "--tcp",
-        "7",
-        "--udp",
-        "7",
-        "--vlan",
-        "100",
-    ]);
-    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let broker = grant_broker(&net, &["--vlan", "100"]);
     let base = ["--addr", "10.100.0.3/24", "--cores", "1"];
-    let out = net
-        .server_ns()
-        .command(echo_bin().to_str().expect("path"))
-        .args(["--iface", net.server_if()])
-        .args(base)
-        .output()
-        .expect("echo");
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "an untagged server started: {text}");
+    let text = refused_server(&net, &base);
     assert!(
         text.contains("built for untagged frames") && text.contains("serves VLAN 100"),
         "{text}"
@@ -268,22 +274,10 @@ fn a_qinq_server_answers_its_service_vlan_and_vlan_only() {
     assert_clean_exit(status, &out);
     assert_eq!(xdp_counter(&out, "malformed"), 0, "{out}");
 
-    let broker_bin = workspace_bin("corelane-xdp").expect("corelane-xdp built");
-    let mut cmd = net.server_ns().command(broker_bin.to_str().expect("path"));
-    cmd.args(["grant", net.server_if(), "--addr", SERVER])
-        .args(["--tcp", "7", "--udp", "7"])
-        .args(qinq);
-    let broker = Echo::start_cmd(cmd, "corelane-xdp");
-    let out = net
-        .server_ns()
-        .command(echo_bin().to_str().expect("path"))
-        .args(["--iface", net.server_if()])
-        .args(base)
-        .args(["--vlan", "100"])
-        .output()
-        .expect("echo");
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a VLAN 100 server started: {text}");
+    let broker = grant_broker(&net, &qinq);
+    let mut vlan_only = base.to_vec();
+    vlan_only.extend(["--vlan", "100"]);
+    let text = refused_server(&net, &vlan_only);
     assert!(
         text.contains("built for VLAN 100 but")
             && text.contains("serves VLAN 100 in service VLAN 200"),

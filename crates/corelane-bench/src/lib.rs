@@ -112,7 +112,7 @@ use std::time::{Duration, Instant};
 use plotters::prelude::*;
 
 mod sink;
-pub use sink::{Sink, SinkSample, load_name, parse_loads, write_report};
+pub use sink::{Sink, SinkSample, load_name, offered_panels, parse_loads, write_report};
 
 /// The median of `v` (0 for none).
 pub fn median(v: &[f64]) -> f64 {

@@ -228,3 +228,26 @@ pub fn write_report(
     );
     Ok(())
 }
+
+/// The two panels of an offered-load experiment: goodput against the load offered (`max` drawn
+/// at the goodput it reached), and CPU per GB (titled `cost`) against goodput.
+pub fn offered_panels(
+    good: Vec<crate::Series>,
+    cost: Vec<crate::Series>,
+    cost_title: &str,
+) -> Vec<crate::Panel> {
+    vec![
+        crate::Panel {
+            title: "goodput against offered load".into(),
+            x: "offered Gbit/s (max: as fast as possible)".into(),
+            y: "goodput Gbit/s".into(),
+            series: good,
+        },
+        crate::Panel {
+            title: cost_title.into(),
+            x: "goodput Gbit/s".into(),
+            y: "CPU seconds per GB".into(),
+            series: cost,
+        },
+    ]
+}

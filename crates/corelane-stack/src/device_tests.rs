@@ -178,22 +178,27 @@ fn a_vlan_device_tags_every_frame_it_sends() {
     assert_eq!(b.bytes(&rx[0]).len(), 60);
 }
 
-#[test]
-fn a_qinq_device_puts_the_service_tag_outside_the_vlan_tag() -> std::io::Result<()> {
-    type Frames = std::sync::Arc<std::sync::Mutex<Vec<(bool, Vec<u8>)>>>;
-    struct Bytes(Frames);
-    impl Tap for Bytes {
-        fn clock(&mut self, _: u64) {}
-        fn frame(&mut self, outbound: bool, bytes: &[u8]) {
-            if let Ok(mut v) = self.0.lock() {
-                v.push((outbound, bytes.to_vec()));
-            }
+/// Every frame a tap is shown, with its direction (true: sent).
+type Frames = std::sync::Arc<std::sync::Mutex<Vec<(bool, Vec<u8>)>>>;
+
+/// A tap that keeps a copy of every frame in [`Frames`].
+struct Bytes(Frames);
+
+impl Tap for Bytes {
+    fn clock(&mut self, _: u64) {}
+    fn frame(&mut self, outbound: bool, bytes: &[u8]) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push((outbound, bytes.to_vec()));
         }
     }
+}
+
+#[test]
+fn a_qinq_device_puts_the_service_tag_outside_the_vlan_tag() -> std::io::Result<()> {
     let (mut a, b) = MemLink::default().pair();
     let mut dev = XdpDevice::new(b, 1500, 8);
     dev.set_vlans(200, 100);
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Frames::default();
     dev.set_tap(Some(Box::new(Bytes(seen.clone()))));
     let frame: Vec<u8> = (0..1514u32).map(|i| (i % 251) as u8).collect();
     let tx = dev.transmit(Instant::ZERO).expect("a free frame");
@@ -232,20 +237,10 @@ fn a_qinq_device_puts_the_service_tag_outside_the_vlan_tag() -> std::io::Result<
 /// off what was received, the device puts it on what it sends.
 #[test]
 fn a_vlan_device_s_tap_sees_both_directions_tagged() -> std::io::Result<()> {
-    type Frames = std::sync::Arc<std::sync::Mutex<Vec<(bool, Vec<u8>)>>>;
-    struct Bytes(Frames);
-    impl Tap for Bytes {
-        fn clock(&mut self, _: u64) {}
-        fn frame(&mut self, outbound: bool, bytes: &[u8]) {
-            if let Ok(mut v) = self.0.lock() {
-                v.push((outbound, bytes.to_vec()));
-            }
-        }
-    }
     let (mut a, b) = MemLink::default().pair();
     let mut dev = XdpDevice::new(b, 1500, 8);
     dev.set_vlan(100);
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Frames::default();
     dev.set_tap(Some(Box::new(Bytes(seen.clone()))));
     let inbound: Vec<u8> = (0..100u8).collect();
     assert!(a.inject(&inbound));

@@ -508,48 +508,45 @@ fn tagged(f: &[u8], tci: u16) -> Vec<u8> {
     g
 }
 
-#[test]
-fn a_vlan_program_judges_its_tagged_frames_as_untagged_ones_and_leaves_the_rest() {
-    if !root("xdp_random_frames") {
-        return;
-    }
-    // The same generated frames through a program serving untagged frames and, tagged, through
-    // one serving VLAN 100: the same verdict, and the same frame out with the tag put back (no
-    // socket here, so what would be steered passes). Untagged frames and VLAN 200's pass the
-    // VLAN program untouched.
-    let plain = loaded();
-    let vlan = loaded_vlan(100);
-    let p: &Xdp = plain.program(PROGRAM).unwrap().try_into().unwrap();
-    let v: &Xdp = vlan.program(PROGRAM).unwrap().try_into().unwrap();
-    let mut r = Rng(802);
-    let mut same = [0u64; 4]; // passed, answered, rate-limited apart, other VLAN or untagged
+/// Runs `n` generated frames through `plain` (serving untagged frames) and, wrapped in the
+/// tags `wrap` adds, through `tagged`: the same verdict and the same frame out with the tags
+/// put back (only the closed-port rate limit, per program and by time, may tell them apart).
+/// Each of `others(f)` must pass `tagged` untouched. Returns the counts of frames passed,
+/// answered, rate-limited apart and left alone.
+fn same_as_untagged(
+    plain: &Xdp,
+    tagged: &Xdp,
+    seed: u64,
+    wrap: impl Fn(&[u8]) -> Vec<u8>,
+    others: impl Fn(&[u8]) -> Vec<Vec<u8>>,
+) -> [u64; 4] {
+    let mut r = Rng(seed);
+    let mut same = [0u64; 4];
     for _ in 0..3000 {
         let f = frame(&mut r);
         if f.len() < 14 {
             continue;
         }
-        let (pv, pout) = run(p, &f);
-        let tci = 0x2000 | 100; // priority 1, VLAN 100
-        let (vv, vout) = run(v, &tagged(&f, tci));
-        if pv != vv {
-            // Only the closed-port rate limit (per program, by time) may tell them apart.
+        let (pv, pout) = run(plain, &f);
+        let (tv, tout) = run(tagged, &wrap(&f));
+        if pv != tv {
             assert!(
-                matches!((pv, vv), (XDP_TX, XDP_DROP) | (XDP_DROP, XDP_TX)),
-                "verdicts {pv} / {vv} for {f:02x?}"
+                matches!((pv, tv), (XDP_TX, XDP_DROP) | (XDP_DROP, XDP_TX)),
+                "verdicts {pv} / {tv} for {f:02x?}"
             );
             same[2] += 1;
             continue;
         }
         match pv {
             XDP_PASS | XDP_TX => {
-                assert_eq!(vout, tagged(&pout, tci), "verdict {pv} for {f:02x?}");
+                assert_eq!(tout, wrap(&pout), "verdict {pv} for {f:02x?}");
                 same[usize::from(pv == XDP_TX)] += 1;
             }
             XDP_DROP => {}
             other => panic!("verdict {other} for {f:02x?}"),
         }
-        for g in [f.clone(), tagged(&f, 200)] {
-            let (gv, gout) = run(v, &g);
+        for g in others(&f) {
+            let (gv, gout) = run(tagged, &g);
             assert_eq!((gv, &gout), (XDP_PASS, &g), "not this VLAN's: {g:02x?}");
             same[3] += 1;
         }
@@ -559,6 +556,29 @@ fn a_vlan_program_judges_its_tagged_frames_as_untagged_ones_and_leaves_the_rest(
         same[0], same[1], same[2], same[3]
     );
     assert!(same[0] > 0 && same[1] > 0, "{same:?}");
+    same
+}
+
+#[test]
+fn a_vlan_program_judges_its_tagged_frames_as_untagged_ones_and_leaves_the_rest() {
+    if !root("xdp_random_frames") {
+        return;
+    }
+    // The same generated frames through a program serving untagged frames and, tagged, through
+    // one serving VLAN 100 (no socket here, so what would be steered passes). Untagged frames
+    // and VLAN 200's pass the VLAN program untouched.
+    let plain = loaded();
+    let vlan = loaded_vlan(100);
+    let p: &Xdp = plain.program(PROGRAM).unwrap().try_into().unwrap();
+    let v: &Xdp = vlan.program(PROGRAM).unwrap().try_into().unwrap();
+    let tci = 0x2000 | 100; // priority 1, VLAN 100
+    same_as_untagged(
+        p,
+        v,
+        802,
+        |f| tagged(f, tci),
+        |f| vec![f.to_vec(), tagged(f, 200)],
+    );
 }
 
 /// `f` with an 802.1ad service tag carrying `outer` and, inside it, an 802.1Q tag carrying
@@ -576,62 +596,30 @@ fn a_qinq_program_judges_its_double_tagged_frames_as_untagged_ones_and_leaves_th
     if !root("xdp_random_frames") {
         return;
     }
-    // As the VLAN test, with VLAN 100 inside service VLAN 200: the same verdict as untagged
-    // frames get, both tags put back in order. Untagged frames, VLAN 100 without the service
-    // tag, service VLAN 300 around VLAN 100, service VLAN 200 around VLAN 101, and the tags in
-    // the wrong order pass untouched.
+    // As the VLAN test, with VLAN 100 inside service VLAN 200: both tags put back in order.
+    // Untagged frames, VLAN 100 without the service tag, service VLAN 300 around VLAN 100,
+    // service VLAN 200 around VLAN 101, and the tags in the wrong order pass untouched.
     let plain = loaded();
     let qinq = loaded_tags(corelane_xsk::Vlan::qinq(200, 100));
     let p: &Xdp = plain.program(PROGRAM).unwrap().try_into().unwrap();
     let q: &Xdp = qinq.program(PROGRAM).unwrap().try_into().unwrap();
-    let mut r = Rng(88);
-    let mut same = [0u64; 4]; // passed, answered, rate-limited apart, not this VLAN's
-    for _ in 0..3000 {
-        let f = frame(&mut r);
-        if f.len() < 14 {
-            continue;
-        }
-        let (pv, pout) = run(p, &f);
-        let (outer, inner) = (0x4000 | 200, 0x2000 | 100); // with priorities
-        let (qv, qout) = run(q, &double_tagged(&f, outer, inner));
-        if pv != qv {
-            assert!(
-                matches!((pv, qv), (XDP_TX, XDP_DROP) | (XDP_DROP, XDP_TX)),
-                "verdicts {pv} / {qv} for {f:02x?}"
-            );
-            same[2] += 1;
-            continue;
-        }
-        match pv {
-            XDP_PASS | XDP_TX => {
-                assert_eq!(
-                    qout,
-                    double_tagged(&pout, outer, inner),
-                    "verdict {pv} for {f:02x?}"
-                );
-                same[usize::from(pv == XDP_TX)] += 1;
-            }
-            XDP_DROP => {}
-            other => panic!("verdict {other} for {f:02x?}"),
-        }
-        let mut swapped = f[..12].to_vec();
-        swapped.extend_from_slice(&[0x81, 0x00, 0, 100, 0x88, 0xa8, 0, 200]);
-        swapped.extend_from_slice(&f[12..]);
-        for g in [
-            f.clone(),
-            tagged(&f, 100),
-            double_tagged(&f, 300, 100),
-            double_tagged(&f, 200, 101),
-            swapped,
-        ] {
-            let (gv, gout) = run(q, &g);
-            assert_eq!((gv, &gout), (XDP_PASS, &g), "not this VLAN's: {g:02x?}");
-            same[3] += 1;
-        }
-    }
-    eprintln!(
-        "passed {}, answered {}, rate-limited apart {}, left alone {}",
-        same[0], same[1], same[2], same[3]
+    let (outer, inner) = (0x4000 | 200, 0x2000 | 100); // with priorities
+    same_as_untagged(
+        p,
+        q,
+        88,
+        |f| double_tagged(f, outer, inner),
+        |f| {
+            let mut swapped = f[..12].to_vec();
+            swapped.extend_from_slice(&[0x81, 0x00, 0, 100, 0x88, 0xa8, 0, 200]);
+            swapped.extend_from_slice(&f[12..]);
+            vec![
+                f.to_vec(),
+                tagged(f, 100),
+                double_tagged(f, 300, 100),
+                double_tagged(f, 200, 101),
+                swapped,
+            ]
+        },
     );
-    assert!(same[0] > 0 && same[1] > 0, "{same:?}");
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use clap::Parser;
 use corelane::{Placement, Runtime};
 use corelane_bench::{
-    Panel, Sink, SinkSample, load_name, markdown_table, median, parse_loads, write_report,
+    Sink, SinkSample, load_name, markdown_table, median, offered_panels, parse_loads, write_report,
 };
 use corelane_testnet::VethPair;
 
@@ -194,20 +194,7 @@ fn run(cli: Cli) -> Result<(), String> {
         "placement",
         &md,
         &json,
-        &[
-            Panel {
-                title: "goodput against offered load".into(),
-                x: "offered Gbit/s (max: as fast as possible)".into(),
-                y: "goodput Gbit/s".into(),
-                series: good,
-            },
-            Panel {
-                title: "server CPU per GB".into(),
-                x: "goodput Gbit/s".into(),
-                y: "CPU seconds per GB".into(),
-                series: cost,
-            },
-        ],
+        &offered_panels(good, cost, "server CPU per GB"),
     )?;
     Ok(())
 }

@@ -165,10 +165,7 @@ impl Builder {
         }
         let restore = RestoreQueues::new(&self.ifname, restore, access.claim().cloned());
         let mac = corelane_xsk::mac_address(&self.ifname)?;
-        // A link carries a frame one tag (4 bytes) over its MTU; a second tag (QinQ) comes
-        // out of the packet.
-        let mtu = (corelane_xsk::mtu(&self.ifname)? as usize)
-            .saturating_sub(self.vlan.tag_bytes().saturating_sub(4));
+        let mtu = (corelane_xsk::mtu(&self.ifname)? as usize).saturating_sub(self.vlan.mtu_cost());
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = access.steering(&self.ifname, self.attach, self.vlan)?;

@@ -45,6 +45,12 @@ impl Vlan {
         4 * (usize::from(self.id != 0) + usize::from(self.service != 0))
     }
 
+    /// The bytes the tags take out of the interface's MTU: a link carries a frame one tag
+    /// (4 bytes) over its MTU, so only a second tag (QinQ) comes out of the packet.
+    pub fn mtu_cost(&self) -> usize {
+        self.tag_bytes().saturating_sub(4)
+    }
+
     /// Refuses an id outside 1 to [`MAX_VLAN`] (0 stands for no tag), in one line.
     pub fn check(&self) -> Result<(), String> {
         for (what, v) in [("VLAN", self.id), ("service VLAN", self.service)] {
@@ -114,5 +120,13 @@ mod tests {
         assert_eq!(e, "service VLAN 4095 is not a VLAN id (1 to 4094)");
         assert_eq!(Vlan::qinq(0, 0).tag_bytes(), 0);
         assert_eq!(Vlan::tagged(3).tag_bytes(), 4);
+        let costs = [
+            Vlan::default(),
+            Vlan::tagged(3),
+            Vlan::qinq(5, 0),
+            Vlan::qinq(5, 3),
+        ]
+        .map(|v| v.mtu_cost());
+        assert_eq!(costs, [0, 0, 0, 4]);
     }
 }

@@ -29,8 +29,9 @@ struct Cli {
     #[arg(long, default_value = "1,2,4,max")]
     loads: String,
     /// Lane counts to compare (the veth gets as many queues as the largest).
-    #[arg(long, default_value = "1,2")]
-    lanes: String,
+    #[arg(long, default_value = "1,2", value_delimiter = ',',
+          value_parser = clap::value_parser!(u16).range(1..))]
+    lanes: Vec<u16>,
     /// Sender connections (the load is split evenly between them).
     #[arg(long, default_value_t = 4)]
     conns: usize,
@@ -58,17 +59,9 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn parse_list<T>(flag: &str, v: &str, one: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
-    v.split(',')
-        .map(|x| one(x.trim()).ok_or_else(|| format!("--{flag}: `{}` is not valid", x.trim())))
-        .collect()
-}
-
 fn run(cli: Cli) -> Result<(), String> {
     let loads = parse_loads(&cli.loads)?;
-    let lanes = parse_list("lanes", &cli.lanes, |l| {
-        l.parse::<usize>().ok().filter(|n| *n > 0)
-    })?;
+    let lanes: Vec<usize> = cli.lanes.iter().map(|&n| usize::from(n)).collect();
     let queues = lanes.iter().copied().max().unwrap_or(1);
     let net = VethPair::builder()
         .queues(queues as u32)

@@ -53,7 +53,9 @@ pub use ethtool::{
 pub use grant::GrantClient;
 pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, RouteWatch, kernel_addrs, kernel_addrs_with_prefix, kernel_routes};
-pub use socket::{BindMode, MAX_PIECES, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy};
+pub use socket::{
+    BindMode, KernelStats, MAX_PIECES, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy,
+};
 pub use steering::{
     AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,
     XDP_OBJECT, XdpCounters, iface_entry,

@@ -11,8 +11,7 @@
 
 use std::collections::VecDeque;
 
-use xsk_rs::FrameDesc;
-
+use super::ring::Desc;
 use super::{XskFrame, XskQueue};
 
 /// `options` bit of a descriptor followed by more of the same packet.
@@ -98,7 +97,7 @@ impl XskQueue {
         if frame.chain.is_none() {
             // SAFETY: the frame is a unique handle user space holds (the caller checked its
             // UMEM), so the kernel does not write it meanwhile.
-            let first = unsafe { self.umem.data(&frame.desc) }.contents();
+            let first = unsafe { self.umem.bytes(frame.desc.addr, frame.desc.len as usize) };
             frame.chain = Some(Chain::start(first));
         }
         let c = frame.chain.as_mut().map(|c| &mut c.bytes);
@@ -113,15 +112,15 @@ impl XskQueue {
 
     /// Takes one received descriptor: a whole packet is moved to `out` (true); a piece of a
     /// chained one is added to the packet being gathered.
-    pub(super) fn take_rx(&mut self, desc: FrameDesc, out: &mut VecDeque<XskFrame>) -> bool {
-        let index = self.index_of(desc.addr());
+    pub(super) fn take_rx(&mut self, desc: Desc, out: &mut VecDeque<XskFrame>) -> bool {
+        let index = self.index_of(desc.addr);
         if let Err(e) = self.pool.received(index) {
             // The kernel returned a frame we never gave it: report and skip rather than alias
             // a frame that is in use elsewhere.
             tracing::error!("queue {}: {e}", self.queue_id);
             return false;
         }
-        let more = desc.options() & XDP_PKT_CONTD != 0;
+        let more = desc.options & XDP_PKT_CONTD != 0;
         // A gather buffer from the spares, taken before the UMEM is borrowed.
         let spare = if more && self.partial.is_none() {
             self.spare_chains.pop()
@@ -130,7 +129,7 @@ impl XskQueue {
         };
         // SAFETY: the descriptor came from this socket's RX ring, so it names a frame of this
         // UMEM that the kernel has handed to user space (the ledger has it InUse now).
-        let piece = unsafe { self.umem.data(&desc) }.contents();
+        let piece = unsafe { self.umem.bytes(desc.addr, desc.len as usize) };
         let frame = match self.partial.take() {
             None if !more => XskFrame {
                 desc,
@@ -229,14 +228,15 @@ impl XskQueue {
             let (bytes, options) = piece(&c.bytes, cap, k);
             let mut desc = match k {
                 0 => f.desc,
-                _ => self.templates[c.rest[k - 1] as usize],
+                _ => self.template(c.rest[k - 1]),
             };
+            desc.len = bytes.len() as u32;
             // SAFETY: `desc` names a frame of this UMEM that user space holds (the packet's
             // own frame, or one just taken off the free list), which no one else refers to.
-            let mut data = unsafe { self.umem.data_mut(&mut desc) };
-            data.cursor().set_pos(bytes.len());
-            data.contents_mut().copy_from_slice(bytes);
-            desc.set_options(options);
+            let dst = unsafe { self.umem.bytes_mut(desc.addr, bytes.len()) };
+            let n = dst.len().min(bytes.len());
+            dst[..n].copy_from_slice(&bytes[..n]);
+            desc.options = options;
             self.scratch[at + k] = desc;
         }
         Some(n)

@@ -4,28 +4,31 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::num::NonZeroU32;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 
-use xsk_rs::config::{
-    BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
-};
-use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
-
-use crate::error::{Error, errno_of};
+use crate::error::Error;
 use crate::sys::{set_send_buffer, set_tx_budget, sockopt_zerocopy};
 use corelane_frame::{Frame, FrameCounts, FrameIo, FramePool, FrameState, UmemId};
 
+mod af_xdp;
 mod chain;
 mod config;
+mod ring;
+mod shared;
+pub use af_xdp::KernelStats;
+use af_xdp::XdpSocket;
 use chain::Chain;
 pub use chain::MAX_PIECES;
 pub use config::{BindMode, XskConfig, ZeroCopy};
+use ring::{Consumer, Desc, Producer, Region};
+
+/// The kernel's headroom in front of every received packet (`XDP_PACKET_HEADROOM`).
+const HEADROOM: u64 = 256;
 
 /// A frame of an [`XskQueue`].
 #[derive(Debug)]
 pub struct XskFrame {
-    desc: FrameDesc,
+    desc: Desc,
     umem: UmemId,
     index: u32,
     /// A packet longer than one frame: its bytes, and the frames after this one.
@@ -42,7 +45,7 @@ impl Frame for XskFrame {
     fn len(&self) -> usize {
         match &self.chain {
             Some(c) => c.bytes.len(),
-            None => self.desc.lengths().data(),
+            None => self.desc.len as usize,
         }
     }
 }
@@ -70,15 +73,17 @@ pub struct XskStats {
 /// redirect this queue to the socket: see [`Steering::register`](crate::Steering::register).
 pub struct XskQueue {
     // Field order matters for drop: rings and socket before the UMEM.
-    rx: RxQueue,
-    tx: TxQueue,
-    fq: FillQueue,
-    cq: CompQueue,
-    umem: Umem,
+    rx: Consumer<Desc>,
+    tx: Producer<Desc>,
+    fq: Producer<u64>,
+    cq: Consumer<u64>,
+    socket: XdpSocket,
+    umem: Region,
     id: UmemId,
-    templates: Vec<FrameDesc>,
+    frames: u32,
     pool: FramePool,
-    scratch: Vec<FrameDesc>,
+    scratch: Vec<Desc>,
+    addrs: Vec<u64>,
     post: Vec<u32>,
     frame_size: usize,
     /// The largest packet: one frame's capacity, or `max_packet` with multi-buffer.
@@ -159,56 +164,56 @@ impl XskQueue {
 
     fn bind(ifname: &str, queue_id: u32, c: &XskConfig, mode: BindMode) -> Result<Self, Error> {
         let cfg_err = |what: String| Error::Config(what);
-        let ring = QueueSize::new(c.ring_size)
-            .map_err(|_| cfg_err(format!("ring size {} is not a power of two", c.ring_size)))?;
-        let frame_size = FrameSize::new(c.frame_bytes())
-            .map_err(|_| cfg_err(format!("frame size {} must be 2048 or 4096", c.frame_size)))?;
-        let frames = NonZeroU32::new(c.frames)
-            .ok_or_else(|| cfg_err("a UMEM needs at least one frame".into()))?;
-        let umem_config = UmemConfig::builder()
-            .frame_size(frame_size)
-            .fill_queue_size(ring)
-            .comp_queue_size(ring)
-            .build()
-            .map_err(|e| cfg_err(format!("UMEM config: {e}")))?;
-        let (umem, templates) =
-            Umem::new(umem_config, frames, false).map_err(|e| match errno_of(&e) {
-                Some(libc::EPERM) => crate::caps::check_socket_privileges()
-                    .err()
-                    .unwrap_or_else(|| Error::Privilege(format!("creating the UMEM: {e}"))),
-                Some(libc::ENOBUFS) => Error::Privilege(crate::caps::memlock_message(
-                    u64::from(c.frames) * u64::from(c.frame_bytes()),
-                    crate::sys::memlock_limit(),
-                )),
-                errno => Error::Umem {
-                    errno,
-                    detail: e.to_string(),
-                },
-            })?;
-        let mut flags = BindFlags::XDP_USE_NEED_WAKEUP;
+        if !c.ring_size.is_power_of_two() {
+            return Err(cfg_err(format!(
+                "ring size {} is not a power of two",
+                c.ring_size
+            )));
+        }
+        if !matches!(c.frame_bytes(), 2048 | 4096) {
+            return Err(cfg_err(format!(
+                "frame size {} must be 2048 or 4096",
+                c.frame_size
+            )));
+        }
+        if c.frames == 0 {
+            return Err(cfg_err("a UMEM needs at least one frame".into()));
+        }
+        let ifindex = crate::netdev::check_interface(ifname)?;
+        let umem_err = |e: io::Error| match e.raw_os_error() {
+            Some(libc::EPERM) => crate::caps::check_socket_privileges()
+                .err()
+                .unwrap_or_else(|| Error::Privilege(format!("creating the UMEM: {e}"))),
+            Some(libc::ENOBUFS) => Error::Privilege(crate::caps::memlock_message(
+                u64::from(c.frames) * u64::from(c.frame_bytes()),
+                crate::sys::memlock_limit(),
+            )),
+            errno => Error::Umem {
+                errno,
+                detail: e.to_string(),
+            },
+        };
+        let umem = Region::new(c.frames as usize * c.frame_bytes() as usize).map_err(umem_err)?;
+        let socket = XdpSocket::new().map_err(umem_err)?;
+        socket
+            .register_umem(&umem, c.frame_bytes(), c.ring_size)
+            .map_err(umem_err)?;
+        let (fq, cq) = socket.fill_comp_rings(c.ring_size).map_err(umem_err)?;
+        let rings = socket.rx_tx_rings(c.ring_size).map_err(umem_err)?;
+        let mut flags = libc::XDP_USE_NEED_WAKEUP;
         if c.multi_buffer() {
-            flags |= BindFlags::XDP_USE_SG;
+            flags |= libc::XDP_USE_SG;
         }
         flags |= match mode {
-            BindMode::Copy => BindFlags::XDP_COPY,
-            BindMode::ZeroCopy => BindFlags::XDP_ZEROCOPY,
+            BindMode::Copy => libc::XDP_COPY,
+            BindMode::ZeroCopy => libc::XDP_ZEROCOPY,
         };
-        let socket_config = SocketConfig::builder()
-            .rx_queue_size(ring)
-            .tx_queue_size(ring)
-            .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
-            .bind_flags(flags)
-            .build();
-        let iface: Interface = ifname
-            .parse()
-            .map_err(|_| Error::NoInterface(ifname.to_string()))?;
-        // SAFETY: the UMEM was created just above and is used by this socket only; xsk-rs requires
-        // that no other socket is bound to this (interface, queue) pair through this UMEM.
-        let (tx, rx, rings) = unsafe { Socket::new(socket_config, &umem, &iface, queue_id) }
+        socket
+            .bind(ifindex, queue_id, flags, None)
             .map_err(|e| Error::Bind {
                 ifname: ifname.to_string(),
                 queue: queue_id,
-                errno: errno_of(&e),
+                errno: e.raw_os_error(),
                 detail: if c.multi_buffer() && mode == BindMode::Copy {
                     format!(
                         "{e} (packets of {} bytes span UMEM frames, which needs multi-buffer \
@@ -221,10 +226,7 @@ impl XskQueue {
                     e.to_string()
                 },
             })?;
-        let Some((fq, cq)) = rings else {
-            return Err(Error::Config("UMEM unexpectedly shared".into()));
-        };
-        let fd = rx.fd().as_raw_fd();
+        let fd = socket.raw();
         let actual = if sockopt_zerocopy(fd) {
             BindMode::ZeroCopy
         } else {
@@ -242,17 +244,19 @@ impl XskQueue {
                  sender may wait for a slow receiver on a veth"
             );
         }
-        let n = templates.len();
+        let n = c.frames as usize;
         let mut q = XskQueue {
-            rx,
-            tx,
+            rx: rings.rx,
+            tx: rings.tx,
             fq,
             cq,
+            socket,
             umem,
             id: UmemId::fresh(),
-            templates,
+            frames: c.frames,
             pool: FramePool::new(n, (c.ring_size as usize).min(n / 2)),
-            scratch: vec![FrameDesc::default(); c.ring_size as usize],
+            scratch: vec![Desc::default(); c.ring_size as usize],
+            addrs: vec![0; c.ring_size as usize],
             post: Vec::with_capacity(c.ring_size as usize),
             frame_size: c.frame_bytes() as usize,
             max_packet: (c.max_packet.max(c.frame_capacity())) as usize,
@@ -267,6 +271,16 @@ impl XskQueue {
         };
         q.top_up_fill()?;
         Ok(q)
+    }
+
+    /// The descriptor of frame `index`, ready to be written and sent (its packet starts after
+    /// the kernel's headroom, as a received one does).
+    fn template(&self, index: u32) -> Desc {
+        Desc {
+            addr: u64::from(index) * self.frame_size as u64 + HEADROOM,
+            len: 0,
+            options: 0,
+        }
     }
 
     /// Copy or zero-copy, as the kernel reports the bound socket.
@@ -297,18 +311,18 @@ impl XskQueue {
     }
 
     /// The kernel's counters for this socket (drops for a full RX ring or an empty fill ring).
-    pub fn kernel_stats(&self) -> io::Result<xsk_rs::socket::XdpStatistics> {
-        self.rx.fd().xdp_statistics()
+    pub fn kernel_stats(&self) -> io::Result<KernelStats> {
+        self.socket.statistics()
     }
 
     /// Blocks until a frame arrives or `timeout_ms` passes (-1: forever). Returns true when the
     /// RX ring has frames.
     pub fn wait(&mut self, timeout_ms: i32) -> io::Result<bool> {
-        self.rx.poll(timeout_ms)
+        self.socket.poll_readable(timeout_ms)
     }
 
-    fn index_of(&self, addr: usize) -> u32 {
-        (addr / self.frame_size) as u32
+    fn index_of(&self, addr: u64) -> u32 {
+        (addr / self.frame_size as u64) as u32
     }
 
     fn top_up_fill(&mut self) -> io::Result<()> {
@@ -319,7 +333,7 @@ impl XskQueue {
         if want == 0 {
             return Ok(());
         }
-        let room = self.fq.nb_free(want as u32) as usize;
+        let room = self.fq.free(want as u32) as usize;
         let mut post = std::mem::take(&mut self.post);
         self.pool.post_for_receive(room, |i| post.push(i));
         let n = post.len();
@@ -327,22 +341,22 @@ impl XskQueue {
             self.post = post;
             return Ok(());
         }
-        for (slot, &i) in self.scratch.iter_mut().zip(&post) {
-            *slot = self.templates[i as usize];
+        for (slot, &i) in self.addrs.iter_mut().zip(&post) {
+            *slot = u64::from(i) * self.frame_size as u64;
         }
         post.clear();
         self.post = post;
-        // SAFETY: these frames came off the free list (the pool moved them to Receive), so
-        // neither the kernel nor user space refers to them.
-        let produced = unsafe { self.fq.produce(&self.scratch[..n]) };
-        debug_assert_eq!(produced, n, "nb_free promised room");
+        // These frames came off the free list (the pool moved them to Receive), so neither the
+        // kernel nor user space refers to them.
+        let produced = self.fq.push(&self.addrs[..n]);
+        debug_assert_eq!(produced, n, "free() promised room");
         self.wake_fill()
     }
 
     fn wake_fill(&mut self) -> io::Result<()> {
         if self.fq.needs_wakeup() {
             self.stats.fill_wakeups += 1;
-            self.fq.wakeup(self.rx.fd_mut(), 0)?;
+            self.socket.poll_readable(0)?;
         }
         Ok(())
     }
@@ -356,8 +370,8 @@ impl XskQueue {
                 return Ok(());
             }
             self.stats.tx_kicks += 1;
-            self.tx.wakeup()?;
-            let free = self.tx.nb_free_exact();
+            self.socket.kick_tx()?;
+            let free = self.tx.free_exact();
             if free == self.ring_size || free == last {
                 return Ok(());
             }
@@ -383,7 +397,7 @@ impl FrameIo for XskQueue {
         }
         // SAFETY: `frame` is a unique handle to a frame of this UMEM (checked above) that user
         // space holds (the ledger has it InUse), so the kernel does not write it while borrowed.
-        unsafe { self.umem.data(&frame.desc) }.contents()
+        unsafe { self.umem.bytes(frame.desc.addr, frame.desc.len as usize) }
     }
 
     fn bytes_mut<'a>(&'a self, frame: &'a mut XskFrame, len: usize) -> &'a mut [u8] {
@@ -391,31 +405,28 @@ impl FrameIo for XskQueue {
         if frame.chain.is_some() || len > self.one_frame() {
             return self.chained_bytes_mut(frame, len);
         }
-        // SAFETY: as for `bytes`, and the handle is borrowed mutably, so this is the only
-        // reference to the frame's bytes.
-        let mut data = unsafe { self.umem.data_mut(&mut frame.desc) };
-        let mut cursor = data.cursor();
-        cursor.set_pos(len);
-        let s = data.contents_mut();
-        let (ptr, n) = (s.as_mut_ptr(), s.len());
-        // SAFETY: the bytes live in the UMEM mapping, which outlives `&'a self`; `frame` is
-        // borrowed mutably for 'a, so no other reference to these bytes can be made meanwhile.
-        unsafe { std::slice::from_raw_parts_mut(ptr, n) }
+        // At most to the end of the frame.
+        let room = self.frame_size - (frame.desc.addr % self.frame_size as u64) as usize;
+        frame.desc.len = len.min(room) as u32;
+        // SAFETY: as for `bytes`, and the handle is borrowed mutably for 'a, so this is the only
+        // reference to the frame's bytes meanwhile.
+        unsafe {
+            self.umem
+                .bytes_mut(frame.desc.addr, frame.desc.len as usize)
+        }
     }
 
     fn recv(&mut self, out: &mut VecDeque<XskFrame>, max: usize) -> usize {
         let max = max.min(self.scratch.len());
-        // SAFETY: descriptors come from this socket's RX ring and refer to this UMEM.
-        let n = unsafe { self.rx.consume(&mut self.scratch[..max]) };
+        let n = self.rx.pop(&mut self.scratch[..max]);
         let mut got = 0;
         for k in 0..n {
             got += usize::from(self.take_rx(self.scratch[k], out));
         }
         // The kernel publishes a chained packet whole: finish one this batch cut short.
         while self.partial.is_some() {
-            let mut one = [FrameDesc::default()];
-            // SAFETY: as above.
-            if unsafe { self.rx.consume(&mut one) } == 0 {
+            let mut one = [Desc::default()];
+            if self.rx.pop(&mut one) == 0 {
                 break;
             }
             got += usize::from(self.take_rx(one[0], out));
@@ -434,10 +445,14 @@ impl FrameIo for XskQueue {
 
     fn alloc(&mut self, out: &mut Vec<XskFrame>, n: usize) -> usize {
         // The pool keeps the fill ring's share: transmit may not take the frames receive needs.
-        let (id, templates) = (self.id, &self.templates);
+        let (id, frame_size) = (self.id, self.frame_size as u64);
         self.pool.alloc(n, |index| {
             out.push(XskFrame {
-                desc: templates[index as usize],
+                desc: Desc {
+                    addr: u64::from(index) * frame_size + HEADROOM,
+                    len: 0,
+                    options: 0,
+                },
                 umem: id,
                 index,
                 chain: None,
@@ -457,7 +472,7 @@ impl FrameIo for XskQueue {
             return Ok(0);
         }
         let want: usize = frames.iter().map(|f| self.pieces_of(f)).sum();
-        let room = (self.tx.nb_free(want as u32) as usize).min(self.scratch.len());
+        let room = (self.tx.free(want as u32) as usize).min(self.scratch.len());
         // Descriptors for the frames that fit, every piece of a chained packet or none.
         let (mut used, mut taken) = (0, 0);
         while taken < frames.len() {
@@ -477,11 +492,13 @@ impl FrameIo for XskQueue {
             }
             taken += 1;
         }
-        // SAFETY: each descriptor is a frame of this UMEM (checked) held by user space (InUse)
-        // and written through `bytes_mut` (or with a piece of a chained packet); after this call
-        // only the kernel refers to it until completion.
-        if unsafe { self.tx.produce(&self.scratch[..used]) } < used {
-            // The ring reserves all or nothing, and nb_free promised room: nothing went.
+        // Each descriptor is a frame of this UMEM (checked) held by user space (InUse) and
+        // written through `bytes_mut` (or with a piece of a chained packet); after this only
+        // the kernel refers to it until completion.
+        if self.tx.push(&self.scratch[..used]) < used {
+            // free() promised room; should the ring disagree, what went is lost to the ledger,
+            // so say so rather than count it sent.
+            tracing::error!("queue {}: TX ring took fewer than promised", self.queue_id);
             taken = 0;
         }
         let mut sent = 0;
@@ -505,10 +522,9 @@ impl FrameIo for XskQueue {
     }
 
     fn complete(&mut self) -> io::Result<usize> {
-        // SAFETY: completion descriptors refer to frames of this UMEM that we sent.
-        let n = unsafe { self.cq.consume(&mut self.scratch) };
+        let n = self.cq.pop(&mut self.addrs);
         for k in 0..n {
-            let index = self.index_of(self.scratch[k].addr());
+            let index = self.index_of(self.addrs[k]);
             if let Err(e) = self.pool.completed(index) {
                 tracing::error!("queue {}: {e}", self.queue_id);
             }
@@ -522,8 +538,8 @@ impl FrameIo for XskQueue {
     }
 
     fn counts(&mut self) -> FrameCounts {
-        let rx = self.rx.nb_avail_exact() as usize;
-        let cq = self.cq.nb_avail_exact() as usize;
+        let rx = self.rx.ready_exact() as usize;
+        let cq = self.cq.ready_exact() as usize;
         self.pool.counts(rx, cq)
     }
 
@@ -533,7 +549,7 @@ impl FrameIo for XskQueue {
 
     fn set_fill_target(&mut self, frames: usize) -> usize {
         // At most the fill ring, and at most half the frames: transmit keeps the other half.
-        let most = (self.ring_size as usize).min(self.templates.len() / 2);
+        let most = (self.ring_size as usize).min(self.frames as usize / 2);
         let set = self.pool.set_fill_target(frames, most);
         if let Err(e) = self.top_up_fill() {
             tracing::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
@@ -543,7 +559,7 @@ impl FrameIo for XskQueue {
 
     fn rx_drops(&mut self) -> u64 {
         self.kernel_stats()
-            .map(|k| k.rx_dropped() + k.rx_ring_full())
+            .map(|k| k.rx_dropped + k.rx_ring_full)
             .unwrap_or(0)
     }
 }

@@ -1,0 +1,451 @@
+//! The memory an AF_XDP socket shares: the UMEM, a region of a memory file (so that another
+//! process given the file's descriptor can map the same frames: see `XskQueue::join`), and the
+//! four single-producer / single-consumer rings the kernel maps for the socket.
+//!
+//! A ring is an array of `size` entries (a power of two) with a producer and a consumer index
+//! that run freely and wrap at 2^32; the entry of index `i` is at `i & (size - 1)`. The
+//! producer writes entries, then publishes them with a release store of its index; the consumer
+//! reads the index with an acquire load, reads the entries, then hands their slots back with a
+//! release store of its own index. Each side keeps a copy of the other's index and reads the
+//! shared one only when the copy says there is not enough (the fast path touches no shared
+//! cache line it does not own).
+
+#![allow(unsafe_code)] // Memory shared with the kernel, mapped and read through raw pointers.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// One descriptor of the RX and TX rings (`struct xdp_desc`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Desc {
+    /// Offset of the packet's first byte in the UMEM.
+    pub(crate) addr: u64,
+    /// Bytes of packet.
+    pub(crate) len: u32,
+    /// `XDP_PKT_CONTD` when more of the packet follows in the next descriptor.
+    pub(crate) options: u32,
+}
+
+/// A shared mapping, unmapped on drop.
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; who may touch which bytes is the business of the types
+// that hold it (a ring's side, a frame's handle), not of the thread they are on.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    fn new(len: usize, fd: BorrowedFd<'_>, offset: u64) -> io::Result<Mapping> {
+        let off = libc::off_t::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: a fresh shared mapping of `len` bytes of `fd` at `offset`; the kernel checks
+        // the range and the address is its choice, so nothing existing is replaced.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Mapping { ptr, len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `Mapping::new` with this address and length, and no
+        // reference into it outlives its holder (the region or ring borrows from `self`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The UMEM's memory: a memory file of `len` bytes mapped shared. Its descriptor can be passed
+/// to another process, which maps the same frames with [`Region::map`].
+#[derive(Debug)]
+pub(crate) struct Region {
+    map: Mapping,
+    file: OwnedFd,
+}
+
+impl Region {
+    /// A new zeroed region of `len` bytes.
+    pub(crate) fn new(len: usize) -> io::Result<Region> {
+        // SAFETY: the name is a NUL-terminated constant; the call returns a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(c"corelane-umem".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        let size = libc::off_t::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: a valid descriptor and a length; an error is a return value.
+        if unsafe { libc::ftruncate(file.as_raw_fd(), size) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Region::map(file, len)
+    }
+
+    /// Maps `len` bytes of the memory file `file` (a region another process made).
+    pub(crate) fn map(file: OwnedFd, len: usize) -> io::Result<Region> {
+        let map = Mapping::new(len, file.as_fd(), 0)?;
+        Ok(Region { map, file })
+    }
+
+    /// The region's bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len
+    }
+
+    /// The first byte's address, to register with the kernel.
+    pub(crate) fn addr(&self) -> u64 {
+        self.map.ptr.as_ptr() as u64
+    }
+
+    /// The memory file, to pass to another process.
+    pub(crate) fn file(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// `len` bytes at `offset`, cut to the region (an offset from the kernel is checked, never
+    /// trusted).
+    fn span(&self, offset: u64, len: usize) -> (usize, usize) {
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.map.len);
+        (start, len.min(self.map.len - start))
+    }
+
+    /// The bytes at `offset`.
+    ///
+    /// # Safety
+    /// No one may write these bytes while the slice lives: the caller holds the frame they
+    /// belong to (the kernel handed it over, or it came off the free list), and no mutable
+    /// slice of it exists.
+    pub(crate) unsafe fn bytes(&self, offset: u64, len: usize) -> &[u8] {
+        let (start, n) = self.span(offset, len);
+        // SAFETY: `start + n` is within the mapping (span), which lives as long as `self`; the
+        // caller promises that no one writes these bytes meanwhile.
+        unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr().add(start), n) }
+    }
+
+    /// The bytes at `offset`, to write.
+    ///
+    /// # Safety
+    /// The caller holds the frame these bytes belong to and no other slice of them exists
+    /// while this one lives (it borrows the frame's handle mutably for as long).
+    #[allow(clippy::mut_from_ref)] // The region is shared memory: exclusivity is per frame.
+    pub(crate) unsafe fn bytes_mut(&self, offset: u64, len: usize) -> &mut [u8] {
+        let (start, n) = self.span(offset, len);
+        // SAFETY: as for `bytes`, and the caller promises this is the only slice of them.
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(start), n) }
+    }
+}
+
+/// Where a ring's indices, flags and entries are in its mapping (`struct xdp_ring_offset`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingOffsets {
+    pub(crate) producer: u64,
+    pub(crate) consumer: u64,
+    pub(crate) desc: u64,
+    pub(crate) flags: u64,
+}
+
+impl From<libc::xdp_ring_offset> for RingOffsets {
+    fn from(o: libc::xdp_ring_offset) -> Self {
+        RingOffsets {
+            producer: o.producer,
+            consumer: o.consumer,
+            desc: o.desc,
+            flags: o.flags,
+        }
+    }
+}
+
+/// A mapped ring of `T`, either side.
+#[derive(Debug)]
+struct Ring<T> {
+    _map: Mapping,
+    producer: NonNull<AtomicU32>,
+    consumer: NonNull<AtomicU32>,
+    flags: NonNull<AtomicU32>,
+    entries: NonNull<T>,
+    mask: u32,
+}
+
+// SAFETY: as for `Mapping`; a ring side is used by one thread at a time (`&mut self`).
+unsafe impl<T: Send> Send for Ring<T> {}
+
+impl<T: Copy> Ring<T> {
+    fn map(fd: BorrowedFd<'_>, off: RingOffsets, pgoff: u64, size: u32) -> io::Result<Ring<T>> {
+        if !size.is_power_of_two() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("ring size {size} is not a power of two"),
+            ));
+        }
+        let len = off.desc as usize + size as usize * std::mem::size_of::<T>();
+        let map = Mapping::new(len, fd, pgoff)?;
+        let at = |o: u64, n: usize| -> io::Result<NonNull<u8>> {
+            let o = o as usize;
+            if o.checked_add(n).is_none_or(|end| end > len) || !o.is_multiple_of(4) {
+                return Err(io::Error::other(
+                    "the kernel's ring offsets are out of range",
+                ));
+            }
+            // SAFETY: `o + n` is within the mapping (checked just above).
+            Ok(unsafe { map.ptr.add(o) })
+        };
+        let entries_len = size as usize * std::mem::size_of::<T>();
+        Ok(Ring {
+            producer: at(off.producer, 4)?.cast(),
+            consumer: at(off.consumer, 4)?.cast(),
+            flags: at(off.flags, 4)?.cast(),
+            entries: at(off.desc, entries_len)?.cast(),
+            mask: size - 1,
+            _map: map,
+        })
+    }
+
+    fn index(&self, which: NonNull<AtomicU32>) -> &AtomicU32 {
+        // SAFETY: the index is a 4-byte aligned word inside the mapping (checked in `map`),
+        // which lives as long as `self`; the kernel and this side touch it only atomically.
+        unsafe { which.as_ref() }
+    }
+
+    fn size(&self) -> u32 {
+        self.mask + 1
+    }
+}
+
+/// The side of a ring this process produces (fill, TX).
+#[derive(Debug)]
+pub(crate) struct Producer<T> {
+    ring: Ring<T>,
+    /// Our producer index (published on `push`).
+    prod: u32,
+    /// The consumer index last read, plus the ring's size: `cons - prod` slots are free.
+    cons: u32,
+}
+
+impl<T: Copy> Producer<T> {
+    pub(crate) fn map(
+        fd: BorrowedFd<'_>,
+        off: RingOffsets,
+        pgoff: u64,
+        size: u32,
+    ) -> io::Result<Self> {
+        let ring = Ring::map(fd, off, pgoff, size)?;
+        // A ring this side maps may already be in use (a second process taking the fill ring
+        // over): start from where the indices stand.
+        let prod = ring.index(ring.producer).load(Ordering::Relaxed);
+        let cons = ring.index(ring.consumer).load(Ordering::Acquire) + ring.size();
+        Ok(Producer { ring, prod, cons })
+    }
+
+    /// Free slots: at least `want` when that many are free (reading the consumer's index only
+    /// when the last copy of it says fewer).
+    pub(crate) fn free(&mut self, want: u32) -> u32 {
+        let free = self.cons.wrapping_sub(self.prod);
+        if free >= want {
+            return free;
+        }
+        self.free_exact()
+    }
+
+    /// Free slots now.
+    pub(crate) fn free_exact(&mut self) -> u32 {
+        let c = self.ring.index(self.ring.consumer).load(Ordering::Acquire);
+        self.cons = c.wrapping_add(self.ring.size());
+        self.cons.wrapping_sub(self.prod)
+    }
+
+    /// Writes as many of `items` as there are free slots and publishes them. Returns how many.
+    pub(crate) fn push(&mut self, items: &[T]) -> usize {
+        let n = (self.free(items.len() as u32) as usize).min(items.len());
+        for (k, item) in items[..n].iter().enumerate() {
+            let slot = self.prod.wrapping_add(k as u32) & self.ring.mask;
+            // SAFETY: `slot` is within the ring's entries (masked), and it is free: between our
+            // producer index and the consumer's plus the size, which only we write.
+            unsafe { self.ring.entries.add(slot as usize).write_volatile(*item) };
+        }
+        self.prod = self.prod.wrapping_add(n as u32);
+        // Release: the entries are written before the kernel can see the index move.
+        self.ring
+            .index(self.ring.producer)
+            .store(self.prod, Ordering::Release);
+        n
+    }
+
+    /// Whether the kernel asks to be woken to consume (`XDP_RING_NEED_WAKEUP`).
+    pub(crate) fn needs_wakeup(&self) -> bool {
+        self.ring.index(self.ring.flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
+    }
+}
+
+/// The side of a ring this process consumes (RX, completion).
+#[derive(Debug)]
+pub(crate) struct Consumer<T> {
+    ring: Ring<T>,
+    /// Our consumer index (published on `pop`).
+    cons: u32,
+    /// The producer index last read: `prod - cons` entries are ready.
+    prod: u32,
+}
+
+impl<T: Copy> Consumer<T> {
+    pub(crate) fn map(
+        fd: BorrowedFd<'_>,
+        off: RingOffsets,
+        pgoff: u64,
+        size: u32,
+    ) -> io::Result<Self> {
+        let ring = Ring::map(fd, off, pgoff, size)?;
+        let cons = ring.index(ring.consumer).load(Ordering::Relaxed);
+        let prod = ring.index(ring.producer).load(Ordering::Acquire);
+        Ok(Consumer { ring, cons, prod })
+    }
+
+    /// Entries ready: at least `want` when that many are (reading the producer's index only
+    /// when the last copy of it says fewer).
+    pub(crate) fn ready(&mut self, want: u32) -> u32 {
+        let n = self.prod.wrapping_sub(self.cons);
+        if n >= want {
+            return n;
+        }
+        self.ready_exact()
+    }
+
+    /// Entries ready now.
+    pub(crate) fn ready_exact(&mut self) -> u32 {
+        self.prod = self.ring.index(self.ring.producer).load(Ordering::Acquire);
+        self.prod.wrapping_sub(self.cons)
+    }
+
+    /// Reads up to `out.len()` entries into `out` and hands their slots back. Returns how many.
+    pub(crate) fn pop(&mut self, out: &mut [T]) -> usize {
+        let n = (self.ready(out.len() as u32) as usize)
+            .min(out.len())
+            .min(self.ring.size() as usize);
+        for (k, o) in out[..n].iter_mut().enumerate() {
+            let slot = self.cons.wrapping_add(k as u32) & self.ring.mask;
+            // SAFETY: `slot` is within the ring's entries (masked), and published: between our
+            // consumer index and the producer's, read with acquire above.
+            *o = unsafe { self.ring.entries.add(slot as usize).read_volatile() };
+        }
+        self.cons = self.cons.wrapping_add(n as u32);
+        // Release: the entries are read before the kernel may write their slots again.
+        self.ring
+            .index(self.ring.consumer)
+            .store(self.cons, Ordering::Release);
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ring laid out as the kernel lays one out, in a memory file, with a producer and a
+    /// consumer mapped over it as two processes would map one ring.
+    fn ring_pair(size: u32) -> (Region, Producer<u64>, Consumer<u64>) {
+        let off = RingOffsets {
+            producer: 0,
+            consumer: 64,
+            flags: 128,
+            desc: 192,
+        };
+        let len = 192 + size as usize * 8;
+        let region = Region::new(len).unwrap();
+        let p = Producer::map(region.file(), off, 0, size).unwrap();
+        let c = Consumer::map(region.file(), off, 0, size).unwrap();
+        (region, p, c)
+    }
+
+    #[test]
+    fn entries_go_through_in_order_and_the_indices_wrap() {
+        let (_r, mut p, mut c) = ring_pair(8);
+        assert_eq!(p.free(1), 8);
+        assert_eq!(c.ready(1), 0);
+        let mut out = [0u64; 8];
+        let mut next = 0u64;
+        let mut seen = 0u64;
+        // Far enough to wrap the slots many times.
+        for round in 0..100u64 {
+            let batch: Vec<u64> = (0..(round % 7 + 1)).map(|k| next + k).collect();
+            let n = p.push(&batch);
+            next += n as u64;
+            let got = c.pop(&mut out[..(round as usize % 5) + 1]);
+            for &v in &out[..got] {
+                assert_eq!(v, seen, "in order");
+                seen += 1;
+            }
+        }
+        while c.pop(&mut out) > 0 {}
+        assert_eq!(p.free_exact(), 8, "every slot back once all is read");
+    }
+
+    #[test]
+    fn a_full_ring_takes_nothing_more() {
+        let (_r, mut p, mut c) = ring_pair(4);
+        assert_eq!(p.push(&[1, 2, 3, 4, 5, 6]), 4);
+        assert_eq!(p.push(&[7]), 0);
+        let mut out = [0u64; 2];
+        assert_eq!(c.pop(&mut out), 2);
+        assert_eq!(out, [1, 2]);
+        assert_eq!(p.push(&[7, 8, 9]), 2);
+        let mut all = [0u64; 8];
+        assert_eq!(c.pop(&mut all), 4);
+        assert_eq!(&all[..4], &[3, 4, 7, 8]);
+    }
+
+    #[test]
+    fn a_side_mapped_later_starts_where_the_indices_stand() {
+        let (r, mut p, mut c) = ring_pair(8);
+        p.push(&[1, 2, 3]);
+        let mut one = [0u64; 1];
+        c.pop(&mut one);
+        // A second producer takes the ring over (the first stops): it must neither overwrite
+        // the two entries still unread nor republish old slots.
+        let off = RingOffsets {
+            producer: 0,
+            consumer: 64,
+            flags: 128,
+            desc: 192,
+        };
+        let mut p2 = Producer::<u64>::map(r.file(), off, 0, 8).unwrap();
+        assert_eq!(p2.free_exact(), 6);
+        p2.push(&[4]);
+        let mut out = [0u64; 8];
+        assert_eq!(c.pop(&mut out), 3);
+        assert_eq!(&out[..3], &[2, 3, 4]);
+    }
+
+    #[test]
+    fn a_region_is_cut_at_its_end() {
+        let r = Region::new(4096).unwrap();
+        // SAFETY: nothing else refers to the region.
+        unsafe {
+            r.bytes_mut(4000, 200).fill(7);
+            assert_eq!(r.bytes(4000, 200).len(), 96);
+            assert_eq!(r.bytes(u64::MAX, 10).len(), 0);
+            assert!(r.bytes(4000, 96).iter().all(|&b| b == 7));
+        }
+        // Mapped again from its file, as another process would: the same bytes.
+        let dup = r.file().try_clone_to_owned().unwrap();
+        let again = Region::map(dup, 4096).unwrap();
+        // SAFETY: as above.
+        assert!(unsafe { again.bytes(4000, 96) }.iter().all(|&b| b == 7));
+    }
+}

@@ -18,6 +18,9 @@ pub enum FrameState {
     InUse = 2,
     /// Given to the kernel for transmit: in the TX ring, or sent and in the completion ring.
     Transmit = 3,
+    /// Away with the other process on a queue both serve during an upgrade: held by it, or by
+    /// the kernel on its behalf. Only a queue shared that way has frames here.
+    Away = 4,
 }
 
 /// A refused move: the frame was not where the caller said.
@@ -50,6 +53,8 @@ pub struct FrameCounts {
     pub tx: usize,
     /// In the completion ring (sent, not yet reclaimed).
     pub completion: usize,
+    /// With the other process of an upgrade (0 but while two share a queue).
+    pub away: usize,
     /// Frames in the UMEM.
     pub total: usize,
 }
@@ -63,14 +68,15 @@ impl std::ops::AddAssign for FrameCounts {
         self.in_use += o.in_use;
         self.tx += o.tx;
         self.completion += o.completion;
+        self.away += o.away;
         self.total += o.total;
     }
 }
 
 impl FrameCounts {
-    /// Frames accounted for across the six places.
+    /// Frames accounted for across the six places (and with the other process of an upgrade).
     pub fn sum(&self) -> usize {
-        self.free + self.fill + self.rx + self.in_use + self.tx + self.completion
+        self.free + self.fill + self.rx + self.in_use + self.tx + self.completion + self.away
     }
 }
 
@@ -78,7 +84,7 @@ impl FrameCounts {
 #[derive(Debug, Clone)]
 pub struct FrameLedger {
     states: Vec<FrameState>,
-    per_state: [usize; 4],
+    per_state: [usize; 5],
 }
 
 impl FrameLedger {
@@ -86,7 +92,7 @@ impl FrameLedger {
     pub fn new(frames: usize) -> Self {
         FrameLedger {
             states: vec![FrameState::Free; frames],
-            per_state: [frames, 0, 0, 0],
+            per_state: [frames, 0, 0, 0, 0],
         }
     }
 
@@ -103,6 +109,11 @@ impl FrameLedger {
     /// Where frame `index` is.
     pub fn state(&self, index: usize) -> FrameState {
         self.states[index]
+    }
+
+    /// Where frame `index` is, or None past the last frame.
+    pub fn get(&self, index: usize) -> Option<FrameState> {
+        self.states.get(index).copied()
     }
 
     /// Frames currently in `state`.
@@ -154,6 +165,7 @@ impl FrameLedger {
             in_use: self.count(FrameState::InUse),
             tx: transmit - completion,
             completion,
+            away: self.count(FrameState::Away),
             total: self.len(),
         }
     }
@@ -161,7 +173,7 @@ impl FrameLedger {
     /// Recounts every frame's state and compares with the running totals; an error names the
     /// first state whose count disagrees.
     pub fn verify(&self) -> Result<FrameCounts, String> {
-        let mut recount = [0usize; 4];
+        let mut recount = [0usize; 5];
         for s in &self.states {
             recount[*s as usize] += 1;
         }
@@ -199,6 +211,7 @@ mod tests {
                 in_use: 1,
                 tx: 0,
                 completion: 1,
+                away: 0,
                 total: 8
             }
         );

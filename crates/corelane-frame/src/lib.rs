@@ -29,6 +29,8 @@
 #![deny(unsafe_code)]
 
 mod fault;
+#[cfg(test)]
+mod handover_tests;
 mod ledger;
 mod mem;
 mod pool;

@@ -141,6 +141,87 @@ impl FramePool {
         Ok(())
     }
 
+    /// A pool for a process that joins a queue another one serves (an upgrade): every frame is
+    /// [`Away`](FrameState::Away) until the other process lends it ([`FramePool::returned`]) or
+    /// the kernel hands it over on this side's RX ring ([`FramePool::received_shared`]).
+    pub fn joining(frames: usize, fill_target: usize) -> Self {
+        let mut ledger = FrameLedger::new(frames);
+        for i in 0..frames {
+            let moved = ledger.advance(i, FrameState::Free, FrameState::Away);
+            debug_assert!(moved.is_ok());
+        }
+        FramePool {
+            ledger,
+            free: Vec::new(),
+            fill_target,
+        }
+    }
+
+    /// Gives up to `n` free frames to the other process of an upgrade; `give` is called with
+    /// each frame's index. Returns how many.
+    pub fn lend(&mut self, n: usize, mut give: impl FnMut(u32)) -> usize {
+        let n = n.min(self.free.len());
+        for _ in 0..n {
+            let Some(i) = self.free.pop() else { break };
+            self.move_to(i, FrameState::Free, FrameState::Away);
+            give(i);
+        }
+        n
+    }
+
+    /// The fill ring passes to the other process of an upgrade: the frames posted for receive
+    /// may now arrive on either process's RX ring, so they are away until one arrives here, and
+    /// this side keeps none for receive any more. Returns how many.
+    pub fn hand_over_receive(&mut self) -> usize {
+        let mut n = 0;
+        for i in 0..self.ledger.len() {
+            if self.ledger.state(i) == FrameState::Receive {
+                self.move_to(i as u32, FrameState::Receive, FrameState::Away);
+                n += 1;
+            }
+        }
+        self.fill_target = 0;
+        n
+    }
+
+    /// A frame arrived on this side's RX ring of a queue two processes share: one this side
+    /// posted, or one the other process did (or lent to the kernel before the hand-over).
+    ///
+    /// # Errors
+    /// When user space already holds the frame, or it is being sent.
+    pub fn received_shared(&mut self, index: u32) -> Result<(), LedgerError> {
+        let from = match self.ledger.get(index as usize) {
+            Some(FrameState::Away) => FrameState::Away,
+            _ => FrameState::Receive,
+        };
+        self.ledger.advance(index as usize, from, FrameState::InUse)
+    }
+
+    /// Done with a frame that goes back to the other process of an upgrade.
+    ///
+    /// # Errors
+    /// When user space did not hold the frame.
+    pub fn give_back(&mut self, index: u32) -> Result<(), LedgerError> {
+        self.ledger
+            .advance(index as usize, FrameState::InUse, FrameState::Away)
+    }
+
+    /// The other process of an upgrade handed frame `index` over: one lent to it, or one this
+    /// side posted for receive that arrived on its RX ring. It is free here now.
+    ///
+    /// # Errors
+    /// When the frame is neither away nor posted for receive (it is then left where it is).
+    pub fn returned(&mut self, index: u32) -> Result<(), LedgerError> {
+        let from = match self.ledger.get(index as usize) {
+            Some(FrameState::Receive) => FrameState::Receive,
+            _ => FrameState::Away,
+        };
+        self.ledger
+            .advance(index as usize, from, FrameState::Free)?;
+        self.free.push(index);
+        Ok(())
+    }
+
     fn move_to(&mut self, index: u32, from: FrameState, to: FrameState) {
         // Only frames taken off the free list come here, and the free list holds free frames
         // only (every push follows a successful move to Free).

@@ -13,6 +13,7 @@ use corelane_frame::{Frame, FrameCounts, FrameIo, FramePool, FrameState, UmemId}
 mod af_xdp;
 mod chain;
 mod config;
+mod exchange;
 mod ring;
 mod shared;
 pub use af_xdp::KernelStats;

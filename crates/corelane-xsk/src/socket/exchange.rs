@@ -1,0 +1,156 @@
+//! The rings two processes sharing a queue's UMEM pass frames on (an upgrade): one each way,
+//! of frame indices, in a memory file both map, laid out as the kernel lays out its rings (so
+//! the same [`Producer`] and [`Consumer`] serve), and a word saying how far the hand-over is.
+//!
+//! The old process gives back on its ring the frames it is done with (received ones, and its
+//! free ones when it leaves); the new one, which consumes the shared completion ring, forwards
+//! on the other ring the completions of frames the old one sent. The frame ledger's moves for
+//! each are `FramePool::give_back`, `returned`, and `completed` (see corelane-frame).
+
+#![cfg_attr(not(test), allow(dead_code))] // Used by the upgrade's hand-over, which comes next.
+#![allow(unsafe_code)] // The hand-over word is read and written in the shared mapping.
+
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::ring::{Consumer, Producer, Region, RingOffsets};
+
+const PAGE: usize = 4096;
+
+/// Where a ring's indices and entries are in its pages.
+const OFFSETS: RingOffsets = RingOffsets {
+    producer: 0,
+    consumer: 64,
+    flags: 128,
+    desc: 192,
+};
+
+/// Bytes from one ring's first page to the next ring's.
+fn ring_pages(size: u32) -> usize {
+    (OFFSETS.desc as usize + size as usize * 4).next_multiple_of(PAGE)
+}
+
+/// How far the hand-over between the two processes is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum Phase {
+    /// The new process is bound beside the old one; the old one fills and completes.
+    Joined = 0,
+    /// The new process fills and completes; the old one drains.
+    Handed = 1,
+    /// The old process has given back every frame and is leaving.
+    Left = 2,
+}
+
+/// One process's end of the exchange.
+#[derive(Debug)]
+pub(crate) struct Exchange {
+    /// Frames this side passes to the other.
+    pub(crate) out: Producer<u32>,
+    /// Frames the other side passes to this one.
+    pub(crate) inbound: Consumer<u32>,
+    region: Region,
+}
+
+impl Exchange {
+    /// The old process's end: a new exchange with rings of `size` entries (a power of two).
+    pub(crate) fn create(size: u32) -> io::Result<Exchange> {
+        let region = Region::new(PAGE + 2 * ring_pages(size))?;
+        Exchange::open(region, size, false)
+    }
+
+    /// The new process's end, over the memory file the old one passed.
+    pub(crate) fn join(file: OwnedFd, size: u32) -> io::Result<Exchange> {
+        let region = Region::map(file, PAGE + 2 * ring_pages(size))?;
+        Exchange::open(region, size, true)
+    }
+
+    fn open(region: Region, size: u32, new: bool) -> io::Result<Exchange> {
+        let first = PAGE as u64;
+        let second = (PAGE + ring_pages(size)) as u64;
+        let (out, inbound) = if new {
+            (second, first)
+        } else {
+            (first, second)
+        };
+        Ok(Exchange {
+            out: Producer::map(region.file(), OFFSETS, out, size)?,
+            inbound: Consumer::map(region.file(), OFFSETS, inbound, size)?,
+            region,
+        })
+    }
+
+    /// The memory file, to pass to the new process.
+    pub(crate) fn file(&self) -> BorrowedFd<'_> {
+        self.region.file()
+    }
+
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: the first word of the region's first page, 4-byte aligned (a page is), lives
+        // as long as `self`; both processes touch it only atomically.
+        unsafe { &*(self.region.addr() as *const AtomicU32) }
+    }
+
+    /// How far the hand-over is.
+    pub(crate) fn phase(&self) -> Phase {
+        match self.word().load(Ordering::Acquire) {
+            0 => Phase::Joined,
+            1 => Phase::Handed,
+            _ => Phase::Left,
+        }
+    }
+
+    /// Moves the hand-over on (release: what this side wrote before is seen by the other once
+    /// it reads the new phase).
+    pub(crate) fn set_phase(&self, p: Phase) {
+        self.word().store(p as u32, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_pass_both_ways_in_order_between_two_mappings_running_at_once() {
+        let old = Exchange::create(64).unwrap();
+        let new = Exchange::join(old.file().try_clone_to_owned().unwrap(), 64).unwrap();
+        assert_eq!(new.phase(), Phase::Joined);
+        old.set_phase(Phase::Handed);
+        assert_eq!(
+            new.phase(),
+            Phase::Handed,
+            "one word, seen from both mappings"
+        );
+        const N: u32 = 200_000;
+        // Each side sends 0..N and checks it receives 0..N, both at once on two threads, so
+        // the rings' ordering is tried under real concurrency (a slot read before it is
+        // written, or written before it is read, shows as a wrong number).
+        let run = |mut x: Exchange| {
+            move || {
+                let (mut sent, mut got) = (0u32, 0u32);
+                let mut buf = [0u32; 16];
+                while sent < N || got < N {
+                    let batch: Vec<u32> = (sent..N.min(sent + 7)).collect();
+                    sent += x.out.push(&batch) as u32;
+                    let n = x.inbound.pop(&mut buf);
+                    for &v in &buf[..n] {
+                        assert_eq!(v, got);
+                        got += 1;
+                    }
+                    if n == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+                x
+            }
+        };
+        let a = std::thread::spawn(run(old));
+        let b = std::thread::spawn(run(new));
+        let old = a.join().unwrap();
+        b.join().unwrap();
+        old.set_phase(Phase::Left);
+        assert_eq!(old.phase(), Phase::Left);
+    }
+}

@@ -32,6 +32,8 @@ impl Rng {
 }
 
 const FRAMES: usize = 64;
+/// Free frames the old process keeps to send from after the hand-over.
+const KEEP: usize = 8;
 
 /// Where each frame is; panics when one is in no place or in two.
 fn check(old: Option<&FramePool>, new: &FramePool, w: &Wire, step: usize) {
@@ -76,7 +78,12 @@ fn serve(
     let mut held = Vec::new();
     while let Some(i) = rx.pop_front() {
         p.received_shared(i).unwrap();
-        held.push(i);
+        // An answer written over the request and sent back out in the same frame.
+        if rng.below(3) == 0 {
+            replies.push_back(i);
+        } else {
+            held.push(i);
+        }
     }
     for _ in 0..held.len() {
         if rng.below(2) == 0 {
@@ -123,10 +130,10 @@ fn frames_cross_between_the_two_processes_and_all_come_home() {
             }
         }
 
-        // The new process joins: every frame away; the old one lends it half its free frames
-        // and passes it the fill ring.
+        // The new process joins: every frame away; the old one lends it all but KEEP of its
+        // free frames and passes it the fill ring.
         let mut new = FramePool::joining(FRAMES, 16);
-        let lend = old.count(FrameState::Free) / 2;
+        let lend = old.count(FrameState::Free).saturating_sub(KEEP);
         old.lend(lend, |i| w.to_new.push_back(i));
         old.hand_over_receive();
         check(Some(&old), &new, &w, 0);
@@ -180,18 +187,23 @@ fn frames_cross_between_the_two_processes_and_all_come_home() {
                     break;
                 };
                 // The new process consumes the completion ring: its own sends, or the old
-                // one's, forwarded.
-                if new.ledger().state(c as usize) == FrameState::Transmit {
-                    new.completed(c).unwrap();
-                } else {
-                    assert_eq!(new.ledger().state(c as usize), FrameState::Away);
-                    w.to_old.push_back(c);
+                // one's (from its own frames, or in place in frames the new one posted),
+                // forwarded.
+                match new.ledger().state(c as usize) {
+                    FrameState::Transmit => new.completed(c).unwrap(),
+                    s => {
+                        assert!(matches!(s, FrameState::Away | FrameState::Receive), "{s:?}");
+                        w.to_old.push_back(c);
+                    }
                 }
             }
             if old_alive {
                 while let Some(c) = w.to_old.pop_front() {
                     old.completed(c).unwrap();
                 }
+                // Past the frames it keeps to send from, the old process gives back.
+                let extra = old.count(FrameState::Free).saturating_sub(KEEP);
+                old.lend(extra, |i| w.to_new.push_back(i));
             }
             check(old_alive.then_some(&old), &new, &w, step);
             step += 1;

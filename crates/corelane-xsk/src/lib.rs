@@ -54,7 +54,8 @@ pub use grant::GrantClient;
 pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, RouteWatch, kernel_addrs, kernel_addrs_with_prefix, kernel_routes};
 pub use socket::{
-    BindMode, KernelStats, MAX_PIECES, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy,
+    BindMode, KernelStats, MAX_PIECES, UpgradeOffer, UpgradePhase, XskConfig, XskFrame, XskQueue,
+    XskStats, ZeroCopy,
 };
 pub use steering::{
     AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,

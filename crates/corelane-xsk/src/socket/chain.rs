@@ -114,7 +114,7 @@ impl XskQueue {
     /// chained one is added to the packet being gathered.
     pub(super) fn take_rx(&mut self, desc: Desc, out: &mut VecDeque<XskFrame>) -> bool {
         let index = self.index_of(desc.addr);
-        if let Err(e) = self.pool.received(index) {
+        if let Err(e) = self.received(index) {
             // The kernel returned a frame we never gave it: report and skip rather than alias
             // a frame that is in use elsewhere.
             tracing::error!("queue {}: {e}", self.queue_id);
@@ -180,9 +180,7 @@ impl XskQueue {
     pub(super) fn free_one(&mut self, f: XskFrame) {
         let rest = f.chain.iter().flat_map(|c| c.rest.iter().copied());
         for i in std::iter::once(f.index).chain(rest) {
-            if let Err(e) = self.pool.free(i) {
-                tracing::error!("queue {}: {e}", self.queue_id);
-            }
+            self.let_go(i);
         }
         if let Some(c) = f.chain {
             self.keep_spare(c);

@@ -7,7 +7,6 @@
 //! on the other ring the completions of frames the old one sent. The frame ledger's moves for
 //! each are `FramePool::give_back`, `returned`, and `completed` (see corelane-frame).
 
-#![cfg_attr(not(test), allow(dead_code))] // Used by the upgrade's hand-over, which comes next.
 #![allow(unsafe_code)] // The hand-over word is read and written in the shared mapping.
 
 use std::io;
@@ -31,16 +30,19 @@ fn ring_pages(size: u32) -> usize {
     (OFFSETS.desc as usize + size as usize * 4).next_multiple_of(PAGE)
 }
 
-/// How far the hand-over between the two processes is.
+/// How far an upgrade of a queue is (see [`XskQueue::offer_upgrade`](crate::XskQueue)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
-pub(crate) enum Phase {
-    /// The new process is bound beside the old one; the old one fills and completes.
-    Joined = 0,
+pub enum Phase {
+    /// Offered: the old process serves the queue alone.
+    Offered = 0,
+    /// The new process is bound beside the old one, which fills and completes until its next
+    /// turn.
+    Bound = 1,
     /// The new process fills and completes; the old one drains.
-    Handed = 1,
+    Handed = 2,
     /// The old process has given back every frame and is leaving.
-    Left = 2,
+    Left = 3,
 }
 
 /// One process's end of the exchange.
@@ -95,8 +97,9 @@ impl Exchange {
     /// How far the hand-over is.
     pub(crate) fn phase(&self) -> Phase {
         match self.word().load(Ordering::Acquire) {
-            0 => Phase::Joined,
-            1 => Phase::Handed,
+            0 => Phase::Offered,
+            1 => Phase::Bound,
+            2 => Phase::Handed,
             _ => Phase::Left,
         }
     }

@@ -6,7 +6,7 @@ use super::*;
 fn indices_pass_both_ways_in_order_between_two_mappings_running_at_once() {
     let old = Exchange::create(64).unwrap();
     let new = Exchange::join(old.file().try_clone_to_owned().unwrap(), 64).unwrap();
-    assert_eq!(new.phase(), Phase::Joined);
+    assert_eq!(new.phase(), Phase::Offered);
     old.set_phase(Phase::Handed);
     assert_eq!(
         new.phase(),

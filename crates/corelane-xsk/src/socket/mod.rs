@@ -14,6 +14,7 @@ mod af_xdp;
 mod chain;
 mod config;
 mod exchange;
+mod partner;
 mod ring;
 mod shared;
 pub use af_xdp::KernelStats;
@@ -21,6 +22,9 @@ use af_xdp::XdpSocket;
 use chain::Chain;
 pub use chain::MAX_PIECES;
 pub use config::{BindMode, XskConfig, ZeroCopy};
+pub use exchange::Phase as UpgradePhase;
+use partner::Partner;
+pub use partner::UpgradeOffer;
 use ring::{Consumer, Desc, Producer, Region};
 
 /// The kernel's headroom in front of every received packet (`XDP_PACKET_HEADROOM`).
@@ -101,6 +105,21 @@ pub struct XskQueue {
     fd: RawFd,
     send_buffer: usize,
     stats: XskStats,
+    /// The other process of an upgrade, while two share this queue.
+    partner: Option<Box<Partner>>,
+    /// Whether this socket fills the fill ring and consumes the completion ring (one of the
+    /// two processes sharing a queue does).
+    owns_rings: bool,
+}
+
+/// What a bound socket is made of.
+struct Parts {
+    socket: XdpSocket,
+    rx: Consumer<Desc>,
+    tx: Producer<Desc>,
+    fq: Producer<u64>,
+    cq: Consumer<u64>,
+    umem: Region,
 }
 
 impl std::fmt::Debug for XskQueue {
@@ -227,8 +246,25 @@ impl XskQueue {
                     e.to_string()
                 },
             })?;
-        let fd = socket.raw();
-        let actual = if sockopt_zerocopy(fd) {
+        let n = c.frames as usize;
+        let pool = FramePool::new(n, (c.ring_size as usize).min(n / 2));
+        let parts = Parts {
+            socket,
+            rx: rings.rx,
+            tx: rings.tx,
+            fq,
+            cq,
+            umem,
+        };
+        let mut q = XskQueue::assemble(parts, c, queue_id, pool);
+        q.top_up_fill()?;
+        Ok(q)
+    }
+
+    /// The queue over a bound socket, its rings and UMEM, with `pool`'s frames.
+    fn assemble(p: Parts, c: &XskConfig, queue_id: u32, pool: FramePool) -> XskQueue {
+        let fd = p.socket.raw();
+        let mode = if sockopt_zerocopy(fd) {
             BindMode::ZeroCopy
         } else {
             BindMode::Copy
@@ -245,17 +281,16 @@ impl XskQueue {
                  sender may wait for a slow receiver on a veth"
             );
         }
-        let n = c.frames as usize;
-        let mut q = XskQueue {
-            rx: rings.rx,
-            tx: rings.tx,
-            fq,
-            cq,
-            socket,
-            umem,
+        XskQueue {
+            rx: p.rx,
+            tx: p.tx,
+            fq: p.fq,
+            cq: p.cq,
+            socket: p.socket,
+            umem: p.umem,
             id: UmemId::fresh(),
             frames: c.frames,
-            pool: FramePool::new(n, (c.ring_size as usize).min(n / 2)),
+            pool,
             scratch: vec![Desc::default(); c.ring_size as usize],
             addrs: vec![0; c.ring_size as usize],
             post: Vec::with_capacity(c.ring_size as usize),
@@ -264,14 +299,14 @@ impl XskQueue {
             partial: None,
             spare_chains: Vec::new(),
             ring_size: c.ring_size,
-            mode: actual,
+            mode,
             queue_id,
             fd,
             send_buffer,
             stats: XskStats::default(),
-        };
-        q.top_up_fill()?;
-        Ok(q)
+            partner: None,
+            owns_rings: true,
+        }
     }
 
     /// The descriptor of frame `index`, ready to be written and sent (its packet starts after
@@ -327,6 +362,9 @@ impl XskQueue {
     }
 
     fn top_up_fill(&mut self) -> io::Result<()> {
+        if !self.owns_rings {
+            return Ok(());
+        }
         let want = self
             .pool
             .fill_target()
@@ -523,12 +561,17 @@ impl FrameIo for XskQueue {
     }
 
     fn complete(&mut self) -> io::Result<usize> {
-        let n = self.cq.pop(&mut self.addrs);
+        let n = if self.owns_rings {
+            self.cq.pop(&mut self.addrs)
+        } else {
+            0
+        };
         for k in 0..n {
             let index = self.index_of(self.addrs[k]);
-            if let Err(e) = self.pool.completed(index) {
-                tracing::error!("queue {}: {e}", self.queue_id);
-            }
+            self.completed(index);
+        }
+        if self.partner.is_some() {
+            self.partner_turn();
         }
         if self.pool.count(FrameState::Transmit) > 0 && n == 0 {
             // Copy mode completes frames during the kick; nudge frames still in the TX ring.
@@ -540,7 +583,11 @@ impl FrameIo for XskQueue {
 
     fn counts(&mut self) -> FrameCounts {
         let rx = self.rx.ready_exact() as usize;
-        let cq = self.cq.ready_exact() as usize;
+        let cq = if self.owns_rings {
+            self.cq.ready_exact() as usize
+        } else {
+            0
+        };
         self.pool.counts(rx, cq)
     }
 

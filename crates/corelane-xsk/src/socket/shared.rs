@@ -11,14 +11,11 @@
 //! program steers the packet there). Since Linux 6.4 a bound socket may map the fill and
 //! completion rings of the UMEM it shares, which is how the second process takes them over.
 //!
-//! This is the kernel half of the upgrade, tested on a veth below; the frame hand-over between
-//! the two processes and the program's per-flow choice of socket come next, and use it.
-#![cfg_attr(not(test), allow(dead_code))]
+//! This is the kernel half of the upgrade; `partner.rs` is the frames' half.
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use super::XskQueue;
 use super::af_xdp::{Rings, XdpSocket};
 use super::ring::{Consumer, Producer, Region};
 use crate::error::Error;
@@ -76,18 +73,6 @@ impl Joined {
                 format!("mapping the shared fill and completion rings (Linux 6.4 or later): {e}"),
             )
         })
-    }
-}
-
-impl XskQueue {
-    /// The socket a second socket on this queue shares the UMEM of.
-    pub(crate) fn socket_fd(&self) -> BorrowedFd<'_> {
-        self.socket.borrow()
-    }
-
-    /// The UMEM's memory file and its length, for a second socket to map.
-    pub(crate) fn umem_file(&self) -> (BorrowedFd<'_>, usize) {
-        (self.umem.file(), self.umem.len())
     }
 }
 

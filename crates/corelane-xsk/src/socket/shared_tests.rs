@@ -1,7 +1,7 @@
 //! Tests of `shared.rs`.
 
 use super::*;
-use crate::{AttachMode, Proto, Steering, XskConfig, ZeroCopy};
+use crate::{AttachMode, Proto, Steering, XskConfig, XskQueue, ZeroCopy};
 use corelane_frame::FrameIo;
 use corelane_testnet::VethPair;
 use std::collections::VecDeque;
@@ -109,9 +109,9 @@ fn a_second_socket_on_the_queue_shares_the_umem_and_its_rings() {
 
     // A second socket joins the queue from the first one's descriptor and the UMEM's memory
     // file (mapped anew, as another process maps it), and the program is pointed at it.
-    let (file, len) = a.umem_file();
+    let (file, len) = (a.umem.file(), a.umem.len());
     let file = file.try_clone_to_owned().unwrap();
-    let first = a.socket_fd().try_clone_to_owned().unwrap();
+    let first = a.socket.borrow().try_clone_to_owned().unwrap();
     let mut b = Joined::open(ifname, 0, first.as_fd(), file, len, 64).unwrap();
     drop(first);
     steering.register(0, b.socket.raw()).unwrap();

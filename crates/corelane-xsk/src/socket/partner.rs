@@ -1,0 +1,296 @@
+//! Two processes on one queue during an upgrade: the old process offers its queue
+//! ([`XskQueue::offer_upgrade`]), the new one joins it ([`XskQueue::join_upgrade`]) with a
+//! socket of its own sharing the UMEM, the old one hands the fill and completion rings over at
+//! its next turn, and later leaves ([`XskQueue::leave_upgrade`]) once nothing is steered to it
+//! and every frame it sent has completed.
+//!
+//! The frames' moves are the ledger's (corelane-frame `FramePool::lend`, `hand_over_receive`,
+//! `received_shared`, `give_back`, `returned`); the indices travel on the two rings of an
+//! [`Exchange`]. After the hand-over the old process keeps a few free frames to send from and
+//! gives back every other frame it is done with; the new one fills, consumes the completion
+//! ring, and forwards the old one's completions.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use super::exchange::{Exchange, Phase};
+use super::shared::Joined;
+use super::{Parts, XskConfig, XskQueue};
+use crate::error::Error;
+use corelane_frame::{FramePool, FrameState};
+
+/// Which of the two processes this side is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Old,
+    New,
+}
+
+/// The other process of an upgrade, as one queue sees it.
+#[derive(Debug)]
+pub(super) struct Partner {
+    ex: Exchange,
+    role: Role,
+    /// Free frames the old process keeps to send from after the hand-over.
+    keep: usize,
+    inbound: Vec<u32>,
+}
+
+/// What the new process needs to join a queue: the descriptors of the socket on it, of its
+/// UMEM's memory file and of the exchange, and the queue's sizes. Made by
+/// [`XskQueue::offer_upgrade`]; another process receives the descriptors (`SCM_RIGHTS`).
+#[derive(Debug)]
+pub struct UpgradeOffer {
+    /// The socket bound to the queue (the new one shares its UMEM).
+    pub socket: OwnedFd,
+    /// The UMEM's memory file.
+    pub umem: OwnedFd,
+    /// The exchange's memory file.
+    pub exchange: OwnedFd,
+    /// The interface's queue.
+    pub queue_id: u32,
+    /// The sizes the queue was opened with (frames, frame size, rings, largest packet).
+    pub config: XskConfig,
+}
+
+/// How long the new process waits for the old one's hand-over (the old one hands over at its
+/// next turn: milliseconds unless it is stuck).
+const HAND_OVER_WAIT: Duration = Duration::from_secs(5);
+
+impl XskQueue {
+    /// Offers this queue to a new process: returns what it needs to join (see
+    /// [`XskQueue::join_upgrade`]). The fill and completion rings are handed over on a later
+    /// turn ([`corelane_frame::FrameIo::complete`]), once the new process is bound.
+    pub fn offer_upgrade(&mut self) -> Result<UpgradeOffer, Error> {
+        if self.partner.is_some() {
+            return Err(Error::Config(format!(
+                "queue {}: an upgrade is already under way",
+                self.queue_id
+            )));
+        }
+        let io_err = |what: &str, e: io::Error| Error::Umem {
+            errno: e.raw_os_error(),
+            detail: format!("offering the queue to a new process: {what}: {e}"),
+        };
+        let ex = Exchange::create(self.frames.next_power_of_two())
+            .map_err(|e| io_err("the exchange", e))?;
+        let dup = |f: std::os::fd::BorrowedFd<'_>, what| {
+            f.try_clone_to_owned().map_err(|e| io_err(what, e))
+        };
+        let offer = UpgradeOffer {
+            socket: dup(self.socket.borrow(), "the socket")?,
+            umem: dup(self.umem.file(), "the UMEM")?,
+            exchange: dup(ex.file(), "the exchange")?,
+            queue_id: self.queue_id,
+            config: XskConfig {
+                frames: self.frames,
+                frame_size: self.frame_size as u32,
+                ring_size: self.ring_size,
+                max_packet: self.max_packet as u32,
+                ..XskConfig::default()
+            },
+        };
+        self.partner = Some(Box::new(Partner {
+            ex,
+            role: Role::Old,
+            keep: (self.ring_size as usize).min(self.frames as usize / 4),
+            inbound: Vec::new(),
+        }));
+        Ok(offer)
+    }
+
+    /// Joins the queue `offer` names on `ifname`, beside the process that offered it: binds a
+    /// socket sharing its UMEM, waits for it to hand the fill and completion rings over, and
+    /// returns the queue, which from then on fills and completes for both.
+    pub fn join_upgrade(ifname: &str, offer: UpgradeOffer) -> Result<XskQueue, Error> {
+        let c = offer.config;
+        let io_err = |what: &str, e: io::Error| Error::Umem {
+            errno: e.raw_os_error(),
+            detail: format!("joining queue {} of {ifname}: {what}: {e}", offer.queue_id),
+        };
+        let len = c.frames as usize * c.frame_bytes() as usize;
+        let joined = Joined::open(
+            ifname,
+            offer.queue_id,
+            offer.socket.as_fd(),
+            offer.umem,
+            len,
+            c.ring_size,
+        )?;
+        drop(offer.socket);
+        let ex = Exchange::join(offer.exchange, c.frames.next_power_of_two())
+            .map_err(|e| io_err("the exchange", e))?;
+        ex.set_phase(Phase::Bound);
+        let start = Instant::now();
+        while ex.phase() != Phase::Handed {
+            if start.elapsed() > HAND_OVER_WAIT || ex.phase() == Phase::Left {
+                return Err(Error::Config(format!(
+                    "queue {} of {ifname}: the process serving it did not hand it over within \
+                     {HAND_OVER_WAIT:?}",
+                    offer.queue_id
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Mapped now, after the hand-over: the rings' indices are where the old process left
+        // them.
+        let (fq, cq) = joined
+            .fill_and_completion()
+            .map_err(|e| io_err("the fill and completion rings", e))?;
+        let n = c.frames as usize;
+        let parts = Parts {
+            socket: joined.socket,
+            rx: joined.rings.rx,
+            tx: joined.rings.tx,
+            fq,
+            cq,
+            umem: joined.umem,
+        };
+        let pool = FramePool::joining(n, (c.ring_size as usize).min(n / 2));
+        let mut q = XskQueue::assemble(parts, &c, offer.queue_id, pool);
+        q.partner = Some(Box::new(Partner {
+            ex,
+            role: Role::New,
+            keep: 0,
+            inbound: Vec::new(),
+        }));
+        q.partner_turn();
+        q.top_up_fill()?;
+        Ok(q)
+    }
+
+    /// Where an upgrade of this queue stands (None: none under way).
+    pub fn upgrade_phase(&self) -> Option<Phase> {
+        self.partner.as_ref().map(|p| p.ex.phase())
+    }
+
+    /// The old process leaves an upgrade: every frame it holds goes to the new process. Call
+    /// it once the program steers nothing more to this socket and its RX ring was read empty.
+    ///
+    /// # Errors
+    /// When frames are still held (received and not released) or still being sent: call
+    /// again after the next turns.
+    pub fn leave_upgrade(&mut self) -> Result<(), Error> {
+        let Some(p) = self.partner.as_mut().filter(|p| p.role == Role::Old) else {
+            return Err(Error::Config("no upgrade to leave".into()));
+        };
+        if p.ex.phase() != Phase::Handed {
+            return Err(Error::Config(
+                "the new process has not taken the queue yet".into(),
+            ));
+        }
+        let busy = self.pool.count(FrameState::InUse) + self.pool.count(FrameState::Transmit);
+        if busy > 0 {
+            return Err(Error::Config(format!(
+                "{busy} frames are still held or being sent"
+            )));
+        }
+        let mut gone = Vec::new();
+        self.pool.lend(usize::MAX, |i| gone.push(i));
+        let pushed = p.ex.out.push(&gone);
+        debug_assert_eq!(pushed, gone.len(), "the exchange holds every frame");
+        p.ex.set_phase(Phase::Left);
+        Ok(())
+    }
+
+    /// A frame arrived on the RX ring: one this side posted, or (while frames are away with
+    /// the other process of an upgrade) one the other side did.
+    pub(super) fn received(&mut self, index: u32) -> Result<(), corelane_frame::LedgerError> {
+        if self.pool.count(FrameState::Away) > 0 {
+            self.pool.received_shared(index)
+        } else {
+            self.pool.received(index)
+        }
+    }
+
+    /// The kernel completed the send of frame `index`: this side's, or (on the new process of
+    /// an upgrade) the old one's, which goes back to it: a frame this side did not send, be it
+    /// one lent or one it posted that the old process received and sent back out in place.
+    pub(super) fn completed(&mut self, index: u32) {
+        if let Some(p) = self.partner.as_mut()
+            && p.role == Role::New
+            && self.pool.ledger().get(index as usize) != Some(FrameState::Transmit)
+        {
+            p.ex.out.push(&[index]);
+            return;
+        }
+        if let Err(e) = self.pool.completed(index) {
+            tracing::error!("queue {}: {e}", self.queue_id);
+        }
+    }
+
+    /// Done with frame `index`: free, or, on the old process of an upgrade once it keeps
+    /// enough free frames, back to the new one.
+    pub(super) fn let_go(&mut self, index: u32) {
+        if let Some(p) = self.partner.as_mut()
+            && !self.owns_rings
+            && self.pool.count(FrameState::Free) >= p.keep
+        {
+            match self.pool.give_back(index) {
+                Ok(()) => {
+                    p.ex.out.push(&[index]);
+                }
+                Err(e) => tracing::error!("queue {}: {e}", self.queue_id),
+            }
+            return;
+        }
+        if let Err(e) = self.pool.free(index) {
+            tracing::error!("queue {}: {e}", self.queue_id);
+        }
+    }
+
+    /// One turn of the upgrade: the old process hands the rings over once the new one is
+    /// bound, and takes its forwarded completions; the new one takes the frames given back.
+    pub(super) fn partner_turn(&mut self) {
+        let Some(p) = self.partner.as_mut() else {
+            return;
+        };
+        if p.role == Role::Old && self.owns_rings && p.ex.phase() == Phase::Bound {
+            // The completion ring was read this turn; what completes from here on, the new
+            // process reads and forwards.
+            let lend = self.pool.count(FrameState::Free).saturating_sub(p.keep);
+            let mut lent = Vec::new();
+            self.pool.lend(lend, |i| lent.push(i));
+            p.ex.out.push(&lent);
+            self.pool.hand_over_receive();
+            self.owns_rings = false;
+            p.ex.set_phase(Phase::Handed);
+            tracing::info!(
+                "queue {}: fill and completion rings handed to the new process ({} frames lent)",
+                self.queue_id,
+                lent.len()
+            );
+        }
+        let mut inbound = std::mem::take(&mut p.inbound);
+        inbound.resize(self.scratch.len().max(64), 0);
+        loop {
+            let n = p.ex.inbound.pop(&mut inbound);
+            for &i in &inbound[..n] {
+                let r = match p.role {
+                    Role::Old => self.pool.completed(i),
+                    Role::New => self.pool.returned(i),
+                };
+                if let Err(e) = r {
+                    tracing::error!("queue {}: {e}", self.queue_id);
+                }
+            }
+            if n < inbound.len() {
+                break;
+            }
+        }
+        p.inbound = inbound;
+        if p.role == Role::Old && !self.owns_rings {
+            // Completions make frames free here; past what it keeps to send from, the old
+            // process gives them back.
+            let extra = self.pool.count(FrameState::Free).saturating_sub(p.keep);
+            let mut back = Vec::new();
+            self.pool.lend(extra, |i| back.push(i));
+            p.ex.out.push(&back);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "partner_tests.rs"]
+mod tests;

@@ -1,0 +1,247 @@
+//! Tests of `partner.rs`: an upgrade of one queue on a veth, with traffic through both
+//! processes' sockets before, during and after the hand-over.
+
+use super::*;
+use crate::{AttachMode, Proto, Steering, UpgradePhase, XskFrame, ZeroCopy};
+use corelane_frame::{Frame, FrameIo};
+use corelane_testnet::{NsThread, VethPair};
+use std::collections::{BTreeSet, VecDeque};
+use std::net::{Ipv4Addr, UdpSocket};
+
+const SERVER: Ipv4Addr = Ipv4Addr::new(10, 92, 0, 1);
+const PORT: u16 = 9000;
+
+/// The frame turned back to where it came from: addresses and ports swapped (both checksums
+/// stay right: the sums are over the same words).
+fn turn_around(f: &mut [u8]) {
+    for (a, b, n) in [(0, 6, 6), (26, 30, 4), (34, 36, 2)] {
+        for k in 0..n {
+            f.swap(a + k, b + k);
+        }
+    }
+}
+
+/// Echoes every datagram waiting on `q`'s RX ring back out in its own frame; returns how many.
+fn echo(q: &mut XskQueue) -> usize {
+    let mut got = VecDeque::new();
+    q.recv(&mut got, 64);
+    let mut out: Vec<XskFrame> = got.into_iter().collect();
+    for f in &mut out {
+        let len = f.len();
+        turn_around(q.bytes_mut(f, len));
+    }
+    let n = out.len();
+    q.send(&mut out).unwrap();
+    n
+}
+
+/// A datagram from the server to the client, as `template` (a turned-around request) with
+/// payload `payload` (the same length) and no UDP checksum.
+fn datagram(q: &mut XskQueue, template: &[u8], payload: &[u8]) -> bool {
+    let mut f = Vec::new();
+    if q.alloc(&mut f, 1) == 0 {
+        return false;
+    }
+    let b = q.bytes_mut(&mut f[0], template.len());
+    b.copy_from_slice(template);
+    b[40..42].fill(0);
+    b[42..].copy_from_slice(payload);
+    q.send(&mut f).unwrap() == 1
+}
+
+/// The client's port (the old process's own datagrams go to it too).
+const CLIENT_PORT: u16 = 40000;
+
+/// The client: sends `n` requests `"{tag}NN"` one at a time, each waiting for its echo, and
+/// keeps every datagram it receives; then waits (up to 3 s each) until `extra` of them came
+/// from the old process ("oNN").
+fn client(net: &VethPair, tag: char, n: usize, extra: usize) -> NsThread<Vec<String>> {
+    net.client_ns()
+        .spawn(move || {
+            let s = UdpSocket::bind(("0.0.0.0", CLIENT_PORT)).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+                .unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 64];
+            for k in 0..n {
+                let want = format!("{tag}{k:02}");
+                s.send_to(want.as_bytes(), (SERVER, PORT)).unwrap();
+                loop {
+                    let Ok(m) = s.recv(&mut buf) else {
+                        return seen;
+                    };
+                    let got = String::from_utf8_lossy(&buf[..m]).to_string();
+                    seen.push(got.clone());
+                    if got == want {
+                        break;
+                    }
+                }
+            }
+            let old = |seen: &Vec<String>| seen.iter().filter(|s| s.starts_with('o')).count();
+            while old(&seen) < extra
+                && let Ok(m) = s.recv(&mut buf)
+            {
+                seen.push(String::from_utf8_lossy(&buf[..m]).to_string());
+            }
+            seen
+        })
+        .unwrap()
+}
+
+/// Turns both queues until `until` is done.
+fn pump<T>(
+    until: NsThread<T>,
+    qs: &mut [&mut XskQueue],
+    mut each: impl FnMut(&mut [&mut XskQueue]),
+) -> T {
+    while !until.is_finished() {
+        for q in qs.iter_mut() {
+            echo(q);
+            q.complete().unwrap();
+        }
+        each(qs);
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    until.join().unwrap()
+}
+
+fn names(tag: char, n: usize) -> BTreeSet<String> {
+    (0..n).map(|k| format!("{tag}{k:02}")).collect()
+}
+
+#[test]
+fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home() {
+    if !corelane_testnet::require_root("a_queue_is_handed_to_a_new_process") {
+        return;
+    }
+    let net = VethPair::builder()
+        .server_addr("10.92.0.1/24")
+        .client_addr("10.92.0.2/24")
+        .build()
+        .unwrap();
+    let mac = net.server_ns().mac(net.server_if()).unwrap();
+    let lladdr = mac.map(|b| format!("{b:02x}")).join(":");
+    net.client_ns()
+        .ip(&[
+            "neigh",
+            "replace",
+            "10.92.0.1",
+            "lladdr",
+            &lladdr,
+            "dev",
+            net.client_if(),
+        ])
+        .unwrap();
+    let ifname = net.server_if().to_string();
+    net.server_ns().enter_current_thread().unwrap();
+    let mut steering = Steering::attach(&ifname, AttachMode::Auto).unwrap();
+    steering.own_addr(SERVER.into()).unwrap();
+    steering.own_port(Proto::Udp, PORT).unwrap();
+    let config = XskConfig {
+        frames: 256,
+        ring_size: 64,
+        zero_copy: ZeroCopy::Off,
+        ..XskConfig::default()
+    };
+    let mut a = XskQueue::open(&ifname, 0, &config).unwrap();
+    steering.register(0, a.fd()).unwrap();
+
+    // The old process alone; one of its answers is kept as the shape of the datagrams it goes
+    // on sending for its established flows.
+    let seen = pump(client(&net, 'p', 10, 0), &mut [&mut a], |_| {});
+    assert_eq!(
+        seen.iter().cloned().collect::<BTreeSet<_>>(),
+        names('p', 10)
+    );
+    let mut template = Vec::new();
+    {
+        net.client_ns()
+            .run(|| {
+                let s = UdpSocket::bind(("0.0.0.0", CLIENT_PORT)).unwrap();
+                s.send_to(b"t00", (SERVER, PORT)).unwrap();
+            })
+            .unwrap();
+        let mut got = VecDeque::new();
+        while got.is_empty() {
+            a.wait(100).unwrap();
+            a.recv(&mut got, 1);
+        }
+        let f = got.pop_front().unwrap();
+        template.extend_from_slice(a.bytes(&f));
+        turn_around(&mut template);
+        a.release(&mut vec![f]);
+    }
+
+    // The new process joins (on its own thread, as it would in its own process) while the old
+    // one turns; the old one hands the rings over on a turn.
+    let offer = a.offer_upgrade().unwrap();
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Offered));
+    let joining = net.server_ns().spawn({
+        let ifname = ifname.clone();
+        move || XskQueue::join_upgrade(&ifname, offer)
+    });
+    let joining = joining.unwrap();
+    while !joining.is_finished() {
+        a.complete().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let mut b = joining.join().unwrap().unwrap();
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Handed));
+    assert!(!a.owns_rings && b.owns_rings);
+
+    // New flows to the new process while the old one goes on sending for its own: every
+    // request answered, every one of the old one's datagrams delivered. The frames the old
+    // process posted before the hand-over arrive on the new one's RX ring.
+    steering.register(0, b.fd()).unwrap();
+    let mut k = 0u8;
+    let seen = pump(client(&net, 'n', 90, 30), &mut [&mut a, &mut b], |qs| {
+        // Once the client's socket is up (its first request has come in).
+        let up = qs[1].stats().rx_frames > 0;
+        if up && k < 30 && datagram(qs[0], &template, format!("o{k:02}").as_bytes()) {
+            k += 1;
+        }
+    });
+    let got: BTreeSet<String> = seen.into_iter().collect();
+    let mut want = names('n', 90);
+    want.extend(names('o', 30));
+    assert_eq!(got, want);
+
+    // Steered back to the old process for a while: it now receives into frames the new one
+    // posted, answers in place, and the completions reach it through the new one.
+    steering.register(0, a.fd()).unwrap();
+    let seen = pump(client(&net, 'r', 20, 0), &mut [&mut a, &mut b], |_| {});
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('r', 20));
+
+    // Nothing more for the old process: it drains, leaves, and the new one takes every frame.
+    steering.register(0, b.fd()).unwrap();
+    let mut left = false;
+    for _ in 0..2000 {
+        for q in [&mut a, &mut b] {
+            echo(q);
+            q.complete().unwrap();
+        }
+        if a.leave_upgrade().is_ok() {
+            left = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(left, "the old process could not leave: {:?}", a.counts());
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Left));
+    let old = a.counts();
+    assert_eq!(
+        (old.free, old.in_use, old.tx, old.away),
+        (0, 0, 0, 256),
+        "{old:?}"
+    );
+    drop(a);
+
+    // The new process serves on alone; once the fill ring has cycled, every frame is its own.
+    let seen = pump(client(&net, 'z', 70, 0), &mut [&mut b], |_| {});
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('z', 70));
+    b.complete().unwrap();
+    let c = b.counts();
+    assert_eq!(c.away, 0, "{c:?}");
+    assert_eq!(c.sum(), 256);
+    assert!(b.pool.ledger().verify().is_ok());
+}

@@ -108,13 +108,50 @@ struct {
 	__type(value, __u8);
 } udp_ports SEC(".maps");
 
-// One AF_XDP socket per receive queue.
+// One AF_XDP socket per receive queue, for each of two generations of the server: while a
+// new process takes over from an old one (an upgrade), both have sockets on every queue. The
+// entry of queue q in generation g is g * MAX_QUEUES + q.
+#define GENERATIONS 2
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
-	__uint(max_entries, MAX_QUEUES);
+	__uint(max_entries, GENERATIONS * MAX_QUEUES);
 	__type(key, __u32);
 	__type(value, __u32);
 } xsks SEC(".maps");
+
+// Which generation gets what (one entry): `current` gets every frame, but while `split` is 1
+// a TCP segment of a connection in `old_flows` goes to the generation recorded there (the old
+// process keeps its established connections until it has drained them).
+struct upgrade_cfg {
+	__u32 current;
+	__u32 split;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct upgrade_cfg);
+} upgrade SEC(".maps");
+
+// A TCP connection by the peer's address (an IPv4 one as ::ffff:a.b.c.d) and port and the
+// local port (network byte order).
+struct flow_key {
+	__u8 addr[16];
+	__be16 peer_port;
+	__be16 port;
+};
+
+#define MAX_OLD_FLOWS 65536
+
+// Connections the old generation keeps during an upgrade -> its generation.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_OLD_FLOWS);
+	__type(key, struct flow_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} old_flows SEC(".maps");
 
 // The stack's cookie parameters (one entry; mss 0 until the stack sets them).
 struct {
@@ -216,11 +253,53 @@ static __always_inline int to_iface(const struct ethhdr *eth)
 	return same;
 }
 
-static __always_inline int steer(struct xdp_md *ctx)
+// The generation every frame goes to but the old generation's TCP segments during an upgrade.
+static __always_inline __u32 current_gen(void)
 {
-	int action = bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);
+	__u32 zero = 0;
+	struct upgrade_cfg *c = bpf_map_lookup_elem(&upgrade, &zero);
+	return c ? c->current & 1 : 0;
+}
+
+// The socket of generation `gen` on the queue the frame arrived on.
+static __always_inline int steer_to(struct xdp_md *ctx, __u32 gen)
+{
+	__u32 q = ctx->rx_queue_index;
+	int action = q < MAX_QUEUES ? bpf_redirect_map(&xsks, gen * MAX_QUEUES + q, XDP_PASS)
+				    : XDP_PASS;
 	count(action == XDP_REDIRECT ? STAT_STEERED : STAT_NO_SOCKET);
 	return action;
+}
+
+static __always_inline int steer(struct xdp_md *ctx)
+{
+	return steer_to(ctx, current_gen());
+}
+
+// `k` (zeroed) for a peer with IPv4 address `saddr`: ::ffff:a.b.c.d.
+static __always_inline void v4_peer(struct flow_key *k, __be32 saddr)
+{
+	k->addr[10] = 0xff;
+	k->addr[11] = 0xff;
+	__builtin_memcpy(k->addr + 12, &saddr, 4);
+}
+
+// A TCP segment of connection `k` (the peer's address filled in) from port `sport` to local
+// port `dport`: to the generation that holds its connection.
+static __always_inline int steer_tcp(struct xdp_md *ctx, struct flow_key *k, __be16 sport,
+				     __be16 dport)
+{
+	__u32 zero = 0;
+	struct upgrade_cfg *c = bpf_map_lookup_elem(&upgrade, &zero);
+	__u32 gen = c ? c->current & 1 : 0;
+	if (c && c->split) {
+		k->peer_port = sport;
+		k->port = dport;
+		__u32 *g = bpf_map_lookup_elem(&old_flows, k);
+		if (g)
+			gen = *g & 1;
+	}
+	return steer_to(ctx, gen);
 }
 
 // A TCP segment or UDP datagram to an owned address and port is steered to the socket of the
@@ -259,7 +338,9 @@ static __always_inline int v6_owned(const __u8 *addr)
 // Steer a TCP or UDP segment whose destination port is owned, and ICMP (echo requests, and the
 // errors that tell a flow its path's MTU or that a peer is unreachable) and IPv6 fragments for an
 // owned address; pass everything else.
-static __always_inline int l4_steer(struct xdp_md *ctx, __u8 proto, void *l4, void *end)
+// `peer`: the connection with the sender's address filled in (for a TCP segment).
+static __always_inline int l4_steer(struct xdp_md *ctx, __u8 proto, void *l4, void *end,
+				    struct flow_key *peer)
 {
 	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6 || proto == IPPROTO_FRAGMENT)
 		return steer(ctx);
@@ -267,7 +348,8 @@ static __always_inline int l4_steer(struct xdp_md *ctx, __u8 proto, void *l4, vo
 		struct tcphdr *th = l4;
 		if ((void *)(th + 1) > end)
 			return malformed();
-		return port_owned(&tcp_ports, th->dest) ? steer(ctx) : pass();
+		return port_owned(&tcp_ports, th->dest) ? steer_tcp(ctx, peer, th->source, th->dest)
+							: pass();
 	}
 	if (proto == IPPROTO_UDP) {
 		struct udphdr *uh = l4;
@@ -886,12 +968,16 @@ static __always_inline int tcp_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
-	struct tcphdr *th = data + sizeof(struct ethhdr) + sizeof(struct iphdr);
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	struct tcphdr *th = (void *)(ip + 1);
 	if ((void *)(th + 1) > end)
 		return malformed();
 	if (!port_owned(&tcp_ports, th->dest))
 		return reset_v4(ctx);
-	return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : reset_v4(ctx);
+	struct flow_key k = {};
+	v4_peer(&k, ip->saddr);
+	int action = steer_tcp(ctx, &k, th->source, th->dest);
+	return steered_or_closed(action) ? XDP_REDIRECT : reset_v4(ctx);
 }
 
 // ARP for IPv4 over Ethernet: hardware type, protocol type, lengths, opcode, then sender
@@ -951,7 +1037,9 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 		// have been resized).
 		return tcp_steer(ctx);
 	}
-	return l4_steer(ctx, ip->protocol, l4, end);
+	struct flow_key k = {};
+	v4_peer(&k, ip->saddr);
+	return l4_steer(ctx, ip->protocol, l4, end, &k);
 }
 
 // Neighbour discovery: the 8-byte ICMPv6 header (type, code, checksum, flags/reserved word) is
@@ -991,7 +1079,10 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 			return malformed();
 		if (!port_owned(&tcp_ports, th->dest))
 			return reset_v6(ctx);
-		return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : reset_v6(ctx);
+		struct flow_key k = {};
+		__builtin_memcpy(k.addr, ip6->saddr.in6_u.u6_addr8, 16);
+		int action = steer_tcp(ctx, &k, th->source, th->dest);
+		return steered_or_closed(action) ? XDP_REDIRECT : reset_v6(ctx);
 	}
 	if (ip6->nexthdr == IPPROTO_UDP) {
 		struct udphdr *uh = l4;
@@ -1001,7 +1092,9 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 			return unreachable_v6(ctx);
 		return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : unreachable_v6(ctx);
 	}
-	return l4_steer(ctx, ip6->nexthdr, l4, end);
+	struct flow_key k = {};
+	__builtin_memcpy(k.addr, ip6->saddr.in6_u.u6_addr8, 16);
+	return l4_steer(ctx, ip6->nexthdr, l4, end, &k);
 }
 
 static __always_inline int steer_untagged(struct xdp_md *ctx)

@@ -58,7 +58,7 @@ pub use socket::{
     XskStats, ZeroCopy,
 };
 pub use steering::{
-    AttachMode, AttachedMode, MAPS, MAX_ADDRS, MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering,
-    XDP_OBJECT, XdpCounters, iface_entry,
+    AttachMode, AttachedMode, GENERATIONS, MAPS, MAX_ADDRS, MAX_OLD_FLOWS, MAX_QUEUES, PROGRAM,
+    STAT_SLOTS, Steering, XDP_OBJECT, XdpCounters, iface_entry,
 };
 pub use vlan::{MAX_VLAN, Vlan};

@@ -1,7 +1,7 @@
 //! The embedded XDP steering program: load, attach, and the maps that say what corelane owns.
 
 use std::collections::HashMap as StdHashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,16 +31,22 @@ pub const PROGRAM: &str = "corelane_steer";
 pub const MAX_ADDRS: u32 = 64;
 /// Most queues the program can redirect to a socket (`MAX_QUEUES`).
 pub const MAX_QUEUES: u32 = 64;
+/// Generations of sockets the program steers between during an upgrade (`GENERATIONS`).
+pub const GENERATIONS: u32 = 2;
+/// Most connections an old generation keeps during an upgrade (`MAX_OLD_FLOWS`).
+pub const MAX_OLD_FLOWS: u32 = 65536;
 /// Counter slots of its `stats` map, in [`XdpCounters`] order (`STAT_MAX`).
 pub const STAT_SLOTS: usize = 8;
 /// The maps the loader takes from the object and the entries each has. A test reads the
 /// compiled object and checks every one, so the C program and this crate cannot drift apart.
-pub const MAPS: [(&str, u32); 9] = [
+pub const MAPS: [(&str, u32); 11] = [
     ("owned_v4", MAX_ADDRS),
     ("owned_v6", MAX_ADDRS),
     ("tcp_ports", 65536),
     ("udp_ports", 65536),
-    ("xsks", MAX_QUEUES),
+    ("xsks", GENERATIONS * MAX_QUEUES),
+    ("upgrade", 1),
+    ("old_flows", MAX_OLD_FLOWS),
     ("stats", STAT_SLOTS as u32),
     ("cookie_cfg", 1),
     ("unreach_rate", 1),
@@ -99,6 +105,8 @@ struct Program {
     tcp_ports: Array<MapData, u8>,
     udp_ports: Array<MapData, u8>,
     xsks: XskMap<MapData>,
+    upgrade: Array<MapData, [u32; 2]>,
+    old_flows: HashMap<MapData, [u8; 20], u32>,
     stats: PerCpuArray<MapData, u64>,
     cookie_cfg: Array<MapData, CookieParams>,
     /// Solicited-node multicast groups joined on the interface for owned IPv6 addresses, with
@@ -112,6 +120,21 @@ struct Program {
     linger: Option<crate::linger::Linger>,
     // Dropped last: holds the program and its link.
     _ebpf: Ebpf,
+}
+
+/// The program's `struct flow_key` for a connection from `peer` to local `port`: the peer's
+/// address in 16 bytes (IPv4 as ::ffff:a.b.c.d), its port and the local port, ports in network
+/// byte order.
+fn flow_key(peer: SocketAddr, port: u16) -> [u8; 20] {
+    let addr = match peer.ip() {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    };
+    let mut k = [0u8; 20];
+    k[..16].copy_from_slice(&addr);
+    k[16..18].copy_from_slice(&peer.port().to_be_bytes());
+    k[18..].copy_from_slice(&port.to_be_bytes());
+    k
 }
 
 /// The Ethernet address of IPv6 address `a`'s solicited-node group ff02::1:ffXX:XXXX
@@ -224,6 +247,9 @@ impl Steering {
             udp_ports: Array::try_from(take(&mut ebpf, "udp_ports")?)
                 .map_err(map_err("udp_ports"))?,
             xsks: XskMap::try_from(take(&mut ebpf, "xsks")?).map_err(map_err("xsks"))?,
+            upgrade: Array::try_from(take(&mut ebpf, "upgrade")?).map_err(map_err("upgrade"))?,
+            old_flows: HashMap::try_from(take(&mut ebpf, "old_flows")?)
+                .map_err(map_err("old_flows"))?,
             stats: PerCpuArray::try_from(take(&mut ebpf, "stats")?).map_err(map_err("stats"))?,
             cookie_cfg: Array::try_from(take(&mut ebpf, "cookie_cfg")?)
                 .map_err(map_err("cookie_cfg"))?,
@@ -428,6 +454,65 @@ impl Steering {
         match &mut self.via {
             Via::Program(p) => p.xsks.set(queue, fd, 0).map_err(map_err("xsks")),
             Via::Grant(g) => g.register(queue, fd),
+        }
+    }
+
+    /// Redirects frames arriving on `queue` to the AF_XDP socket `fd` of `generation` (0 or
+    /// 1): during an upgrade the old and the new process each have a socket on every queue
+    /// (see [`Steering::set_upgrade`]). [`Steering::register`] is generation 0.
+    pub fn register_in(&mut self, generation: u32, queue: u32, fd: RawFd) -> Result<(), Error> {
+        if generation >= GENERATIONS || queue >= MAX_QUEUES {
+            return Err(Error::Config(format!(
+                "generation {generation} queue {queue}: the program has {GENERATIONS} \
+                 generations of {MAX_QUEUES} queues"
+            )));
+        }
+        let p = self.program("an upgrade")?;
+        p.xsks
+            .set(generation * MAX_QUEUES + queue, fd, 0)
+            .map_err(map_err("xsks"))
+    }
+
+    /// Which generation's sockets get the frames: `current` gets all of them, except, while
+    /// `split` is true, the TCP segments of connections kept for an older generation
+    /// ([`Steering::keep_flow`]).
+    pub fn set_upgrade(&mut self, current: u32, split: bool) -> Result<(), Error> {
+        if current >= GENERATIONS {
+            return Err(Error::Config(format!(
+                "generation {current}: the program has {GENERATIONS}"
+            )));
+        }
+        let p = self.program("an upgrade")?;
+        p.upgrade
+            .set(0, [current, u32::from(split)], 0)
+            .map_err(map_err("upgrade"))
+    }
+
+    /// Keeps the TCP connection from `peer` to local `port` with `generation` while an
+    /// upgrade splits the frames ([`Steering::set_upgrade`]).
+    pub fn keep_flow(&mut self, peer: SocketAddr, port: u16, generation: u32) -> Result<(), Error> {
+        let p = self.program("an upgrade")?;
+        p.old_flows
+            .insert(flow_key(peer, port), generation, 0)
+            .map_err(map_err("old_flows"))
+    }
+
+    /// Stops keeping the connection from `peer` to `port` (it closed, or the upgrade ended).
+    pub fn forget_flow(&mut self, peer: SocketAddr, port: u16) -> Result<(), Error> {
+        let p = self.program("an upgrade")?;
+        match p.old_flows.remove(&flow_key(peer, port)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err("old_flows")(e)),
+        }
+    }
+
+    /// The program, for what a grant does not offer (`what`).
+    fn program(&mut self, what: &str) -> Result<&mut Program, Error> {
+        match &mut self.via {
+            Via::Program(p) => Ok(p),
+            Via::Grant(_) => Err(Error::Config(format!(
+                "{what} needs the program's maps, which the grant broker holds"
+            ))),
         }
     }
 

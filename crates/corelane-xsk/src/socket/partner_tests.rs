@@ -4,6 +4,7 @@
 use super::*;
 use crate::{AttachMode, Proto, Steering, UpgradePhase, XskFrame, ZeroCopy};
 use corelane_frame::{Frame, FrameIo};
+use corelane_testnet::craft::{Ip4, RawLink, SYN, Tcp, tcp4};
 use corelane_testnet::{NsThread, VethPair};
 use std::collections::{BTreeSet, VecDeque};
 use std::net::{Ipv4Addr, UdpSocket};
@@ -109,11 +110,9 @@ fn names(tag: char, n: usize) -> BTreeSet<String> {
     (0..n).map(|k| format!("{tag}{k:02}")).collect()
 }
 
-#[test]
-fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home() {
-    if !corelane_testnet::require_root("a_queue_is_handed_to_a_new_process") {
-        return;
-    }
+/// A veth pair with the program on the server's end owning SERVER (UDP `PORT`, TCP 80), and
+/// the old process's queue registered in generation 0.
+fn lab() -> (VethPair, Steering, XskQueue) {
     let net = VethPair::builder()
         .server_addr("10.92.0.1/24")
         .client_addr("10.92.0.2/24")
@@ -132,19 +131,50 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
             net.client_if(),
         ])
         .unwrap();
-    let ifname = net.server_if().to_string();
     net.server_ns().enter_current_thread().unwrap();
-    let mut steering = Steering::attach(&ifname, AttachMode::Auto).unwrap();
+    let mut steering = Steering::attach(net.server_if(), AttachMode::Auto).unwrap();
     steering.own_addr(SERVER.into()).unwrap();
     steering.own_port(Proto::Udp, PORT).unwrap();
+    steering.own_port(Proto::Tcp, 80).unwrap();
     let config = XskConfig {
         frames: 256,
         ring_size: 64,
         zero_copy: ZeroCopy::Off,
         ..XskConfig::default()
     };
-    let mut a = XskQueue::open(&ifname, 0, &config).unwrap();
+    let a = XskQueue::open(net.server_if(), 0, &config).unwrap();
     steering.register(0, a.fd()).unwrap();
+    (net, steering, a)
+}
+
+/// The new process joins `a`'s queue (on its own thread, as it would in its own process)
+/// while the old one turns; the old one hands the rings over on a turn.
+fn join(net: &VethPair, a: &mut XskQueue) -> XskQueue {
+    let offer = a.offer_upgrade().unwrap();
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Offered));
+    let joining = net
+        .server_ns()
+        .spawn({
+            let ifname = net.server_if().to_string();
+            move || XskQueue::join_upgrade(&ifname, offer)
+        })
+        .unwrap();
+    while !joining.is_finished() {
+        a.complete().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let b = joining.join().unwrap().unwrap();
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Handed));
+    assert!(!a.owns_rings && b.owns_rings);
+    b
+}
+
+#[test]
+fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home() {
+    if !corelane_testnet::require_root("a_queue_is_handed_to_a_new_process") {
+        return;
+    }
+    let (net, mut steering, mut a) = lab();
 
     // The old process alone; one of its answers is kept as the shape of the datagrams it goes
     // on sending for its established flows.
@@ -172,22 +202,7 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
         a.release(&mut vec![f]);
     }
 
-    // The new process joins (on its own thread, as it would in its own process) while the old
-    // one turns; the old one hands the rings over on a turn.
-    let offer = a.offer_upgrade().unwrap();
-    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Offered));
-    let joining = net.server_ns().spawn({
-        let ifname = ifname.clone();
-        move || XskQueue::join_upgrade(&ifname, offer)
-    });
-    let joining = joining.unwrap();
-    while !joining.is_finished() {
-        a.complete().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    let mut b = joining.join().unwrap().unwrap();
-    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Handed));
-    assert!(!a.owns_rings && b.owns_rings);
+    let mut b = join(&net, &mut a);
 
     // New flows to the new process while the old one goes on sending for its own: every
     // request answered, every one of the old one's datagrams delivered. The frames the old
@@ -244,4 +259,75 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
     assert_eq!(c.away, 0, "{c:?}");
     assert_eq!(c.sum(), 256);
     assert!(b.pool.ledger().verify().is_ok());
+}
+
+/// The source ports of the TCP segments each queue receives within `time`, or until `want`
+/// have come.
+fn tcp_sources(qs: &mut [&mut XskQueue], want: usize) -> Vec<Vec<u16>> {
+    let mut seen = vec![Vec::new(); qs.len()];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while seen.iter().map(Vec::len).sum::<usize>() < want && std::time::Instant::now() < deadline {
+        for (q, seen) in qs.iter_mut().zip(&mut seen) {
+            let mut got = VecDeque::new();
+            q.recv(&mut got, 64);
+            for f in &got {
+                let b = q.bytes(f);
+                if b.len() >= 54 && b[23] == 6 {
+                    seen.push(u16::from_be_bytes([b[34], b[35]]));
+                }
+            }
+            q.release(&mut got.into_iter().collect());
+            q.complete().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    seen
+}
+
+#[test]
+fn tcp_connections_the_old_process_keeps_stay_with_it_and_the_rest_go_to_the_new_one() {
+    if !corelane_testnet::require_root("tcp_connections_the_old_process_keeps") {
+        return;
+    }
+    let (net, mut steering, mut a) = lab();
+    let mut b = join(&net, &mut a);
+    steering.register_in(1, 0, b.fd()).unwrap();
+    let client = Ipv4Addr::new(10, 92, 0, 2);
+    let kept = std::net::SocketAddr::from((client, 40001));
+    steering.keep_flow(kept, 80, 0).unwrap();
+    steering.set_upgrade(1, true).unwrap();
+    let server_mac = net.server_ns().mac(net.server_if()).unwrap();
+    let client_mac = net.client_ns().mac(net.client_if()).unwrap();
+    let link = RawLink::open(net.client_ns(), net.client_if()).unwrap();
+    let syn = |sport: u16| {
+        let t = Tcp {
+            sport,
+            dport: 80,
+            seq: 1,
+            flags: SYN,
+            window: 1000,
+            ..Tcp::default()
+        };
+        tcp4(server_mac, client_mac, &Ip4::new(client, SERVER), &t)
+    };
+    // The kept connection to the old process; new ones, and the kept one's port on another
+    // local port, to the new process.
+    for sport in [40001, 40002, 40001, 40003] {
+        link.send(&syn(sport)).unwrap();
+    }
+    let seen = tcp_sources(&mut [&mut a, &mut b], 4);
+    assert_eq!(seen, [vec![40001, 40001], vec![40002, 40003]]);
+    // The split over: everything to the new process.
+    steering.set_upgrade(1, false).unwrap();
+    link.send(&syn(40001)).unwrap();
+    assert_eq!(tcp_sources(&mut [&mut a, &mut b], 1), [vec![], vec![40001]]);
+    // Split again, the connection forgotten: the new process's.
+    steering.set_upgrade(1, true).unwrap();
+    steering.forget_flow(kept, 80).unwrap();
+    link.send(&syn(40001)).unwrap();
+    assert_eq!(tcp_sources(&mut [&mut a, &mut b], 1), [vec![], vec![40001]]);
+    // And the old generation's socket still answers for generation 0 when it is current.
+    steering.set_upgrade(0, false).unwrap();
+    link.send(&syn(40004)).unwrap();
+    assert_eq!(tcp_sources(&mut [&mut a, &mut b], 1), [vec![40004], vec![]]);
 }

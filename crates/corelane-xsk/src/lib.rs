@@ -59,6 +59,6 @@ pub use socket::{
 };
 pub use steering::{
     AttachMode, AttachedMode, GENERATIONS, MAPS, MAX_ADDRS, MAX_OLD_FLOWS, MAX_QUEUES, PROGRAM,
-    STAT_SLOTS, Steering, XDP_OBJECT, XdpCounters, iface_entry,
+    STAT_SLOTS, Steering, SteeringShare, XDP_OBJECT, XdpCounters, iface_entry,
 };
 pub use vlan::{MAX_VLAN, Vlan};

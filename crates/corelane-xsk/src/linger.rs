@@ -70,6 +70,22 @@ pub(crate) fn link_fds(prog_id: u32) -> Vec<RawFd> {
     out
 }
 
+/// A new descriptor of this process's BPF link to program `prog_id` (close-on-exec), to keep
+/// the program attached from elsewhere (another process it is passed to).
+pub(crate) fn dup_link(prog_id: u32) -> io::Result<OwnedFd> {
+    let fd = link_fds(prog_id)
+        .into_iter()
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no BPF link to the program"))?;
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor of this process returns a new one or -1.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` was just made by fcntl and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
 impl Linger {
     /// Starts the keeper of `link` (the program's BPF link), for `time` after the runtime dies.
     pub(crate) fn start(link: RawFd, time: Duration) -> io::Result<Linger> {

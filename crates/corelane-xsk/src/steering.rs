@@ -1,7 +1,7 @@
 //! The embedded XDP steering program: load, attach, and the maps that say what corelane owns.
 
 use std::collections::HashMap as StdHashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,11 @@ use crate::error::Error;
 use crate::grant::GrantClient;
 use crate::netdev::check_interface;
 pub use crate::program::{AttachedMode, XdpCounters};
+
+#[path = "steering_upgrade.rs"]
+mod upgrade;
 use crate::vlan::Vlan;
+pub use upgrade::SteeringShare;
 
 /// The compiled steering program (built from `xdp/corelane.bpf.c` by `xdp/build.sh`).
 pub static XDP_OBJECT: &[u8] = include_bytes!("../../../xdp/corelane.bpf.o");
@@ -116,25 +120,14 @@ struct Program {
     claim: Option<Arc<Claim>>,
     /// The kernel's id of the loaded program (to find its link).
     prog_id: Option<u32>,
+    /// Another descriptor of each map in [`MAPS`], to hand to a new process (an upgrade).
+    map_fds: Vec<(&'static str, std::os::fd::OwnedFd)>,
+    /// The program's link, when this process adopted the program from another one.
+    _link: Option<std::os::fd::OwnedFd>,
     /// The keeper that answers for the runtime if it dies ([`Steering::linger_on_death`]).
     linger: Option<crate::linger::Linger>,
-    // Dropped last: holds the program and its link.
-    _ebpf: Ebpf,
-}
-
-/// The program's `struct flow_key` for a connection from `peer` to local `port`: the peer's
-/// address in 16 bytes (IPv4 as ::ffff:a.b.c.d), its port and the local port, ports in network
-/// byte order.
-fn flow_key(peer: SocketAddr, port: u16) -> [u8; 20] {
-    let addr = match peer.ip() {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    };
-    let mut k = [0u8; 20];
-    k[..16].copy_from_slice(&addr);
-    k[16..18].copy_from_slice(&peer.port().to_be_bytes());
-    k[18..].copy_from_slice(&port.to_be_bytes());
-    k
+    // Dropped last: holds the program and its link (None when adopted: `_link` holds it).
+    _ebpf: Option<Ebpf>,
 }
 
 /// The Ethernet address of IPv6 address `a`'s solicited-node group ff02::1:ffXX:XXXX
@@ -236,6 +229,7 @@ impl Steering {
                 detail: "missing from the object".into(),
             })
         };
+        let map_fds = upgrade::map_fds(&ebpf)?;
         let program = Program {
             ifname: ifname.to_string(),
             owned_v4: HashMap::try_from(take(&mut ebpf, "owned_v4")?)
@@ -256,8 +250,10 @@ impl Steering {
             groups: StdHashMap::new(),
             claim: None,
             prog_id,
+            map_fds,
+            _link: None,
             linger: None,
-            _ebpf: ebpf,
+            _ebpf: Some(ebpf),
         };
         Ok(Steering {
             ifname: ifname.to_string(),
@@ -454,65 +450,6 @@ impl Steering {
         match &mut self.via {
             Via::Program(p) => p.xsks.set(queue, fd, 0).map_err(map_err("xsks")),
             Via::Grant(g) => g.register(queue, fd),
-        }
-    }
-
-    /// Redirects frames arriving on `queue` to the AF_XDP socket `fd` of `generation` (0 or
-    /// 1): during an upgrade the old and the new process each have a socket on every queue
-    /// (see [`Steering::set_upgrade`]). [`Steering::register`] is generation 0.
-    pub fn register_in(&mut self, generation: u32, queue: u32, fd: RawFd) -> Result<(), Error> {
-        if generation >= GENERATIONS || queue >= MAX_QUEUES {
-            return Err(Error::Config(format!(
-                "generation {generation} queue {queue}: the program has {GENERATIONS} \
-                 generations of {MAX_QUEUES} queues"
-            )));
-        }
-        let p = self.program("an upgrade")?;
-        p.xsks
-            .set(generation * MAX_QUEUES + queue, fd, 0)
-            .map_err(map_err("xsks"))
-    }
-
-    /// Which generation's sockets get the frames: `current` gets all of them, except, while
-    /// `split` is true, the TCP segments of connections kept for an older generation
-    /// ([`Steering::keep_flow`]).
-    pub fn set_upgrade(&mut self, current: u32, split: bool) -> Result<(), Error> {
-        if current >= GENERATIONS {
-            return Err(Error::Config(format!(
-                "generation {current}: the program has {GENERATIONS}"
-            )));
-        }
-        let p = self.program("an upgrade")?;
-        p.upgrade
-            .set(0, [current, u32::from(split)], 0)
-            .map_err(map_err("upgrade"))
-    }
-
-    /// Keeps the TCP connection from `peer` to local `port` with `generation` while an
-    /// upgrade splits the frames ([`Steering::set_upgrade`]).
-    pub fn keep_flow(&mut self, peer: SocketAddr, port: u16, generation: u32) -> Result<(), Error> {
-        let p = self.program("an upgrade")?;
-        p.old_flows
-            .insert(flow_key(peer, port), generation, 0)
-            .map_err(map_err("old_flows"))
-    }
-
-    /// Stops keeping the connection from `peer` to `port` (it closed, or the upgrade ended).
-    pub fn forget_flow(&mut self, peer: SocketAddr, port: u16) -> Result<(), Error> {
-        let p = self.program("an upgrade")?;
-        match p.old_flows.remove(&flow_key(peer, port)) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err("old_flows")(e)),
-        }
-    }
-
-    /// The program, for what a grant does not offer (`what`).
-    fn program(&mut self, what: &str) -> Result<&mut Program, Error> {
-        match &mut self.via {
-            Via::Program(p) => Ok(p),
-            Via::Grant(_) => Err(Error::Config(format!(
-                "{what} needs the program's maps, which the grant broker holds"
-            ))),
         }
     }
 

@@ -1,0 +1,211 @@
+//! The program's side of an upgrade: the two generations of sockets and the connections an
+//! old generation keeps (`xsks`, `upgrade`, `old_flows` in `xdp/corelane.bpf.c`), and the
+//! program itself handed to the new process ([`Steering::share`], [`Steering::adopt`]).
+
+use std::collections::HashMap as StdHashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
+
+use aya::Ebpf;
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, XskMap};
+
+use super::{GENERATIONS, MAPS, MAX_QUEUES, Program, Steering, Via, map_err};
+use crate::error::Error;
+use crate::program::AttachedMode;
+
+/// What another process needs to steer with the program this one attached (an upgrade): a
+/// descriptor of each of its maps and of its link, which keeps it attached as long as one is
+/// open. Made by [`Steering::share`], taken by [`Steering::adopt`].
+#[derive(Debug)]
+pub struct SteeringShare {
+    /// Each map of [`MAPS`], by name.
+    pub maps: Vec<(String, OwnedFd)>,
+    /// The program's BPF link.
+    pub link: OwnedFd,
+    /// How the program is attached.
+    pub mode: AttachedMode,
+}
+
+/// Another descriptor of each map the loader takes.
+pub(super) fn map_fds(ebpf: &Ebpf) -> Result<Vec<(&'static str, OwnedFd)>, Error> {
+    MAPS.iter()
+        .map(|&(name, _)| {
+            let data = match ebpf.map(name) {
+                Some(Map::Array(d) | Map::HashMap(d) | Map::PerCpuArray(d) | Map::XskMap(d)) => d,
+                _ => {
+                    return Err(Error::Map {
+                        map: name,
+                        detail: "missing from the object, or of an unexpected type".into(),
+                    });
+                }
+            };
+            let fd = data.fd().as_fd().try_clone_to_owned().map_err(Error::Io)?;
+            Ok((name, fd))
+        })
+        .collect()
+}
+
+impl Steering {
+    /// Redirects frames arriving on `queue` to the AF_XDP socket `fd` of `generation` (0 or
+    /// 1): during an upgrade the old and the new process each have a socket on every queue
+    /// (see [`Steering::set_upgrade`]). [`Steering::register`] is generation 0.
+    pub fn register_in(&mut self, generation: u32, queue: u32, fd: RawFd) -> Result<(), Error> {
+        if generation >= GENERATIONS || queue >= MAX_QUEUES {
+            return Err(Error::Config(format!(
+                "generation {generation} queue {queue}: the program has {GENERATIONS} \
+                 generations of {MAX_QUEUES} queues"
+            )));
+        }
+        let p = self.program("an upgrade")?;
+        p.xsks
+            .set(generation * MAX_QUEUES + queue, fd, 0)
+            .map_err(map_err("xsks"))
+    }
+
+    /// Which generation's sockets get the frames: `current` gets all of them, except, while
+    /// `split` is true, the TCP segments of connections kept for an older generation
+    /// ([`Steering::keep_flow`]).
+    pub fn set_upgrade(&mut self, current: u32, split: bool) -> Result<(), Error> {
+        if current >= GENERATIONS {
+            return Err(Error::Config(format!(
+                "generation {current}: the program has {GENERATIONS}"
+            )));
+        }
+        let p = self.program("an upgrade")?;
+        p.upgrade
+            .set(0, [current, u32::from(split)], 0)
+            .map_err(map_err("upgrade"))
+    }
+
+    /// Keeps the TCP connection from `peer` to local `port` with `generation` while an
+    /// upgrade splits the frames ([`Steering::set_upgrade`]).
+    pub fn keep_flow(&mut self, peer: SocketAddr, port: u16, generation: u32) -> Result<(), Error> {
+        let p = self.program("an upgrade")?;
+        p.old_flows
+            .insert(flow_key(peer, port), generation, 0)
+            .map_err(map_err("old_flows"))
+    }
+
+    /// Stops keeping the connection from `peer` to `port` (it closed, or the upgrade ended).
+    pub fn forget_flow(&mut self, peer: SocketAddr, port: u16) -> Result<(), Error> {
+        let p = self.program("an upgrade")?;
+        match p.old_flows.remove(&flow_key(peer, port)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err("old_flows")(e)),
+        }
+    }
+
+    /// The program, for what a grant does not offer (`what`).
+    fn program(&mut self, what: &str) -> Result<&mut Program, Error> {
+        match &mut self.via {
+            Via::Program(p) => Ok(p),
+            Via::Grant(_) => Err(Error::Config(format!(
+                "{what} needs the program's maps, which the grant broker holds"
+            ))),
+        }
+    }
+}
+
+/// The program's `struct flow_key` for a connection from `peer` to local `port`: the peer's
+/// address in 16 bytes (IPv4 as ::ffff:a.b.c.d), its port and the local port, ports in network
+/// byte order.
+fn flow_key(peer: SocketAddr, port: u16) -> [u8; 20] {
+    let addr = match peer.ip() {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    };
+    let mut k = [0u8; 20];
+    k[..16].copy_from_slice(&addr);
+    k[16..18].copy_from_slice(&peer.port().to_be_bytes());
+    k[18..].copy_from_slice(&port.to_be_bytes());
+    k
+}
+
+impl Steering {
+    /// The program and its maps, for a new process to [`adopt`](Steering::adopt) (descriptors
+    /// to pass it, `SCM_RIGHTS`). Only for a program this process attached.
+    pub fn share(&mut self) -> Result<SteeringShare, Error> {
+        let mode = self.mode;
+        let p = self.program("sharing the program")?;
+        let maps = p
+            .map_fds
+            .iter()
+            .map(|(name, fd)| Ok((name.to_string(), fd.try_clone().map_err(Error::Io)?)))
+            .collect::<Result<Vec<_>, Error>>()?;
+        let link = match (&p._link, p.prog_id) {
+            (Some(l), _) => l.try_clone().map_err(Error::Io)?,
+            (None, Some(id)) => crate::linger::dup_link(id).map_err(Error::Io)?,
+            (None, None) => {
+                return Err(Error::Config("the program's id is unknown".into()));
+            }
+        };
+        Ok(SteeringShare { maps, link, mode })
+    }
+
+    /// Steers with the program another process attached to `ifname` and shared
+    /// ([`Steering::share`]): the maps are the same, and the program stays attached while
+    /// either process holds its link. The ports and addresses the other process owns are
+    /// owned here too, without a reference each: this process adds its own.
+    pub fn adopt(ifname: &str, share: SteeringShare) -> Result<Steering, Error> {
+        let mut maps: StdHashMap<String, OwnedFd> = share.maps.into_iter().collect();
+        let mut take = |name: &'static str| -> Result<MapData, Error> {
+            let fd = maps.remove(name).ok_or(Error::Map {
+                map: name,
+                detail: "not among the maps shared".into(),
+            })?;
+            MapData::from_fd(fd).map_err(map_err(name))
+        };
+        let mut map_fds = Vec::new();
+        let mut keep = |name: &'static str, d: &MapData| -> Result<(), Error> {
+            map_fds.push((
+                name,
+                d.fd().as_fd().try_clone_to_owned().map_err(Error::Io)?,
+            ));
+            Ok(())
+        };
+        macro_rules! typed {
+            ($name:literal, $variant:ident, $ty:ident) => {{
+                let d = take($name)?;
+                keep($name, &d)?;
+                $ty::try_from(Map::$variant(d)).map_err(map_err($name))?
+            }};
+        }
+        let mut program = Program {
+            ifname: ifname.to_string(),
+            owned_v4: typed!("owned_v4", HashMap, HashMap),
+            owned_v6: typed!("owned_v6", HashMap, HashMap),
+            tcp_ports: typed!("tcp_ports", Array, Array),
+            udp_ports: typed!("udp_ports", Array, Array),
+            xsks: typed!("xsks", XskMap, XskMap),
+            upgrade: typed!("upgrade", Array, Array),
+            old_flows: typed!("old_flows", HashMap, HashMap),
+            stats: typed!("stats", PerCpuArray, PerCpuArray),
+            cookie_cfg: typed!("cookie_cfg", Array, Array),
+            groups: StdHashMap::new(),
+            claim: None,
+            prog_id: None,
+            map_fds: Vec::new(),
+            _link: Some(share.link),
+            linger: None,
+            _ebpf: None,
+        };
+        // Maps the typed fields do not hold (`iface`, `unreach_rate`) are kept for the next
+        // process all the same.
+        for name in ["iface", "unreach_rate"] {
+            let d = take(name)?;
+            keep(name, &d)?;
+        }
+        program.map_fds = map_fds;
+        Ok(Steering {
+            ifname: ifname.to_string(),
+            mode: share.mode,
+            fallback_reason: None,
+            port_refs: StdHashMap::new(),
+            via: Via::Program(Box::new(program)),
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "steering_upgrade_tests.rs"]
+mod tests;

@@ -27,6 +27,7 @@ mod cookie;
 mod error;
 mod ethtool;
 pub mod grant;
+mod handover;
 mod linger;
 mod netdev;
 mod program;
@@ -51,6 +52,7 @@ pub use ethtool::{
     Channels, DriverInfo, channels, driver_info, rx_queue_count, set_channels, set_rx_queues,
 };
 pub use grant::GrantClient;
+pub use handover::{Handover, recv_handover, send_handover};
 pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, RouteWatch, kernel_addrs, kernel_addrs_with_prefix, kernel_routes};
 pub use socket::{

@@ -28,6 +28,8 @@ mod error;
 mod ethtool;
 pub mod grant;
 mod handover;
+#[cfg(test)]
+mod lab_tests;
 mod linger;
 mod netdev;
 mod program;

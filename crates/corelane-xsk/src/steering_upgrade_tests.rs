@@ -1,14 +1,12 @@
 //! Tests of `steering_upgrade.rs`: the program handed from one owner to another.
 
 use super::*;
-use crate::{AttachMode, Proto, XskConfig, XskQueue, ZeroCopy};
+use crate::{Proto, XskQueue};
 use corelane_frame::FrameIo;
 use corelane_testnet::VethPair;
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, UdpSocket};
+use std::net::UdpSocket;
 use std::time::{Duration, Instant};
-
-const SERVER: Ipv4Addr = Ipv4Addr::new(10, 94, 0, 1);
 
 fn xdp_attached(net: &VethPair) -> bool {
     net.server_ns()
@@ -22,28 +20,9 @@ fn an_adopted_program_stays_attached_and_steers_after_its_first_owner_is_gone() 
     if !corelane_testnet::require_root("an_adopted_program_stays_attached") {
         return;
     }
-    let net = VethPair::builder()
-        .server_addr("10.94.0.1/24")
-        .client_addr("10.94.0.2/24")
-        .build()
-        .unwrap();
-    let mac = net.server_ns().mac(net.server_if()).unwrap();
-    let lladdr = mac.map(|b| format!("{b:02x}")).join(":");
-    net.client_ns()
-        .ip(&[
-            "neigh",
-            "replace",
-            "10.94.0.1",
-            "lladdr",
-            &lladdr,
-            "dev",
-            net.client_if(),
-        ])
-        .unwrap();
+    let lab = crate::lab_tests::lab(94);
+    let (net, mut first) = (&lab.net, lab.steering);
     let ifname = net.server_if();
-    net.server_ns().enter_current_thread().unwrap();
-    let mut first = Steering::attach(ifname, AttachMode::Auto).unwrap();
-    first.own_addr(SERVER.into()).unwrap();
     first.own_port(Proto::Udp, 9000).unwrap();
     let share = first.share().unwrap();
     assert_eq!(share.maps.len(), MAPS.len());
@@ -51,23 +30,18 @@ fn an_adopted_program_stays_attached_and_steers_after_its_first_owner_is_gone() 
     assert_eq!(second.mode(), first.mode());
     drop(first);
     assert!(
-        xdp_attached(&net),
+        xdp_attached(net),
         "the second owner's link keeps the program"
     );
 
     // The maps the first owner filled steer for the second one's socket.
-    let config = XskConfig {
-        frames: 64,
-        ring_size: 16,
-        zero_copy: ZeroCopy::Off,
-        ..XskConfig::default()
-    };
-    let mut q = XskQueue::open(ifname, 0, &config).unwrap();
+    let mut q = XskQueue::open(ifname, 0, &crate::lab_tests::small()).unwrap();
     second.register(0, q.fd()).unwrap();
+    let server = lab.server;
     net.client_ns()
-        .run(|| {
+        .run(move || {
             let s = UdpSocket::bind("0.0.0.0:0").unwrap();
-            s.send_to(b"adopted", (SERVER, 9000)).unwrap();
+            s.send_to(b"adopted", (server, 9000)).unwrap();
         })
         .unwrap();
     let mut got = VecDeque::new();
@@ -87,7 +61,7 @@ fn an_adopted_program_stays_attached_and_steers_after_its_first_owner_is_gone() 
     drop(q);
     drop(second);
     assert!(
-        !xdp_attached(&net),
+        !xdp_attached(net),
         "the last owner gone, the program is detached"
     );
 }

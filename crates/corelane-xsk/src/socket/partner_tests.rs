@@ -2,7 +2,7 @@
 //! processes' sockets before, during and after the hand-over.
 
 use super::*;
-use crate::{AttachMode, Proto, Steering, UpgradePhase, XskFrame, ZeroCopy};
+use crate::{Proto, UpgradePhase, XskFrame};
 use corelane_frame::{Frame, FrameIo};
 use corelane_testnet::craft::{Ip4, RawLink, SYN, Tcp, tcp4};
 use corelane_testnet::{NsThread, VethPair};
@@ -12,15 +12,7 @@ use std::net::{Ipv4Addr, UdpSocket};
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 92, 0, 1);
 const PORT: u16 = 9000;
 
-/// The frame turned back to where it came from: addresses and ports swapped (both checksums
-/// stay right: the sums are over the same words).
-fn turn_around(f: &mut [u8]) {
-    for (a, b, n) in [(0, 6, 6), (26, 30, 4), (34, 36, 2)] {
-        for k in 0..n {
-            f.swap(a + k, b + k);
-        }
-    }
-}
+use crate::lab_tests::turn_around;
 
 /// Echoes every datagram waiting on `q`'s RX ring back out in its own frame; returns how many.
 fn echo(q: &mut XskQueue) -> usize {
@@ -110,41 +102,15 @@ fn names(tag: char, n: usize) -> BTreeSet<String> {
     (0..n).map(|k| format!("{tag}{k:02}")).collect()
 }
 
-/// A veth pair with the program on the server's end owning SERVER (UDP `PORT`, TCP 80), and
-/// the old process's queue registered in generation 0.
-fn lab() -> (VethPair, Steering, XskQueue) {
-    let net = VethPair::builder()
-        .server_addr("10.92.0.1/24")
-        .client_addr("10.92.0.2/24")
-        .build()
-        .unwrap();
-    let mac = net.server_ns().mac(net.server_if()).unwrap();
-    let lladdr = mac.map(|b| format!("{b:02x}")).join(":");
-    net.client_ns()
-        .ip(&[
-            "neigh",
-            "replace",
-            "10.92.0.1",
-            "lladdr",
-            &lladdr,
-            "dev",
-            net.client_if(),
-        ])
-        .unwrap();
-    net.server_ns().enter_current_thread().unwrap();
-    let mut steering = Steering::attach(net.server_if(), AttachMode::Auto).unwrap();
-    steering.own_addr(SERVER.into()).unwrap();
-    steering.own_port(Proto::Udp, PORT).unwrap();
-    steering.own_port(Proto::Tcp, 80).unwrap();
-    let config = XskConfig {
-        frames: 256,
-        ring_size: 64,
-        zero_copy: ZeroCopy::Off,
-        ..XskConfig::default()
-    };
-    let a = XskQueue::open(net.server_if(), 0, &config).unwrap();
-    steering.register(0, a.fd()).unwrap();
-    (net, steering, a)
+/// The lab on 10.92.0.0/24 with UDP `PORT` and TCP 80 owned, and the old process's queue
+/// registered in generation 0.
+fn lab() -> (crate::lab_tests::Lab, XskQueue) {
+    let mut lab = crate::lab_tests::lab(92);
+    lab.steering.own_port(Proto::Udp, PORT).unwrap();
+    lab.steering.own_port(Proto::Tcp, 80).unwrap();
+    let a = XskQueue::open(lab.net.server_if(), 0, &crate::lab_tests::small()).unwrap();
+    lab.steering.register(0, a.fd()).unwrap();
+    (lab, a)
 }
 
 /// The new process joins `a`'s queue (on its own thread, as it would in its own process)
@@ -174,11 +140,12 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
     if !corelane_testnet::require_root("a_queue_is_handed_to_a_new_process") {
         return;
     }
-    let (net, mut steering, mut a) = lab();
+    let (lab, mut a) = lab();
+    let (net, mut steering) = (&lab.net, lab.steering);
 
     // The old process alone; one of its answers is kept as the shape of the datagrams it goes
     // on sending for its established flows.
-    let seen = pump(client(&net, 'p', 10, 0), &mut [&mut a], |_| {});
+    let seen = pump(client(net, 'p', 10, 0), &mut [&mut a], |_| {});
     assert_eq!(
         seen.iter().cloned().collect::<BTreeSet<_>>(),
         names('p', 10)
@@ -202,14 +169,14 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
         a.release(&mut vec![f]);
     }
 
-    let mut b = join(&net, &mut a);
+    let mut b = join(net, &mut a);
 
     // New flows to the new process while the old one goes on sending for its own: every
     // request answered, every one of the old one's datagrams delivered. The frames the old
     // process posted before the hand-over arrive on the new one's RX ring.
     steering.register(0, b.fd()).unwrap();
     let mut k = 0u8;
-    let seen = pump(client(&net, 'n', 90, 30), &mut [&mut a, &mut b], |qs| {
+    let seen = pump(client(net, 'n', 90, 30), &mut [&mut a, &mut b], |qs| {
         // Once the client's socket is up (its first request has come in).
         let up = qs[1].stats().rx_frames > 0;
         if up && k < 30 && datagram(qs[0], &template, format!("o{k:02}").as_bytes()) {
@@ -224,7 +191,7 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
     // Steered back to the old process for a while: it now receives into frames the new one
     // posted, answers in place, and the completions reach it through the new one.
     steering.register(0, a.fd()).unwrap();
-    let seen = pump(client(&net, 'r', 20, 0), &mut [&mut a, &mut b], |_| {});
+    let seen = pump(client(net, 'r', 20, 0), &mut [&mut a, &mut b], |_| {});
     assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('r', 20));
 
     // Nothing more for the old process: it drains, leaves, and the new one takes every frame.
@@ -252,7 +219,7 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
     drop(a);
 
     // The new process serves on alone; once the fill ring has cycled, every frame is its own.
-    let seen = pump(client(&net, 'z', 70, 0), &mut [&mut b], |_| {});
+    let seen = pump(client(net, 'z', 70, 0), &mut [&mut b], |_| {});
     assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('z', 70));
     b.complete().unwrap();
     let c = b.counts();
@@ -289,10 +256,11 @@ fn tcp_connections_the_old_process_keeps_stay_with_it_and_the_rest_go_to_the_new
     if !corelane_testnet::require_root("tcp_connections_the_old_process_keeps") {
         return;
     }
-    let (net, mut steering, mut a) = lab();
-    let mut b = join(&net, &mut a);
+    let (lab, mut a) = lab();
+    let (net, mut steering) = (&lab.net, lab.steering);
+    let mut b = join(net, &mut a);
     steering.register_in(1, 0, b.fd()).unwrap();
-    let client = Ipv4Addr::new(10, 92, 0, 2);
+    let client = lab.client;
     let kept = std::net::SocketAddr::from((client, 40001));
     steering.keep_flow(kept, 80, 0).unwrap();
     steering.set_upgrade(1, true).unwrap();

@@ -1,7 +1,7 @@
 //! Tests of `shared.rs`.
 
 use super::*;
-use crate::{AttachMode, Proto, Steering, XskConfig, XskQueue, ZeroCopy};
+use crate::{Proto, XskQueue};
 use corelane_frame::FrameIo;
 use corelane_testnet::VethPair;
 use std::collections::VecDeque;
@@ -47,55 +47,21 @@ fn payload(frame: &[u8]) -> &[u8] {
     &frame[42.min(frame.len())..]
 }
 
-/// The frame turned back to where it came from: addresses and ports swapped (both
-/// checksums stay right: the sums are over the same words).
-fn turn_around(f: &mut [u8]) {
-    for (a, b, n) in [(0, 6, 6), (26, 30, 4), (34, 36, 2)] {
-        for k in 0..n {
-            f.swap(a + k, b + k);
-        }
-    }
-}
-
 #[test]
 fn a_second_socket_on_the_queue_shares_the_umem_and_its_rings() {
     if !corelane_testnet::require_root("a_second_socket_on_the_queue_shares_the_umem") {
         return;
     }
-    let net = VethPair::builder()
-        .server_addr("10.91.0.1/24")
-        .client_addr("10.91.0.2/24")
-        .build()
-        .unwrap();
-    let mac = net.server_ns().mac(net.server_if()).unwrap();
-    let lladdr = mac.map(|b| format!("{b:02x}")).join(":");
-    net.client_ns()
-        .ip(&[
-            "neigh",
-            "replace",
-            "10.91.0.1",
-            "lladdr",
-            &lladdr,
-            "dev",
-            net.client_if(),
-        ])
-        .unwrap();
+    let lab = crate::lab_tests::lab(91);
+    let (net, mut steering) = (&lab.net, lab.steering);
     let ifname = net.server_if();
-    net.server_ns().enter_current_thread().unwrap();
-    let mut steering = Steering::attach(ifname, AttachMode::Auto).unwrap();
-    steering.own_addr(SERVER.into()).unwrap();
     steering.own_port(Proto::Udp, PORT).unwrap();
-    let config = XskConfig {
-        frames: 256,
-        ring_size: 64,
-        zero_copy: ZeroCopy::Off,
-        ..XskConfig::default()
-    };
+    let config = crate::lab_tests::small();
     let mut a = XskQueue::open(ifname, 0, &config).unwrap();
     steering.register(0, a.fd()).unwrap();
 
     // The first socket receives what the program steers to the queue.
-    let client = exchange(&net, &["a0", "a1", "a2"], 0, Duration::ZERO);
+    let client = exchange(net, &["a0", "a1", "a2"], 0, Duration::ZERO);
     let mut got = VecDeque::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.len() < 3 && Instant::now() < deadline {
@@ -118,7 +84,7 @@ fn a_second_socket_on_the_queue_shares_the_umem_and_its_rings() {
 
     // It receives into frames the first socket posted to the shared fill ring, and reads
     // them through its own mapping.
-    let client = exchange(&net, &["b0", "b1"], 1, Duration::from_secs(5));
+    let client = exchange(net, &["b0", "b1"], 1, Duration::from_secs(5));
     let mut descs = [super::super::ring::Desc::default(); 8];
     let mut n = 0;
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -149,7 +115,7 @@ fn a_second_socket_on_the_queue_shares_the_umem_and_its_rings() {
     let mut d = descs[1];
     // SAFETY: the frame came off the second socket's RX ring, and nothing else refers to
     // it until it is sent.
-    turn_around(unsafe { b.umem.bytes_mut(d.addr, d.len as usize) });
+    crate::lab_tests::turn_around(unsafe { b.umem.bytes_mut(d.addr, d.len as usize) });
     d.options = 0;
     assert_eq!(b.rings.tx.push(&[d]), 1);
     b.socket.kick_tx().unwrap();

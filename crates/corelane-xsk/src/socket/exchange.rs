@@ -39,10 +39,12 @@ pub enum Phase {
     /// The new process is bound beside the old one, which fills and completes until its next
     /// turn.
     Bound = 1,
+    /// The old process is handing the rings over (the new one can no longer withdraw).
+    Handing = 2,
     /// The new process fills and completes; the old one drains.
-    Handed = 2,
+    Handed = 3,
     /// The old process has given back every frame and is leaving.
-    Left = 3,
+    Left = 4,
 }
 
 /// One process's end of the exchange.
@@ -99,9 +101,19 @@ impl Exchange {
         match self.word().load(Ordering::Acquire) {
             0 => Phase::Offered,
             1 => Phase::Bound,
-            2 => Phase::Handed,
+            2 => Phase::Handing,
+            3 => Phase::Handed,
             _ => Phase::Left,
         }
+    }
+
+    /// Moves the hand-over from `from` to `to` if it is still at `from` (what the two sides
+    /// race for: the old one starting to hand over, the new one withdrawing). Returns whether
+    /// it moved.
+    pub(crate) fn advance(&self, from: Phase, to: Phase) -> bool {
+        self.word()
+            .compare_exchange(from as u32, to as u32, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// Moves the hand-over on (release: what this side wrote before is seen by the other once

@@ -63,7 +63,12 @@ impl XskQueue {
     /// [`XskQueue::join_upgrade`]). The fill and completion rings are handed over on a later
     /// turn ([`corelane_frame::FrameIo::complete`]), once the new process is bound.
     pub fn offer_upgrade(&mut self) -> Result<UpgradeOffer, Error> {
-        if self.partner.is_some() {
+        // An offer nobody took (or a new process withdrew from) may be made again.
+        let taken = self
+            .partner
+            .as_ref()
+            .is_some_and(|p| p.role == Role::New || p.ex.phase() != Phase::Offered);
+        if taken {
             return Err(Error::Config(format!(
                 "queue {}: an upgrade is already under way",
                 self.queue_id
@@ -121,10 +126,17 @@ impl XskQueue {
         drop(offer.socket);
         let ex = Exchange::join(offer.exchange, c.frames.next_power_of_two())
             .map_err(|e| io_err("the exchange", e))?;
-        ex.set_phase(Phase::Bound);
+        if !ex.advance(Phase::Offered, Phase::Bound) {
+            return Err(Error::Config(format!(
+                "queue {} of {ifname}: offered to another process already ({:?})",
+                offer.queue_id,
+                ex.phase()
+            )));
+        }
         let start = Instant::now();
         while ex.phase() != Phase::Handed {
-            if start.elapsed() > HAND_OVER_WAIT || ex.phase() == Phase::Left {
+            // Withdrawn unless the old process has begun handing over (then it finishes).
+            if start.elapsed() > HAND_OVER_WAIT && ex.advance(Phase::Bound, Phase::Offered) {
                 return Err(Error::Config(format!(
                     "queue {} of {ifname}: the process serving it did not hand it over within \
                      {HAND_OVER_WAIT:?}",
@@ -246,7 +258,7 @@ impl XskQueue {
         let Some(p) = self.partner.as_mut() else {
             return;
         };
-        if p.role == Role::Old && self.owns_rings && p.ex.phase() == Phase::Bound {
+        if p.role == Role::Old && self.owns_rings && p.ex.advance(Phase::Bound, Phase::Handing) {
             // The completion ring was read this turn; what completes from here on, the new
             // process reads and forwards.
             let lend = self.pool.count(FrameState::Free).saturating_sub(p.keep);

@@ -299,3 +299,24 @@ fn tcp_connections_the_old_process_keeps_stay_with_it_and_the_rest_go_to_the_new
     link.send(&syn(40004)).unwrap();
     assert_eq!(tcp_sources(&mut [&mut a, &mut b], 1), [vec![40004], vec![]]);
 }
+
+#[test]
+fn a_new_process_the_old_one_does_not_answer_withdraws_and_the_old_one_serves_on() {
+    if !corelane_testnet::require_root("a_new_process_the_old_one_does_not_answer") {
+        return;
+    }
+    let (lab, mut a) = lab();
+    let net = &lab.net;
+    // The old process does not turn meanwhile: the new one gives up, and the phase is back.
+    let offer = a.offer_upgrade().unwrap();
+    let e = XskQueue::join_upgrade(net.server_if(), offer).unwrap_err();
+    assert!(e.to_string().contains("did not hand it over"), "{e}");
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Offered));
+    a.complete().unwrap();
+    assert!(a.owns_rings, "nothing was handed over");
+    let seen = pump(client(net, 'w', 10, 0), &mut [&mut a], |_| {});
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('w', 10));
+    // An offer nobody took is made again, and the next new process gets the queue.
+    let b = join(net, &mut a);
+    assert_eq!(b.upgrade_phase(), Some(UpgradePhase::Handed));
+}

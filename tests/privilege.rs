@@ -627,3 +627,32 @@ fn a_killed_granted_server_s_peers_are_reset_at_once() {
     let (_, out) = broker.stop();
     assert!(out.contains("answer with resets"), "{out}");
 }
+
+#[test]
+fn a_broker_stopped_while_its_server_runs_leaves_nothing_behind() {
+    if !require_root("a_broker_stopped_while_its_server_runs_leaves_nothing_behind") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("stopped-under");
+    let broker = start_broker(&net, &run);
+    let server = Echo::start_cmd(
+        echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]),
+        "echo",
+    );
+    wait_for(
+        &broker,
+        &format!("pid {} (uid {NOBODY}) took", server.pid()),
+    );
+    // The session's files (statistics, capture) are there while the server is.
+    let during = walk(&run);
+    assert!(during.iter().any(|p| p.ends_with("capture")), "{during:?}");
+    // Stopped with the session still open: everything it made goes with it.
+    broker.signal(libc::SIGTERM);
+    let (status, out) = broker.wait();
+    assert!(status.success(), "{out}");
+    let left = walk(&run);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&run);
+}

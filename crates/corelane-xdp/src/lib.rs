@@ -372,18 +372,28 @@ impl Drop for Broker {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
         let mut st = lock(&self.state);
-        if let Some(s) = st.session.take()
-            && let Some(p) = s.stats
-        {
-            let _ = fs::remove_file(p);
+        // A session still open (its server's end not yet seen closing): its files go too.
+        if let Some(s) = st.session.take() {
+            for p in s.stats.iter().chain(&s.capture) {
+                let _ = fs::remove_file(p);
+            }
         }
         // Detach first: the driver may refuse fewer queues while a program is attached.
         drop(st.steering.take());
+        let mut undone = true;
         if let Some(old) = st.restore.take() {
             match corelane_xsk::set_channels_retrying(&self.grant.ifname, old) {
                 Ok(()) => st.claim.note_channels(None),
-                Err(e) => tracing::warn!("{}: restoring its queues: {e}", self.grant.ifname),
+                Err(e) => {
+                    undone = false;
+                    tracing::warn!("{}: restoring its queues: {e}", self.grant.ifname)
+                }
             }
+        }
+        // A session's thread may still hold the state (and the claim) while the process
+        // exits: the record goes now, unless it still lists what the next owner must undo.
+        if undone {
+            st.claim.release();
         }
     }
 }

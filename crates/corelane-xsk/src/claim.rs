@@ -238,15 +238,24 @@ impl Claim {
     }
 }
 
-impl Drop for Claim {
-    fn drop(&mut self) {
-        // Everything is undone by the parts that made it (they drop first): nothing to record.
+impl Claim {
+    /// Removes the record: everything it lists has been undone. What dropping the claim does,
+    /// for an owner that may end while other threads still hold it (a broker stopped while a
+    /// server's session is open).
+    pub fn release(&self) {
         // Removed while still locked, so the next owner opens a fresh file.
         let _ = fs::remove_file(&self.path);
         let _ = fs::remove_dir(&self.dir);
         if let Some(parent) = self.dir.parent() {
             let _ = fs::remove_dir(parent);
         }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // Everything is undone by the parts that made it (they drop first): nothing to record.
+        self.release();
     }
 }
 

@@ -222,6 +222,30 @@ impl FramePool {
         Ok(())
     }
 
+    /// Frame `index`, away with the other process of an upgrade, was found posted for receive
+    /// (in the fill ring, or on this side's RX ring) when the other process went away.
+    ///
+    /// # Errors
+    /// When the frame was not away.
+    pub fn found_posted(&mut self, index: u32) -> Result<(), LedgerError> {
+        self.ledger
+            .advance(index as usize, FrameState::Away, FrameState::Receive)
+    }
+
+    /// The other process of an upgrade is gone: every frame still away was in its hands, and
+    /// is free here now. Returns how many.
+    pub fn reclaim_away(&mut self) -> usize {
+        let mut n = 0;
+        for i in 0..self.ledger.len() {
+            if self.ledger.state(i) == FrameState::Away {
+                self.move_to(i as u32, FrameState::Away, FrameState::Free);
+                self.free.push(i as u32);
+                n += 1;
+            }
+        }
+        n
+    }
+
     fn move_to(&mut self, index: u32, from: FrameState, to: FrameState) {
         // Only frames taken off the free list come here, and the free list holds free frames
         // only (every push follows a successful move to Free).

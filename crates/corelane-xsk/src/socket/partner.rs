@@ -34,6 +34,9 @@ pub(super) struct Partner {
     role: Role,
     /// Free frames the old process keeps to send from after the hand-over.
     keep: usize,
+    /// The old process's fill target before the hand-over (restored if it takes the queue
+    /// back).
+    fill_target: usize,
     inbound: Vec<u32>,
 }
 
@@ -100,6 +103,7 @@ impl XskQueue {
             ex,
             role: Role::Old,
             keep: (self.ring_size as usize).min(self.frames as usize / 4),
+            fill_target: self.pool.fill_target(),
             inbound: Vec::new(),
         }));
         Ok(offer)
@@ -165,6 +169,7 @@ impl XskQueue {
             ex,
             role: Role::New,
             keep: 0,
+            fill_target: 0,
             inbound: Vec::new(),
         }));
         q.partner_turn();
@@ -204,6 +209,80 @@ impl XskQueue {
         debug_assert_eq!(pushed, gone.len(), "the exchange holds every frame");
         p.ex.set_phase(Phase::Left);
         Ok(())
+    }
+
+    /// The old process takes its queue back from a new process that is gone (it died, or its
+    /// connection ended, after the hand-over): it fills and completes again, the frames posted
+    /// for receive stay posted, its own sends complete, and every other frame the new process
+    /// held is free. Call it once the new process's socket is closed (its process gone), so
+    /// that no frame is still in its hands. Returns the frames taken back.
+    ///
+    /// # Errors
+    /// When this side is not the old process of an upgrade.
+    pub fn reclaim_upgrade(&mut self) -> Result<usize, Error> {
+        let Some(mut p) = self.partner.take_if(|p| p.role == Role::Old) else {
+            return Err(Error::Config(
+                "no upgrade to take the queue back from".into(),
+            ));
+        };
+        if self.owns_rings {
+            // Never handed over: nothing to take back.
+            return Ok(0);
+        }
+        // Completions the new process forwarded before it went.
+        let mut buf = vec![0u32; 256];
+        loop {
+            let n = p.ex.inbound.pop(&mut buf);
+            for &i in &buf[..n] {
+                self.completed_here(i);
+            }
+            if n < buf.len() {
+                break;
+            }
+        }
+        // What is posted for receive stays posted: on this side's RX ring (read before and
+        // after the fill ring, so that a frame the kernel moves between the two meanwhile is
+        // seen on one of them), and in the fill ring.
+        let mut posted: Vec<u64> = self.rx.peek_all().iter().map(|d| d.addr).collect();
+        posted.extend(self.fq.take_over());
+        posted.extend(self.rx.peek_all().iter().map(|d| d.addr));
+        for addr in posted {
+            let i = self.index_of(addr);
+            if self.pool.ledger().get(i as usize) == Some(FrameState::Away) {
+                let _ = self.pool.found_posted(i);
+            }
+        }
+        // This side's sends complete; the new one's are swept with the rest.
+        self.cq.take_over();
+        loop {
+            let n = self.cq.pop(&mut self.addrs);
+            for k in 0..n {
+                let i = self.index_of(self.addrs[k]);
+                if self.pool.ledger().get(i as usize) == Some(FrameState::Transmit) {
+                    self.completed_here(i);
+                }
+            }
+            if n < self.addrs.len() {
+                break;
+            }
+        }
+        let taken = self.pool.reclaim_away();
+        self.owns_rings = true;
+        let most = (self.ring_size as usize).min(self.frames as usize / 2);
+        self.pool.set_fill_target(p.fill_target, most);
+        tracing::warn!(
+            "queue {}: the new process went away after the hand-over: the queue is taken back \
+             ({taken} frames it held are free again)",
+            self.queue_id
+        );
+        self.top_up_fill()?;
+        Ok(taken)
+    }
+
+    fn completed_here(&mut self, index: u32) {
+        if let Err(e) = self.pool.completed(index) {
+            tracing::error!("queue {}: {e}", self.queue_id);
+        }
     }
 
     /// A frame arrived on the RX ring: one this side posted, or (while frames are away with

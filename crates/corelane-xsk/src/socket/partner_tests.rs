@@ -320,3 +320,38 @@ fn a_new_process_the_old_one_does_not_answer_withdraws_and_the_old_one_serves_on
     let b = join(net, &mut a);
     assert_eq!(b.upgrade_phase(), Some(UpgradePhase::Handed));
 }
+
+#[test]
+fn the_old_process_takes_its_queue_back_from_a_new_one_that_died() {
+    if !corelane_testnet::require_root("the_old_process_takes_its_queue_back") {
+        return;
+    }
+    let (lab, mut a) = lab();
+    let (net, mut steering) = (&lab.net, lab.steering);
+    let mut b = join(net, &mut a);
+    steering.register(0, b.fd()).unwrap();
+    let seen = pump(client(net, 'n', 40, 0), &mut [&mut a, &mut b], |_| {});
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('n', 40));
+    // The new process dies with frames in its hands: received and never released.
+    let unanswered = client(net, 'x', 1, 0);
+    let mut held = VecDeque::new();
+    while !unanswered.is_finished() {
+        b.recv(&mut held, 64);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(!held.is_empty());
+    drop(b);
+    drop(held);
+    // The old process takes the queue back and is steered to again.
+    let taken = a.reclaim_upgrade().unwrap();
+    assert!(taken >= 1, "{taken}");
+    assert_eq!(a.upgrade_phase(), None);
+    steering.register(0, a.fd()).unwrap();
+    // It serves on; once the fill ring has cycled every frame is its own, each in one place.
+    let seen = pump(client(net, 'k', 80, 0), &mut [&mut a], |_| {});
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('k', 80));
+    a.complete().unwrap();
+    let c = a.counts();
+    assert_eq!((c.away, c.sum()), (0, 256), "{c:?}");
+    assert!(a.pool.ledger().verify().is_ok());
+}

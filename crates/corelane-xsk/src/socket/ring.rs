@@ -288,6 +288,24 @@ impl<T: Copy> Producer<T> {
         n
     }
 
+    /// Takes the ring over from another producer that stopped (a process gone): our index
+    /// from where it left it, and the entries it published that are not consumed yet, oldest
+    /// first (the consumer may take some of them meanwhile).
+    pub(crate) fn take_over(&mut self) -> Vec<T> {
+        self.prod = self.ring.index(self.ring.producer).load(Ordering::Acquire);
+        let cons = self.ring.index(self.ring.consumer).load(Ordering::Acquire);
+        self.cons = cons.wrapping_add(self.ring.size());
+        let n = self.prod.wrapping_sub(cons).min(self.ring.size());
+        (0..n)
+            .map(|k| {
+                let slot = cons.wrapping_add(k) & self.ring.mask;
+                // SAFETY: `slot` is within the ring's entries (masked); the entry was written
+                // before the producer index that covers it was published (read with acquire).
+                unsafe { self.ring.entries.add(slot as usize).read_volatile() }
+            })
+            .collect()
+    }
+
     /// Whether the kernel asks to be woken to consume (`XDP_RING_NEED_WAKEUP`).
     pub(crate) fn needs_wakeup(&self) -> bool {
         self.ring.index(self.ring.flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
@@ -325,6 +343,26 @@ impl<T: Copy> Consumer<T> {
             return n;
         }
         self.ready_exact()
+    }
+
+    /// Takes the ring over from another consumer that stopped (a process gone): our index
+    /// from where it left it.
+    pub(crate) fn take_over(&mut self) {
+        self.cons = self.ring.index(self.ring.consumer).load(Ordering::Acquire);
+        self.prod = self.ring.index(self.ring.producer).load(Ordering::Acquire);
+    }
+
+    /// The entries ready now, oldest first, left in the ring.
+    pub(crate) fn peek_all(&mut self) -> Vec<T> {
+        let n = self.ready_exact().min(self.ring.size());
+        (0..n)
+            .map(|k| {
+                let slot = self.cons.wrapping_add(k) & self.ring.mask;
+                // SAFETY: `slot` is within the ring's entries (masked), and published: between
+                // our consumer index and the producer's, read with acquire.
+                unsafe { self.ring.entries.add(slot as usize).read_volatile() }
+            })
+            .collect()
     }
 
     /// Entries ready now.

@@ -93,3 +93,37 @@ fn a_region_is_cut_at_its_end() {
     // SAFETY: as above.
     assert!(unsafe { again.bytes(4000, 96) }.iter().all(|&b| b == 7));
 }
+
+#[test]
+fn a_side_taken_back_from_a_producer_that_stopped_sees_what_it_left() {
+    let (r, mut p, mut c) = ring_pair(8);
+    p.push(&[1, 2]);
+    let off = RingOffsets {
+        producer: 0,
+        consumer: 64,
+        flags: 128,
+        desc: 192,
+    };
+    // Another producer takes the ring, publishes, then stops.
+    let mut other = Producer::<u64>::map(r.file(), off, 0, 8).unwrap();
+    other.push(&[3, 4, 5]);
+    let mut one = [0u64; 1];
+    c.pop(&mut one);
+    drop(other);
+    // The first one takes it back: the four entries still published, in order, and no slot
+    // of theirs is written over.
+    assert_eq!(p.take_over(), vec![2, 3, 4, 5]);
+    assert_eq!(p.free_exact(), 4);
+    p.push(&[6]);
+    let mut out = [0u64; 8];
+    assert_eq!(c.pop(&mut out), 5);
+    assert_eq!(&out[..5], &[2, 3, 4, 5, 6]);
+    // A consumer taken back starts where the other stopped.
+    let mut c2 = Consumer::<u64>::map(r.file(), off, 0, 8).unwrap();
+    p.push(&[7]);
+    assert_eq!(c2.pop(&mut out), 1);
+    c.take_over();
+    p.push(&[8]);
+    assert_eq!(c.pop(&mut out), 1);
+    assert_eq!(out[0], 8);
+}

@@ -104,8 +104,8 @@ fn ethernet(dst: [u8; 6], src: [u8; 6], ethertype: u16) -> Vec<u8> {
     f
 }
 
-/// The TCP segment `t` in IPv4 `ip` in an Ethernet frame from `src` to `dst`.
-pub fn tcp4(dst: [u8; 6], src: [u8; 6], ip: &Ip4, t: &Tcp) -> Vec<u8> {
+/// The TCP segment `t`, checksummed with the pseudo-header `pseudo`.
+fn tcp_segment(t: &Tcp, pseudo: &[u8]) -> Vec<u8> {
     let mut seg = vec![0u8; 20];
     seg[0..2].copy_from_slice(&t.sport.to_be_bytes());
     seg[2..4].copy_from_slice(&t.dport.to_be_bytes());
@@ -115,15 +115,57 @@ pub fn tcp4(dst: [u8; 6], src: [u8; 6], ip: &Ip4, t: &Tcp) -> Vec<u8> {
     seg[13] = t.flags;
     seg[14..16].copy_from_slice(&t.window.to_be_bytes());
     seg.extend_from_slice(&t.payload);
-    let mut pseudo = Vec::with_capacity(12);
+    let mut p = pseudo.to_vec();
+    p.extend_from_slice(&(seg.len() as u32).to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0, 6]);
+    let c = checksum(&seg, sum16(&p, 0));
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+    seg
+}
+
+/// The TCP segment `t` in IPv4 `ip` in an Ethernet frame from `src` to `dst`.
+pub fn tcp4(dst: [u8; 6], src: [u8; 6], ip: &Ip4, t: &Tcp) -> Vec<u8> {
+    tcp4_with_ip_options(dst, src, ip, t, &[])
+}
+
+/// [`tcp4`] with IP options `opts` in the IPv4 header (up to 40 bytes, padded with zeros to
+/// a multiple of 4).
+pub fn tcp4_with_ip_options(dst: [u8; 6], src: [u8; 6], ip: &Ip4, t: &Tcp, opts: &[u8]) -> Vec<u8> {
+    let mut pseudo = Vec::with_capacity(8);
     pseudo.extend_from_slice(&ip.src.octets());
     pseudo.extend_from_slice(&ip.dst.octets());
-    pseudo.extend_from_slice(&[0, 6]);
-    pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
-    let c = checksum(&seg, sum16(&pseudo, 0));
-    seg[16..18].copy_from_slice(&c.to_be_bytes());
+    let seg = tcp_segment(t, &pseudo);
     let mut f = ethernet(dst, src, 0x0800);
-    f.extend_from_slice(&ipv4_header(ip, 6, seg.len(), 0x4000));
+    if opts.is_empty() {
+        f.extend_from_slice(&ipv4_header(ip, 6, seg.len(), 0x4000));
+    } else {
+        let mut o = opts[..opts.len().min(40)].to_vec();
+        o.resize(o.len().next_multiple_of(4), 0);
+        let mut h = ipv4_header(ip, 6, seg.len() + o.len(), 0x4000).to_vec();
+        h[0] = 0x40 | ((20 + o.len()) / 4) as u8;
+        h[10..12].fill(0);
+        h.extend_from_slice(&o);
+        let c = checksum(&h, 0);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&h);
+    }
+    f.extend_from_slice(&seg);
+    f
+}
+
+/// The TCP segment `t` in IPv6 from `from` to `to` (hop limit 64) in an Ethernet frame from
+/// `src` to `dst`.
+pub fn tcp6(dst: [u8; 6], src: [u8; 6], from: Ipv6Addr, to: Ipv6Addr, t: &Tcp) -> Vec<u8> {
+    let mut pseudo = Vec::with_capacity(32);
+    pseudo.extend_from_slice(&from.octets());
+    pseudo.extend_from_slice(&to.octets());
+    let seg = tcp_segment(t, &pseudo);
+    let mut f = ethernet(dst, src, 0x86dd);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[6, 64]);
+    f.extend_from_slice(&from.octets());
+    f.extend_from_slice(&to.octets());
     f.extend_from_slice(&seg);
     f
 }

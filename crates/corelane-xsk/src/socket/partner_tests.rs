@@ -4,10 +4,10 @@
 use super::*;
 use crate::{Proto, UpgradePhase, XskFrame};
 use corelane_frame::{Frame, FrameIo};
-use corelane_testnet::craft::{Ip4, RawLink, SYN, Tcp, tcp4};
+use corelane_testnet::craft::{Ip4, RawLink, SYN, Tcp, tcp4, tcp4_with_ip_options, tcp6};
 use corelane_testnet::{NsThread, VethPair};
 use std::collections::{BTreeSet, VecDeque};
-use std::net::{Ipv4Addr, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 92, 0, 1);
 const PORT: u16 = 9000;
@@ -228,8 +228,8 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
     assert!(b.pool.ledger().verify().is_ok());
 }
 
-/// The source ports of the TCP segments each queue receives within `time`, or until `want`
-/// have come.
+/// The source ports of the TCP segments (IPv4, with or without IP options, or IPv6) each
+/// queue receives, until `want` have come (3 s at most).
 fn tcp_sources(qs: &mut [&mut XskQueue], want: usize) -> Vec<Vec<u16>> {
     let mut seen = vec![Vec::new(); qs.len()];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
@@ -239,8 +239,13 @@ fn tcp_sources(qs: &mut [&mut XskQueue], want: usize) -> Vec<Vec<u16>> {
             q.recv(&mut got, 64);
             for f in &got {
                 let b = q.bytes(f);
-                if b.len() >= 54 && b[23] == 6 {
-                    seen.push(u16::from_be_bytes([b[34], b[35]]));
+                let tcp = match (b.get(12..14), b.get(14), b.get(20), b.get(23)) {
+                    (Some([0x08, 0x00]), Some(v), _, Some(6)) => 14 + usize::from(v & 15) * 4,
+                    (Some([0x86, 0xdd]), _, Some(6), _) => 54,
+                    _ => continue,
+                };
+                if let Some(p) = b.get(tcp..tcp + 2) {
+                    seen.push(u16::from_be_bytes([p[0], p[1]]));
                 }
             }
             q.release(&mut got.into_iter().collect());
@@ -267,24 +272,43 @@ fn tcp_connections_the_old_process_keeps_stay_with_it_and_the_rest_go_to_the_new
     let server_mac = net.server_ns().mac(net.server_if()).unwrap();
     let client_mac = net.client_ns().mac(net.client_if()).unwrap();
     let link = RawLink::open(net.client_ns(), net.client_if()).unwrap();
-    let syn = |sport: u16| {
-        let t = Tcp {
-            sport,
-            dport: 80,
-            seq: 1,
-            flags: SYN,
-            window: 1000,
-            ..Tcp::default()
-        };
-        tcp4(server_mac, client_mac, &Ip4::new(client, SERVER), &t)
+    let t = |sport: u16| Tcp {
+        sport,
+        dport: 80,
+        seq: 1,
+        flags: SYN,
+        window: 1000,
+        ..Tcp::default()
     };
-    // The kept connection to the old process; new ones, and the kept one's port on another
-    // local port, to the new process.
-    for sport in [40001, 40002, 40001, 40003] {
-        link.send(&syn(sport)).unwrap();
+    let syn = |sport: u16| tcp4(server_mac, client_mac, &Ip4::new(client, SERVER), &t(sport));
+    // IPv6, and IPv4 with IP options: the program reads the connection from other offsets.
+    let (server6, client6): (Ipv6Addr, Ipv6Addr) =
+        ("fd00:92::1".parse().unwrap(), "fd00:92::2".parse().unwrap());
+    steering.own_addr(server6.into()).unwrap();
+    steering
+        .keep_flow(std::net::SocketAddr::from((client6, 40001)), 80, 0)
+        .unwrap();
+    let syn6 = |sport: u16| tcp6(server_mac, client_mac, client6, server6, &t(sport));
+    let opts = |sport: u16| {
+        let ip = Ip4::new(client, SERVER);
+        tcp4_with_ip_options(server_mac, client_mac, &ip, &t(sport), &[1, 1, 1, 0])
+    };
+    // The kept connections to the old process; new ones, and the kept one's peer port to
+    // another local port, to the new process.
+    for frame in [syn(40001), syn(40002), syn(40001), syn(40003)] {
+        link.send(&frame).unwrap();
     }
     let seen = tcp_sources(&mut [&mut a, &mut b], 4);
     assert_eq!(seen, [vec![40001, 40001], vec![40002, 40003]]);
+    for frame in [syn6(40001), syn6(40002), opts(40001), opts(40005)] {
+        link.send(&frame).unwrap();
+    }
+    let seen = tcp_sources(&mut [&mut a, &mut b], 4);
+    assert_eq!(
+        seen,
+        [vec![40001, 40001], vec![40002, 40005]],
+        "IPv6 and IP options"
+    );
     // The split over: everything to the new process.
     steering.set_upgrade(1, false).unwrap();
     link.send(&syn(40001)).unwrap();

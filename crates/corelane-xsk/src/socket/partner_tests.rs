@@ -379,3 +379,87 @@ fn the_old_process_takes_its_queue_back_from_a_new_one_that_died() {
     assert_eq!((c.away, c.sum()), (0, 256), "{c:?}");
     assert!(a.pool.ledger().verify().is_ok());
 }
+
+/// A flood of `n` datagrams from the client, as fast as its kernel sends them (the answers
+/// are not read).
+fn flood(net: &VethPair, n: usize) -> NsThread<()> {
+    net.client_ns()
+        .spawn(move || {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            for k in 0..n {
+                let _ = s.send_to(&(k as u32).to_be_bytes(), (SERVER, PORT));
+            }
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_hand_over_in_the_middle_of_a_flood_loses_no_frame() {
+    if !corelane_testnet::require_root("a_hand_over_in_the_middle_of_a_flood") {
+        return;
+    }
+    let (lab, mut a) = lab();
+    let (net, mut steering) = (&lab.net, lab.steering);
+    let f = flood(net, 60_000);
+    // Frames fly both ways while the queue is offered, joined, handed over, and steered to
+    // the new socket, back to the old one, and to the new one again.
+    let turn = |qs: &mut [&mut XskQueue]| {
+        for q in qs.iter_mut() {
+            echo(q);
+            q.complete().unwrap();
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while a.stats().rx_frames < 2000 && !f.is_finished() {
+        turn(&mut [&mut a]);
+    }
+    let offer = a.offer_upgrade().unwrap();
+    let joining = net
+        .server_ns()
+        .spawn({
+            let ifname = net.server_if().to_string();
+            move || XskQueue::join_upgrade(&ifname, offer)
+        })
+        .unwrap();
+    while !joining.is_finished() {
+        turn(&mut [&mut a]);
+    }
+    let mut b = joining.join().unwrap().unwrap();
+    let mut steps = [b.fd(), a.fd(), b.fd()].into_iter();
+    let mut next_at = 0;
+    while !f.is_finished() && std::time::Instant::now() < deadline {
+        let seen = a.stats().rx_frames + b.stats().rx_frames;
+        if seen >= next_at
+            && let Some(fd) = steps.next()
+        {
+            steering.register(0, fd).unwrap();
+            next_at = seen + 3000;
+        }
+        turn(&mut [&mut a, &mut b]);
+    }
+    f.join().unwrap();
+    assert_eq!(steps.count(), 0, "every change of socket made under the flood");
+    assert!(
+        b.stats().rx_frames > 0 && a.stats().rx_frames > 2000,
+        "both received: {:?} {:?}",
+        a.stats(),
+        b.stats()
+    );
+    // Settle, then the old process leaves and the new one answers every request.
+    steering.register(0, b.fd()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        turn(&mut [&mut a, &mut b]);
+        if a.leave_upgrade().is_ok() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{:?}", a.counts());
+    }
+    drop(a);
+    let seen = pump(client(net, 'q', 100, 0), &mut [&mut b], |_| {});
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('q', 100));
+    b.complete().unwrap();
+    let c = b.counts();
+    assert_eq!((c.away, c.in_use, c.sum()), (0, 0, 256), "{c:?}");
+    assert!(b.pool.ledger().verify().is_ok());
+}

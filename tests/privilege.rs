@@ -156,6 +156,21 @@ fn wait_for(e: &Echo, text: &str) {
     }
 }
 
+/// A broker on `net` and a granted echo server (user nobody, `CAP_NET_RAW` and `CAP_IPC_LOCK`
+/// only) that has taken its grant.
+fn broker_and_granted_server(net: &VethPair, run: &Path) -> (Echo, Echo) {
+    let broker = start_broker(net, run);
+    let server = Echo::start_cmd(
+        echo_as(net, run, NOBODY, &["net_raw", "ipc_lock"], &[]),
+        "echo",
+    );
+    wait_for(
+        &broker,
+        &format!("pid {} (uid {NOBODY}) took", server.pid()),
+    );
+    (broker, server)
+}
+
 /// The one line containing "error", after checking there is exactly one.
 fn one_error_line(status: ExitStatus, out: &str) -> String {
     assert!(!status.success(), "expected a failure:\n{out}");
@@ -172,19 +187,11 @@ fn a_granted_server_needs_only_net_raw_and_steers_only_its_grant() {
     }
     let net = net(1);
     let run = run_dir("granted");
-    let broker = start_broker(&net, &run);
-    let server = Echo::start_cmd(
-        echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]),
-        "echo",
-    );
+    let (broker, server) = broker_and_granted_server(&net, &run);
     assert!(
         server.output().contains("by corelane-xdp grant"),
         "{}",
         server.output()
-    );
-    wait_for(
-        &broker,
-        &format!("pid {} (uid {NOBODY}) took", server.pid()),
     );
     // Once started, no thread of the server holds any capability; the broker keeps what it
     // needs for map updates and queue changes.
@@ -584,15 +591,7 @@ fn a_killed_granted_server_s_peers_are_reset_at_once() {
         .attach_xdp(net.client_if(), object)
         .expect("the peer's program");
     let run = run_dir("killed");
-    let broker = start_broker(&net, &run);
-    let server = Echo::start_cmd(
-        echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]),
-        "echo",
-    );
-    wait_for(
-        &broker,
-        &format!("pid {} (uid {NOBODY}) took", server.pid()),
-    );
+    let (broker, server) = broker_and_granted_server(&net, &run);
     let v4: SocketAddr = SocketAddr::new(SERVER_V4.parse().unwrap(), 7);
     let mut s = net
         .client_ns()
@@ -635,15 +634,7 @@ fn a_broker_stopped_while_its_server_runs_leaves_nothing_behind() {
     }
     let net = net(1);
     let run = run_dir("stopped-under");
-    let broker = start_broker(&net, &run);
-    let server = Echo::start_cmd(
-        echo_as(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &[]),
-        "echo",
-    );
-    wait_for(
-        &broker,
-        &format!("pid {} (uid {NOBODY}) took", server.pid()),
-    );
+    let (broker, server) = broker_and_granted_server(&net, &run);
     // The session's files (statistics, capture) are there while the server is.
     let during = walk(&run);
     assert!(during.iter().any(|p| p.ends_with("capture")), "{during:?}");

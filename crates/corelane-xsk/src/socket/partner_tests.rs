@@ -116,6 +116,14 @@ fn lab() -> (crate::lab_tests::Lab, XskQueue) {
 /// The new process joins `a`'s queue (on its own thread, as it would in its own process)
 /// while the old one turns; the old one hands the rings over on a turn.
 fn join(net: &VethPair, a: &mut XskQueue) -> XskQueue {
+    join_turning(net, a, |a| {
+        a.complete().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    })
+}
+
+/// [`join`], with `turn` as the old process's turns meanwhile.
+fn join_turning(net: &VethPair, a: &mut XskQueue, mut turn: impl FnMut(&mut XskQueue)) -> XskQueue {
     let offer = a.offer_upgrade().unwrap();
     assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Offered));
     let joining = net
@@ -126,8 +134,7 @@ fn join(net: &VethPair, a: &mut XskQueue) -> XskQueue {
         })
         .unwrap();
     while !joining.is_finished() {
-        a.complete().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        turn(a);
     }
     let b = joining.join().unwrap().unwrap();
     assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Handed));
@@ -413,18 +420,7 @@ fn a_hand_over_in_the_middle_of_a_flood_loses_no_frame() {
     while a.stats().rx_frames < 2000 && !f.is_finished() {
         turn(&mut [&mut a]);
     }
-    let offer = a.offer_upgrade().unwrap();
-    let joining = net
-        .server_ns()
-        .spawn({
-            let ifname = net.server_if().to_string();
-            move || XskQueue::join_upgrade(&ifname, offer)
-        })
-        .unwrap();
-    while !joining.is_finished() {
-        turn(&mut [&mut a]);
-    }
-    let mut b = joining.join().unwrap().unwrap();
+    let mut b = join_turning(net, &mut a, |a| turn(&mut [a]));
     let mut steps = [b.fd(), a.fd(), b.fd()].into_iter();
     let mut next_at = 0;
     while !f.is_finished() && std::time::Instant::now() < deadline {
@@ -438,7 +434,11 @@ fn a_hand_over_in_the_middle_of_a_flood_loses_no_frame() {
         turn(&mut [&mut a, &mut b]);
     }
     f.join().unwrap();
-    assert_eq!(steps.count(), 0, "every change of socket made under the flood");
+    assert_eq!(
+        steps.count(),
+        0,
+        "every change of socket made under the flood"
+    );
     assert!(
         b.stats().rx_frames > 0 && a.stats().rx_frames > 2000,
         "both received: {:?} {:?}",

@@ -227,6 +227,20 @@ impl<T: Copy> Ring<T> {
     fn size(&self) -> u32 {
         self.mask + 1
     }
+
+    /// The `n` entries from index `start` on (at most the ring's size), oldest first. The
+    /// caller has read with acquire a producer index at or past `start + n`.
+    fn entries_from(&self, start: u32, n: u32) -> Vec<T> {
+        (0..n.min(self.size()))
+            .map(|k| {
+                let slot = start.wrapping_add(k) & self.mask;
+                // SAFETY: `slot` is within the ring's entries (masked); the entry was written
+                // before the producer index that covers it was published (read with acquire
+                // by the caller).
+                unsafe { self.entries.add(slot as usize).read_volatile() }
+            })
+            .collect()
+    }
 }
 
 /// The side of a ring this process produces (fill, TX).
@@ -295,15 +309,7 @@ impl<T: Copy> Producer<T> {
         self.prod = self.ring.index(self.ring.producer).load(Ordering::Acquire);
         let cons = self.ring.index(self.ring.consumer).load(Ordering::Acquire);
         self.cons = cons.wrapping_add(self.ring.size());
-        let n = self.prod.wrapping_sub(cons).min(self.ring.size());
-        (0..n)
-            .map(|k| {
-                let slot = cons.wrapping_add(k) & self.ring.mask;
-                // SAFETY: `slot` is within the ring's entries (masked); the entry was written
-                // before the producer index that covers it was published (read with acquire).
-                unsafe { self.ring.entries.add(slot as usize).read_volatile() }
-            })
-            .collect()
+        self.ring.entries_from(cons, self.prod.wrapping_sub(cons))
     }
 
     /// Whether the kernel asks to be woken to consume (`XDP_RING_NEED_WAKEUP`).
@@ -354,15 +360,8 @@ impl<T: Copy> Consumer<T> {
 
     /// The entries ready now, oldest first, left in the ring.
     pub(crate) fn peek_all(&mut self) -> Vec<T> {
-        let n = self.ready_exact().min(self.ring.size());
-        (0..n)
-            .map(|k| {
-                let slot = self.cons.wrapping_add(k) & self.ring.mask;
-                // SAFETY: `slot` is within the ring's entries (masked), and published: between
-                // our consumer index and the producer's, read with acquire.
-                unsafe { self.ring.entries.add(slot as usize).read_volatile() }
-            })
-            .collect()
+        let n = self.ready_exact();
+        self.ring.entries_from(self.cons, n)
     }
 
     /// Entries ready now.

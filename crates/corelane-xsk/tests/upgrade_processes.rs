@@ -1,10 +1,10 @@
 //! An upgrade between two real processes, with every layer below the runtime: the old process
-//! (this test) offers its queue and shares the program over a unix socket (`send_handover`);
-//! the new one (this test binary run again, inside the server's namespace) adopts the
-//! program, joins the queue, and registers its socket as generation 1. Datagrams then go to
-//! the new process while the old one sends its own; the old one drains, leaves and exits its
-//! part; the new one serves on alone, with the program still attached by its link, and ends
-//! holding every frame of the UMEM.
+//! (this test) offers both queues of a two-queue veth and shares the program over a unix
+//! socket (`send_handover`); the new one (this test binary run again, inside the server's
+//! namespace) adopts the program, joins each queue, and registers its sockets as generation 1.
+//! Datagrams then go to the new process on both queues while the old one sends its own; the
+//! old one drains, leaves and exits its part; the new one serves on alone, with the program
+//! still attached by its link, and ends holding every frame of both UMEMs.
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, UdpSocket};
@@ -24,7 +24,6 @@ use corelane_xsk::{
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 95, 0, 1);
 const PORT: u16 = 9000;
-const CLIENT_PORT: u16 = 40000;
 const TEST: &str = "a_queue_and_its_program_pass_to_another_process_under_traffic";
 /// Set in the new process: the unix socket the old one listens on.
 const CHILD: &str = "CORELANE_TEST_UPGRADE_SOCKET";
@@ -51,13 +50,19 @@ fn echo(q: &mut XskQueue) -> usize {
     n
 }
 
-/// The client: `n` requests `"{tag}NN"` one at a time, each waiting for its echo (3 s at
+/// The client, from `port`: `n` requests `"{tag}NN"` one at a time, each waiting for its echo (3 s at
 /// most); then waits until `extra` datagrams of the old process's own ("oNN") have come.
 /// Returns the echoes and the old process's datagrams it saw.
-fn client(net: &VethPair, tag: char, n: usize, extra: usize) -> NsThread<(usize, usize)> {
+fn client(
+    net: &VethPair,
+    port: u16,
+    tag: char,
+    n: usize,
+    extra: usize,
+) -> NsThread<(usize, usize)> {
     net.client_ns()
         .spawn(move || {
-            let s = UdpSocket::bind(("0.0.0.0", CLIENT_PORT)).unwrap();
+            let s = UdpSocket::bind(("0.0.0.0", port)).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
             let (mut echoed, mut old) = (0, 0);
             let mut buf = [0u8; 64];
@@ -90,15 +95,20 @@ fn new_process(sock: &Path, ifname: &str) {
     let conn = open_connection(sock).unwrap();
     let mut h: Handover = recv_handover(conn.as_fd()).unwrap();
     let mut steering = Steering::adopt(ifname, h.steering).unwrap();
-    let offer = h.queues.remove(0);
-    let mut q = XskQueue::join_upgrade(ifname, offer).unwrap();
-    steering.register_in(1, 0, q.fd()).unwrap();
+    let mut qs = Vec::new();
+    for offer in h.queues.drain(..) {
+        let q = XskQueue::join_upgrade(ifname, offer).unwrap();
+        steering.register_in(1, q.queue_id(), q.fd()).unwrap();
+        qs.push(q);
+    }
     send_message(conn.as_raw_fd(), "joined", None).unwrap();
     set_read_deadline(&conn, Some(Duration::from_millis(1))).unwrap();
-    let mut echoed = 0;
+    let mut echoed = vec![0; qs.len()];
     loop {
-        echoed += echo(&mut q);
-        q.complete().unwrap();
+        for (q, n) in qs.iter_mut().zip(&mut echoed) {
+            *n += echo(q);
+            q.complete().unwrap();
+        }
         match recv_message(conn.as_raw_fd()) {
             Ok(Some((text, _))) if text == "finish" => break,
             Ok(Some((text, _))) => panic!("unexpected {text:?}"),
@@ -106,15 +116,23 @@ fn new_process(sock: &Path, ifname: &str) {
             Err(_) => {}
         }
     }
-    q.complete().unwrap();
-    let c = q.counts();
-    let report = format!(
-        "echoed {echoed} away {} sum {} total {} phase {:?}",
-        c.away,
-        c.sum(),
-        c.total,
-        q.upgrade_phase()
-    );
+    let report: Vec<String> = qs
+        .iter_mut()
+        .zip(&echoed)
+        .map(|(q, n)| {
+            q.complete().unwrap();
+            let c = q.counts();
+            format!(
+                "queue {} echoed {n} away {} sum {} total {} phase {:?}",
+                q.queue_id(),
+                c.away,
+                c.sum(),
+                c.total,
+                q.upgrade_phase()
+            )
+        })
+        .collect();
+    let report = report.join("; ");
     send_message(conn.as_raw_fd(), &report, None).unwrap();
 }
 
@@ -131,6 +149,7 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
     let net = VethPair::builder()
         .server_addr("10.95.0.1/24")
         .client_addr("10.95.0.2/24")
+        .queues(2)
         .build()
         .unwrap();
     let mac = net.server_ns().mac(net.server_if()).unwrap();
@@ -157,12 +176,12 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
         zero_copy: ZeroCopy::Off,
         ..XskConfig::default()
     };
-    let mut a = XskQueue::open(&ifname, 0, &config).unwrap();
-    steering.register(0, a.fd()).unwrap();
-
-    // The old process alone: 5 echoes, the last kept as the shape of its own datagrams.
-    let pump = |qs: &mut [&mut XskQueue], until: &NsThread<(usize, usize)>| {
-        while !until.is_finished() {
+    let mut a0 = XskQueue::open(&ifname, 0, &config).unwrap();
+    let mut a1 = XskQueue::open(&ifname, 1, &config).unwrap();
+    steering.register(0, a0.fd()).unwrap();
+    steering.register(1, a1.fd()).unwrap();
+    let pump = |qs: &mut [&mut XskQueue], until: &[&NsThread<(usize, usize)>]| {
+        while !until.iter().all(|c| c.is_finished()) {
             for q in qs.iter_mut() {
                 echo(q);
                 q.complete().unwrap();
@@ -170,24 +189,48 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
             std::thread::sleep(Duration::from_micros(200));
         }
     };
-    let c = client(&net, 'p', 5, 0);
-    pump(&mut [&mut a], &c);
-    assert_eq!(c.join().unwrap(), (5, 0));
+
+    // A client port whose datagrams arrive on each queue (the veth picks the queue by the
+    // flow's hash); the first one to queue 0 is kept, turned around, as the shape of the old
+    // process's own datagrams.
+    let mut ports: [Option<u16>; 2] = [None, None];
     let mut template = Vec::new();
-    net.client_ns()
-        .run(|| {
-            let s = UdpSocket::bind(("0.0.0.0", CLIENT_PORT)).unwrap();
-            s.send_to(b"t00", (SERVER, PORT)).unwrap();
-        })
-        .unwrap();
-    let mut got = VecDeque::new();
-    while got.is_empty() {
-        a.wait(100).unwrap();
-        a.recv(&mut got, 1);
+    for port in 40000..40200 {
+        if ports.iter().all(Option::is_some) {
+            break;
+        }
+        net.client_ns()
+            .run(move || {
+                let s = UdpSocket::bind(("0.0.0.0", port)).unwrap();
+                s.send_to(b"t00", (SERVER, PORT)).unwrap();
+            })
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        'wait: while Instant::now() < deadline {
+            for (k, q) in [&mut a0, &mut a1].into_iter().enumerate() {
+                let mut got = VecDeque::new();
+                q.recv(&mut got, 1);
+                if let Some(f) = got.front() {
+                    if k == 0 && template.is_empty() {
+                        template.extend_from_slice(q.bytes(f));
+                        turn_around(&mut template);
+                    }
+                    ports[k] = ports[k].or(Some(port));
+                    q.release(&mut got.drain(..).collect());
+                    break 'wait;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
-    template.extend_from_slice(a.bytes(&got[0]));
-    turn_around(&mut template);
-    a.release(&mut got.drain(..).collect());
+    let [Some(p0), Some(p1)] = ports else {
+        panic!("no client port reached each queue: {ports:?}");
+    };
+
+    // The old process alone: 5 echoes on each queue.
+    let (c0, c1) = (client(&net, p0, 'p', 5, 0), client(&net, p1, 'q', 5, 0));
+    pump(&mut [&mut a0, &mut a1], &[&c0, &c1]);
+    assert_eq!((c0.join().unwrap(), c1.join().unwrap()), ((5, 0), (5, 0)));
 
     // The new process, started inside the server's namespace, is handed the program and the
     // queue.
@@ -211,17 +254,17 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
         }
         assert!(Instant::now() < deadline, "the new process never connected");
     };
-    let offer = a.offer_upgrade().unwrap();
     let h = Handover {
         steering: steering.share().unwrap(),
-        queues: vec![offer],
+        queues: vec![a0.offer_upgrade().unwrap(), a1.offer_upgrade().unwrap()],
     };
     send_handover(conn.as_fd(), &h).unwrap();
     drop(h);
     set_read_deadline(&conn, Some(Duration::from_millis(1))).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        a.complete().unwrap();
+        a0.complete().unwrap();
+        a1.complete().unwrap();
         match recv_message(conn.as_raw_fd()) {
             Ok(Some((text, _))) if text == "joined" => break,
             Ok(Some((text, _))) => panic!("unexpected {text:?}"),
@@ -229,47 +272,53 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
             Err(_) => assert!(Instant::now() < deadline, "the new process never joined"),
         }
     }
-    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Handed));
+    assert_eq!(a0.upgrade_phase(), Some(UpgradePhase::Handed));
+    assert_eq!(a1.upgrade_phase(), Some(UpgradePhase::Handed));
 
     // Everything to the new generation; the old process sends 10 datagrams of its own meanwhile.
     steering.set_upgrade(1, true).unwrap();
     let spawned = Instant::now();
-    let c = client(&net, 'n', 40, 10);
+    let (c0, c1) = (client(&net, p0, 'n', 40, 10), client(&net, p1, 'm', 40, 0));
     let mut sent = 0;
-    while !c.is_finished() {
-        a.complete().unwrap();
+    while !(c0.is_finished() && c1.is_finished()) {
+        a0.complete().unwrap();
+        a1.complete().unwrap();
         // Once the client's socket is surely up, one every few milliseconds.
         let due = spawned.elapsed().as_millis() / 5;
         if spawned.elapsed() > Duration::from_millis(100) && sent < 10 && due > sent as u128 {
             let mut f = Vec::new();
-            if a.alloc(&mut f, 1) == 1 {
-                let b = a.bytes_mut(&mut f[0], template.len());
+            if a0.alloc(&mut f, 1) == 1 {
+                let b = a0.bytes_mut(&mut f[0], template.len());
                 b.copy_from_slice(&template);
                 b[40..42].fill(0);
                 b[42..].copy_from_slice(format!("o{sent:02}").as_bytes());
-                sent += a.send(&mut f).unwrap();
+                sent += a0.send(&mut f).unwrap();
             }
         }
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(
-        c.join().unwrap(),
-        (40, 10),
+        (c0.join().unwrap(), c1.join().unwrap()),
+        ((40, 10), (40, 0)),
         "echoes by the new process, datagrams of the old"
     );
 
-    // The old process leaves and lets go of the program; the new one's link keeps it.
+    // The old process leaves both queues and lets go of the program; the new one's link
+    // keeps it.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while a.leave_upgrade().is_err() {
-        a.complete().unwrap();
-        assert!(
-            Instant::now() < deadline,
-            "the old process could not leave: {:?}",
-            a.counts()
-        );
-        std::thread::sleep(Duration::from_millis(1));
+    for a in [&mut a0, &mut a1] {
+        while a.leave_upgrade().is_err() {
+            a.complete().unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "the old process could not leave: {:?}",
+                a.counts()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
-    drop(a);
+    drop(a0);
+    drop(a1);
     drop(steering);
     let attached = || {
         net.server_ns()
@@ -278,13 +327,19 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
             .contains("prog/xdp")
     };
     assert!(attached(), "the new process holds the program");
-    let c = client(&net, 'z', 100, 0);
-    assert_eq!(c.join().unwrap(), (100, 0), "the new process serves alone");
+    let (c0, c1) = (client(&net, p0, 'z', 100, 0), client(&net, p1, 'y', 100, 0));
+    assert_eq!(
+        (c0.join().unwrap(), c1.join().unwrap()),
+        ((100, 0), (100, 0)),
+        "the new process serves alone"
+    );
     send_message(conn.as_raw_fd(), "finish", None).unwrap();
     set_read_deadline(&conn, Some(Duration::from_secs(5))).unwrap();
     let (report, _) = recv_message(conn.as_raw_fd()).unwrap().unwrap();
     assert_eq!(
-        report, "echoed 140 away 0 sum 256 total 256 phase Some(Left)",
+        report,
+        "queue 0 echoed 140 away 0 sum 256 total 256 phase Some(Left); \
+         queue 1 echoed 140 away 0 sum 256 total 256 phase Some(Left)",
         "the new process's frames"
     );
     let out = child.wait_with_output().unwrap();

@@ -108,7 +108,9 @@ struct Program {
     owned_v6: HashMap<MapData, [u8; 16], u8>,
     tcp_ports: Array<MapData, u8>,
     udp_ports: Array<MapData, u8>,
-    xsks: XskMap<MapData>,
+    /// `XskMap`, typed at each use (`XskMap::try_from(&mut xsks)`), so that its descriptor
+    /// can be shared without holding a second one.
+    xsks: aya::maps::Map,
     upgrade: Array<MapData, [u32; 2]>,
     old_flows: HashMap<MapData, [u8; 20], u32>,
     stats: PerCpuArray<MapData, u64>,
@@ -120,8 +122,9 @@ struct Program {
     claim: Option<Arc<Claim>>,
     /// The kernel's id of the loaded program (to find its link).
     prog_id: Option<u32>,
-    /// Another descriptor of each map in [`MAPS`], to hand to a new process (an upgrade).
-    map_fds: Vec<(&'static str, std::os::fd::OwnedFd)>,
+    /// The maps no typed field holds, when the program was adopted (`_ebpf` holds them
+    /// otherwise).
+    others: Vec<(&'static str, MapData)>,
     /// The program's link, when this process adopted the program from another one.
     _link: Option<std::os::fd::OwnedFd>,
     /// The keeper that answers for the runtime if it dies ([`Steering::linger_on_death`]).
@@ -229,7 +232,6 @@ impl Steering {
                 detail: "missing from the object".into(),
             })
         };
-        let map_fds = upgrade::map_fds(&ebpf)?;
         let program = Program {
             ifname: ifname.to_string(),
             owned_v4: HashMap::try_from(take(&mut ebpf, "owned_v4")?)
@@ -240,7 +242,7 @@ impl Steering {
                 .map_err(map_err("tcp_ports"))?,
             udp_ports: Array::try_from(take(&mut ebpf, "udp_ports")?)
                 .map_err(map_err("udp_ports"))?,
-            xsks: XskMap::try_from(take(&mut ebpf, "xsks")?).map_err(map_err("xsks"))?,
+            xsks: take(&mut ebpf, "xsks")?,
             upgrade: Array::try_from(take(&mut ebpf, "upgrade")?).map_err(map_err("upgrade"))?,
             old_flows: HashMap::try_from(take(&mut ebpf, "old_flows")?)
                 .map_err(map_err("old_flows"))?,
@@ -250,7 +252,7 @@ impl Steering {
             groups: StdHashMap::new(),
             claim: None,
             prog_id,
-            map_fds,
+            others: Vec::new(),
             _link: None,
             linger: None,
             _ebpf: Some(ebpf),
@@ -448,7 +450,10 @@ impl Steering {
     /// entry itself when the socket closes.
     pub fn register(&mut self, queue: u32, fd: RawFd) -> Result<(), Error> {
         match &mut self.via {
-            Via::Program(p) => p.xsks.set(queue, fd, 0).map_err(map_err("xsks")),
+            Via::Program(p) => XskMap::try_from(&mut p.xsks)
+                .map_err(map_err("xsks"))?
+                .set(queue, fd, 0)
+                .map_err(map_err("xsks")),
             Via::Grant(g) => g.register(queue, fd),
         }
     }

@@ -6,8 +6,7 @@ use std::collections::HashMap as StdHashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 
-use aya::Ebpf;
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, XskMap};
+use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray, XskMap};
 
 use super::{GENERATIONS, MAPS, MAX_QUEUES, Program, Steering, Via, map_err};
 use crate::error::Error;
@@ -26,23 +25,33 @@ pub struct SteeringShare {
     pub mode: AttachedMode,
 }
 
-/// Another descriptor of each map the loader takes.
-pub(super) fn map_fds(ebpf: &Ebpf) -> Result<Vec<(&'static str, OwnedFd)>, Error> {
-    MAPS.iter()
-        .map(|&(name, _)| {
-            let data = match ebpf.map(name) {
-                Some(Map::Array(d) | Map::HashMap(d) | Map::PerCpuArray(d) | Map::XskMap(d)) => d,
-                _ => {
-                    return Err(Error::Map {
-                        map: name,
-                        detail: "missing from the object, or of an unexpected type".into(),
-                    });
-                }
-            };
-            let fd = data.fd().as_fd().try_clone_to_owned().map_err(Error::Io)?;
-            Ok((name, fd))
+/// The map data of the kinds the program has.
+fn data(m: &Map) -> Option<&MapData> {
+    match m {
+        Map::Array(d) | Map::HashMap(d) | Map::PerCpuArray(d) | Map::XskMap(d) => Some(d),
+        _ => None,
+    }
+}
+
+impl Program {
+    /// Map `name`'s data, wherever this program holds it.
+    fn map_data(&self, name: &str) -> Option<&MapData> {
+        Some(match name {
+            "owned_v4" => self.owned_v4.map(),
+            "owned_v6" => self.owned_v6.map(),
+            "tcp_ports" => self.tcp_ports.map(),
+            "udp_ports" => self.udp_ports.map(),
+            "upgrade" => self.upgrade.map(),
+            "old_flows" => self.old_flows.map(),
+            "stats" => self.stats.map(),
+            "cookie_cfg" => self.cookie_cfg.map(),
+            "xsks" => data(&self.xsks)?,
+            other => match &self._ebpf {
+                Some(e) => data(e.map(other)?)?,
+                None => &self.others.iter().find(|(n, _)| *n == other)?.1,
+            },
         })
-        .collect()
+    }
 }
 
 impl Steering {
@@ -57,7 +66,8 @@ impl Steering {
             )));
         }
         let p = self.program("an upgrade")?;
-        p.xsks
+        XskMap::try_from(&mut p.xsks)
+            .map_err(map_err("xsks"))?
             .set(generation * MAX_QUEUES + queue, fd, 0)
             .map_err(map_err("xsks"))
     }
@@ -127,10 +137,16 @@ impl Steering {
     pub fn share(&mut self) -> Result<SteeringShare, Error> {
         let mode = self.mode;
         let p = self.program("sharing the program")?;
-        let maps = p
-            .map_fds
+        let maps = MAPS
             .iter()
-            .map(|(name, fd)| Ok((name.to_string(), fd.try_clone().map_err(Error::Io)?)))
+            .map(|&(name, _)| {
+                let d = p.map_data(name).ok_or(Error::Map {
+                    map: name,
+                    detail: "not held by this program".into(),
+                })?;
+                let fd = d.fd().as_fd().try_clone_to_owned().map_err(Error::Io)?;
+                Ok((name.to_string(), fd))
+            })
             .collect::<Result<Vec<_>, Error>>()?;
         let link = match (&p._link, p.prog_id) {
             (Some(l), _) => l.try_clone().map_err(Error::Io)?,
@@ -155,28 +171,18 @@ impl Steering {
             })?;
             MapData::from_fd(fd).map_err(map_err(name))
         };
-        let mut map_fds = Vec::new();
-        let mut keep = |name: &'static str, d: &MapData| -> Result<(), Error> {
-            map_fds.push((
-                name,
-                d.fd().as_fd().try_clone_to_owned().map_err(Error::Io)?,
-            ));
-            Ok(())
-        };
         macro_rules! typed {
-            ($name:literal, $variant:ident, $ty:ident) => {{
-                let d = take($name)?;
-                keep($name, &d)?;
-                $ty::try_from(Map::$variant(d)).map_err(map_err($name))?
-            }};
+            ($name:literal, $variant:ident, $ty:ident) => {
+                $ty::try_from(Map::$variant(take($name)?)).map_err(map_err($name))?
+            };
         }
-        let mut program = Program {
+        let program = Program {
             ifname: ifname.to_string(),
             owned_v4: typed!("owned_v4", HashMap, HashMap),
             owned_v6: typed!("owned_v6", HashMap, HashMap),
             tcp_ports: typed!("tcp_ports", Array, Array),
             udp_ports: typed!("udp_ports", Array, Array),
-            xsks: typed!("xsks", XskMap, XskMap),
+            xsks: Map::XskMap(take("xsks")?),
             upgrade: typed!("upgrade", Array, Array),
             old_flows: typed!("old_flows", HashMap, HashMap),
             stats: typed!("stats", PerCpuArray, PerCpuArray),
@@ -184,18 +190,15 @@ impl Steering {
             groups: StdHashMap::new(),
             claim: None,
             prog_id: None,
-            map_fds: Vec::new(),
+            // Kept to be shared on with the rest.
+            others: vec![
+                ("iface", take("iface")?),
+                ("unreach_rate", take("unreach_rate")?),
+            ],
             _link: Some(share.link),
             linger: None,
             _ebpf: None,
         };
-        // Maps the typed fields do not hold (`iface`, `unreach_rate`) are kept for the next
-        // process all the same.
-        for name in ["iface", "unreach_rate"] {
-            let d = take(name)?;
-            keep(name, &d)?;
-        }
-        program.map_fds = map_fds;
         Ok(Steering {
             ifname: ifname.to_string(),
             mode: share.mode,

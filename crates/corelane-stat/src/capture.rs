@@ -108,8 +108,9 @@ pub struct CaptureFile {
     map: Arc<Mapping>,
     layout: Layout,
     path: PathBuf,
-    /// Remove the file when dropped (not when someone else made it and removes it).
-    remove: bool,
+    /// Remove the file when dropped, while its path still names it (None: someone else made
+    /// it and removes it).
+    remove: Option<crate::FileId>,
 }
 
 /// Makes (or replaces) an empty capture file at `path`, readable and writable by its owner
@@ -130,7 +131,7 @@ impl CaptureFile {
     pub fn create(path: &Path, cores: usize) -> io::Result<CaptureFile> {
         let file = new_capture_file(path)?;
         let mut c = CaptureFile::create_in(&file, path, cores)?;
-        c.remove = true;
+        c.remove = crate::file_id(&file);
         Ok(c)
     }
 
@@ -155,7 +156,7 @@ impl CaptureFile {
             map: Arc::new(map),
             layout,
             path: path.to_path_buf(),
-            remove: false,
+            remove: None,
         })
     }
 
@@ -167,8 +168,8 @@ impl CaptureFile {
 
 impl Drop for CaptureFile {
     fn drop(&mut self) {
-        if self.remove {
-            let _ = std::fs::remove_file(&self.path);
+        if let Some(id) = self.remove {
+            crate::remove_if_same(&self.path, id);
         }
     }
 }

@@ -107,6 +107,23 @@ fn new_file(path: &std::path::Path, mode: u32) -> std::io::Result<std::fs::File>
         .open(path)
 }
 
+/// A file's identity (device, inode).
+type FileId = (u64, u64);
+
+fn file_id(file: &std::fs::File) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Removes `path` while it still names the file `id`: another runtime may have made its own
+/// file there since (the new process of an upgrade), and that one stays.
+fn remove_if_same(path: &std::path::Path, id: FileId) {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -172,3 +172,25 @@ fn a_crafted_header_is_refused_not_trusted() -> io::Result<()> {
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
+
+#[test]
+fn a_runtime_that_ends_leaves_the_file_a_newer_one_made_in_its_place() -> io::Result<()> {
+    let dir = std::env::temp_dir().join(format!("corelane-stat-new-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("stats");
+    let old = Publisher::create(&path, "veth-old", 1, &["rx_frames"], 4)?;
+    // The new process of an upgrade makes its own file at the same path while the old one runs.
+    let new = Publisher::create(&path, "veth-new", 1, &["rx_frames"], 4)?;
+    drop(old);
+    assert_eq!(
+        Stats::open(&path)?.ifname(),
+        "veth-new",
+        "the new file stays"
+    );
+    assert!(path.with_file_name("capture").exists());
+    drop(new);
+    assert!(!path.exists(), "the new one removes its own file");
+    assert!(!path.with_file_name("capture").exists());
+    let _ = std::fs::remove_dir(&dir);
+    Ok(())
+}

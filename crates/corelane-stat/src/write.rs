@@ -24,8 +24,9 @@ pub struct Publisher {
     path: PathBuf,
     /// The capture file beside it (see [`CaptureFile`]), when it could be made.
     capture: Option<std::sync::Arc<CaptureFile>>,
-    /// Remove the file when dropped (not when someone else made it and removes it).
-    remove: bool,
+    /// Remove the file when dropped, while its path still names it (None: someone else made
+    /// it and removes it).
+    remove: Option<crate::FileId>,
 }
 
 impl Publisher {
@@ -44,7 +45,7 @@ impl Publisher {
     ) -> io::Result<Publisher> {
         let file = new_stats_file(path)?;
         let mut p = Publisher::create_in(&file, path, ifname, cores, names, conn_cap)?;
-        p.remove = true;
+        p.remove = crate::file_id(&file);
         // Beside the stats: a server that may write the directory may capture.
         p.capture = CaptureFile::create(&path.with_file_name("capture"), cores)
             .ok()
@@ -111,7 +112,7 @@ impl Publisher {
             layout,
             path: path.to_path_buf(),
             capture: None,
-            remove: false,
+            remove: None,
         }
     }
 
@@ -150,8 +151,8 @@ impl Drop for Publisher {
     /// it.
     fn drop(&mut self) {
         self.close();
-        if self.remove {
-            let _ = std::fs::remove_file(&self.path);
+        if let Some(id) = self.remove {
+            crate::remove_if_same(&self.path, id);
         }
     }
 }

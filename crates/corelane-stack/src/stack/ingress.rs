@@ -219,6 +219,10 @@ impl Stack {
     /// cookie opens its connection; anything else but a reset is answered with one.
     fn answer_tcp<P: FrameIo>(&mut self, now: Instant, dev: &mut XdpDevice<P>, listening: bool) {
         self.stats.no_flow += 1;
+        if self.quiet {
+            dev.consume();
+            return;
+        }
         let Some(inn) = dev.front_bytes().and_then(wire::parse) else {
             self.stats.tcp_malformed += 1;
             dev.consume();

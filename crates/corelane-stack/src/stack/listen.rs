@@ -183,6 +183,15 @@ impl Stack {
         }
     }
 
+    /// Drops TCP segments no connection claims instead of answering them with a reset (and
+    /// opens nothing from a SYN cookie's ACK), while `on`. For an upgrade: with its listeners
+    /// closed, a process handing its queues to a new one lets a SYN that reaches it go
+    /// unanswered (the peer retries, and the retry reaches the new process) rather than refuse
+    /// the connection.
+    pub fn set_quiet(&mut self, on: bool) {
+        self.quiet = on;
+    }
+
     /// The ports with a listener.
     pub fn listening_ports(&self) -> Vec<u16> {
         self.listeners.keys().copied().collect()

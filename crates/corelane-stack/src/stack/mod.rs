@@ -179,6 +179,8 @@ pub struct Stack {
     cfg: StackConfig,
     /// A graceful shutdown began: no new connections, no more waiting for datagrams.
     draining: bool,
+    /// Segments no connection claims are dropped unanswered ([`Stack::set_quiet`]).
+    quiet: bool,
     stats: StackStats,
     rng: u64,
 }
@@ -264,6 +266,7 @@ impl Stack {
             timers: BinaryHeap::with_capacity(cfg.flows),
             cfg,
             draining: false,
+            quiet: false,
             stats: StackStats::default(),
             // A second generator for port choice, kept apart from the sequence numbers'.
             rng: secret.port_seed(),

@@ -232,6 +232,20 @@ impl FramePool {
             .advance(index as usize, FrameState::Away, FrameState::Receive)
     }
 
+    /// The other process of an upgrade has left, having given back every frame it held: the
+    /// frames still away are those it posted for receive before the hand-over that no packet
+    /// has used yet, still in the fill ring. Returns how many.
+    pub fn away_were_posted(&mut self) -> usize {
+        let mut n = 0;
+        for i in 0..self.ledger.len() {
+            if self.ledger.state(i) == FrameState::Away {
+                self.move_to(i as u32, FrameState::Away, FrameState::Receive);
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// The other process of an upgrade is gone: every frame still away was in its hands, and
     /// is free here now. Returns how many.
     pub fn reclaim_away(&mut self) -> usize {

@@ -93,6 +93,9 @@ pub struct Steering {
     mode: AttachedMode,
     fallback_reason: Option<String>,
     port_refs: StdHashMap<(Proto, u16), u32>,
+    /// The program was handed on to a new process ([`Steering::hand_on`]): ports and
+    /// addresses this process gives up stay steered, for the new one.
+    handed_on: bool,
     via: Via,
 }
 
@@ -262,6 +265,7 @@ impl Steering {
             mode,
             fallback_reason,
             port_refs: StdHashMap::new(),
+            handed_on: false,
             via: Via::Program(Box::new(program)),
         })
     }
@@ -274,6 +278,7 @@ impl Steering {
             mode: client.mode(),
             fallback_reason: client.fallback_reason().map(str::to_string),
             port_refs: StdHashMap::new(),
+            handed_on: false,
             via: Via::Grant(client),
         }
     }
@@ -363,6 +368,9 @@ impl Steering {
 
     /// Stops steering frames for `addr`.
     pub fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        if self.handed_on {
+            return Ok(());
+        }
         match &mut self.via {
             Via::Program(p) => p.disown_addr(addr),
             Via::Grant(g) => g.disown_addr(addr),
@@ -388,6 +396,9 @@ impl Steering {
         *refs -= 1;
         if *refs == 0 {
             self.port_refs.remove(&(proto, port));
+            if self.handed_on {
+                return Ok(());
+            }
             self.set_port(proto, port, false)?;
         }
         Ok(())

@@ -105,6 +105,35 @@ impl Steering {
         }
     }
 
+    /// Which generation gets the frames and whether the split is on (see
+    /// [`Steering::set_upgrade`]).
+    pub fn upgrade_state(&mut self) -> Result<(u32, bool), Error> {
+        let p = self.program("an upgrade")?;
+        let [current, split] = p.upgrade.get(&0, 0).map_err(map_err("upgrade"))?;
+        Ok((current, split != 0))
+    }
+
+    /// Forgets every connection kept for an old generation (the upgrade is over). Returns how
+    /// many there were.
+    pub fn clear_flows(&mut self) -> Result<usize, Error> {
+        let p = self.program("an upgrade")?;
+        let keys: Vec<[u8; 20]> = p.old_flows.keys().filter_map(Result::ok).collect();
+        for k in &keys {
+            match p.old_flows.remove(k) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err("old_flows")(e)),
+            }
+        }
+        Ok(keys.len())
+    }
+
+    /// This process has handed the program on to a new one ([`Steering::share`]) and is
+    /// leaving: from now on the ports and addresses it gives up stay steered (the new process
+    /// serves them too); its own references are still counted.
+    pub fn hand_on(&mut self) {
+        self.handed_on = true;
+    }
+
     /// The program, for what a grant does not offer (`what`).
     fn program(&mut self, what: &str) -> Result<&mut Program, Error> {
         match &mut self.via {
@@ -204,6 +233,7 @@ impl Steering {
             mode: share.mode,
             fallback_reason: None,
             port_refs: StdHashMap::new(),
+            handed_on: false,
             via: Via::Program(Box::new(program)),
         })
     }

@@ -338,9 +338,9 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
     let (report, _) = recv_message(conn.as_raw_fd()).unwrap().unwrap();
     assert_eq!(
         report,
-        "queue 0 echoed 140 away 0 sum 256 total 256 phase Some(Left); \
-         queue 1 echoed 140 away 0 sum 256 total 256 phase Some(Left)",
-        "the new process's frames"
+        "queue 0 echoed 140 away 0 sum 256 total 256 phase None; \
+         queue 1 echoed 140 away 0 sum 256 total 256 phase None",
+        "the new process's frames, the upgrade over on both queues"
     );
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "the new process failed");

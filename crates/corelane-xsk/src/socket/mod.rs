@@ -192,7 +192,7 @@ impl XskQueue {
         let want = self
             .pool
             .fill_target()
-            .saturating_sub(self.pool.count(FrameState::Receive));
+            .saturating_sub(self.posted_for_receive());
         if want == 0 {
             return Ok(());
         }
@@ -420,6 +420,11 @@ impl FrameIo for XskQueue {
     }
 
     fn set_fill_target(&mut self, frames: usize) -> usize {
+        if !self.owns_rings {
+            // Handed to the new process of an upgrade, which fills the ring: none of this
+            // side's free frames are kept back for it (they are to send from).
+            return 0;
+        }
         // At most the fill ring, and at most half the frames: transmit keeps the other half.
         let most = (self.ring_size as usize).min(self.frames as usize / 2);
         let set = self.pool.set_fill_target(frames, most);

@@ -279,6 +279,20 @@ impl XskQueue {
         Ok(taken)
     }
 
+    /// Frames posted for receive, to measure the fill target against: the ledger's count, but
+    /// on the new process of an upgrade the fill ring's own. There the ledger counts the
+    /// frames it posted until they come back, and the old process may hold many of them (it
+    /// keeps some free to send from): counted as posted, they would keep the ring from being
+    /// filled while it runs dry.
+    pub(super) fn posted_for_receive(&mut self) -> usize {
+        match &self.partner {
+            Some(p) if p.role == Role::New => {
+                self.ring_size.saturating_sub(self.fq.free_exact()) as usize
+            }
+            _ => self.pool.count(FrameState::Receive),
+        }
+    }
+
     fn completed_here(&mut self, index: u32) {
         if let Err(e) = self.pool.completed(index) {
             tracing::error!("queue {}: {e}", self.queue_id);
@@ -337,6 +351,8 @@ impl XskQueue {
         let Some(p) = self.partner.as_mut() else {
             return;
         };
+        // Read before the frames it gave back: once it says so, all of them are on the way.
+        let old_left = p.role == Role::New && p.ex.phase() == Phase::Left;
         if p.role == Role::Old && self.owns_rings && p.ex.advance(Phase::Bound, Phase::Handing) {
             // The completion ring was read this turn; what completes from here on, the new
             // process reads and forwards.
@@ -371,6 +387,17 @@ impl XskQueue {
             }
         }
         p.inbound = inbound;
+        if old_left {
+            // The upgrade is over: the queue is this process's alone.
+            let posted = self.pool.away_were_posted();
+            self.partner = None;
+            tracing::info!(
+                "queue {}: the old process has left ({posted} frames it posted are still in \
+                 the fill ring)",
+                self.queue_id
+            );
+            return;
+        }
         if p.role == Role::Old && !self.owns_rings {
             // Completions make frames free here; past what it keeps to send from, the old
             // process gives them back.

@@ -177,6 +177,10 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
     }
 
     let mut b = join(net, &mut a);
+    // The old process keeps no frame back for a fill ring it no longer fills, whatever its
+    // batch tuner asks: its free frames are to send from (kept back, they left it none).
+    assert_eq!(a.set_fill_target(1024), 0);
+    assert_eq!(a.fill_target(), 0);
 
     // New flows to the new process while the old one goes on sending for its own: every
     // request answered, every one of the old one's datagrams delivered. The frames the old

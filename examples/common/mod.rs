@@ -92,6 +92,18 @@ pub(crate) struct Common {
     /// buffers follow its own window.
     #[arg(long)]
     pub(crate) rtt_us: Option<u64>,
+    /// Let a new process take this one's place without dropping a connection: listen for it
+    /// on a unix socket at PATH (`Builder::upgrades`).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) upgrades: Option<std::path::PathBuf>,
+    /// Seconds this process's connections have to finish once a new process has taken over
+    /// (what is left then is reset).
+    #[arg(long, default_value_t = 30)]
+    pub(crate) upgrade_grace: u64,
+    /// Take over from the server listening for upgrades at PATH (`Builder::upgrade_from`):
+    /// it drains and ends, no connection dropped. Give the same cores and addresses.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) upgrade_from: Option<std::path::PathBuf>,
     /// Print counters every N seconds (0: only at exit).
     #[arg(long, default_value_t = 0)]
     pub(crate) stats_every: u64,
@@ -191,6 +203,12 @@ impl Common {
         }
         if let Some(m) = self.metrics {
             b = b.metrics(m);
+        }
+        if let Some(p) = &self.upgrades {
+            b = b.upgrades(p, Duration::from_secs(self.upgrade_grace));
+        }
+        if let Some(p) = &self.upgrade_from {
+            b = b.upgrade_from(p);
         }
         Ok(b.kernel_routes(!self.no_kernel_routes))
     }
@@ -329,13 +347,18 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     }
     let t = r.frames();
     println!(
-        "frames: {} total = {} free + {} fill + {} rx + {} in use + {} tx + {} completion",
-        t.total, t.free, t.fill, t.rx, t.in_use, t.tx, t.completion
+        "frames: {} total = {} free + {} fill + {} rx + {} in use + {} tx + {} completion + {} \
+         with the other process of an upgrade",
+        t.total, t.free, t.fill, t.rx, t.in_use, t.tx, t.completion, t.away
     );
     if !r.frames_balanced() {
         return Err("frame accounting does not add up after shutdown".into());
     }
-    println!("{name}: XDP program detached");
+    if r.upgraded {
+        println!("{name}: upgraded: the queues and the XDP program are the new process's");
+    } else {
+        println!("{name}: XDP program detached");
+    }
     Ok(())
 }
 

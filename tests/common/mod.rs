@@ -245,6 +245,16 @@ pub fn payload(n: usize, seed: u64) -> Vec<u8> {
 /// Connects (retrying briefly while ARP/NDP resolves), sends `data`, half-closes, reads the
 /// echo until EOF and returns the SHA-256 of what came back and its length.
 pub fn tcp_echo(addr: SocketAddr, data: &[u8]) -> std::io::Result<([u8; 32], usize)> {
+    tcp_echo_paced(addr, data, None)
+}
+
+/// [`tcp_echo`], sending at about `rate` bytes a second when given (in 16 KiB writes), so that
+/// the transfer lasts.
+pub fn tcp_echo_paced(
+    addr: SocketAddr,
+    data: &[u8],
+    rate: Option<usize>,
+) -> std::io::Result<([u8; 32], usize)> {
     let mut s = connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     s.set_nodelay(true)?;
@@ -264,7 +274,20 @@ pub fn tcp_echo(addr: SocketAddr, data: &[u8]) -> std::io::Result<([u8; 32], usi
         }
         Ok((h.finalize().into(), got))
     });
-    s.write_all(data)?;
+    match rate {
+        None => s.write_all(data)?,
+        Some(rate) => {
+            let start = Instant::now();
+            let chunk = 16 * 1024;
+            for (i, c) in data.chunks(chunk).enumerate() {
+                s.write_all(c)?;
+                let due = Duration::from_secs_f64(((i + 1) * chunk) as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+    }
     let res = reader.join().expect("reader thread")?;
     s.shutdown(std::net::Shutdown::Write)?;
     Ok(res)

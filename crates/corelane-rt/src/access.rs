@@ -29,6 +29,9 @@ pub(crate) enum Access {
     Attach(Arc<Claim>),
     /// A broker holds the program and the claim.
     Granted(GrantClient),
+    /// The program came from the process this one takes over from (an upgrade); the claim
+    /// comes once that one has ended (`upgrade_join.rs`).
+    Adopted(Box<Steering>),
 }
 
 impl Access {
@@ -65,7 +68,7 @@ impl Access {
     pub(crate) fn claim(&self) -> Option<&Arc<Claim>> {
         match self {
             Access::Attach(c) => Some(c),
-            Access::Granted(_) => None,
+            Access::Granted(_) | Access::Adopted(_) => None,
         }
     }
 
@@ -81,6 +84,14 @@ impl Access {
         match self {
             Access::Attach(c) => corelane_stat::Publisher::create(
                 &c.dir().join("stats"),
+                ifname,
+                cores,
+                names,
+                conn_cap,
+            ),
+            // In the old process's place: its file stays until it ends, unread.
+            Access::Adopted(_) => corelane_stat::Publisher::create(
+                &corelane_xsk::iface_dir(ifname)?.join("stats"),
                 ifname,
                 cores,
                 names,
@@ -120,6 +131,11 @@ impl Access {
         match self {
             Access::Attach(_) => corelane_xsk::set_rx_queues(ifname, now, need).map(Some),
             Access::Granted(g) => g.set_rx_queues(need).map(|()| None),
+            Access::Adopted(_) => Err(corelane_xsk::Error::Config(format!(
+                "{ifname} has {} receive queue(s) and an upgrade keeps the old process's queues: \
+                 serve them with as many cores as it did",
+                now.rx_queues()
+            ))),
         }
     }
 
@@ -136,6 +152,7 @@ impl Access {
                 s.set_claim(claim);
                 s
             }
+            Access::Adopted(s) => *s,
             Access::Granted(g) => {
                 let served = g.vlan()?;
                 if served != vlan {

@@ -46,6 +46,10 @@ pub struct Builder {
     /// `StackConfig` was given).
     pub(crate) tcp_mem_auto: bool,
     pub(crate) default_signals: bool,
+    /// Where this runtime hands over to a new process, and the grace it drains for.
+    pub(crate) upgrades: Option<(std::path::PathBuf, Duration)>,
+    /// Where the runtime this one takes over from listens.
+    pub(crate) upgrade_from: Option<std::path::PathBuf>,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that

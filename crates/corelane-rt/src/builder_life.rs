@@ -1,6 +1,8 @@
-//! The builder's options about privileges and death: which capabilities the runtime keeps,
-//! and how long the XDP program answers for it once it died.
+//! The builder's options about privileges, death and succession: which capabilities the
+//! runtime keeps, how long the XDP program answers for it once it died, and how a new process
+//! takes over from it without dropping a connection.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::Builder;
@@ -29,6 +31,47 @@ impl Builder {
     /// (under a grant, the broker answers for a server that died).
     pub fn linger_on_death(mut self, time: Duration) -> Self {
         self.death_linger = time;
+        self
+    }
+
+    /// Lets a new process take this runtime's place without dropping a connection (an
+    /// upgrade): the runtime listens on a unix socket at `path` (mode 0600; only root or this
+    /// process's user may connect), and a process built with
+    /// [`upgrade_from`](Builder::upgrade_from) the same path takes over from it. Then new
+    /// connections go to the new process; this one's listeners close, its connections go on
+    /// until they close or `grace` ends (what is left then is reset), and its `run` returns
+    /// (`RunReport::stopped` set). Only for a runtime that attached the XDP program itself
+    /// (not under a grant).
+    ///
+    /// ```no_run
+    /// # use corelane_rt as corelane;
+    /// use std::time::Duration;
+    /// // The running server:
+    /// let rt = corelane::Runtime::builder("eth0")
+    ///     .addr("10.0.0.5/24")
+    ///     .upgrades("/run/myserver.upgrade", Duration::from_secs(30))
+    ///     .build()?;
+    /// // Its successor, started later (another binary, say), takes over:
+    /// let next = corelane::Runtime::builder("eth0")
+    ///     .addr("10.0.0.5/24")
+    ///     .upgrade_from("/run/myserver.upgrade")
+    ///     .upgrades("/run/myserver.upgrade", Duration::from_secs(30))
+    ///     .build()?;
+    /// # Ok::<(), corelane::Error>(())
+    /// ```
+    pub fn upgrades(mut self, path: impl Into<PathBuf>, grace: Duration) -> Self {
+        self.upgrades = Some((path.into(), grace));
+        self
+    }
+
+    /// Takes over from the runtime listening at `path` ([`upgrades`](Builder::upgrades))
+    /// instead of starting afresh: `build` receives its XDP program and joins each of its
+    /// queues (so this runtime must serve the same queues: the same cores and placement), and
+    /// from then on gets the new connections while the old one drains. The old process's
+    /// connection secret comes too, so SYN cookies it sent are answered here. `build` fails,
+    /// naming why, when nothing listens at `path` or the old process does not hand over.
+    pub fn upgrade_from(mut self, path: impl Into<PathBuf>) -> Self {
+        self.upgrade_from = Some(path.into());
         self
     }
 }

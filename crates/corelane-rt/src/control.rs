@@ -9,7 +9,8 @@
 //!   first failure;
 //! - telemetry ([`Telemetry`], `telemetry.rs`): live statistics, metrics, warnings;
 //! - the flood defence ([`XdpCookies`], `cookies.rs`): the program's SYN cookies;
-//! - the doorbells that wake each core.
+//! - the doorbells that wake each core;
+//! - an upgrade ([`Upgrades`], `upgrade.rs`): the hand-over to a new process.
 //!
 //! None of those modules imports this one, the driver or the lane; what a job needs of
 //! another (a stop rings every doorbell, an address added wakes every core) is said here.
@@ -24,6 +25,7 @@ use crate::life::Life;
 use crate::routing::RouteBook;
 use crate::steward::Steer;
 use crate::telemetry::Telemetry;
+use crate::upgrade::Upgrades;
 
 /// The control plane of one run, shared by its cores and handles.
 pub(crate) struct Shared {
@@ -41,6 +43,9 @@ pub(crate) struct Shared {
     pub(crate) auto_ports: Mutex<Vec<u16>>,
     /// One per core: rung to wake it.
     pub(crate) bells: Vec<Arc<Doorbell>>,
+    /// A hand-over to a new process, or from an old one (dropped last: what it inherited puts
+    /// the interface's queues back after the program is gone).
+    pub(crate) upgrades: Upgrades,
 }
 
 impl Shared {

@@ -64,6 +64,32 @@ impl Runtime {
                     }
                 }
             }
+            if let (Some(listener), Some((_, grace))) = (&self.upgrade_listener, &self.cfg.upgrades)
+            {
+                let (shared, grace) = (&self.shared, *grace);
+                let seed = self.cfg.stack.seed.unwrap_or_default();
+                let restore = &self._restore;
+                let spawned = std::thread::Builder::new()
+                    .name("corelane-upgrade".into())
+                    .spawn_scoped(scope, move || {
+                        crate::upgrade::serve(listener, shared, n, seed, grace, restore)
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("no upgrade can be made: {e}");
+                }
+            }
+            if let Some(joining) = crate::lock::lock(&self.joining).take() {
+                // Not scoped: it waits for the old process to end, which may outlast this run.
+                self.shared.upgrades.start_listing(n);
+                let weak = std::sync::Arc::downgrade(&self.shared);
+                let ifname = self.cfg.ifname.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("corelane-succeed".into())
+                    .spawn(move || joining.serve(&weak, &ifname));
+                if let Err(e) = spawned {
+                    tracing::error!("upgrade: the old process will not be told to switch: {e}");
+                }
+            }
             let mut handles = Vec::new();
             for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
                 let lane = &self.plan.lanes[i];
@@ -138,6 +164,8 @@ impl Runtime {
             self.shared.steer.steward().close();
             ended
         });
+        // Every core has left its queue: the new process of an upgrade ends the split.
+        self.shared.upgrades.close();
         let mut cores = Vec::with_capacity(n);
         let mut first_err = None;
         for r in results {
@@ -167,6 +195,7 @@ impl Runtime {
             xdp,
             warnings: self.shared.telemetry.warnings(),
             stopped: self.shared.life.stop.load(Ordering::SeqCst) || self.shared.life.draining(),
+            upgraded: self.shared.upgrades.switched(),
         })
     }
 

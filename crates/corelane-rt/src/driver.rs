@@ -10,8 +10,8 @@ use std::time::{Duration, Instant as StdInstant};
 
 use corelane_stack::smoltcp::time::Instant;
 use corelane_stack::{Pipeline, Proto, TIMED_EVERY};
-use corelane_xsk::FrameIo as _;
 use corelane_xsk::XskQueue;
+use corelane_xsk::{FrameCounts, FrameIo as _};
 use tokio::io::unix::AsyncFd;
 
 use crate::PollMode;
@@ -62,6 +62,8 @@ pub(crate) struct Driver {
     pub(crate) drops_read_at: Option<StdInstant>,
     /// Yields to the tasks so far.
     pub(crate) yields: u64,
+    /// This core's part in an upgrade.
+    pub(crate) upgrade: crate::upgrade::CoreUpgrade,
 }
 
 impl Driver {
@@ -98,6 +100,13 @@ impl Driver {
                 core.shared.stop_all();
             }
         }
+        self.upgrade.turn(
+            &core.shared,
+            core.index,
+            &mut stack,
+            self.pipe.dev.io_mut(),
+            &mut self.listeners_closed,
+        );
         let added = core.shared.addrs.sync(&mut self.addrs_seen, &mut stack);
         core.shared.routes.sync(&mut self.routes_seen, &mut stack);
         if core.index == 0 {
@@ -204,6 +213,18 @@ impl Driver {
         turn.busy()
     }
 
+    /// At the core's end, its stack shut down with its frames where `counts` says: leaves the
+    /// queue to the new process of an upgrade, if one took it, and says where they are then.
+    pub(crate) fn leave_upgrade(&mut self, counts: FrameCounts) -> FrameCounts {
+        let core = self.core.clone();
+        let io = self.pipe.dev.io_mut();
+        if self.upgrade.leave(&core.shared, core.index, io) {
+            io.counts()
+        } else {
+            counts
+        }
+    }
+
     /// Runs the pipeline until the core is told to stop.
     pub(crate) async fn run(mut self) -> Self {
         let readable = tokio::io::Interest::READABLE;
@@ -297,7 +318,14 @@ impl Driver {
                 } else {
                     Duration::from_secs(3600)
                 };
-            let deadline = deadline.map(|d| d.min(far));
+            let mut deadline = deadline.map(|d| d.min(far));
+            if self.pipe.dev.io().upgrade_phase() == Some(corelane_xsk::UpgradePhase::Handed) {
+                // Two processes share the queue (an upgrade): the frames one gives back and
+                // the completions it forwards wake nothing in the other, which must look
+                // often (the new one fills the ring the old one receives on).
+                let soon = tokio::time::Instant::now() + crate::upgrade::SHARED_NAP;
+                deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
+            }
             tokio::select! {
                 biased;
                 r = xsk.readable() => if let Ok(mut g) = r { g.clear_ready() },
@@ -354,7 +382,8 @@ impl Driver {
         while StdInstant::now() < until && !shared.life.stop.load(Ordering::Relaxed) {
             let busy = self.turn(&mut freed);
             self.release_ports(&mut freed);
-            if self.core.stack().settled() {
+            let settled = self.core.stack().settled();
+            if settled && self.upgrade.all_settled(&shared) {
                 break;
             }
             if busy || self.core.stack().egress_pending() {

@@ -26,6 +26,11 @@ pub struct Runtime {
     pub(crate) routes: corelane_stack::route::RouteTable,
     /// Each lane's AF_XDP socket, opened by `build`, taken by its core when it starts.
     pub(crate) sockets: Mutex<Vec<Option<corelane_xsk::XskQueue>>>,
+    /// Where a new process takes this one's place ([`Builder::upgrades`]).
+    pub(crate) upgrade_listener: Option<crate::upgrade::Listener>,
+    /// The old process this one takes over from, until the cores run
+    /// ([`Builder::upgrade_from`]).
+    pub(crate) joining: Mutex<Option<crate::upgrade_join::Joining>>,
     // Dropped after `shared` (and with it the XDP program).
     pub(crate) _restore: RestoreQueues,
 }
@@ -85,6 +90,8 @@ impl Runtime {
             xdp_cookies: None,
             tcp_mem_auto: true,
             default_signals: true,
+            upgrades: None,
+            upgrade_from: None,
         }
     }
 

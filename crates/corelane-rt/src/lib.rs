@@ -69,6 +69,8 @@ mod steward;
 mod stop;
 mod telemetry;
 mod threads;
+mod upgrade;
+mod upgrade_join;
 
 use std::time::Duration;
 

@@ -54,7 +54,22 @@ impl Builder {
                 corelane_stack::MAX_ADDRS
             )));
         }
-        let access = Access::get(&self.ifname, self.xdp)?;
+        // Taking over from a running process: its program, and its queues below.
+        let (access, mut joining) = match &self.upgrade_from {
+            Some(path) => {
+                let (steering, joining) =
+                    crate::upgrade_join::Joining::connect(path, &self.ifname)?;
+                (Access::Adopted(Box::new(steering)), Some(joining))
+            }
+            None => (Access::get(&self.ifname, self.xdp)?, None),
+        };
+        if self.upgrades.is_some() && matches!(access, Access::Granted(_)) {
+            return Err(Error::Config(format!(
+                "upgrades need the XDP program attached by the runtime, and a corelane-xdp grant \
+                 holds it on {}: start the server with Xdp::Attach (--xdp attach)",
+                self.ifname
+            )));
+        }
         let (mut plan, channels) = self.make_plan()?;
         self.tcp_mem_default(plan.lanes.len());
         let publisher = self.publisher(&access, plan.lanes.len());
@@ -169,7 +184,9 @@ impl Builder {
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = access.steering(&self.ifname, self.attach, self.vlan)?;
-        if let Err(e) = steering.linger_on_death(self.death_linger) {
+        if joining.is_some() {
+            // The old process's keeper holds the program until it ends.
+        } else if let Err(e) = steering.linger_on_death(self.death_linger) {
             tracing::warn!(
                 "{}: nothing will answer for this server if it dies ({e}): its peers wait for \
                  their timeouts",
@@ -185,7 +202,14 @@ impl Builder {
             .iter()
             .map(|l| (l.queue, l.protocol_cpu))
             .collect();
-        let sockets = crate::access::open_sockets(&self.ifname, &lanes, &self.xsk, &mut steering)?;
+        let sockets = match &mut joining {
+            Some(j) => j.join(&self.ifname, &lanes, &mut steering)?,
+            None => crate::access::open_sockets(&self.ifname, &lanes, &self.xsk, &mut steering)?,
+        };
+        let upgrade_listener = match &self.upgrades {
+            Some((path, _)) => Some(crate::upgrade::Listener::open(path)?),
+            None => None,
+        };
         if !self.keep_capabilities {
             crate::access::drop_capabilities(steering.is_granted())?;
         }
@@ -203,12 +227,17 @@ impl Builder {
             telemetry: Telemetry::new(publisher, metrics),
             auto_ports: Mutex::new(Vec::new()),
             bells,
+            upgrades: Default::default(),
         });
         // One secret for every core: a SYN cookie issued on one core validates on any (the ACK
         // of a cookie may be answered by whichever core the segment reaches last), and ISNs
         // and timestamp offsets stay per four-tuple, not per core.
         let mut cfg = self;
-        cfg.stack.seed = Some(cfg.stack.seed_or_random());
+        // Taking over, the old process's: its cookies and connections stay valid here.
+        cfg.stack.seed = Some(match &joining {
+            Some(j) => j.extras.seed,
+            None => cfg.stack.seed_or_random(),
+        });
         Ok(Runtime {
             shared,
             cfg,
@@ -218,6 +247,8 @@ impl Builder {
             mtu,
             routes,
             sockets: Mutex::new(sockets.into_iter().map(Some).collect()),
+            upgrade_listener,
+            joining: Mutex::new(joining),
             _restore: restore,
         })
     }

@@ -14,7 +14,7 @@ pub(crate) fn queues_needed(plan: &Plan) -> u32 {
 /// old count meanwhile, so a process that dies has it put back by the next runtime.
 pub(crate) struct RestoreQueues {
     pub(crate) ifname: String,
-    pub(crate) old: Option<Channels>,
+    pub(crate) old: std::sync::Mutex<Option<Channels>>,
     pub(crate) claim: Option<Arc<corelane_xsk::Claim>>,
 }
 
@@ -29,15 +29,27 @@ impl RestoreQueues {
         }
         RestoreQueues {
             ifname: ifname.to_string(),
-            old,
+            old: std::sync::Mutex::new(old),
             claim,
         }
+    }
+
+    /// The queues to put back at the end (None: nothing changed).
+    pub(crate) fn channels(&self) -> Option<Channels> {
+        *crate::lock::lock(&self.old)
+    }
+
+    /// The new process of an upgrade puts the queues back when it ends: not this one.
+    pub(crate) fn hand_on(&self) {
+        crate::lock::lock(&self.old).take();
     }
 }
 
 impl Drop for RestoreQueues {
     fn drop(&mut self) {
-        let Some(old) = self.old.take() else { return };
+        let Some(old) = crate::lock::lock(&self.old).take() else {
+            return;
+        };
         // The driver refuses fewer queues while the XDP program is attached; its link can
         // outlive our close for a moment (a child process forked by another thread holds the
         // descriptor until it execs), so a refusal is retried for up to a second.

@@ -30,6 +30,10 @@ pub struct RunReport {
     /// True when the run ended by [`StopHandle::stop`](crate::StopHandle::stop) or
     /// [`StopHandle::shutdown`](crate::StopHandle::shutdown).
     pub stopped: bool,
+    /// True when a new process took this run's place
+    /// ([`Builder::upgrades`](crate::Builder::upgrades)): the queues and the XDP program went
+    /// to it, and every frame is with it (`FrameCounts::away`).
+    pub upgraded: bool,
 }
 
 impl RunReport {

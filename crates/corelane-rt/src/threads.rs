@@ -150,6 +150,7 @@ impl Runtime {
             mem_high: 0,
             routes_seen: 0,
             yields: 0,
+            upgrade: Default::default(),
         };
         let linger = self.cfg.linger;
         if let Some(app) = app {
@@ -159,9 +160,10 @@ impl Runtime {
             if !self.shared.life.stop.load(Ordering::SeqCst) {
                 driver = exec.block_on(driver.linger(linger));
             }
-            let counts = core.stack().shutdown(now(), &mut driver.pipe.dev);
+            let counts = core.stack().shutdown(now(), &mut driver.pipe.dev)?;
+            let counts = driver.leave_upgrade(counts);
             core.ended.send_replace(true);
-            return Ok(report(&core, counts?));
+            return Ok(report(&core, counts));
         }
         lane::set_current(Some(core.clone()));
         let local = tokio::task::LocalSet::new();
@@ -191,10 +193,10 @@ impl Runtime {
                 }
             };
             match driver {
-                Ok(mut d) => core
-                    .stack()
-                    .shutdown(now(), &mut d.pipe.dev)
-                    .map_err(Error::from),
+                Ok(mut d) => {
+                    let counts = core.stack().shutdown(now(), &mut d.pipe.dev)?;
+                    Ok(d.leave_upgrade(counts))
+                }
                 Err(e) => {
                     tracing::error!("core {}: the driver task failed: {e}", info.index);
                     Err(Error::Config(format!("the driver task failed: {e}")))

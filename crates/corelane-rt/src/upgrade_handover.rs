@@ -1,0 +1,285 @@
+//! The old process's thread of an upgrade: the socket a new process connects to, what it is
+//! told besides the hand-over, and the stages the cores are walked through (see `upgrade.rs`).
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use corelane_xsk::grant::{recv_message, send_message, set_read_deadline};
+use corelane_xsk::{Handover, UpgradeOffer};
+
+use super::{JOIN_WAIT, Stage};
+use crate::Error;
+use crate::control::Shared;
+use crate::lock::lock;
+
+/// The listening socket of [`Builder::upgrades`](crate::Builder::upgrades), removed with it.
+pub(crate) struct Listener {
+    sock: OwnedFd,
+    path: std::path::PathBuf,
+    /// The socket file's owner (this process's user), device and inode.
+    owner: u32,
+    file: (u64, u64),
+}
+
+impl Listener {
+    /// Listens at `path`: only root and this process's user may connect (mode 0600).
+    pub(crate) fn open(path: &std::path::Path) -> Result<Listener, Error> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let failed = |e: std::io::Error| {
+            Error::Config(format!(
+                "upgrades: cannot listen at {}: {e}",
+                path.display()
+            ))
+        };
+        let sock =
+            corelane_xsk::grant::listen_at(path, Duration::from_millis(200)).map_err(failed)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
+        let m = std::fs::metadata(path).map_err(failed)?;
+        Ok(Listener {
+            sock,
+            path: path.to_path_buf(),
+            owner: m.uid(),
+            file: (m.dev(), m.ino()),
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // The new process may listen at the same path by now: only this one's file goes.
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// What the old process tells the new one besides the hand-over: the run's secret, the
+/// generation the new one's sockets take, and the queues to put back at the end.
+pub(crate) struct Extras {
+    pub(crate) seed: u64,
+    pub(crate) generation: u32,
+    pub(crate) channels: Option<corelane_xsk::Channels>,
+    /// The TCP ports the old process listens on.
+    pub(crate) ports: Vec<u16>,
+}
+
+impl Extras {
+    pub(crate) fn to_text(&self) -> String {
+        let ports: Vec<String> = self.ports.iter().map(u16::to_string).collect();
+        let mut s = format!(
+            "runtime seed {:x} generation {} ports {}",
+            self.seed,
+            self.generation,
+            if ports.is_empty() {
+                "-".into()
+            } else {
+                ports.join(",")
+            }
+        );
+        if let Some(c) = self.channels {
+            s.push_str(&format!(
+                " channels {} {} {} {} {} {}",
+                c.rx, c.tx, c.combined, c.max_rx, c.max_tx, c.max_combined
+            ));
+        }
+        s
+    }
+
+    pub(crate) fn parse(text: &str) -> Option<Extras> {
+        let w: Vec<&str> = text.split_ascii_whitespace().collect();
+        if w.first() != Some(&"runtime")
+            || w.get(1) != Some(&"seed")
+            || w.get(3) != Some(&"generation")
+        {
+            return None;
+        }
+        let seed = u64::from_str_radix(w.get(2)?, 16).ok()?;
+        let generation: u32 = w.get(4)?.parse().ok()?;
+        if w.get(5) != Some(&"ports") {
+            return None;
+        }
+        let ports = match *w.get(6)? {
+            "-" => Vec::new(),
+            list => list
+                .split(',')
+                .map(|p| p.parse().ok())
+                .collect::<Option<Vec<u16>>>()?,
+        };
+        let channels = match w.get(7) {
+            None => None,
+            Some(&"channels") => {
+                let n: Vec<u32> = w[8..]
+                    .iter()
+                    .map(|v| v.parse().ok())
+                    .collect::<Option<_>>()?;
+                let [rx, tx, combined, max_rx, max_tx, max_combined] = n[..] else {
+                    return None;
+                };
+                Some(corelane_xsk::Channels {
+                    rx,
+                    tx,
+                    combined,
+                    max_rx,
+                    max_tx,
+                    max_combined,
+                })
+            }
+            Some(_) => return None,
+        };
+        (generation < corelane_xsk::GENERATIONS).then_some(Extras {
+            seed,
+            generation,
+            channels,
+            ports,
+        })
+    }
+}
+
+/// The old process's side, on its own thread while the run lasts: waits for a new process,
+/// hands over to it, and walks the cores through the stages. One upgrade per run: once it has
+/// switched, this process drains and ends.
+pub(crate) fn serve(
+    listener: &Listener,
+    shared: &Arc<Shared>,
+    cores: usize,
+    seed: u64,
+    grace: Duration,
+    restore: &crate::queues::RestoreQueues,
+) {
+    while !shared.life.ending() {
+        let conn = match corelane_xsk::grant::accept(&listener.sock) {
+            Ok(Some(c)) => c,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::error!("upgrades: accepting failed ({e}); no upgrade can be made");
+                return;
+            }
+        };
+        if let Err(e) = allowed(&conn, listener.owner) {
+            tracing::warn!("upgrades: {e}");
+            continue;
+        }
+        match hand_over(&conn, shared, cores, seed, grace, restore) {
+            Ok(()) => {
+                *lock(&shared.upgrades.partner) = Some(conn);
+                return;
+            }
+            Err(e) => {
+                tracing::error!("upgrade refused or failed: {e}; this process serves on");
+                let _ = send_message(conn.as_raw_fd(), &format!("error {e}"), None);
+            }
+        }
+    }
+}
+
+/// Only root and the user that owns the socket (this process's) may take its place.
+fn allowed(conn: &OwnedFd, owner: u32) -> Result<(), String> {
+    let (pid, uid) = corelane_xsk::grant::peer(conn).map_err(|e| e.to_string())?;
+    if uid == 0 || uid == owner {
+        Ok(())
+    } else {
+        Err(format!(
+            "process {pid} of user {uid} may not take this server's place (only root or user \
+             {owner})"
+        ))
+    }
+}
+
+fn hand_over(
+    conn: &OwnedFd,
+    shared: &Arc<Shared>,
+    cores: usize,
+    seed: u64,
+    grace: Duration,
+    restore: &crate::queues::RestoreQueues,
+) -> Result<(), Error> {
+    let up = &shared.upgrades;
+    let steer = &shared.steer;
+    let (old_gen, _) = steer.run(|s| s.upgrade_state())??;
+    let new_gen = (old_gen + 1) % corelane_xsk::GENERATIONS;
+    up.old_gen.store(old_gen as u8, Ordering::Release);
+    *lock(&up.offers) = (0..cores).map(|_| None).collect();
+    *lock(&up.listening) = vec![Vec::new(); cores];
+    up.ask(shared, Stage::Offer);
+    up.wait_done(cores, "offered their queues")?;
+    let offers: Vec<UpgradeOffer> = lock(&up.offers)
+        .iter_mut()
+        .enumerate()
+        .map(|(i, o)| match o.take() {
+            Some(Ok(o)) => Ok(o),
+            Some(Err(e)) => Err(Error::Config(format!("core {i}: {e}"))),
+            None => Err(Error::Config(format!("core {i} made no offer"))),
+        })
+        .collect::<Result<_, _>>()?;
+    let steering = steer.run(|s| s.share())??;
+    let handover = Handover {
+        steering,
+        queues: offers,
+    };
+    let extras = Extras {
+        seed,
+        generation: new_gen,
+        channels: restore.channels(),
+        ports: up.listening_ports(),
+    };
+    let answer = (|| {
+        corelane_xsk::send_handover(conn.as_fd(), &handover)?;
+        send_message(conn.as_raw_fd(), &extras.to_text(), None).map_err(Error::Io)?;
+        // The cores hand their rings over on their next turn: rung until the new process
+        // has joined them all (an idle core sleeps).
+        set_read_deadline(conn, Some(Duration::from_millis(5))).map_err(Error::Io)?;
+        let start = Instant::now();
+        let said = loop {
+            shared.ring_all();
+            match recv_message(conn.as_raw_fd()) {
+                Ok(m) => break m,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) && start.elapsed() < JOIN_WAIT => {}
+                Err(e) => {
+                    return Err(Error::Config(format!(
+                        "the new process did not say it joined: {e}"
+                    )));
+                }
+            }
+        };
+        set_read_deadline(conn, None).map_err(Error::Io)?;
+        match said {
+            Some((t, None)) if t == "joined" => Ok(()),
+            Some((t, _)) => Err(Error::Config(format!("the new process said `{t}`"))),
+            None => Err(Error::Config(
+                "the new process closed the connection before joining".into(),
+            )),
+        }
+    })();
+    drop(handover);
+    if let Err(e) = answer {
+        up.ask(shared, Stage::Reclaim);
+        let _ = up.wait_done(cores, "took their queues back");
+        up.stage.store(Stage::Idle as u8, Ordering::Release);
+        return Err(e);
+    }
+    // The drain's end is set before the cores close their listeners, so that a core whose
+    // future ends at once lingers for the whole grace.
+    {
+        let mut until = lock(&shared.life.drain_until);
+        let t = Instant::now() + grace;
+        *until = Some(until.map_or(t, |u| u.min(t)));
+    }
+    // From here on this process gives up nothing it owns: its listeners close now, and the
+    // ports they release are the new process's too.
+    steer.run(|s| s.hand_on())?;
+    up.ask(shared, Stage::Record);
+    up.wait_done(cores, "recorded their connections")?;
+    steer.run(move |s| s.set_upgrade(new_gen, true))??;
+    restore.hand_on();
+    up.ask(shared, Stage::Switched);
+    tracing::info!("upgrade: the new process serves; this one drains (at most {grace:?}) and ends");
+    crate::StopHandle(Arc::downgrade(shared)).shutdown(grace);
+    Ok(())
+}

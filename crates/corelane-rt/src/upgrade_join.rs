@@ -1,0 +1,196 @@
+//! Taking over from a running process ([`Builder::upgrade_from`](crate::Builder::upgrade_from)):
+//! the new process's side of an upgrade (the old one's is `upgrade.rs`).
+//!
+//! `build` connects to the old process, receives the XDP program and one offer per queue
+//! with the run's secret ([`Joining::connect`]), and joins each queue with a socket of its own
+//! registered as the next generation ([`Joining::join`]). Once the cores run and the
+//! application listens on every port the old process listened on, the new process says
+//! `joined` ([`Joining::serve`]): the old one then switches the program to it. When the old
+//! process's connection ends (its cores have all left), the split ends: every frame comes
+//! here and the kept connections are forgotten; the interface's record passes to this process.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use corelane_xsk::grant::{open_connection, recv_message, send_message, set_read_deadline};
+use corelane_xsk::{Steering, UpgradeOffer, XskQueue};
+
+use crate::Error;
+use crate::control::Shared;
+use crate::lock::lock;
+use crate::upgrade::Extras;
+
+/// How long the new process waits for the old one's hand-over.
+const HANDOVER_WAIT: Duration = Duration::from_secs(10);
+/// How long the new process waits for the application to listen on the old one's ports
+/// before it takes over anyway.
+const LISTEN_WAIT: Duration = Duration::from_secs(10);
+/// How long it waits for the old process's record of the interface to go.
+const CLAIM_WAIT: Duration = Duration::from_secs(30);
+
+/// A runtime taking over from an old process, between `build` and the switch.
+pub(crate) struct Joining {
+    conn: OwnedFd,
+    offers: Vec<UpgradeOffer>,
+    pub(crate) extras: Extras,
+}
+
+fn refused(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::Config(format!("upgrade from {}: {what}", path.display()))
+}
+
+impl Joining {
+    /// Connects to the old process listening at `path` and receives its hand-over. Returns the
+    /// program, adopted, and the rest.
+    pub(crate) fn connect(path: &Path, ifname: &str) -> Result<(Steering, Joining), Error> {
+        corelane_xsk::check_privileges()?;
+        let conn = open_connection(path).map_err(|e| {
+            refused(
+                path,
+                format!(
+                    "nothing takes an upgrade there ({e}); the running server must be built \
+                     with Builder::upgrades at that path"
+                ),
+            )
+        })?;
+        set_read_deadline(&conn, Some(HANDOVER_WAIT))?;
+        let handover = corelane_xsk::recv_handover(conn.as_fd()).map_err(|e| refused(path, e))?;
+        let text = match recv_message(conn.as_raw_fd()) {
+            Ok(Some((t, None))) => t,
+            Ok(_) => return Err(refused(path, "the old process ended the hand-over early")),
+            Err(e) => return Err(refused(path, e)),
+        };
+        let extras = Extras::parse(&text)
+            .ok_or_else(|| refused(path, format!("the old process said `{text}`")))?;
+        set_read_deadline(&conn, None)?;
+        let steering = Steering::adopt(ifname, handover.steering)?;
+        Ok((
+            steering,
+            Joining {
+                conn,
+                offers: handover.queues,
+                extras,
+            },
+        ))
+    }
+
+    /// Joins the queue of each lane (`(queue, cpu)`, the thread on the lane's CPU meanwhile,
+    /// as `open_sockets` does) and registers its socket in the new generation. The lanes must
+    /// be the old process's queues.
+    pub(crate) fn join(
+        &mut self,
+        ifname: &str,
+        lanes: &[(u32, usize)],
+        steering: &mut Steering,
+    ) -> Result<Vec<XskQueue>, Error> {
+        let mut offered: Vec<u32> = self.offers.iter().map(|o| o.queue_id).collect();
+        let mut wanted: Vec<u32> = lanes.iter().map(|&(q, _)| q).collect();
+        offered.sort_unstable();
+        wanted.sort_unstable();
+        if offered != wanted {
+            return Err(Error::Config(format!(
+                "upgrade: the old process serves queue(s) {offered:?} of {ifname} and this one \
+                 would serve {wanted:?}: build it with the same cores and placement"
+            )));
+        }
+        let generation = self.extras.generation;
+        let before = crate::cpu::allowed_cpus();
+        let joined = (|| {
+            let mut out = Vec::with_capacity(lanes.len());
+            for &(q, cpu) in lanes {
+                crate::cpu::pin(cpu)?;
+                let i = self
+                    .offers
+                    .iter()
+                    .position(|o| o.queue_id == q)
+                    .ok_or_else(|| Error::Config(format!("upgrade: queue {q} offered twice")))?;
+                let sock = XskQueue::join_upgrade(ifname, self.offers.swap_remove(i))?;
+                steering.register_in(generation, q, sock.fd())?;
+                out.push(sock);
+            }
+            Ok(out)
+        })();
+        crate::cpu::set_allowed(&before)?;
+        joined
+    }
+
+    /// While the run lasts, on its own thread: says `joined` once the application listens on
+    /// every TCP port the old process did (or after [`LISTEN_WAIT`]), then waits for the old
+    /// process to end and ends the split.
+    pub(crate) fn serve(self, weak: &Weak<Shared>, ifname: &str) {
+        let start = Instant::now();
+        let old_ports = &self.extras.ports;
+        loop {
+            let Some(shared) = weak.upgrade() else { return };
+            let now = shared.upgrades.listening_ports();
+            if old_ports.iter().all(|p| now.contains(p)) {
+                break;
+            }
+            if start.elapsed() > LISTEN_WAIT || shared.life.ending() {
+                tracing::warn!(
+                    "upgrade: the application does not listen on every port the old process \
+                     did ({old_ports:?}; now {now:?}) after {LISTEN_WAIT:?}: taking over anyway"
+                );
+                break;
+            }
+            drop(shared);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if let Some(shared) = weak.upgrade() {
+            shared.upgrades.stop_listing();
+        }
+        if let Err(e) = send_message(self.conn.as_raw_fd(), "joined", None) {
+            tracing::error!(
+                "upgrade: telling the old process failed ({e}); it takes its queues back"
+            );
+            return;
+        }
+        tracing::info!("upgrade: every queue joined; the old process switches to this one");
+        // Whatever the old process says until it ends is ignored; its end ends the split.
+        while let Ok(Some(_)) = recv_message(self.conn.as_raw_fd()) {}
+        // This run has ended meanwhile: nothing to do.
+        let Some(shared) = weak.upgrade() else { return };
+        let generation = self.extras.generation;
+        let ended = shared.steer.run(move |s| {
+            s.set_upgrade(generation, false)?;
+            s.clear_flows()
+        });
+        match ended {
+            Ok(Ok(n)) => tracing::info!(
+                "upgrade: the old process has gone; this one serves every connection ({n} kept \
+                 connection(s) forgotten)"
+            ),
+            Ok(Err(e)) => tracing::error!("upgrade: ending the split failed: {e}"),
+            Err(e) => tracing::error!("upgrade: ending the split failed: {e}"),
+        }
+        self.inherit(&shared, ifname);
+    }
+
+    /// Takes the interface's record over once the old process has let it go, with the
+    /// queue count to put back at the end.
+    fn inherit(&self, shared: &Shared, ifname: &str) {
+        let start = Instant::now();
+        let claim = loop {
+            match corelane_xsk::Claim::take(ifname) {
+                Ok(c) => break c,
+                Err(corelane_xsk::Error::InterfaceBusy { .. }) if start.elapsed() < CLAIM_WAIT => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "upgrade: the interface's record was not taken over ({e}): a crash of \
+                         this process would leave its changes for the next one to undo"
+                    );
+                    return;
+                }
+            }
+        };
+        *lock(&shared.upgrades.inherited) = Some(crate::queues::RestoreQueues::new(
+            ifname,
+            self.extras.channels,
+            Some(Arc::new(claim)),
+        ));
+    }
+}

@@ -1,0 +1,330 @@
+//! A running server replaced by a new process under load (`--upgrades` / `--upgrade-from`):
+//! the echo example on a two-queue veth, the kernel's TCP as the clients. Long transfers,
+//! request/response on kept connections and connections opened and closed all the time run
+//! across the switch; none may fail or lose a byte, and the old process must end by itself.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Echo, SERVER_V4, payload, sha256};
+
+/// One request of `len` bytes and its echo on `s`.
+fn round_trip(s: &mut TcpStream, req: &[u8], buf: &mut [u8]) -> std::io::Result<()> {
+    s.write_all(req)?;
+    let mut got = 0;
+    while got < req.len() {
+        let k = s.read(&mut buf[got..req.len()])?;
+        if k == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed mid-answer",
+            ));
+        }
+        got += k;
+    }
+    if &buf[..req.len()] != req {
+        return Err(std::io::Error::other("the answer differs"));
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Tally {
+    fn count(&self, r: std::io::Result<()>, what: &str) {
+        match r {
+            Ok(()) => {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                eprintln!("{what}: {e}");
+                self.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_server_replaced_under_load_drops_no_connection_and_loses_no_byte() {
+    // Four queues, two cores: the old process lowers the queues to two for its run, and the
+    // one that puts them back at the end is the new one.
+    let net = common::net(4);
+    // New connections all the time, each closed first by the client: its TIME-WAITs reused.
+    net.client_ns()
+        .exec("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"])
+        .expect("sysctl");
+    let sock = std::env::temp_dir().join(format!("corelane-upgrade-{}.sock", std::process::id()));
+    let sock = sock.to_str().expect("a path").to_string();
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().expect("an address");
+    let args = |from: bool| {
+        let mut a = vec![
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "2",
+            "--upgrades",
+            sock.as_str(),
+            "--upgrade-grace",
+            "30",
+            "--linger-on-death",
+            "0",
+        ];
+        if from {
+            a.extend(["--upgrade-from", sock.as_str()]);
+        }
+        a.iter().map(|s| s.to_string()).collect::<Vec<String>>()
+    };
+    let start = |from: bool| {
+        let mut cmd = net
+            .server_ns()
+            .command(common::echo_bin().to_str().expect("a path"));
+        cmd.args(["--iface", net.server_if()])
+            .args(args(from))
+            .env("RUST_LOG", "corelane_rt=info");
+        Echo::start_cmd(cmd, "echo")
+    };
+    let old = start(false);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (kept, fresh) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
+    let mut load = Vec::new();
+    // Two long transfers, 24 MB each at 4 MB/s: six seconds across the switch.
+    for seed in 0..2u64 {
+        let data = payload(24 << 20, seed);
+        let want = sha256(&data);
+        load.push(
+            net.client_ns()
+                .spawn(
+                    move || match common::tcp_echo_paced(addr, &data, Some(4 << 20)) {
+                        Ok((got, n)) if (n, got) == (24 << 20, want) => Ok(0u64),
+                        Ok((_, n)) => Err(format!(
+                            "transfer {seed}: {n} bytes came back, not all or changed"
+                        )),
+                        Err(e) => Err(format!("transfer {seed}: {e}")),
+                    },
+                )
+                .expect("a thread in the client namespace"),
+        );
+    }
+    // Request/response on two kept connections, and a new connection for each request on
+    // two more clients, until told to stop.
+    for i in 0..4u64 {
+        let (stop, kept, fresh) = (stop.clone(), kept.clone(), fresh.clone());
+        load.push(
+            net.client_ns()
+                .spawn(move || {
+                    let req = payload(200, 100 + i);
+                    let mut buf = vec![0u8; 256];
+                    let mut rounds = 0u64;
+                    if i < 2 {
+                        let mut s = common::connect(addr).expect("a kept connection");
+                        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                        while !stop.load(Ordering::Relaxed) {
+                            let r = round_trip(&mut s, &req, &mut buf);
+                            let failed = r.is_err();
+                            kept.count(r, "kept connection");
+                            if failed {
+                                break;
+                            }
+                            rounds += 1;
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                    } else {
+                        while !stop.load(Ordering::Relaxed) {
+                            let r = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+                                .and_then(|mut s| {
+                                    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                                    round_trip(&mut s, &req, &mut buf)
+                                });
+                            fresh.count(r, "new connection");
+                            rounds += 1;
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                    }
+                    Ok(rounds)
+                })
+                .expect("a thread in the client namespace"),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = (
+        kept.ok.load(Ordering::Relaxed),
+        fresh.ok.load(Ordering::Relaxed),
+    );
+    let new = start(true);
+    // The old process drains: its long transfers finish, its listeners are closed, and it
+    // ends by itself (its kept request/response connections are the clients' to close).
+    std::thread::sleep(Duration::from_millis(1500));
+    let after_switch = fresh.ok.load(Ordering::Relaxed);
+    let mut handles = load.into_iter();
+    let transfers: Vec<Result<u64, String>> = handles
+        .by_ref()
+        .take(2)
+        .map(|h| h.join().expect("a long transfer's thread"))
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let rounds: Vec<Result<u64, String>> = handles
+        .map(|h| h.join().expect("a client's thread"))
+        .collect();
+    let (status, out) = old.wait();
+    assert!(
+        transfers.iter().all(Result::is_ok),
+        "{transfers:?}\nold:\n{out}\nnew:\n{}",
+        new.output()
+    );
+    assert!(status.success(), "the old process failed:\n{out}");
+    assert!(
+        out.contains("echo: upgraded"),
+        "the old process did not hand over:\n{out}"
+    );
+    assert!(
+        out.contains(" 0 in use") && out.contains(" 0 tx "),
+        "the old process ended holding frames:\n{out}"
+    );
+    assert!(
+        out.contains(", 0 reset at stop"),
+        "the old process reset connections at its end:\n{out}"
+    );
+    assert_eq!(
+        (
+            kept.failed.load(Ordering::Relaxed),
+            fresh.failed.load(Ordering::Relaxed)
+        ),
+        (0, 0),
+        "requests failed across the upgrade (kept, new connections); rounds {rounds:?}\nold:\n{out}\nnew:\n{}",
+        new.output()
+    );
+    assert!(
+        kept.ok.load(Ordering::Relaxed) > before.0
+            && fresh.ok.load(Ordering::Relaxed) > after_switch,
+        "no requests were answered after the switch:\nold:\n{out}\nnew:\n{}",
+        new.output()
+    );
+    assert_eq!(
+        common::rx_queues(&net),
+        Ok(2),
+        "the old process put the queues back while the new one serves"
+    );
+    // The interface's record is the new process's now (a crash of it is undone by the next).
+    let ifname = net.server_if().to_string();
+    let owner = net
+        .server_ns()
+        .run(move || corelane_xsk::iface_dir(&ifname).map(|d| d.join("owner")))
+        .expect("the server namespace")
+        .expect("the run directory");
+    let pid = format!("pid {}\n", new.pid());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&owner).is_ok_and(|t| t.starts_with(&pid)) {
+        assert!(
+            Instant::now() < deadline,
+            "the new process did not take the interface's record: {:?}",
+            std::fs::read_to_string(&owner)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The new process alone now: it answers, and ends cleanly with the program detached.
+    common::assert_echoes(&net, addr, 1 << 20, 9);
+    let (status, out) = new.stop();
+    common::assert_clean_exit(status, &out);
+    assert!(
+        out.contains("+ 0 with the other process of an upgrade"),
+        "frames the old process held did not all come back:\n{out}"
+    );
+    common::assert_no_xdp(&net);
+    assert!(
+        !std::path::Path::new(&sock).exists(),
+        "the upgrade socket was left behind"
+    );
+    assert_eq!(
+        common::rx_queues(&net),
+        Ok(4),
+        "the queues were not put back"
+    );
+    assert!(!owner.exists(), "the interface's record was left behind");
+}
+
+#[test]
+fn a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving() {
+    let net = common::net(2);
+    let sock =
+        std::env::temp_dir().join(format!("corelane-upgrade-gone-{}.sock", std::process::id()));
+    let path = sock.to_str().expect("a path").to_string();
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().expect("an address");
+    let old = Echo::start(
+        &net,
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "2",
+            "--upgrades",
+            &path,
+        ],
+    );
+    common::assert_echoes(&net, addr, 64 << 10, 1);
+
+    // Nothing listens at the path given: refused, saying where and what to do.
+    let (status, out) = common::run_echo(
+        &net,
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "2",
+            "--upgrade-from",
+            "/nonexistent/upgrade.sock",
+        ],
+    );
+    assert!(!status.success(), "{out}");
+    assert!(
+        out.contains("/nonexistent/upgrade.sock") && out.contains("Builder::upgrades"),
+        "{out}"
+    );
+
+    // A process that takes the hand-over (the program, both queues, the secret) and goes away
+    // without joining: the old one takes its queues back and serves on.
+    {
+        use std::os::fd::{AsFd, AsRawFd};
+        let conn = corelane_xsk::grant::open_connection(&sock).expect("the upgrade socket");
+        let h = corelane_xsk::recv_handover(conn.as_fd()).expect("a hand-over");
+        assert_eq!(h.queues.len(), 2, "one offer per queue");
+        let (extras, _) = corelane_xsk::grant::recv_message(conn.as_raw_fd())
+            .expect("the run's secret")
+            .expect("a message");
+        assert!(extras.starts_with("runtime seed "), "{extras}");
+        assert!(
+            extras.contains(" ports 7"),
+            "the old process listens on 7: {extras}"
+        );
+    }
+    common::assert_echoes(&net, addr, 64 << 10, 2);
+
+    // And a real upgrade after it still goes through.
+    let mut cmd = net
+        .server_ns()
+        .command(common::echo_bin().to_str().expect("a path"));
+    cmd.args([
+        "--iface",
+        net.server_if(),
+        "--addr",
+        "10.77.0.3/24",
+        "--cores",
+        "2",
+    ])
+    .args(["--upgrade-from", &path]);
+    let new = Echo::start_cmd(cmd, "echo");
+    let (status, out) = old.wait();
+    assert!(status.success() && out.contains("echo: upgraded"), "{out}");
+    common::assert_echoes(&net, addr, 64 << 10, 3);
+    let (status, out) = new.stop();
+    common::assert_clean_exit(status, &out);
+}

@@ -72,7 +72,7 @@ impl Runtime {
                 let spawned = std::thread::Builder::new()
                     .name("corelane-upgrade".into())
                     .spawn_scoped(scope, move || {
-                        crate::upgrade::serve(listener, shared, n, seed, grace, restore)
+                        crate::upgrade_handover::serve(listener, shared, n, seed, grace, restore)
                     });
                 if let Err(e) = spawned {
                     tracing::warn!("no upgrade can be made: {e}");

@@ -63,7 +63,7 @@ pub(crate) struct Driver {
     /// Yields to the tasks so far.
     pub(crate) yields: u64,
     /// This core's part in an upgrade.
-    pub(crate) upgrade: crate::upgrade::CoreUpgrade,
+    pub(crate) upgrade: crate::upgrade_core::CoreUpgrade,
 }
 
 impl Driver {

@@ -27,7 +27,7 @@ pub struct Runtime {
     /// Each lane's AF_XDP socket, opened by `build`, taken by its core when it starts.
     pub(crate) sockets: Mutex<Vec<Option<corelane_xsk::XskQueue>>>,
     /// Where a new process takes this one's place ([`Builder::upgrades`]).
-    pub(crate) upgrade_listener: Option<crate::upgrade::Listener>,
+    pub(crate) upgrade_listener: Option<crate::upgrade_handover::Listener>,
     /// The old process this one takes over from, until the cores run
     /// ([`Builder::upgrade_from`]).
     pub(crate) joining: Mutex<Option<crate::upgrade_join::Joining>>,

@@ -70,6 +70,8 @@ mod stop;
 mod telemetry;
 mod threads;
 mod upgrade;
+mod upgrade_core;
+mod upgrade_handover;
 mod upgrade_join;
 
 use std::time::Duration;

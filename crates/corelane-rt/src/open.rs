@@ -207,7 +207,7 @@ impl Builder {
             None => crate::access::open_sockets(&self.ifname, &lanes, &self.xsk, &mut steering)?,
         };
         let upgrade_listener = match &self.upgrades {
-            Some((path, _)) => Some(crate::upgrade::Listener::open(path)?),
+            Some((path, _)) => Some(crate::upgrade_handover::Listener::open(path)?),
             None => None,
         };
         if !self.keep_capabilities {

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use corelane_xsk::grant::{recv_message, send_message, set_read_deadline};
 use corelane_xsk::{Handover, UpgradeOffer};
 
-use super::{JOIN_WAIT, Stage};
 use crate::Error;
 use crate::control::Shared;
 use crate::lock::lock;
+use crate::upgrade::{JOIN_WAIT, Stage};
 
 /// The listening socket of [`Builder::upgrades`](crate::Builder::upgrades), removed with it.
 pub(crate) struct Listener {
@@ -203,7 +203,8 @@ fn hand_over(
     up.old_gen.store(old_gen as u8, Ordering::Release);
     *lock(&up.offers) = (0..cores).map(|_| None).collect();
     *lock(&up.listening) = vec![Vec::new(); cores];
-    up.ask(shared, Stage::Offer);
+    up.ask(Stage::Offer);
+    shared.ring_all();
     up.wait_done(cores, "offered their queues")?;
     let offers: Vec<UpgradeOffer> = lock(&up.offers)
         .iter_mut()
@@ -259,7 +260,8 @@ fn hand_over(
     })();
     drop(handover);
     if let Err(e) = answer {
-        up.ask(shared, Stage::Reclaim);
+        up.ask(Stage::Reclaim);
+        shared.ring_all();
         let _ = up.wait_done(cores, "took their queues back");
         up.stage.store(Stage::Idle as u8, Ordering::Release);
         return Err(e);
@@ -274,12 +276,18 @@ fn hand_over(
     // From here on this process gives up nothing it owns: its listeners close now, and the
     // ports they release are the new process's too.
     steer.run(|s| s.hand_on())?;
-    up.ask(shared, Stage::Record);
+    up.ask(Stage::Record);
+    shared.ring_all();
     up.wait_done(cores, "recorded their connections")?;
     steer.run(move |s| s.set_upgrade(new_gen, true))??;
     restore.hand_on();
-    up.ask(shared, Stage::Switched);
+    up.ask(Stage::Switched);
+    shared.ring_all();
     tracing::info!("upgrade: the new process serves; this one drains (at most {grace:?}) and ends");
     crate::StopHandle(Arc::downgrade(shared)).shutdown(grace);
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "upgrade_tests.rs"]
+mod tests;

@@ -20,7 +20,7 @@ use corelane_xsk::{Steering, UpgradeOffer, XskQueue};
 use crate::Error;
 use crate::control::Shared;
 use crate::lock::lock;
-use crate::upgrade::Extras;
+use crate::upgrade_handover::Extras;
 
 /// How long the new process waits for the old one's hand-over.
 const HANDOVER_WAIT: Duration = Duration::from_secs(10);

@@ -1,0 +1,200 @@
+//! One core's part in an upgrade (see `upgrade.rs`): the stage asked done on its turn, its
+//! connections kept in the program and forgotten as they close, and its queue left at its end.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use corelane_stack::Stack;
+use corelane_xsk::{UpgradePhase, XskQueue};
+
+use crate::control::Shared;
+use crate::lock::lock;
+use crate::steward::Steer;
+use crate::upgrade::{FORGET_EVERY, LEAVE_WAIT, STAGE_WAIT, Stage};
+
+/// One core's part in an upgrade, kept by its driver.
+#[derive(Debug, Default)]
+pub(crate) struct CoreUpgrade {
+    /// The last stage this core did.
+    seen: Option<Stage>,
+    /// The connections this core keeps in the program: (peer, local port).
+    kept: Vec<(SocketAddr, u16)>,
+    /// When the core next forgets the kept connections that closed.
+    forget_at: Option<Instant>,
+    /// How many ports this core listened on when it last published them.
+    listened: Option<usize>,
+    /// This core's connections are all done and counted in `Upgrades::settled`.
+    settled: bool,
+}
+
+impl CoreUpgrade {
+    /// Does the stage asked, once, on this core's turn (a load and a compare when none is).
+    pub(crate) fn turn(
+        &mut self,
+        shared: &Shared,
+        core: usize,
+        stack: &mut Stack,
+        io: &mut XskQueue,
+        listeners_closed: &mut bool,
+    ) {
+        let up = &shared.upgrades;
+        if up.listing.load(Ordering::Relaxed) {
+            let n = stack.listening_ports().len();
+            if self.listened != Some(n) {
+                self.listened = Some(n);
+                up.note_listening(core, stack);
+            }
+        }
+        let stage = up.stage();
+        if stage == Stage::Idle {
+            return;
+        }
+        if self.seen != Some(stage) {
+            self.seen = Some(stage);
+            match stage {
+                Stage::Idle => {}
+                Stage::Offer => {
+                    up.note_listening(core, stack);
+                    let offer = io.offer_upgrade().map_err(|e| e.to_string());
+                    if let Some(slot) = lock(&up.offers).get_mut(core) {
+                        *slot = Some(offer);
+                    }
+                }
+                Stage::Record => {
+                    stack.set_quiet(true);
+                    if !*listeners_closed {
+                        *listeners_closed = true;
+                        stack.begin_drain();
+                    }
+                    let mut kept = Vec::new();
+                    stack.each_tcp(|local, remote, _| kept.push((remote, local.port())));
+                    let generation = u32::from(up.old_gen.load(Ordering::Acquire));
+                    let flows = kept.clone();
+                    let r = shared.steer.run(move |s| {
+                        flows
+                            .iter()
+                            .try_for_each(|&(peer, port)| s.keep_flow(peer, port, generation))
+                    });
+                    if let Err(e) = r
+                        .map_err(|e| e.to_string())
+                        .and_then(|r| r.map_err(|e| e.to_string()))
+                    {
+                        tracing::error!(
+                            "core {core}: keeping its connections in the program failed ({e}): \
+                             some may be reset"
+                        );
+                    }
+                    tracing::debug!("core {core}: keeps {kept:?} in generation {generation}");
+                    self.kept = kept;
+                }
+                Stage::Switched => {}
+                Stage::Reclaim => {
+                    if io.upgrade_phase().is_some() {
+                        match io.reclaim_upgrade() {
+                            Ok(n) => tracing::info!(
+                                "core {core}: the upgrade failed; the queue is back ({n} frames)"
+                            ),
+                            Err(e) => tracing::error!("core {core}: taking the queue back: {e}"),
+                        }
+                    }
+                }
+            }
+            up.done.fetch_add(1, Ordering::AcqRel);
+        }
+        if stage == Stage::Switched {
+            let now = Instant::now();
+            if self.forget_at.is_none_or(|t| now >= t) {
+                self.forget_at = Some(now + FORGET_EVERY);
+                self.forget_closed(&shared.steer, stack);
+            }
+        }
+    }
+
+    /// Whether a lingering core whose own connections are done may end: yes, but while the
+    /// old process drains after an upgrade, only once every core's are. A kept connection's
+    /// segments may arrive on any queue (the peer's kernel picks another one after a timeout),
+    /// and only a core still turning hands them to the connection's core.
+    pub(crate) fn all_settled(&mut self, shared: &Shared) -> bool {
+        let up = &shared.upgrades;
+        if !matches!(up.stage(), Stage::Record | Stage::Switched) {
+            return true;
+        }
+        if !self.settled {
+            self.settled = true;
+            up.settled.fetch_add(1, Ordering::AcqRel);
+        }
+        up.settled.load(Ordering::Acquire) >= shared.bells.len()
+    }
+
+    /// Forgets in the program the kept connections this core no longer has.
+    fn forget_closed(&mut self, steer: &Arc<Steer>, stack: &mut Stack) {
+        if self.kept.is_empty() {
+            return;
+        }
+        let mut open = Vec::new();
+        stack.each_tcp(|local, remote, _| open.push((remote, local.port())));
+        let (still, gone): (Vec<_>, Vec<_>) = self.kept.iter().partition(|k| open.contains(k));
+        self.kept = still;
+        if !gone.is_empty() {
+            forget(steer, gone);
+        }
+    }
+
+    /// At the core's end (its stack shut down): forgets every kept connection, then leaves
+    /// the queue once its RX ring is read empty and its last sends completed. True when it
+    /// left.
+    pub(crate) fn leave(&mut self, shared: &Shared, core: usize, io: &mut XskQueue) -> bool {
+        use corelane_xsk::FrameIo as _;
+        if io.upgrade_phase() != Some(UpgradePhase::Handed) {
+            return false;
+        }
+        // A core with nothing to drain may end before the program has switched: its socket
+        // stays until then, so no frame of its queue finds none.
+        let start = Instant::now();
+        while shared.upgrades.stage() == Stage::Record && start.elapsed() < STAGE_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        forget(&shared.steer, std::mem::take(&mut self.kept));
+        let start = Instant::now();
+        let mut frames = std::collections::VecDeque::new();
+        let mut done = Vec::new();
+        loop {
+            // What still arrives is for connections gone: dropped.
+            io.recv(&mut frames, 64);
+            done.extend(frames.drain(..));
+            io.release(&mut done);
+            let _ = io.complete();
+            match io.leave_upgrade() {
+                Ok(()) => {
+                    tracing::info!("core {core}: left its queue to the new process");
+                    return true;
+                }
+                Err(e) if start.elapsed() > LEAVE_WAIT => {
+                    tracing::error!("core {core}: leaving its queue: {e}");
+                    return false;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+}
+
+fn forget(steer: &Arc<Steer>, flows: Vec<(SocketAddr, u16)>) {
+    if flows.is_empty() {
+        return;
+    }
+    let r = steer.run(move |s| {
+        for (peer, port) in flows {
+            s.forget_flow(peer, port)?;
+        }
+        Ok::<(), corelane_xsk::Error>(())
+    });
+    if let Err(e) = r
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+    {
+        tracing::warn!("forgetting closed connections in the program: {e}");
+    }
+}

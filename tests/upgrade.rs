@@ -80,6 +80,9 @@ fn a_server_replaced_under_load_drops_no_connection_and_loses_no_byte() {
         ];
         if from {
             a.extend(["--upgrade-from", sock.as_str()]);
+        } else {
+            // Nothing to take over from yet: a fresh start.
+            a.extend(["--take-over", sock.as_str()]);
         }
         a.iter().map(|s| s.to_string()).collect::<Vec<String>>()
     };

@@ -104,6 +104,11 @@ pub(crate) struct Common {
     /// it drains and ends, no connection dropped. Give the same cores and addresses.
     #[arg(long, value_name = "PATH")]
     pub(crate) upgrade_from: Option<std::path::PathBuf>,
+    /// Take over from the server listening for upgrades at PATH if one does, else start afresh
+    /// (`Builder::take_over`): with `--upgrades PATH`, the one command that starts the service
+    /// and replaces it.
+    #[arg(long, value_name = "PATH", conflicts_with = "upgrade_from")]
+    pub(crate) take_over: Option<std::path::PathBuf>,
     /// Print counters every N seconds (0: only at exit).
     #[arg(long, default_value_t = 0)]
     pub(crate) stats_every: u64,
@@ -209,6 +214,9 @@ impl Common {
         }
         if let Some(p) = &self.upgrade_from {
             b = b.upgrade_from(p);
+        }
+        if let Some(p) = &self.take_over {
+            b = b.take_over(p);
         }
         Ok(b.kernel_routes(!self.no_kernel_routes))
     }

@@ -48,8 +48,8 @@ pub struct Builder {
     pub(crate) default_signals: bool,
     /// Where this runtime hands over to a new process, and the grace it drains for.
     pub(crate) upgrades: Option<(std::path::PathBuf, Duration)>,
-    /// Where the runtime this one takes over from listens.
-    pub(crate) upgrade_from: Option<std::path::PathBuf>,
+    /// Where the runtime this one takes over from listens, and whether one must.
+    pub(crate) upgrade_from: Option<(std::path::PathBuf, bool)>,
 }
 
 /// Bytes in flight for `bits_per_sec` over a round trip of `rtt`: the socket buffer size that

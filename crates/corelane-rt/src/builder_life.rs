@@ -71,7 +71,16 @@ impl Builder {
     /// connection secret comes too, so SYN cookies it sent are answered here. `build` fails,
     /// naming why, when nothing listens at `path` or the old process does not hand over.
     pub fn upgrade_from(mut self, path: impl Into<PathBuf>) -> Self {
-        self.upgrade_from = Some(path.into());
+        self.upgrade_from = Some((path.into(), false));
+        self
+    }
+
+    /// As [`upgrade_from`](Builder::upgrade_from) when a runtime listens at `path`, and a
+    /// fresh start when none does (no socket there, or one a dead process left): the one
+    /// command a service manager runs both to start a server and to replace it. With
+    /// [`upgrades`](Builder::upgrades) at the same path, each process takes over from the last.
+    pub fn take_over(mut self, path: impl Into<PathBuf>) -> Self {
+        self.upgrade_from = Some((path.into(), true));
         self
     }
 }

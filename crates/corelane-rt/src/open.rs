@@ -55,12 +55,14 @@ impl Builder {
             )));
         }
         // Taking over from a running process: its program, and its queues below.
-        let (access, mut joining) = match &self.upgrade_from {
-            Some(path) => {
-                let (steering, joining) =
-                    crate::upgrade_join::Joining::connect(path, &self.ifname)?;
-                (Access::Adopted(Box::new(steering)), Some(joining))
+        let taken = match &self.upgrade_from {
+            Some((path, optional)) => {
+                crate::upgrade_join::Joining::connect(path, &self.ifname, *optional)?
             }
+            None => None,
+        };
+        let (access, mut joining) = match taken {
+            Some((steering, joining)) => (Access::Adopted(Box::new(steering)), Some(joining)),
             None => (Access::get(&self.ifname, self.xdp)?, None),
         };
         if self.upgrades.is_some() && matches!(access, Access::Granted(_)) {

@@ -44,17 +44,39 @@ fn refused(path: &Path, what: impl std::fmt::Display) -> Error {
 impl Joining {
     /// Connects to the old process listening at `path` and receives its hand-over. Returns the
     /// program, adopted, and the rest.
-    pub(crate) fn connect(path: &Path, ifname: &str) -> Result<(Steering, Joining), Error> {
+    /// With `optional`, nothing listening at `path` (no socket, or one a dead process left) is
+    /// not an error: `None`, and the runtime starts afresh.
+    pub(crate) fn connect(
+        path: &Path,
+        ifname: &str,
+        optional: bool,
+    ) -> Result<Option<(Steering, Joining)>, Error> {
         corelane_xsk::check_privileges()?;
-        let conn = open_connection(path).map_err(|e| {
-            refused(
-                path,
-                format!(
-                    "nothing takes an upgrade there ({e}); the running server must be built \
-                     with Builder::upgrades at that path"
-                ),
-            )
-        })?;
+        let conn = match open_connection(path) {
+            Ok(c) => c,
+            Err(e)
+                if optional
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                    ) =>
+            {
+                tracing::info!(
+                    "{ifname}: no server to take over from at {} ({e}): starting afresh",
+                    path.display()
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(refused(
+                    path,
+                    format!(
+                        "nothing takes an upgrade there ({e}); the running server must be built \
+                         with Builder::upgrades at that path"
+                    ),
+                ));
+            }
+        };
         set_read_deadline(&conn, Some(HANDOVER_WAIT))?;
         let handover = corelane_xsk::recv_handover(conn.as_fd()).map_err(|e| refused(path, e))?;
         let text = match recv_message(conn.as_raw_fd()) {
@@ -66,14 +88,14 @@ impl Joining {
             .ok_or_else(|| refused(path, format!("the old process said `{text}`")))?;
         set_read_deadline(&conn, None)?;
         let steering = Steering::adopt(ifname, handover.steering)?;
-        Ok((
+        Ok(Some((
             steering,
             Joining {
                 conn,
                 offers: handover.queues,
                 extras,
             },
-        ))
+        )))
     }
 
     /// Joins the queue of each lane (`(queue, cpu)`, the thread on the lane's CPU meanwhile,

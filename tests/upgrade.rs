@@ -331,3 +331,109 @@ fn a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving() 
     let (status, out) = new.stop();
     common::assert_clean_exit(status, &out);
 }
+
+#[test]
+fn a_server_steering_through_a_grant_broker_is_replaced_under_load() {
+    let net = common::net(2);
+    let broker_bin = common::workspace_bin("corelane-xdp").expect("corelane-xdp");
+    let mut cmd = net
+        .server_ns()
+        .command(broker_bin.to_str().expect("a path"));
+    cmd.args([
+        "grant",
+        net.server_if(),
+        "--addr",
+        SERVER_V4,
+        "--tcp",
+        "7",
+        "--udp",
+        "7",
+    ])
+    .args(["--user", "root"]);
+    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let sock = std::env::temp_dir().join(format!("corelane-upgrade-g-{}.sock", std::process::id()));
+    let path = sock.to_str().expect("a path").to_string();
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().expect("an address");
+    let start = || {
+        let mut cmd = net
+            .server_ns()
+            .command(common::echo_bin().to_str().expect("a path"));
+        cmd.args([
+            "--iface",
+            net.server_if(),
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "2",
+        ])
+        .args([
+            "--xdp",
+            "granted",
+            "--upgrades",
+            &path,
+            "--take-over",
+            &path,
+        ])
+        .env("RUST_LOG", "corelane_rt=info");
+        Echo::start_cmd(cmd, "echo")
+    };
+    let old = start();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let data = payload(12 << 20, 5);
+    let want = sha256(&data);
+    let transfer = net
+        .client_ns()
+        .spawn(
+            move || match common::tcp_echo_paced(addr, &data, Some(4 << 20)) {
+                Ok((got, n)) if (n, got) == (12 << 20, want) => Ok(()),
+                Ok((_, n)) => Err(format!("{n} bytes came back, not all or changed")),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+        .expect("a thread in the client namespace");
+    let kept = Arc::new(Tally::default());
+    let rr = {
+        let (stop, kept) = (stop.clone(), kept.clone());
+        net.client_ns()
+            .spawn(move || {
+                let req = payload(200, 6);
+                let mut buf = vec![0u8; 256];
+                let mut s = common::connect(addr).expect("a kept connection");
+                s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                while !stop.load(Ordering::Relaxed) {
+                    let r = round_trip(&mut s, &req, &mut buf);
+                    let failed = r.is_err();
+                    kept.count(r, "kept connection");
+                    if failed {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+            .expect("a thread in the client namespace")
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    let new = start();
+    let moved = transfer.join().expect("the transfer's thread");
+    stop.store(true, Ordering::Relaxed);
+    rr.join().expect("the request/response thread");
+    let (status, out) = old.wait();
+    assert!(
+        moved.is_ok() && kept.failed.load(Ordering::Relaxed) == 0,
+        "{moved:?}, {} failed requests\nold:\n{out}\nnew:\n{}\nbroker:\n{}",
+        kept.failed.load(Ordering::Relaxed),
+        new.output(),
+        broker.output()
+    );
+    assert!(status.success() && out.contains("echo: upgraded"), "{out}");
+    assert!(out.contains(", 0 reset at stop"), "{out}");
+    // The old server's grant session ended; the successor's ports and address stay steered.
+    common::assert_echoes(&net, addr, 1 << 20, 7);
+    let (status, out) = new.stop();
+    assert!(status.success(), "{out}");
+    let (_, out) = broker.stop();
+    // The old server and its successor each took the grant, one after the other's hello.
+    assert_eq!(out.matches("took the grant").count(), 2, "{out}");
+    assert!(!out.contains("refused"), "{out}");
+}

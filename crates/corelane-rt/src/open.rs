@@ -62,16 +62,9 @@ impl Builder {
             None => None,
         };
         let (access, mut joining) = match taken {
-            Some((steering, joining)) => (Access::Adopted(Box::new(steering)), Some(joining)),
+            Some((access, joining)) => (access, Some(joining)),
             None => (Access::get(&self.ifname, self.xdp)?, None),
         };
-        if self.upgrades.is_some() && matches!(access, Access::Granted(_)) {
-            return Err(Error::Config(format!(
-                "upgrades need the XDP program attached by the runtime, and a corelane-xdp grant \
-                 holds it on {}: start the server with Xdp::Attach (--xdp attach)",
-                self.ifname
-            )));
-        }
         let (mut plan, channels) = self.make_plan()?;
         self.tcp_mem_default(plan.lanes.len());
         let publisher = self.publisher(&access, plan.lanes.len());

@@ -215,7 +215,13 @@ fn hand_over(
             None => Err(Error::Config(format!("core {i} made no offer"))),
         })
         .collect::<Result<_, _>>()?;
-    let steering = steer.run(|s| s.share())??;
+    // A broker's program stays the broker's: the new process asks it as the old one's
+    // successor.
+    let steering = if steer.read().is_granted() {
+        None
+    } else {
+        Some(steer.run(|s| s.share())??)
+    };
     let handover = Handover {
         steering,
         queues: offers,

@@ -8,6 +8,9 @@
 //! `joined` ([`Joining::serve`]): the old one then switches the program to it. When the old
 //! process's connection ends (its cores have all left), the split ends: every frame comes
 //! here and the kept connections are forgotten; the interface's record passes to this process.
+//! When a `corelane-xdp grant` holds the program, the hand-over carries only the queues: this
+//! process asks the broker as the old one's successor (`hello upgrade`), which registers its
+//! sockets and makes the program's changes for it, and keeps the interface's record.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
@@ -18,6 +21,7 @@ use corelane_xsk::grant::{open_connection, recv_message, send_message, set_read_
 use corelane_xsk::{Steering, UpgradeOffer, XskQueue};
 
 use crate::Error;
+use crate::access::Access;
 use crate::control::Shared;
 use crate::lock::lock;
 use crate::upgrade_handover::Extras;
@@ -35,6 +39,8 @@ pub(crate) struct Joining {
     conn: OwnedFd,
     offers: Vec<UpgradeOffer>,
     pub(crate) extras: Extras,
+    /// A broker holds the program (and the interface's record).
+    granted: bool,
 }
 
 fn refused(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -50,8 +56,7 @@ impl Joining {
         path: &Path,
         ifname: &str,
         optional: bool,
-    ) -> Result<Option<(Steering, Joining)>, Error> {
-        corelane_xsk::check_privileges()?;
+    ) -> Result<Option<(Access, Joining)>, Error> {
         let conn = match open_connection(path) {
             Ok(c) => c,
             Err(e)
@@ -87,13 +92,25 @@ impl Joining {
         let extras = Extras::parse(&text)
             .ok_or_else(|| refused(path, format!("the old process said `{text}`")))?;
         set_read_deadline(&conn, None)?;
-        let steering = Steering::adopt(ifname, handover.steering)?;
+        let granted = handover.steering.is_none();
+        let access = match handover.steering {
+            Some(share) => {
+                corelane_xsk::check_privileges()?;
+                Access::Adopted(Box::new(Steering::adopt(ifname, share)?))
+            }
+            // The old process steers through a broker: this one asks it as its successor.
+            None => {
+                corelane_xsk::check_socket_privileges()?;
+                Access::Granted(corelane_xsk::GrantClient::connect_successor(ifname)?)
+            }
+        };
         Ok(Some((
-            steering,
+            access,
             Joining {
                 conn,
                 offers: handover.queues,
                 extras,
+                granted,
             },
         )))
     }
@@ -187,7 +204,9 @@ impl Joining {
             Ok(Err(e)) => tracing::error!("upgrade: ending the split failed: {e}"),
             Err(e) => tracing::error!("upgrade: ending the split failed: {e}"),
         }
-        self.inherit(&shared, ifname);
+        if !self.granted {
+            self.inherit(&shared, ifname);
+        }
     }
 
     /// Takes the interface's record over once the old process has let it go, with the

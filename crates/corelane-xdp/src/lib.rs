@@ -192,8 +192,22 @@ struct Session {
     uid: u32,
     addrs: Vec<IpAddr>,
     ports: HashSet<(Proto, u16)>,
-    stats: Option<PathBuf>,
-    capture: Option<PathBuf>,
+    /// The files made for it, with their identity (device, inode): removed when it goes
+    /// while their paths still name them (its successor makes its own at the same paths).
+    stats: Option<(PathBuf, (u64, u64))>,
+    capture: Option<(PathBuf, (u64, u64))>,
+}
+
+impl Session {
+    /// Removes the files made for this session that are still its own.
+    fn remove_files(&self) {
+        use std::os::unix::fs::MetadataExt;
+        for (p, id) in self.stats.iter().chain(&self.capture) {
+            if fs::metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == *id) {
+                let _ = fs::remove_file(p);
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -203,7 +217,9 @@ struct State {
     claim: Arc<Claim>,
     /// The interface's channels before the first change (put back when the broker stops).
     restore: Option<Channels>,
-    session: Option<Session>,
+    /// The server holding the grant, and during an upgrade its successor after it (at most
+    /// two).
+    sessions: Vec<Session>,
     /// Addresses of a server that left, still owned until the given time so that the
     /// program answers its peers' segments with resets (as a host does for a process that
     /// died) instead of dropping them: disowned when the next server takes the grant, or
@@ -276,7 +292,7 @@ impl Broker {
                 steering: Some(steering),
                 claim,
                 restore: None,
-                session: None,
+                sessions: Vec::new(),
                 lingering: Vec::new(),
             })),
             mode,
@@ -373,10 +389,8 @@ impl Drop for Broker {
         let _ = fs::remove_file(&self.path);
         let mut st = lock(&self.state);
         // A session still open (its server's end not yet seen closing): its files go too.
-        if let Some(s) = st.session.take() {
-            for p in s.stats.iter().chain(&s.capture) {
-                let _ = fs::remove_file(p);
-            }
+        for s in std::mem::take(&mut st.sessions) {
+            s.remove_files();
         }
         // Detach first: the driver may refuse fewer queues while a program is attached.
         drop(st.steering.take());
@@ -406,6 +420,7 @@ const MAX_CONNECTIONS: usize = 32;
 const HELLO_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
 mod session;
+mod session_upgrade;
 use session::session;
 
 #[cfg(test)]

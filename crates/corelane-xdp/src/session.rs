@@ -1,7 +1,6 @@
 //! One server's session with the broker: its hello, its requests (addresses, ports, queues,
 //! sockets, statistics), and what is undone when it leaves.
 
-use std::fs;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
@@ -21,10 +20,13 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
         }
     };
     let fd = conn.as_raw_fd();
-    match recv_message(fd) {
-        Ok(Some((hello, _))) if hello == "hello" => {}
+    // `hello upgrade`: the successor of the server holding the grant, which steers beside it
+    // until it leaves (an upgrade without dropping a connection).
+    let successor = match recv_message(fd) {
+        Ok(Some((hello, _))) if hello == "hello" => false,
+        Ok(Some((hello, _))) if hello == "hello upgrade" => true,
         _ => return,
-    }
+    };
     let welcome = {
         let mut st = lock(state);
         if !grant.uids.contains(&uid) {
@@ -34,18 +36,32 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
                 grant.ifname,
                 list_or_none(&grant.uids.iter().map(|u| u.to_string()).collect::<Vec<_>>())
             ))
-        } else if let Some(s) = &st.session {
+        } else if let Some(s) = st.sessions.first().filter(|_| !successor) {
             Err(format!(
                 "{} is served by another corelane runtime (pid {}: `kill {}`); stop it first",
                 grant.ifname, s.pid, s.pid
             ))
-        } else if let Some(steering) = &st.steering {
+        } else if successor && st.sessions.len() != 1 {
+            Err(match st.sessions.len() {
+                0 => format!(
+                    "no server holds the grant of {} to take over from",
+                    grant.ifname
+                ),
+                _ => format!("an upgrade on {} is already under way", grant.ifname),
+            })
+        } else if let Some(steering) = st.steering.as_mut() {
             let mode = match steering.fallback_reason() {
                 Some(why) => format!("{} {why}", steering.mode()),
                 None => steering.mode().to_string(),
             };
-            st.end_lingering(true);
-            st.session = Some(Session {
+            if !successor {
+                // A fresh start: its sockets are the first generation, and nothing is kept
+                // for another.
+                let _ = steering.set_upgrade(0, false);
+                let _ = steering.clear_flows();
+                st.end_lingering(true);
+            }
+            st.sessions.push(Session {
                 pid,
                 uid,
                 ..Session::default()
@@ -62,7 +78,7 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
             if set_read_deadline(conn, None).is_err()
                 || send_message(fd, &format!("ok {mode}"), None).is_err()
             {
-                end_session(state, grant);
+                end_session(state, grant, pid);
                 return;
             }
         }
@@ -74,7 +90,7 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
     }
     // Requests until the server closes (or dies: the kernel closes for it).
     while let Ok(Some((text, passed))) = recv_message(fd) {
-        let (reply, out) = match handle(state, grant, &text, passed) {
+        let (reply, out) = match handle(state, grant, pid, &text, passed) {
             Ok((r, out)) => (format!("ok {r}").trim_end().to_string(), out),
             Err(why) => (format!("err {why}"), None),
         };
@@ -83,25 +99,35 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
             break;
         }
     }
-    end_session(state, grant);
+    end_session(state, grant, pid);
 }
 
-/// Stops steering everything the departed server asked for.
-fn end_session(state: &Mutex<State>, grant: &Grant) {
+/// Stops steering everything the departed server asked for (what its successor in an
+/// upgrade asked for too stays).
+fn end_session(state: &Mutex<State>, grant: &Grant, pid: u32) {
     let mut st = lock(state);
-    let Some(s) = st.session.take() else { return };
+    let Some(i) = st.sessions.iter().position(|s| s.pid == pid) else {
+        return;
+    };
+    let s = st.sessions.remove(i);
     if let Some(steering) = st.steering.as_mut() {
+        // Counted per session: a port the successor holds stays steered.
         for (proto, port) in &s.ports {
             let _ = steering.release_port(*proto, *port);
         }
     }
     // The addresses stay owned a while: the program resets what the departed server's peers
     // still send (a process that died leaves no peer waiting), and SYNs are refused at once.
+    // Those its successor owns are its successor's.
     let until = std::time::Instant::now() + super::ADDR_LINGER;
-    st.lingering.extend(s.addrs.iter().map(|&a| (a, until)));
-    for p in s.stats.iter().chain(&s.capture) {
-        let _ = fs::remove_file(p);
-    }
+    let held: Vec<IpAddr> = st.sessions.iter().flat_map(|o| o.addrs.clone()).collect();
+    st.lingering.extend(
+        s.addrs
+            .iter()
+            .filter(|a| !held.contains(a))
+            .map(|&a| (a, until)),
+    );
+    s.remove_files();
     println!(
         "corelane-xdp: pid {} (uid {}) left {}: released {} port(s); its {} address(es) answer \
          with resets for {} s or until the next server takes the grant",
@@ -120,15 +146,26 @@ type Reply = (String, Option<std::fs::File>);
 fn handle(
     state: &Mutex<State>,
     grant: &Grant,
+    pid: u32,
     text: &str,
     passed: Option<OwnedFd>,
 ) -> Result<Reply, String> {
     let mut st = lock(state);
     let st = &mut *st;
-    let (Some(steering), Some(session)) = (st.steering.as_mut(), st.session.as_mut()) else {
+    let others: Vec<IpAddr> = st
+        .sessions
+        .iter()
+        .filter(|s| s.pid != pid)
+        .flat_map(|s| s.addrs.clone())
+        .collect();
+    let session = st.sessions.iter_mut().find(|s| s.pid == pid);
+    let (Some(steering), Some(session)) = (st.steering.as_mut(), session) else {
         return Err("the broker is stopping".into());
     };
     let words: Vec<&str> = text.split_whitespace().collect();
+    if let Some(r) = super::session_upgrade::request(steering, &words, &passed) {
+        return r;
+    }
     let e = |e: Error| e.to_string();
     let ok = || Ok((String::new(), None));
     match words[..] {
@@ -137,7 +174,10 @@ fn handle(
             if verb == "unaddr" {
                 if let Some(i) = session.addrs.iter().position(|x| *x == a) {
                     session.addrs.remove(i);
-                    steering.disown_addr(a).map_err(e)?;
+                    // Its successor's too, during an upgrade: then it stays.
+                    if !others.contains(&a) {
+                        steering.disown_addr(a).map_err(e)?;
+                    }
                 }
                 return ok();
             }
@@ -232,7 +272,7 @@ fn handle(
             let path = st.claim.dir().join("stats");
             let file = corelane_stat::new_stats_file(&path)
                 .map_err(|err| format!("{}: {err}", path.display()))?;
-            session.stats = Some(path.clone());
+            session.stats = Some((path.clone(), file_id(&file)));
             Ok((path.display().to_string(), Some(file)))
         }
         ["vlan"] => Ok((grant.vlan.to_wire(), None)),
@@ -246,9 +286,15 @@ fn handle(
                     Ok(f)
                 })
                 .map_err(|err| format!("{}: {err}", path.display()))?;
-            session.capture = Some(path.clone());
+            session.capture = Some((path.clone(), file_id(&file)));
             Ok((path.display().to_string(), Some(file)))
         }
         _ => Err(format!("unknown request `{text}`")),
     }
+}
+
+/// A file's device and inode.
+fn file_id(f: &std::fs::File) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    f.metadata().map_or((0, 0), |m| (m.dev(), m.ino()))
 }

@@ -188,6 +188,9 @@ pub fn open_connection(path: &Path) -> std::io::Result<OwnedFd> {
     Ok(sock)
 }
 
+#[path = "grant_upgrade.rs"]
+mod upgrade;
+
 /// The connection of a server to the broker that holds its interface's XDP program.
 #[derive(Debug)]
 pub struct GrantClient {
@@ -214,6 +217,25 @@ impl GrantClient {
     /// # Errors
     /// As [`GrantClient::connect`].
     pub fn connect_at(path: &Path) -> Result<Option<GrantClient>, Error> {
+        Self::connect_saying(path, "hello")
+    }
+
+    /// Connects to the broker for `ifname` as the successor of the server it serves (an
+    /// upgrade: the broker lets the two steer together until the old one leaves).
+    ///
+    /// # Errors
+    /// No broker serves `ifname`, or it refused this process.
+    pub fn connect_successor(ifname: &str) -> Result<GrantClient, Error> {
+        let path = grant_socket_path(ifname)?;
+        Self::connect_saying(&path, "hello upgrade")?.ok_or_else(|| {
+            Error::Grant(format!(
+                "the old server steers through a corelane-xdp grant, and none listens at {}",
+                path.display()
+            ))
+        })
+    }
+
+    fn connect_saying(path: &Path, hello: &str) -> Result<Option<GrantClient>, Error> {
         let sock = match open_connection(path) {
             Ok(s) => s,
             Err(e)
@@ -242,7 +264,7 @@ impl GrantClient {
             mode: AttachedMode::Generic,
             fallback_reason: None,
         };
-        let hello = client.request("hello", None)?;
+        let hello = client.request(hello, None)?;
         let (mode, why) = hello.split_once(' ').unwrap_or((hello.as_str(), ""));
         client.mode = match mode {
             "native" => AttachedMode::Native,

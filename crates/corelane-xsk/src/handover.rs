@@ -5,9 +5,9 @@
 //! `recv_message`), each with a line saying what it is:
 //!
 //! ```text
-//! corelane-upgrade 1 mode native maps 11 queues 2
-//! map owned_v4            + fd     (one per map)
-//! link                    + fd
+//! corelane-upgrade 1 mode native maps 11 queues 2     (mode granted maps 0: a broker's program)
+//! map owned_v4            + fd     (one per map; none when granted)
+//! link                    + fd     (none when granted)
 //! queue 0 frames 4096 frame-size 2048 ring 2048 max-packet 1792   + the socket
 //! umem                    + fd
 //! exchange                + fd     (the three for each queue)
@@ -25,8 +25,9 @@ use crate::steering::{MAPS, MAX_QUEUES, SteeringShare};
 /// What the old process hands the new one.
 #[derive(Debug)]
 pub struct Handover {
-    /// The steering program.
-    pub steering: SteeringShare,
+    /// The steering program (None: a `corelane-xdp grant` holds it, and the new process asks
+    /// the broker for it).
+    pub steering: Option<SteeringShare>,
     /// One offer per queue the old process serves.
     pub queues: Vec<UpgradeOffer>,
 }
@@ -46,19 +47,23 @@ pub fn send_handover(sock: BorrowedFd<'_>, h: &Handover) -> Result<(), Error> {
     let send = |text: &str, fd: Option<BorrowedFd<'_>>| {
         send_message(s, text, fd.map(|f| f.as_raw_fd())).map_err(io)
     };
+    let (mode, maps) = match &h.steering {
+        Some(s) => (s.mode.to_string(), s.maps.len()),
+        None => ("granted".to_string(), 0),
+    };
     send(
         &format!(
-            "corelane-upgrade {VERSION} mode {} maps {} queues {}",
-            h.steering.mode,
-            h.steering.maps.len(),
+            "corelane-upgrade {VERSION} mode {mode} maps {maps} queues {}",
             h.queues.len()
         ),
         None,
     )?;
-    for (name, fd) in &h.steering.maps {
-        send(&format!("map {name}"), Some(fd.as_fd()))?;
+    if let Some(s) = &h.steering {
+        for (name, fd) in &s.maps {
+            send(&format!("map {name}"), Some(fd.as_fd()))?;
+        }
+        send("link", Some(s.link.as_fd()))?;
     }
-    send("link", Some(h.steering.link.as_fd()))?;
     for q in &h.queues {
         let c = &q.config;
         send(
@@ -138,13 +143,15 @@ pub fn recv_handover(sock: BorrowedFd<'_>) -> Result<Handover, Error> {
         .find(|kv| kv[0] == "mode")
         .and_then(|kv| kv.get(1))
     {
-        Some(&"native") => AttachedMode::Native,
-        Some(&"generic") => AttachedMode::Generic,
+        Some(&"native") => Some(AttachedMode::Native),
+        Some(&"generic") => Some(AttachedMode::Generic),
+        Some(&"granted") => None,
         _ => return Err(bad(format!("no valid `mode` in `{head}`"))),
     };
     let maps: usize = field(rest, "maps", &head)?;
     let queues: u32 = field(rest, "queues", &head)?;
-    if maps != MAPS.len() || queues > MAX_QUEUES {
+    let want_maps = if mode.is_some() { MAPS.len() } else { 0 };
+    if maps != want_maps || queues > MAX_QUEUES {
         return Err(bad(format!(
             "{maps} maps and {queues} queues (this build has {} maps, at most {MAX_QUEUES} \
              queues)",
@@ -161,8 +168,14 @@ pub fn recv_handover(sock: BorrowedFd<'_>) -> Result<Handover, Error> {
         }
         shared.push((name.to_string(), fd.ok_or_else(|| bad("no descriptor"))?));
     }
-    let (text, link) = next(sock, true)?;
-    words(&text, "link")?;
+    let link = match mode {
+        Some(_) => {
+            let (text, link) = next(sock, true)?;
+            words(&text, "link")?;
+            link
+        }
+        None => None,
+    };
     let mut offers = Vec::with_capacity(queues as usize);
     for _ in 0..queues {
         let (text, socket) = next(sock, true)?;
@@ -195,12 +208,16 @@ pub fn recv_handover(sock: BorrowedFd<'_>) -> Result<Handover, Error> {
     }
     let (text, _) = next(sock, false)?;
     words(&text, "end")?;
-    Ok(Handover {
-        steering: SteeringShare {
+    let steering = match mode {
+        Some(mode) => Some(SteeringShare {
             maps: shared,
             link: link.ok_or_else(|| bad("no link descriptor"))?,
             mode,
-        },
+        }),
+        None => None,
+    };
+    Ok(Handover {
+        steering,
         queues: offers,
     })
 }

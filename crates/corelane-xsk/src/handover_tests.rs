@@ -41,14 +41,14 @@ fn sample(dir: &std::path::Path) -> Handover {
         },
     };
     Handover {
-        steering: SteeringShare {
+        steering: Some(SteeringShare {
             maps: MAPS
                 .iter()
                 .map(|(name, _)| (name.to_string(), file(dir, name)))
                 .collect(),
             link: file(dir, "link"),
             mode: AttachedMode::Generic,
-        },
+        }),
         queues: vec![queue(0), queue(3)],
     }
 }
@@ -61,13 +61,17 @@ fn a_hand_over_arrives_whole_with_every_descriptor() {
     let (a, b) = pair();
     send_handover(a.as_fd(), &sent).unwrap();
     let got = recv_handover(b.as_fd()).unwrap();
-    assert_eq!(got.steering.mode, AttachedMode::Generic);
-    assert_eq!(got.steering.maps.len(), MAPS.len());
-    for ((n1, f1), (n2, f2)) in sent.steering.maps.iter().zip(&got.steering.maps) {
+    let (s, g) = (
+        sent.steering.as_ref().unwrap(),
+        got.steering.as_ref().unwrap(),
+    );
+    assert_eq!(g.mode, AttachedMode::Generic);
+    assert_eq!(g.maps.len(), MAPS.len());
+    for ((n1, f1), (n2, f2)) in s.maps.iter().zip(&g.maps) {
         assert_eq!(n1, n2);
         assert_eq!(inode(f1), inode(f2), "map {n1}: the same file");
     }
-    assert_eq!(inode(&sent.steering.link), inode(&got.steering.link));
+    assert_eq!(inode(&s.link), inode(&g.link));
     assert_eq!(got.queues.len(), 2);
     for (s, g) in sent.queues.iter().zip(&got.queues) {
         assert_eq!(s.queue_id, g.queue_id);
@@ -84,13 +88,34 @@ fn a_hand_over_arrives_whole_with_every_descriptor() {
 }
 
 #[test]
+fn a_hand_over_of_a_brokers_program_carries_only_the_queues() {
+    let dir = std::env::temp_dir().join(format!("corelane-handover-g-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut sent = sample(&dir);
+    sent.steering = None;
+    let (a, b) = pair();
+    send_handover(a.as_fd(), &sent).unwrap();
+    let got = recv_handover(b.as_fd()).unwrap();
+    assert!(got.steering.is_none());
+    assert_eq!(
+        got.queues.iter().map(|q| q.queue_id).collect::<Vec<_>>(),
+        [0, 3]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_hand_over_that_breaks_the_protocol_is_refused_with_what_was_wrong() {
-    let cases: [(&[(&str, bool)], &str); 4] = [
+    let cases: [(&[(&str, bool)], &str); 5] = [
         (
             &[("corelane-upgrade 2 mode native maps 11 queues 0", false)],
             "version 2",
         ),
         (&[("hello", false)], "expected `corelane-upgrade"),
+        (
+            &[("corelane-upgrade 1 mode granted maps 11 queues 0", false)],
+            "11 maps",
+        ),
         (
             &[("corelane-upgrade 1 mode native maps 3 queues 0", false)],
             "3 maps",

@@ -65,7 +65,10 @@ impl Steering {
                  generations of {MAX_QUEUES} queues"
             )));
         }
-        let p = self.program("an upgrade")?;
+        let p = match &mut self.via {
+            Via::Program(p) => p,
+            Via::Grant(g) => return g.register_in(generation, queue, fd),
+        };
         XskMap::try_from(&mut p.xsks)
             .map_err(map_err("xsks"))?
             .set(generation * MAX_QUEUES + queue, fd, 0)
@@ -81,7 +84,10 @@ impl Steering {
                 "generation {current}: the program has {GENERATIONS}"
             )));
         }
-        let p = self.program("an upgrade")?;
+        let p = match &mut self.via {
+            Via::Program(p) => p,
+            Via::Grant(g) => return g.set_upgrade(current, split),
+        };
         p.upgrade
             .set(0, [current, u32::from(split)], 0)
             .map_err(map_err("upgrade"))
@@ -90,7 +96,10 @@ impl Steering {
     /// Keeps the TCP connection from `peer` to local `port` with `generation` while an
     /// upgrade splits the frames ([`Steering::set_upgrade`]).
     pub fn keep_flow(&mut self, peer: SocketAddr, port: u16, generation: u32) -> Result<(), Error> {
-        let p = self.program("an upgrade")?;
+        let p = match &mut self.via {
+            Via::Program(p) => p,
+            Via::Grant(g) => return g.keep_flow(peer, port, generation),
+        };
         p.old_flows
             .insert(flow_key(peer, port), generation, 0)
             .map_err(map_err("old_flows"))
@@ -98,7 +107,10 @@ impl Steering {
 
     /// Stops keeping the connection from `peer` to `port` (it closed, or the upgrade ended).
     pub fn forget_flow(&mut self, peer: SocketAddr, port: u16) -> Result<(), Error> {
-        let p = self.program("an upgrade")?;
+        let p = match &mut self.via {
+            Via::Program(p) => p,
+            Via::Grant(g) => return g.forget_flow(peer, port),
+        };
         match p.old_flows.remove(&flow_key(peer, port)) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(map_err("old_flows")(e)),
@@ -108,15 +120,21 @@ impl Steering {
     /// Which generation gets the frames and whether the split is on (see
     /// [`Steering::set_upgrade`]).
     pub fn upgrade_state(&mut self) -> Result<(u32, bool), Error> {
-        let p = self.program("an upgrade")?;
+        let p = match &mut self.via {
+            Via::Program(p) => p,
+            Via::Grant(g) => return g.upgrade_state(),
+        };
         let [current, split] = p.upgrade.get(&0, 0).map_err(map_err("upgrade"))?;
         Ok((current, split != 0))
     }
 
     /// Forgets every connection kept for an old generation (the upgrade is over). Returns how
-    /// many there were.
+    /// many there were (under a grant, 0: the broker forgets them when the split ends).
     pub fn clear_flows(&mut self) -> Result<usize, Error> {
-        let p = self.program("an upgrade")?;
+        let p = match &mut self.via {
+            Via::Program(p) => p,
+            Via::Grant(_) => return Ok(0),
+        };
         let keys: Vec<[u8; 20]> = p.old_flows.keys().filter_map(Result::ok).collect();
         for k in &keys {
             match p.old_flows.remove(k) {

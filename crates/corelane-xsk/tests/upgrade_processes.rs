@@ -94,7 +94,7 @@ fn client(
 fn new_process(sock: &Path, ifname: &str) {
     let conn = open_connection(sock).unwrap();
     let mut h: Handover = recv_handover(conn.as_fd()).unwrap();
-    let mut steering = Steering::adopt(ifname, h.steering).unwrap();
+    let mut steering = Steering::adopt(ifname, h.steering.unwrap()).unwrap();
     let mut qs = Vec::new();
     for offer in h.queues.drain(..) {
         let q = XskQueue::join_upgrade(ifname, offer).unwrap();
@@ -255,7 +255,7 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
         assert!(Instant::now() < deadline, "the new process never connected");
     };
     let h = Handover {
-        steering: steering.share().unwrap(),
+        steering: Some(steering.share().unwrap()),
         queues: vec![a0.offer_upgrade().unwrap(), a1.offer_upgrade().unwrap()],
     };
     send_handover(conn.as_fd(), &h).unwrap();

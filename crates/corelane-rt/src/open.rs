@@ -179,9 +179,7 @@ impl Builder {
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = access.steering(&self.ifname, self.attach, self.vlan)?;
-        if joining.is_some() {
-            // The old process's keeper holds the program until it ends.
-        } else if let Err(e) = steering.linger_on_death(self.death_linger) {
+        if let Err(e) = steering.linger_on_death(self.death_linger) {
             tracing::warn!(
                 "{}: nothing will answer for this server if it dies ({e}): its peers wait for \
                  their timeouts",

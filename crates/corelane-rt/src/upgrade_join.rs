@@ -228,10 +228,18 @@ impl Joining {
                 }
             }
         };
+        let claim = Arc::new(claim);
+        // The program notes in it what a crash would leave (its keeper, multicast groups).
+        let noted = claim.clone();
+        if let Err(e) = shared.steer.run(move |s| s.set_claim(noted)) {
+            tracing::warn!(
+                "upgrade: the interface's record does not list the program's keeper: {e}"
+            );
+        }
         *lock(&shared.upgrades.inherited) = Some(crate::queues::RestoreQueues::new(
             ifname,
             self.extras.channels,
-            Some(Arc::new(claim)),
+            Some(claim),
         ));
     }
 }

@@ -304,6 +304,11 @@ impl Steering {
             for mac in p.groups.keys() {
                 claim.note_group(*mac, true);
             }
+            // A claim taken after the keeper started (an upgrade's new process takes the
+            // interface's record once the old one has gone).
+            if let Some(l) = &p.linger {
+                claim.note_linger(Some(l.pid()));
+            }
             p.claim = Some(claim);
         }
     }
@@ -326,9 +331,14 @@ impl Steering {
         if p.linger.is_some() || time.is_zero() {
             return Ok(());
         }
+        // An adopted program (an upgrade) holds its link itself.
         let link = p
             .prog_id
             .and_then(|id| crate::linger::link_fds(id).into_iter().next())
+            .or_else(|| {
+                use std::os::fd::AsRawFd;
+                p._link.as_ref().map(|l| l.as_raw_fd())
+            })
             .ok_or_else(|| {
                 Error::Io(std::io::Error::new(
                     std::io::ErrorKind::NotFound,

@@ -1,7 +1,9 @@
-//! A running server replaced by a new process under load (`--upgrades` / `--upgrade-from`):
-//! the echo example on a two-queue veth, the kernel's TCP as the clients. Long transfers,
-//! request/response on kept connections and connections opened and closed all the time run
-//! across the switch; none may fail or lose a byte, and the old process must end by itself.
+//! A running server replaced by a new process under load (`--upgrades`, `--upgrade-from`,
+//! `--take-over`): the echo example on a multi-queue veth, the kernel's TCP as the clients.
+//! Long transfers, request/response on kept connections and connections opened and closed all
+//! the time run across the switch, on a clean veth, through a router that loses and reorders,
+//! and under a `corelane-xdp grant` broker; none may fail or lose a byte, and the old process
+//! must end by itself.
 
 mod common;
 
@@ -12,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Echo, SERVER_V4, payload, sha256};
+use corelane_testnet::{Loss, Netns, NsThread};
 
 /// One request of `len` bytes and its echo on `s`.
 fn round_trip(s: &mut TcpStream, req: &[u8], buf: &mut [u8]) -> std::io::Result<()> {
@@ -49,6 +52,136 @@ impl Tally {
                 eprintln!("{what}: {e}");
                 self.failed.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// Traffic of the shapes a service meets, from the client namespace until [`Load::finish`]:
+/// long echoes paced to span the upgrade, request/response on kept connections, and a new
+/// connection for each request.
+struct Load {
+    stop: Arc<AtomicBool>,
+    kept: Arc<Tally>,
+    fresh: Arc<Tally>,
+    transfers: Vec<NsThread<Result<(), String>>>,
+    clients: Vec<NsThread<()>>,
+}
+
+/// How a [`Load`] went.
+#[derive(Debug)]
+struct Outcome {
+    transfers: Vec<Result<(), String>>,
+    kept: (u64, u64),
+    fresh: (u64, u64),
+}
+
+impl Outcome {
+    /// Every transfer whole, no request failed, some answered of each kind.
+    fn clean(&self) -> bool {
+        self.transfers.iter().all(Result::is_ok)
+            && self.kept.1 == 0
+            && self.fresh.1 == 0
+            && self.kept.0 > 0
+            && (self.fresh.0 > 0 || self.fresh == (0, 0))
+    }
+}
+
+impl Load {
+    /// `transfers` echoes of `bytes` each at `rate` bytes a second, `kept` connections doing
+    /// request/response, and `fresh` clients opening a connection per request.
+    fn start(
+        client: &Netns,
+        addr: SocketAddr,
+        (transfers, bytes, rate): (u64, usize, usize),
+        kept: u64,
+        fresh: u64,
+    ) -> Load {
+        let mut load = Load {
+            stop: Arc::new(AtomicBool::new(false)),
+            kept: Arc::new(Tally::default()),
+            fresh: Arc::new(Tally::default()),
+            transfers: Vec::new(),
+            clients: Vec::new(),
+        };
+        for seed in 0..transfers {
+            let data = payload(bytes, seed);
+            let want = sha256(&data);
+            let t = client.spawn(
+                move || match common::tcp_echo_paced(addr, &data, Some(rate)) {
+                    Ok((got, n)) if (n, got) == (bytes, want) => Ok(()),
+                    Ok((_, n)) => Err(format!(
+                        "transfer {seed}: {n} bytes back, not all or changed"
+                    )),
+                    Err(e) => Err(format!("transfer {seed}: {e}")),
+                },
+            );
+            load.transfers
+                .push(t.expect("a thread in the client namespace"));
+        }
+        for i in 0..kept + fresh {
+            let (stop, kept_tally, fresh_tally) =
+                (load.stop.clone(), load.kept.clone(), load.fresh.clone());
+            let keep = i < kept;
+            let c = client.spawn(move || {
+                let req = payload(200, 100 + i);
+                let mut buf = vec![0u8; 256];
+                let mut s = keep.then(|| common::connect(addr).expect("a kept connection"));
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(s) = s.as_mut() {
+                        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                        let r = round_trip(s, &req, &mut buf);
+                        let failed = r.is_err();
+                        kept_tally.count(r, "kept connection");
+                        if failed {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    } else {
+                        let r = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).and_then(
+                            |mut s| {
+                                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                                round_trip(&mut s, &req, &mut buf)
+                            },
+                        );
+                        fresh_tally.count(r, "new connection");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            });
+            load.clients
+                .push(c.expect("a thread in the client namespace"));
+        }
+        load
+    }
+
+    /// Requests answered so far (kept connections, new connections).
+    fn answered(&self) -> (u64, u64) {
+        (self.kept.ok(), self.fresh.ok())
+    }
+
+    /// Waits for the transfers, then stops the request/response clients.
+    fn finish(self) -> Outcome {
+        let transfers = self
+            .transfers
+            .into_iter()
+            .map(|t| t.join().expect("a transfer's thread"))
+            .collect();
+        self.stop.store(true, Ordering::Relaxed);
+        for c in self.clients {
+            c.join().expect("a client's thread");
+        }
+        Outcome {
+            transfers,
+            kept: (self.kept.ok(), self.kept.failed()),
+            fresh: (self.fresh.ok(), self.fresh.failed()),
         }
     }
 }
@@ -95,92 +228,26 @@ fn a_server_replaced_under_load_drops_no_connection_and_loses_no_byte() {
     };
     let old = start(false);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let (kept, fresh) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
-    let mut load = Vec::new();
-    // Two long transfers, 24 MB each at 4 MB/s: six seconds across the switch.
-    for seed in 0..2u64 {
-        let data = payload(24 << 20, seed);
-        let want = sha256(&data);
-        load.push(
-            net.client_ns()
-                .spawn(
-                    move || match common::tcp_echo_paced(addr, &data, Some(4 << 20)) {
-                        Ok((got, n)) if (n, got) == (24 << 20, want) => Ok(0u64),
-                        Ok((_, n)) => Err(format!(
-                            "transfer {seed}: {n} bytes came back, not all or changed"
-                        )),
-                        Err(e) => Err(format!("transfer {seed}: {e}")),
-                    },
-                )
-                .expect("a thread in the client namespace"),
-        );
-    }
-    // Request/response on two kept connections, and a new connection for each request on
-    // two more clients, until told to stop.
-    for i in 0..4u64 {
-        let (stop, kept, fresh) = (stop.clone(), kept.clone(), fresh.clone());
-        load.push(
-            net.client_ns()
-                .spawn(move || {
-                    let req = payload(200, 100 + i);
-                    let mut buf = vec![0u8; 256];
-                    let mut rounds = 0u64;
-                    if i < 2 {
-                        let mut s = common::connect(addr).expect("a kept connection");
-                        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                        while !stop.load(Ordering::Relaxed) {
-                            let r = round_trip(&mut s, &req, &mut buf);
-                            let failed = r.is_err();
-                            kept.count(r, "kept connection");
-                            if failed {
-                                break;
-                            }
-                            rounds += 1;
-                            std::thread::sleep(Duration::from_millis(2));
-                        }
-                    } else {
-                        while !stop.load(Ordering::Relaxed) {
-                            let r = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-                                .and_then(|mut s| {
-                                    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-                                    round_trip(&mut s, &req, &mut buf)
-                                });
-                            fresh.count(r, "new connection");
-                            rounds += 1;
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                    }
-                    Ok(rounds)
-                })
-                .expect("a thread in the client namespace"),
-        );
-    }
+    // Two long transfers, 24 MB each at 4 MB/s: six seconds across the switch; two kept
+    // connections and two clients opening one per request.
+    let load = Load::start(net.client_ns(), addr, (2, 24 << 20, 4 << 20), 2, 2);
     std::thread::sleep(Duration::from_millis(1500));
-    let before = (
-        kept.ok.load(Ordering::Relaxed),
-        fresh.ok.load(Ordering::Relaxed),
-    );
+    let before = load.answered();
     let new = start(true);
     // The old process drains: its long transfers finish, its listeners are closed, and it
     // ends by itself (its kept request/response connections are the clients' to close).
     std::thread::sleep(Duration::from_millis(1500));
-    let after_switch = fresh.ok.load(Ordering::Relaxed);
-    let mut handles = load.into_iter();
-    let transfers: Vec<Result<u64, String>> = handles
-        .by_ref()
-        .take(2)
-        .map(|h| h.join().expect("a long transfer's thread"))
-        .collect();
-    stop.store(true, Ordering::Relaxed);
-    let rounds: Vec<Result<u64, String>> = handles
-        .map(|h| h.join().expect("a client's thread"))
-        .collect();
+    let after_switch = load.answered();
+    let outcome = load.finish();
     let (status, out) = old.wait();
     assert!(
-        transfers.iter().all(Result::is_ok),
-        "{transfers:?}\nold:\n{out}\nnew:\n{}",
+        outcome.clean(),
+        "{outcome:?}\nold:\n{out}\nnew:\n{}",
         new.output()
+    );
+    assert!(
+        outcome.kept.0 > before.0 && outcome.fresh.0 > after_switch.1,
+        "no requests were answered after the switch: {outcome:?}"
     );
     assert!(status.success(), "the old process failed:\n{out}");
     assert!(
@@ -194,21 +261,6 @@ fn a_server_replaced_under_load_drops_no_connection_and_loses_no_byte() {
     assert!(
         out.contains(", 0 reset at stop"),
         "the old process reset connections at its end:\n{out}"
-    );
-    assert_eq!(
-        (
-            kept.failed.load(Ordering::Relaxed),
-            fresh.failed.load(Ordering::Relaxed)
-        ),
-        (0, 0),
-        "requests failed across the upgrade (kept, new connections); rounds {rounds:?}\nold:\n{out}\nnew:\n{}",
-        new.output()
-    );
-    assert!(
-        kept.ok.load(Ordering::Relaxed) > before.0
-            && fresh.ok.load(Ordering::Relaxed) > after_switch,
-        "no requests were answered after the switch:\nold:\n{out}\nnew:\n{}",
-        new.output()
     );
     assert_eq!(
         common::rx_queues(&net),
@@ -381,50 +433,14 @@ fn a_server_steering_through_a_grant_broker_is_replaced_under_load() {
     };
     let old = start();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let data = payload(12 << 20, 5);
-    let want = sha256(&data);
-    let transfer = net
-        .client_ns()
-        .spawn(
-            move || match common::tcp_echo_paced(addr, &data, Some(4 << 20)) {
-                Ok((got, n)) if (n, got) == (12 << 20, want) => Ok(()),
-                Ok((_, n)) => Err(format!("{n} bytes came back, not all or changed")),
-                Err(e) => Err(e.to_string()),
-            },
-        )
-        .expect("a thread in the client namespace");
-    let kept = Arc::new(Tally::default());
-    let rr = {
-        let (stop, kept) = (stop.clone(), kept.clone());
-        net.client_ns()
-            .spawn(move || {
-                let req = payload(200, 6);
-                let mut buf = vec![0u8; 256];
-                let mut s = common::connect(addr).expect("a kept connection");
-                s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                while !stop.load(Ordering::Relaxed) {
-                    let r = round_trip(&mut s, &req, &mut buf);
-                    let failed = r.is_err();
-                    kept.count(r, "kept connection");
-                    if failed {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-            .expect("a thread in the client namespace")
-    };
+    let load = Load::start(net.client_ns(), addr, (1, 12 << 20, 4 << 20), 1, 1);
     std::thread::sleep(Duration::from_millis(800));
     let new = start();
-    let moved = transfer.join().expect("the transfer's thread");
-    stop.store(true, Ordering::Relaxed);
-    rr.join().expect("the request/response thread");
+    let outcome = load.finish();
     let (status, out) = old.wait();
     assert!(
-        moved.is_ok() && kept.failed.load(Ordering::Relaxed) == 0,
-        "{moved:?}, {} failed requests\nold:\n{out}\nnew:\n{}\nbroker:\n{}",
-        kept.failed.load(Ordering::Relaxed),
+        outcome.clean(),
+        "{outcome:?}\nold:\n{out}\nnew:\n{}\nbroker:\n{}",
         new.output(),
         broker.output()
     );
@@ -438,4 +454,58 @@ fn a_server_steering_through_a_grant_broker_is_replaced_under_load() {
     // The old server and its successor each took the grant, one after the other's hello.
     assert_eq!(out.matches("took the grant").count(), 2, "{out}");
     assert!(!out.contains("refused"), "{out}");
+}
+
+#[test]
+fn a_server_is_replaced_under_load_through_a_router_that_loses_and_reorders() {
+    const KERNEL: &str = "10.89.0.1";
+    const CLIENT: &str = "10.89.0.2";
+    let net = corelane_testnet::LossyPath::builder()
+        .queues(2)
+        .server_addr(&format!("{KERNEL}/24"))
+        .client_addr(&format!("{CLIENT}/24"))
+        .build()
+        .expect("lossy path");
+    net.client_ns()
+        .exec("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"])
+        .expect("sysctl");
+    let sock = std::env::temp_dir().join(format!("corelane-upgrade-l-{}.sock", std::process::id()));
+    let path = sock.to_str().expect("a path").to_string();
+    let addr: SocketAddr = "10.89.0.3:7".parse().expect("an address");
+    let args = [
+        "--addr",
+        "10.89.0.3/24",
+        "--cores",
+        "2",
+        "--upgrades",
+        &path,
+        "--take-over",
+        &path,
+    ];
+    let old = Echo::start_in(net.server_ns(), net.server_if(), "echo", &args);
+    net.set_loss(Loss::percent(1.0), Loss::percent(1.0))
+        .expect("loss");
+    net.set_reorder(
+        Loss::percent(2.0),
+        Loss::percent(2.0),
+        Duration::from_micros(200),
+    )
+    .expect("reordering");
+    let load = Load::start(net.client_ns(), addr, (1, 8 << 20, 2 << 20), 1, 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    let new = Echo::start_in(net.server_ns(), net.server_if(), "echo", &args);
+    let outcome = load.finish();
+    let (status, out) = old.wait();
+    let counters = net.counters().expect("the router's counters");
+    assert!(
+        outcome.clean(),
+        "{outcome:?} {counters:?}\nold:\n{out}\nnew:\n{}",
+        new.output()
+    );
+    assert!(
+        status.success() && out.contains("echo: upgraded") && out.contains(", 0 reset at stop"),
+        "{out}"
+    );
+    let (status, out) = new.stop();
+    common::assert_clean_exit(status, &out);
 }

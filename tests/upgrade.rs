@@ -482,7 +482,16 @@ fn a_server_is_replaced_under_load_through_a_router_that_loses_and_reorders() {
         "--take-over",
         &path,
     ];
-    let old = Echo::start_in(net.server_ns(), net.server_if(), "echo", &args);
+    let start = || {
+        let mut cmd = net
+            .server_ns()
+            .command(common::echo_bin().to_str().expect("a path"));
+        cmd.args(["--iface", net.server_if()])
+            .args(args)
+            .env("RUST_LOG", "corelane_rt=info");
+        Echo::start_cmd(cmd, "echo")
+    };
+    let old = start();
     net.set_loss(Loss::percent(1.0), Loss::percent(1.0))
         .expect("loss");
     net.set_reorder(
@@ -493,7 +502,7 @@ fn a_server_is_replaced_under_load_through_a_router_that_loses_and_reorders() {
     .expect("reordering");
     let load = Load::start(net.client_ns(), addr, (1, 8 << 20, 2 << 20), 1, 1);
     std::thread::sleep(Duration::from_millis(1500));
-    let new = Echo::start_in(net.server_ns(), net.server_if(), "echo", &args);
+    let new = start();
     let outcome = load.finish();
     let (status, out) = old.wait();
     let counters = net.counters().expect("the router's counters");

@@ -335,6 +335,50 @@ static __always_inline int v6_owned(const __u8 *addr)
 	return v && *v;
 }
 
+// ICMP and ICMPv6: to the current generation, but while an upgrade splits the frames, an error
+// quoting a TCP segment of a connection an older generation keeps (a path-MTU update, an
+// unreachable peer) goes to that generation, where the connection is. The quote is the
+// segment as it left here: its destination is the peer, its source port the local port.
+static __always_inline int steer_icmp(struct xdp_md *ctx, __u8 proto, void *l4, void *end)
+{
+	__u32 zero = 0;
+	struct upgrade_cfg *c = bpf_map_lookup_elem(&upgrade, &zero);
+	if (!c || !c->split)
+		return steer(ctx);
+	__u8 *icmp = l4;
+	if ((void *)(icmp + 8) > end)
+		return steer(ctx);
+	struct flow_key k = {};
+	__be16 *ports;
+	if (proto == IPPROTO_ICMP) {
+		// Destination unreachable (fragmentation needed among them), time exceeded.
+		if (icmp[0] != 3 && icmp[0] != 11)
+			return steer(ctx);
+		struct iphdr *q = (void *)(icmp + 8);
+		if ((void *)(q + 1) > end || q->ihl != 5 || q->protocol != IPPROTO_TCP)
+			return steer(ctx);
+		ports = (void *)(q + 1);
+		if ((void *)(ports + 2) > end)
+			return steer(ctx);
+		v4_peer(&k, q->daddr);
+	} else {
+		// Destination unreachable, packet too big, time exceeded.
+		if (icmp[0] < 1 || icmp[0] > 3)
+			return steer(ctx);
+		struct ipv6hdr *q = (void *)(icmp + 8);
+		if ((void *)(q + 1) > end || q->nexthdr != IPPROTO_TCP)
+			return steer(ctx);
+		ports = (void *)(q + 1);
+		if ((void *)(ports + 2) > end)
+			return steer(ctx);
+		__builtin_memcpy(k.addr, &q->daddr, 16);
+	}
+	k.peer_port = ports[1];
+	k.port = ports[0];
+	__u32 *g = bpf_map_lookup_elem(&old_flows, &k);
+	return steer_to(ctx, g ? *g & 1 : c->current & 1);
+}
+
 // Steer a TCP or UDP segment whose destination port is owned, and ICMP (echo requests, and the
 // errors that tell a flow its path's MTU or that a peer is unreachable) and IPv6 fragments for an
 // owned address; pass everything else.
@@ -342,7 +386,9 @@ static __always_inline int v6_owned(const __u8 *addr)
 static __always_inline int l4_steer(struct xdp_md *ctx, __u8 proto, void *l4, void *end,
 				    struct flow_key *peer)
 {
-	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6 || proto == IPPROTO_FRAGMENT)
+	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)
+		return steer_icmp(ctx, proto, l4, end);
+	if (proto == IPPROTO_FRAGMENT)
 		return steer(ctx);
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = l4;

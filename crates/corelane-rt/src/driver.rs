@@ -83,7 +83,7 @@ impl Driver {
         let mut stack = core.stack();
         let life = &core.shared.life;
         if life.draining() {
-            if !self.listeners_closed {
+            if !self.listeners_closed && self.upgrade.listeners_may_close(&core.shared, &stack) {
                 // Stop accepting: waiting accepts (and UDP receives) return an error, new SYNs
                 // are refused.
                 self.listeners_closed = true;
@@ -100,13 +100,8 @@ impl Driver {
                 core.shared.stop_all();
             }
         }
-        self.upgrade.turn(
-            &core.shared,
-            core.index,
-            &mut stack,
-            self.pipe.dev.io_mut(),
-            &mut self.listeners_closed,
-        );
+        self.upgrade
+            .turn(&core.shared, core.index, &mut stack, self.pipe.dev.io_mut());
         let added = core.shared.addrs.sync(&mut self.addrs_seen, &mut stack);
         core.shared.routes.sync(&mut self.routes_seen, &mut stack);
         if core.index == 0 {

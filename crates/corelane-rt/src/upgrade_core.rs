@@ -37,7 +37,6 @@ impl CoreUpgrade {
         core: usize,
         stack: &mut Stack,
         io: &mut XskQueue,
-        listeners_closed: &mut bool,
     ) {
         let up = &shared.upgrades;
         if up.listing.load(Ordering::Relaxed) {
@@ -63,11 +62,9 @@ impl CoreUpgrade {
                     }
                 }
                 Stage::Record => {
+                    // No new connection from here on, and none refused: the listeners
+                    // close once what they have half open or queued is accepted.
                     stack.set_quiet(true);
-                    if !*listeners_closed {
-                        *listeners_closed = true;
-                        stack.begin_drain();
-                    }
                     let mut kept = Vec::new();
                     stack.each_tcp(|local, remote, _| kept.push((remote, local.port())));
                     let generation = u32::from(up.old_gen.load(Ordering::Acquire));
@@ -110,6 +107,14 @@ impl CoreUpgrade {
                 self.forget_closed(&shared.steer, stack);
             }
         }
+    }
+
+    /// Whether a draining core may close its listeners now: at once, but while it hands its
+    /// queue to a new process only once nothing is half open or queued on them (closing would
+    /// reset those; the application accepts them first).
+    pub(crate) fn listeners_may_close(&self, shared: &Shared, stack: &Stack) -> bool {
+        !matches!(shared.upgrades.stage(), Stage::Record | Stage::Switched)
+            || stack.listeners_idle()
     }
 
     /// Whether a lingering core whose own connections are done may end: yes, but while the

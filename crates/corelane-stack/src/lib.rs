@@ -62,6 +62,8 @@ mod tests;
 #[cfg(test)]
 mod tests_memory_attack;
 #[cfg(test)]
+mod tests_quiet;
+#[cfg(test)]
 mod tests_reply_path;
 #[cfg(test)]
 mod tests_secrets;

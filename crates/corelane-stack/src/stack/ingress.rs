@@ -397,6 +397,11 @@ impl Stack {
                     }
                     self.feed(now, dev, i);
                 }
+                // Quiet (an upgrade's old process): no new connection, and no refusal either.
+                Route::Open | Route::Cookie if self.quiet => {
+                    self.stats.syn_dropped += 1;
+                    dev.consume();
+                }
                 Route::Open => self.open(now, dev),
                 Route::Cookie => self.send_cookie(now, dev),
                 Route::Unclaimed(proto, local_port, listening) => {

@@ -183,13 +183,23 @@ impl Stack {
         }
     }
 
-    /// Drops TCP segments no connection claims instead of answering them with a reset (and
-    /// opens nothing from a SYN cookie's ACK), while `on`. For an upgrade: with its listeners
-    /// closed, a process handing its queues to a new one lets a SYN that reaches it go
-    /// unanswered (the peer retries, and the retry reaches the new process) rather than refuse
-    /// the connection.
+    /// While `on`, takes no new connection and refuses none: a SYN to a listener is dropped
+    /// unanswered (counted in `syn_dropped`), and so is a TCP segment no connection claims,
+    /// instead of being answered with a reset. Connections a listener has half open or queued
+    /// complete and are accepted as before. For an upgrade: the process handing its queues to
+    /// a new one lets a SYN that reaches it go unanswered (the peer retries, and the retry
+    /// reaches the new process), and closes its listeners once they are idle
+    /// ([`Stack::listeners_idle`]).
     pub fn set_quiet(&mut self, on: bool) {
         self.quiet = on;
+    }
+
+    /// True when no listener has a connection half open or waiting to be accepted: closing
+    /// them would refuse none.
+    pub fn listeners_idle(&self) -> bool {
+        self.listeners
+            .values()
+            .all(|l| l.half_open == 0 && l.ready.is_empty())
     }
 
     /// The ports with a listener.

@@ -4,7 +4,9 @@
 use super::*;
 use crate::{Proto, UpgradePhase, XskFrame};
 use corelane_frame::{Frame, FrameIo};
-use corelane_testnet::craft::{Ip4, RawLink, SYN, Tcp, tcp4, tcp4_with_ip_options, tcp6};
+use corelane_testnet::craft::{
+    Ip4, RawLink, SYN, Tcp, icmp4, quote_tcp4, tcp4, tcp4_with_ip_options, tcp6,
+};
 use corelane_testnet::{NsThread, VethPair};
 use std::collections::{BTreeSet, VecDeque};
 use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
@@ -240,7 +242,8 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
 }
 
 /// The source ports of the TCP segments (IPv4, with or without IP options, or IPv6) each
-/// queue receives, until `want` have come (3 s at most).
+/// queue receives, and of IPv4 ICMP errors the destination port of the segment they quote,
+/// until `want` have come (3 s at most).
 fn tcp_sources(qs: &mut [&mut XskQueue], want: usize) -> Vec<Vec<u16>> {
     let mut seen = vec![Vec::new(); qs.len()];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
@@ -253,6 +256,8 @@ fn tcp_sources(qs: &mut [&mut XskQueue], want: usize) -> Vec<Vec<u16>> {
                 let tcp = match (b.get(12..14), b.get(14), b.get(20), b.get(23)) {
                     (Some([0x08, 0x00]), Some(v), _, Some(6)) => 14 + usize::from(v & 15) * 4,
                     (Some([0x86, 0xdd]), _, Some(6), _) => 54,
+                    // ICMP: its header, the quoted IP header, the quoted source port.
+                    (Some([0x08, 0x00]), Some(0x45), _, Some(1)) => 14 + 20 + 8 + 20 + 2,
                     _ => continue,
                 };
                 if let Some(p) = b.get(tcp..tcp + 2) {
@@ -320,6 +325,33 @@ fn tcp_connections_the_old_process_keeps_stay_with_it_and_the_rest_go_to_the_new
         [vec![40001, 40001], vec![40002, 40005]],
         "IPv6 and IP options"
     );
+    // An ICMP error quoting a segment the kept connection sent (a path-MTU update) goes with
+    // it; one quoting another connection's, to the new process.
+    let quoting = |peer_port: u16| {
+        let sent = Tcp {
+            sport: 80,
+            dport: peer_port,
+            seq: 1,
+            window: 1000,
+            ..Tcp::default()
+        };
+        let quote = quote_tcp4(&Ip4::new(SERVER, client), &sent, 1400);
+        // Fragmentation needed, next-hop MTU 1280.
+        icmp4(
+            server_mac,
+            client_mac,
+            &Ip4::new(client, SERVER),
+            3,
+            4,
+            [0, 0, 5, 0],
+            &quote,
+        )
+    };
+    for frame in [quoting(40001), quoting(40007)] {
+        link.send(&frame).unwrap();
+    }
+    let seen = tcp_sources(&mut [&mut a, &mut b], 2);
+    assert_eq!(seen, [vec![40001], vec![40007]], "ICMP errors");
     // The split over: everything to the new process.
     steering.set_upgrade(1, false).unwrap();
     link.send(&syn(40001)).unwrap();

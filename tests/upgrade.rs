@@ -16,6 +16,15 @@ use std::time::{Duration, Instant};
 use common::{Echo, SERVER_V4, payload, sha256};
 use corelane_testnet::{Loss, Netns, NsThread};
 
+/// The echo example in `ns` serving `ifname` with `args`, logging the upgrade's steps.
+fn echo(ns: &Netns, ifname: &str, args: &[&str]) -> Echo {
+    let mut cmd = ns.command(common::echo_bin().to_str().expect("a path"));
+    cmd.args(["--iface", ifname])
+        .args(args)
+        .env("RUST_LOG", "corelane_rt=info");
+    Echo::start_cmd(cmd, "echo")
+}
+
 /// One request of `len` bytes and its echo on `s`.
 fn round_trip(s: &mut TcpStream, req: &[u8], buf: &mut [u8]) -> std::io::Result<()> {
     s.write_all(req)?;
@@ -215,17 +224,9 @@ fn a_server_replaced_under_load_drops_no_connection_and_loses_no_byte() {
             // Nothing to take over from yet: a fresh start.
             a.extend(["--take-over", sock.as_str()]);
         }
-        a.iter().map(|s| s.to_string()).collect::<Vec<String>>()
+        a
     };
-    let start = |from: bool| {
-        let mut cmd = net
-            .server_ns()
-            .command(common::echo_bin().to_str().expect("a path"));
-        cmd.args(["--iface", net.server_if()])
-            .args(args(from))
-            .env("RUST_LOG", "corelane_rt=info");
-        Echo::start_cmd(cmd, "echo")
-    };
+    let start = |from: bool| echo(net.server_ns(), net.server_if(), &args(from));
     let old = start(false);
 
     // Two long transfers, 24 MB each at 4 MB/s: six seconds across the switch; two kept
@@ -366,19 +367,18 @@ fn a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving() 
     common::assert_echoes(&net, addr, 64 << 10, 2);
 
     // And a real upgrade after it still goes through.
-    let mut cmd = net
-        .server_ns()
-        .command(common::echo_bin().to_str().expect("a path"));
-    cmd.args([
-        "--iface",
+    let new = echo(
+        net.server_ns(),
         net.server_if(),
-        "--addr",
-        "10.77.0.3/24",
-        "--cores",
-        "2",
-    ])
-    .args(["--upgrade-from", &path]);
-    let new = Echo::start_cmd(cmd, "echo");
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "2",
+            "--upgrade-from",
+            &path,
+        ],
+    );
     let (status, out) = old.wait();
     assert!(status.success() && out.contains("echo: upgraded"), "{out}");
     common::assert_echoes(&net, addr, 64 << 10, 3);
@@ -408,29 +408,19 @@ fn a_server_steering_through_a_grant_broker_is_replaced_under_load() {
     let sock = std::env::temp_dir().join(format!("corelane-upgrade-g-{}.sock", std::process::id()));
     let path = sock.to_str().expect("a path").to_string();
     let addr: SocketAddr = format!("{SERVER_V4}:7").parse().expect("an address");
-    let start = || {
-        let mut cmd = net
-            .server_ns()
-            .command(common::echo_bin().to_str().expect("a path"));
-        cmd.args([
-            "--iface",
-            net.server_if(),
-            "--addr",
-            "10.77.0.3/24",
-            "--cores",
-            "2",
-        ])
-        .args([
-            "--xdp",
-            "granted",
-            "--upgrades",
-            &path,
-            "--take-over",
-            &path,
-        ])
-        .env("RUST_LOG", "corelane_rt=info");
-        Echo::start_cmd(cmd, "echo")
-    };
+    let args = [
+        "--addr",
+        "10.77.0.3/24",
+        "--cores",
+        "2",
+        "--xdp",
+        "granted",
+        "--upgrades",
+        &path,
+        "--take-over",
+        &path,
+    ];
+    let start = || echo(net.server_ns(), net.server_if(), &args);
     let old = start();
 
     let load = Load::start(net.client_ns(), addr, (1, 12 << 20, 4 << 20), 1, 1);
@@ -482,15 +472,7 @@ fn a_server_is_replaced_under_load_through_a_router_that_loses_and_reorders() {
         "--take-over",
         &path,
     ];
-    let start = || {
-        let mut cmd = net
-            .server_ns()
-            .command(common::echo_bin().to_str().expect("a path"));
-        cmd.args(["--iface", net.server_if()])
-            .args(args)
-            .env("RUST_LOG", "corelane_rt=info");
-        Echo::start_cmd(cmd, "echo")
-    };
+    let start = || echo(net.server_ns(), net.server_if(), &args);
     let old = start();
     net.set_loss(Loss::percent(1.0), Loss::percent(1.0))
         .expect("loss");

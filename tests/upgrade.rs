@@ -49,13 +49,17 @@ fn round_trip(s: &mut TcpStream, req: &[u8], buf: &mut [u8]) -> std::io::Result<
 struct Tally {
     ok: AtomicU64,
     failed: AtomicU64,
+    /// The longest answer, in microseconds (printed, not asserted).
+    slowest_us: AtomicU64,
 }
 
 impl Tally {
-    fn count(&self, r: std::io::Result<()>, what: &str) {
+    fn count(&self, r: std::io::Result<()>, took: Duration, what: &str) {
         match r {
             Ok(()) => {
                 self.ok.fetch_add(1, Ordering::Relaxed);
+                self.slowest_us
+                    .fetch_max(took.as_micros() as u64, Ordering::Relaxed);
             }
             Err(e) => {
                 eprintln!("{what}: {e}");
@@ -84,12 +88,13 @@ struct Load {
     clients: Vec<NsThread<()>>,
 }
 
-/// How a [`Load`] went.
+/// How a [`Load`] went: each transfer, and (answered, failed, slowest in µs) of the kept and
+/// the new connections' requests.
 #[derive(Debug)]
 struct Outcome {
     transfers: Vec<Result<(), String>>,
-    kept: (u64, u64),
-    fresh: (u64, u64),
+    kept: (u64, u64, u64),
+    fresh: (u64, u64, u64),
 }
 
 impl Outcome {
@@ -99,7 +104,7 @@ impl Outcome {
             && self.kept.1 == 0
             && self.fresh.1 == 0
             && self.kept.0 > 0
-            && (self.fresh.0 > 0 || self.fresh == (0, 0))
+            && (self.fresh.0 > 0 || self.fresh == (0, 0, 0))
     }
 }
 
@@ -146,21 +151,23 @@ impl Load {
                 while !stop.load(Ordering::Relaxed) {
                     if let Some(s) = s.as_mut() {
                         s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                        let t = Instant::now();
                         let r = round_trip(s, &req, &mut buf);
                         let failed = r.is_err();
-                        kept_tally.count(r, "kept connection");
+                        kept_tally.count(r, t.elapsed(), "kept connection");
                         if failed {
                             return;
                         }
                         std::thread::sleep(Duration::from_millis(2));
                     } else {
+                        let t = Instant::now();
                         let r = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).and_then(
                             |mut s| {
                                 s.set_read_timeout(Some(Duration::from_secs(10)))?;
                                 round_trip(&mut s, &req, &mut buf)
                             },
                         );
-                        fresh_tally.count(r, "new connection");
+                        fresh_tally.count(r, t.elapsed(), "new connection");
                         std::thread::sleep(Duration::from_millis(5));
                     }
                 }
@@ -187,11 +194,14 @@ impl Load {
         for c in self.clients {
             c.join().expect("a client's thread");
         }
-        Outcome {
+        let tally = |t: &Tally| (t.ok(), t.failed(), t.slowest_us.load(Ordering::Relaxed));
+        let outcome = Outcome {
             transfers,
-            kept: (self.kept.ok(), self.kept.failed()),
-            fresh: (self.fresh.ok(), self.fresh.failed()),
-        }
+            kept: tally(&self.kept),
+            fresh: tally(&self.fresh),
+        };
+        eprintln!("{outcome:?}");
+        outcome
     }
 }
 

@@ -17,19 +17,6 @@ fn stat_bin() -> Result<PathBuf, String> {
     workspace_bin("corelane-stat")
 }
 
-/// Sum of a JSON number field `"name":N` over the text.
-fn sum_field(json: &str, name: &str) -> u64 {
-    json.match_indices(&format!("\"{name}\":"))
-        .filter_map(|(i, m)| {
-            let rest = &json[i + m.len()..];
-            let end = rest
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(rest.len());
-            rest[..end].parse::<u64>().ok()
-        })
-        .sum()
-}
-
 #[test]
 fn operate_stat_cli_and_metrics_agree_with_the_load() -> Result<(), String> {
     if !require_root("operate_stat") {

@@ -249,6 +249,19 @@ fn a_server_replaced_under_load_drops_no_connection_and_loses_no_byte() {
     // ends by itself (its kept request/response connections are the clients' to close).
     std::thread::sleep(Duration::from_millis(1500));
     let after_switch = load.answered();
+    // Meanwhile the new process's published counters show the frames the old one holds.
+    let stat = common::workspace_bin("corelane-stat").expect("corelane-stat");
+    let cores = net
+        .server_ns()
+        .exec(
+            stat.to_str().expect("a path"),
+            &["--iface", net.server_if(), "--json", "cores"],
+        )
+        .expect("corelane-stat");
+    assert!(
+        common::sum_field(&cores, "frames_away") > 0,
+        "frames with the old process not published: {cores}"
+    );
     let outcome = load.finish();
     let (status, out) = old.wait();
     assert!(

@@ -620,3 +620,16 @@ where
     })?;
     Ok(Reporting { stop, thread })
 }
+
+/// Sum of a JSON number field `"name":N` over the text.
+pub fn sum_field(json: &str, name: &str) -> u64 {
+    json.match_indices(&format!("\"{name}\":"))
+        .filter_map(|(i, m)| {
+            let rest = &json[i + m.len()..];
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            rest[..end].parse::<u64>().ok()
+        })
+        .sum()
+}

@@ -173,15 +173,8 @@ impl FramePool {
     /// may now arrive on either process's RX ring, so they are away until one arrives here, and
     /// this side keeps none for receive any more. Returns how many.
     pub fn hand_over_receive(&mut self) -> usize {
-        let mut n = 0;
-        for i in 0..self.ledger.len() {
-            if self.ledger.state(i) == FrameState::Receive {
-                self.move_to(i as u32, FrameState::Receive, FrameState::Away);
-                n += 1;
-            }
-        }
         self.fill_target = 0;
-        n
+        self.move_all(FrameState::Receive, FrameState::Away)
     }
 
     /// A frame arrived on this side's RX ring of a queue two processes share: one this side
@@ -236,24 +229,25 @@ impl FramePool {
     /// frames still away are those it posted for receive before the hand-over that no packet
     /// has used yet, still in the fill ring. Returns how many.
     pub fn away_were_posted(&mut self) -> usize {
-        let mut n = 0;
-        for i in 0..self.ledger.len() {
-            if self.ledger.state(i) == FrameState::Away {
-                self.move_to(i as u32, FrameState::Away, FrameState::Receive);
-                n += 1;
-            }
-        }
-        n
+        self.move_all(FrameState::Away, FrameState::Receive)
     }
 
     /// The other process of an upgrade is gone: every frame still away was in its hands, and
     /// is free here now. Returns how many.
     pub fn reclaim_away(&mut self) -> usize {
+        self.move_all(FrameState::Away, FrameState::Free)
+    }
+
+    /// Moves every frame in state `from` to `to` (onto the free list when `to` is free).
+    /// Returns how many. A walk over the ledger: for an upgrade's few steps, not per frame.
+    fn move_all(&mut self, from: FrameState, to: FrameState) -> usize {
         let mut n = 0;
         for i in 0..self.ledger.len() {
-            if self.ledger.state(i) == FrameState::Away {
-                self.move_to(i as u32, FrameState::Away, FrameState::Free);
-                self.free.push(i as u32);
+            if self.ledger.state(i) == from {
+                self.move_to(i as u32, from, to);
+                if to == FrameState::Free {
+                    self.free.push(i as u32);
+                }
                 n += 1;
             }
         }

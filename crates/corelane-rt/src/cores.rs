@@ -66,13 +66,16 @@ impl Runtime {
             }
             if let (Some(listener), Some((_, grace))) = (&self.upgrade_listener, &self.cfg.upgrades)
             {
-                let (shared, grace) = (&self.shared, *grace);
-                let seed = self.cfg.stack.seed.unwrap_or_default();
-                let restore = &self._restore;
+                let run = crate::upgrade_handover::OldRun {
+                    shared: &self.shared,
+                    seed: self.cfg.stack.seed.unwrap_or_default(),
+                    grace: *grace,
+                    restore: &self._restore,
+                };
                 let spawned = std::thread::Builder::new()
                     .name("corelane-upgrade".into())
                     .spawn_scoped(scope, move || {
-                        crate::upgrade_handover::serve(listener, shared, n, seed, grace, restore)
+                        crate::upgrade_handover::serve(listener, &run)
                     });
                 if let Err(e) = spawned {
                     tracing::warn!("no upgrade can be made: {e}");

@@ -138,17 +138,21 @@ impl Extras {
     }
 }
 
+/// What the old process hands over besides its queues, and how long it drains.
+pub(crate) struct OldRun<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+    /// The run's secret (SYN cookies, ISNs).
+    pub(crate) seed: u64,
+    pub(crate) grace: Duration,
+    /// The queue count to put back at the end, which the new process inherits.
+    pub(crate) restore: &'a crate::queues::RestoreQueues,
+}
+
 /// The old process's side, on its own thread while the run lasts: waits for a new process,
 /// hands over to it, and walks the cores through the stages. One upgrade per run: once it has
 /// switched, this process drains and ends.
-pub(crate) fn serve(
-    listener: &Listener,
-    shared: &Arc<Shared>,
-    cores: usize,
-    seed: u64,
-    grace: Duration,
-    restore: &crate::queues::RestoreQueues,
-) {
+pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
+    let shared = run.shared;
     while !shared.life.ending() {
         let conn = match corelane_xsk::grant::accept(&listener.sock) {
             Ok(Some(c)) => c,
@@ -162,7 +166,7 @@ pub(crate) fn serve(
             tracing::warn!("upgrades: {e}");
             continue;
         }
-        match hand_over(&conn, shared, cores, seed, grace, restore) {
+        match hand_over(&conn, run) {
             Ok(()) => {
                 *lock(&shared.upgrades.partner) = Some(conn);
                 return;
@@ -188,14 +192,15 @@ fn allowed(conn: &OwnedFd, owner: u32) -> Result<(), String> {
     }
 }
 
-fn hand_over(
-    conn: &OwnedFd,
-    shared: &Arc<Shared>,
-    cores: usize,
-    seed: u64,
-    grace: Duration,
-    restore: &crate::queues::RestoreQueues,
-) -> Result<(), Error> {
+fn hand_over(conn: &OwnedFd, run: &OldRun<'_>) -> Result<(), Error> {
+    let OldRun {
+        shared,
+        seed,
+        grace,
+        restore,
+    } = *run;
+    // One doorbell per core.
+    let cores = shared.bells.len();
     let up = &shared.upgrades;
     let steer = &shared.steer;
     let (old_gen, _) = steer.run(|s| s.upgrade_state())??;

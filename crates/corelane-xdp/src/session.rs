@@ -49,6 +49,14 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
                 ),
                 _ => format!("an upgrade on {} is already under way", grant.ifname),
             })
+        } else if let Some(s) = st.sessions.first().filter(|s| successor && s.uid != uid) {
+            // A successor steers beside the holder, registers sockets in its place and ends
+            // its connections' split: only the holder's own user may be one.
+            Err(format!(
+                "{} is served by pid {} of uid {}: only uid {} may take its place (an upgrade \
+                 is started by the same user as the running server)",
+                grant.ifname, s.pid, s.uid, s.uid
+            ))
         } else if let Some(steering) = st.steering.as_mut() {
             let mode = match steering.fallback_reason() {
                 Some(why) => format!("{} {why}", steering.mode()),

@@ -26,17 +26,21 @@ pub(crate) struct Listener {
 impl Listener {
     /// Listens at `path`: only root and this process's user may connect (mode 0600).
     pub(crate) fn open(path: &std::path::Path) -> Result<Listener, Error> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        use std::os::unix::fs::MetadataExt;
         let failed = |e: std::io::Error| {
             Error::Config(format!(
                 "upgrades: cannot listen at {}: {e}",
                 path.display()
             ))
         };
-        let sock =
-            corelane_xsk::grant::listen_at(path, Duration::from_millis(200)).map_err(failed)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
-        let m = std::fs::metadata(path).map_err(failed)?;
+        // The socket hands over everything this process holds: its directory must be one no
+        // other user can change (or swap the socket in).
+        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            corelane_stat::check_dir(dir).map_err(failed)?;
+        }
+        let sock = corelane_xsk::grant::listen_at(path, Duration::from_millis(200), 0o600)
+            .map_err(failed)?;
+        let m = std::fs::symlink_metadata(path).map_err(failed)?;
         Ok(Listener {
             sock,
             path: path.to_path_buf(),

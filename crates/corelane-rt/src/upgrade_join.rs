@@ -82,6 +82,19 @@ impl Joining {
                 ));
             }
         };
+        // Only root or this process's own user may hand it a run: anyone else listening there
+        // would feed it a program and queues of their making.
+        let (pid, uid) = corelane_xsk::grant::peer(&conn).map_err(|e| refused(path, e))?;
+        let me = corelane_xsk::effective_uid();
+        if uid != 0 && uid != me {
+            return Err(refused(
+                path,
+                format!(
+                    "the process listening there (pid {pid}) is user {uid}'s, not root's or this \
+                     user's ({me}): not taken over"
+                ),
+            ));
+        }
         set_read_deadline(&conn, Some(HANDOVER_WAIT))?;
         let handover = corelane_xsk::recv_handover(conn.as_fd()).map_err(|e| refused(path, e))?;
         let text = match recv_message(conn.as_raw_fd()) {

@@ -36,6 +36,7 @@ mod pcapng;
 mod read;
 #[cfg(test)]
 mod tests;
+mod trust;
 mod write;
 
 use std::io;
@@ -50,6 +51,7 @@ use map::Mapping;
 pub use ns::{netns_id, run_dir};
 pub use pcapng::{PcapNg, Recorded, record};
 pub use read::{ConnSnapshot, CoreCounters, Stats};
+pub use trust::{check_dir, check_regular, make_dir, open_file};
 pub use write::{CoreWriter, Publisher, new_stats_file};
 
 /// "corelane" in ASCII, the file's first word.

@@ -2,7 +2,7 @@
 
 #![allow(unsafe_code)] // mmap(2): the one place this crate needs it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -40,10 +40,12 @@ impl Mapping {
     /// # Errors
     /// The file cannot be opened or mapped, or is smaller than one page.
     pub(crate) fn open(path: &Path) -> io::Result<Mapping> {
-        let (file, writable) = match OpenOptions::new().read(true).write(true).open(path) {
+        // Never through a link, and only a regular file with one name: the file is in a
+        // directory its runtime's user may write, and root reads it (`trust.rs`).
+        let (file, writable) = match crate::trust::open_file(path, true, None) {
             Ok(f) => (f, true),
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                (OpenOptions::new().read(true).open(path)?, false)
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied && e.raw_os_error().is_some() => {
+                (crate::trust::open_file(path, false, None)?, false)
             }
             Err(e) => return Err(e),
         };

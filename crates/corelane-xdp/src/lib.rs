@@ -283,7 +283,7 @@ impl Broker {
         };
         let path = grant_socket_path(&grant.ifname)?;
         // accept() wakes every 200 ms to see whether the broker should stop.
-        let listener = listen_at(&path, std::time::Duration::from_millis(200))?;
+        let listener = listen_at(&path, std::time::Duration::from_millis(200), 0o666)?;
         Ok(Broker {
             grant: Arc::new(grant),
             listener,

@@ -12,7 +12,7 @@
 
 #![allow(unsafe_code)] // flock(2) and getsockopt(2) on descriptors this module owns.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -135,15 +135,12 @@ impl Claim {
     pub fn take(ifname: &str) -> Result<Claim, Error> {
         let ifindex = crate::netdev::check_interface(ifname)?;
         let dir = iface_dir(ifname)?;
-        fs::create_dir_all(&dir).map_err(|e| run_dir_error(&dir, e))?;
+        // Only a directory nobody but root and this user can change, and the record never
+        // through a link: root truncates and writes it.
+        corelane_stat::make_dir(&dir).map_err(|e| run_dir_error(&dir, e))?;
         let path = dir.join("owner");
         let mut file = loop {
-            let mut file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
+            let mut file = corelane_stat::open_file(&path, true, Some(0o644))
                 .map_err(|e| run_dir_error(&path, e))?;
             // SAFETY: flock on a descriptor we own; no memory is passed.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -161,7 +158,7 @@ impl Claim {
             }
             // A clean exit removes the file: if it went between our open and our lock, the
             // lock is on a file nobody else will look at; open again.
-            let same = match (file.metadata(), fs::metadata(&path)) {
+            let same = match (file.metadata(), fs::symlink_metadata(&path)) {
                 (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
                 _ => false,
             };
@@ -260,6 +257,10 @@ impl Drop for Claim {
 }
 
 fn run_dir_error(path: &Path, e: io::Error) -> Error {
+    if e.kind() == io::ErrorKind::PermissionDenied && e.raw_os_error().is_none() {
+        // Already says what is wrong and the fix (an untrusted directory, a link).
+        return Error::Io(e);
+    }
     Error::Io(io::Error::new(
         e.kind(),
         format!(

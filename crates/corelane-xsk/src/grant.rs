@@ -111,23 +111,71 @@ pub fn recv_message(sock: RawFd) -> std::io::Result<Option<(String, Option<Owned
     Ok(Some((text, owned.pop())))
 }
 
-/// A listening `SOCK_SEQPACKET` socket at `path` (a stale one removed first) that anyone may
-/// connect to (who may take the grant is checked on the connection), whose `accept` wakes
-/// every `tick` so the caller can see whether to stop.
+/// A listening `SOCK_SEQPACKET` socket at `path` (a stale one removed first) with permissions
+/// `mode`, whose `accept` wakes every `tick` so the caller can see whether to stop. The broker
+/// makes it 0666 (who may take the grant is checked on the connection), an upgrade's 0600.
+///
+/// The socket is bound in a fresh directory only this process may enter, given its mode
+/// there, and renamed into place: its permissions are never wider than `mode`, not even for
+/// a moment, and no link another user puts at `path` is followed.
 ///
 /// # Errors
 /// The socket cannot be made, bound or listened on.
-pub fn listen_at(path: &Path, tick: Duration) -> std::io::Result<OwnedFd> {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::remove_file(path);
+pub fn listen_at(path: &Path, tick: Duration, mode: u32) -> std::io::Result<OwnedFd> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: not a file's path", path.display()),
+        )
+    })?;
     let sock = socket::socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
         SockFlag::SOCK_CLOEXEC,
         None,
     )?;
-    socket::bind(sock.as_raw_fd(), &UnixAddr::new(path)?)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    // A directory of its own, mode 0700: nobody else can reach the socket until it is renamed.
+    let mut private = None;
+    for n in 0..100u32 {
+        let dir = parent.join(format!(
+            ".{}.{}.{n}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {
+                private = Some(dir);
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let private = private.ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "{}: no private directory could be made beside it",
+                path.display()
+            ),
+        )
+    })?;
+    let inner = private.join("s");
+    let placed = (|| {
+        socket::bind(sock.as_raw_fd(), &UnixAddr::new(&inner)?)?;
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(mode))?;
+        // rename(2) replaces a stale socket (or a link) at `path` itself, never what a link
+        // points to.
+        std::fs::rename(&inner, path)
+    })();
+    let _ = std::fs::remove_file(&inner);
+    let _ = std::fs::remove_dir(&private);
+    placed?;
     socket::listen(&sock, socket::Backlog::new(8)?)?;
     let tick =
         nix::sys::time::TimeVal::new(tick.as_secs() as i64, i64::from(tick.subsec_micros()) as _);
@@ -160,6 +208,11 @@ pub fn set_read_deadline(
     let tv = nix::sys::time::TimeVal::new(d.as_secs() as i64, i64::from(d.subsec_micros()) as _);
     socket::setsockopt(conn, sockopt::ReceiveTimeout, &tv)?;
     Ok(())
+}
+
+/// This process's effective user id.
+pub fn effective_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
 }
 
 /// The process id and user id of the process at the other end of `conn`.

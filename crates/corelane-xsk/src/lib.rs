@@ -53,7 +53,7 @@ pub use error::Error;
 pub use ethtool::{
     Channels, DriverInfo, channels, driver_info, rx_queue_count, set_channels, set_rx_queues,
 };
-pub use grant::GrantClient;
+pub use grant::{GrantClient, effective_uid};
 pub use handover::{Handover, recv_handover, send_handover};
 pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, RouteWatch, kernel_addrs, kernel_addrs_with_prefix, kernel_routes};

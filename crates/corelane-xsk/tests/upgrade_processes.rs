@@ -237,7 +237,7 @@ fn a_queue_and_its_program_pass_to_another_process_under_traffic() {
     let dir = std::env::temp_dir().join(format!("corelane-upgrade-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("upgrade.sock");
-    let listener = listen_at(&path, Duration::from_millis(50)).unwrap();
+    let listener = listen_at(&path, Duration::from_millis(50), 0o600).unwrap();
     let exe = std::env::current_exe().unwrap();
     let child = Command::new("ip")
         .args(["netns", "exec", net.server_ns().name()])

@@ -519,7 +519,14 @@ fn capture(a: &Args) -> Result<(), String> {
         let out = std::io::BufWriter::new(std::io::stdout().lock());
         corelane_stat::record(cap, a.count, until, &stop, out)
     } else {
-        let file = std::fs::File::create(path).map_err(|e| format!("{path}: {e}"))?;
+        // The frames are the traffic: the file is this user's alone (as the ring is), and
+        // never written through a link.
+        let file = corelane_stat::open_file(std::path::Path::new(path), true, Some(0o600))
+            .and_then(|f| {
+                f.set_len(0)?;
+                Ok(f)
+            })
+            .map_err(|e| format!("{path}: {e}"))?;
         let out = std::io::BufWriter::new(file);
         corelane_stat::record(cap, a.count, until, &stop, out)
     }

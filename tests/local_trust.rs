@@ -1,0 +1,260 @@
+//! The users of the same machine: what a local process that is not the server's may do to it.
+//! - a second user granted the same interface cannot take the first one's server over
+//!   (`hello upgrade` is refused unless it comes from the holder's own user);
+//! - root refuses a run directory another user can change, and never writes through a link
+//!   planted in one (the claim's `owner` linked to a file of root's is left as it was).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use corelane_testnet::{VethPair, require_root};
+
+const NOBODY: u32 = 65534;
+/// A second user with no passwd entry (setpriv takes a number).
+const OTHER: u32 = 4242;
+const SERVER_V4: &str = "10.77.0.3";
+
+fn run_dir(test: &str, owner: u32) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("corelane-trust-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(owner), Some(owner)).unwrap();
+    dir
+}
+
+/// `program args` in the server namespace as `uid` with exactly `caps`.
+fn as_user(net: &VethPair, run: &Path, uid: u32, caps: &[&str], program: &Path) -> Command {
+    let set = std::iter::once("-all".to_string())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd = net.server_ns().command("setpriv");
+    cmd.env("CORELANE_RUN_DIR", run)
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg(format!("--inh-caps={set}"))
+        .arg(format!("--ambient-caps={set}"))
+        .arg(format!("--bounding-set={set}"))
+        .arg("--")
+        .arg(program);
+    cmd
+}
+
+fn grant_args(net: &VethPair) -> Vec<String> {
+    [
+        "grant",
+        net.server_if(),
+        "--addr",
+        SERVER_V4,
+        "--tcp",
+        "7",
+        "--udp",
+        "7",
+        "--user",
+        "nobody",
+        "--user",
+        &OTHER.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn wait_for(e: &Echo, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !e.output().contains(text) {
+        assert!(Instant::now() < deadline, "no `{text}`:\n{}", e.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the broker at `socket` answers `hello` from `uid` (python3 as that user: a
+/// `SOCK_SEQPACKET` client with no privilege at all).
+fn hello_as(net: &VethPair, uid: u32, socket: &str, hello: &str) -> String {
+    let script = "import socket,sys\n\
+                  s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n\
+                  s.settimeout(5)\n\
+                  s.connect(sys.argv[1])\n\
+                  s.send(sys.argv[2].encode())\n\
+                  print(s.recv(4096).decode())\n";
+    let out = net
+        .server_ns()
+        .command("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .args(["--inh-caps=-all", "--bounding-set=-all", "--"])
+        .args(["/usr/bin/python3", "-c", script, socket, hello])
+        .output()
+        .expect("python3");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+#[test]
+fn a_second_granted_user_cannot_take_over_the_first_one_s_server() {
+    if !require_root("a_second_granted_user_cannot_take_over_the_first_one_s_server") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("successor", NOBODY);
+    let broker_bin = workspace_bin("corelane-xdp").unwrap();
+    let mut cmd = as_user(
+        &net,
+        &run,
+        NOBODY,
+        &["net_admin", "bpf", "perfmon"],
+        &broker_bin,
+    );
+    cmd.args(grant_args(&net));
+    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let mut cmd = as_user(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &echo_bin());
+    cmd.args([
+        "--iface",
+        net.server_if(),
+        "--cores",
+        "1",
+        "--addr",
+        "10.77.0.3/24",
+    ]);
+    let server = Echo::start_cmd(cmd, "echo");
+    wait_for(
+        &broker,
+        &format!("pid {} (uid {NOBODY}) took", server.pid()),
+    );
+    let socket = broker
+        .output()
+        .lines()
+        .find_map(|l| {
+            l.split("grant socket ")
+                .nth(1)
+                .map(|p| p.trim().to_string())
+        })
+        .expect("the broker names its socket");
+
+    // The other granted user asks to be the running server's successor: refused, naming
+    // whose server it is.
+    let said = hello_as(&net, OTHER, &socket, "hello upgrade");
+    assert!(
+        said.starts_with("err") && said.contains(&format!("only uid {NOBODY}")),
+        "the broker answered uid {OTHER}'s `hello upgrade` with: {said}\n{}",
+        broker.output()
+    );
+    // The server still serves, its connections untouched.
+    let v4 = SocketAddr::new(SERVER_V4.parse().unwrap(), 7);
+    let served = net.client_ns().run(move || echo_once(v4)).unwrap();
+    assert!(
+        served.is_ok(),
+        "{served:?}\n{}\n{}",
+        server.output(),
+        broker.output()
+    );
+    assert_echoes(&net, v4, 64 * 1024, 1);
+    // The holder's own user may be one (an upgrade is the same user's).
+    let said = hello_as(&net, NOBODY, &socket, "hello upgrade");
+    assert!(said.starts_with("ok"), "{said}\n{}", broker.output());
+    let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+    let (_, out) = broker.stop();
+    assert!(out.contains("refused pid"), "{out}");
+    let _ = std::fs::remove_dir_all(&run);
+}
+
+#[test]
+fn root_refuses_a_run_directory_a_user_owns_and_writes_through_no_link_planted_there() {
+    if !require_root(
+        "root_refuses_a_run_directory_a_user_owns_and_writes_through_no_link_planted_there",
+    ) {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("planted", NOBODY);
+    // What the run directory's owner wants root to empty: a file of root's elsewhere.
+    let precious =
+        std::env::temp_dir().join(format!("corelane-trust-{}-shadow", std::process::id()));
+    std::fs::write(&precious, b"root:secret:1\n").unwrap();
+    let cookie = net
+        .server_ns()
+        .run(|| corelane_xsk::netns_id().map_err(|e| e.to_string()))
+        .unwrap()
+        .unwrap();
+    let dir = run.join(&cookie).join(net.server_if());
+    std::fs::create_dir_all(&dir).unwrap();
+    for d in [run.join(&cookie), dir.clone()] {
+        std::os::unix::fs::chown(&d, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    std::os::unix::fs::symlink(&precious, dir.join("owner")).unwrap();
+
+    // The broker, as root, over that directory: one line naming it and the fix.
+    let out = net
+        .server_ns()
+        .command(workspace_bin("corelane-xdp").unwrap().to_str().unwrap())
+        .env("CORELANE_RUN_DIR", &run)
+        .args(grant_args(&net))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("owned by uid {NOBODY}")) && text.contains("CORELANE_RUN_DIR"),
+        "{text}"
+    );
+    // A server attaching its own program, as root: refused the same way.
+    let (status, out) = run_echo_in(&net, &run);
+    assert!(!status.success(), "{out}");
+    assert!(out.contains(&format!("owned by uid {NOBODY}")), "{out}");
+    assert_eq!(std::fs::read(&precious).unwrap(), b"root:secret:1\n");
+    assert_no_xdp(&net);
+
+    // The same link in a run directory of root's own (planted there by root's mistake, or
+    // before the directory changed hands): not followed either.
+    let ours = run_dir("planted-root", 0);
+    let dir = ours.join(&cookie).join(net.server_if());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(&precious, dir.join("owner")).unwrap();
+    let (status, out) = run_echo_in(&net, &ours);
+    assert!(!status.success(), "{out}");
+    assert!(out.contains("symbolic link, not followed"), "{out}");
+    assert_eq!(std::fs::read(&precious).unwrap(), b"root:secret:1\n");
+    for d in [run, ours] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let _ = std::fs::remove_file(&precious);
+}
+
+/// The echo example as root with run directory `run`, to completion.
+fn run_echo_in(net: &VethPair, run: &Path) -> (std::process::ExitStatus, String) {
+    let out = net
+        .server_ns()
+        .command(echo_bin().to_str().unwrap())
+        .env("CORELANE_RUN_DIR", run)
+        .args([
+            "--iface",
+            net.server_if(),
+            "--cores",
+            "1",
+            "--addr",
+            "10.77.0.3/24",
+            "--xdp",
+            "attach",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}

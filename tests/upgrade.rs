@@ -207,6 +207,11 @@ impl Load {
 
 #[test]
 fn a_server_replaced_under_load_drops_no_connection_and_loses_no_byte() {
+    if !corelane_testnet::require_root(
+        "a_server_replaced_under_load_drops_no_connection_and_loses_no_byte",
+    ) {
+        return;
+    }
     // Four queues, two cores: the old process lowers the queues to two for its run, and the
     // one that puts them back at the end is the new one.
     let net = common::net(4);
@@ -335,6 +340,11 @@ fn a_server_replaced_under_load_drops_no_connection_and_loses_no_byte() {
 
 #[test]
 fn a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving() {
+    if !corelane_testnet::require_root(
+        "a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving",
+    ) {
+        return;
+    }
     let net = common::net(2);
     let sock =
         std::env::temp_dir().join(format!("corelane-upgrade-gone-{}.sock", std::process::id()));
@@ -411,6 +421,11 @@ fn a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving() 
 
 #[test]
 fn a_server_steering_through_a_grant_broker_is_replaced_under_load() {
+    if !corelane_testnet::require_root(
+        "a_server_steering_through_a_grant_broker_is_replaced_under_load",
+    ) {
+        return;
+    }
     let net = common::net(2);
     let broker_bin = common::workspace_bin("corelane-xdp").expect("corelane-xdp");
     let mut cmd = net
@@ -471,6 +486,11 @@ fn a_server_steering_through_a_grant_broker_is_replaced_under_load() {
 
 #[test]
 fn a_server_is_replaced_under_load_through_a_router_that_loses_and_reorders() {
+    if !corelane_testnet::require_root(
+        "a_server_is_replaced_under_load_through_a_router_that_loses_and_reorders",
+    ) {
+        return;
+    }
     const KERNEL: &str = "10.89.0.1";
     const CLIENT: &str = "10.89.0.2";
     let net = corelane_testnet::LossyPath::builder()
@@ -522,4 +542,63 @@ fn a_server_is_replaced_under_load_through_a_router_that_loses_and_reorders() {
     );
     let (status, out) = new.stop();
     common::assert_clean_exit(status, &out);
+}
+
+/// A new process that takes long between `build` and `run` (loading its data, say): the old
+/// one keeps the fill and completion rings until the new one's cores start, so it serves all
+/// along; and when the new process goes away without running, the old one serves on.
+#[test]
+fn the_old_process_serves_while_the_new_one_is_slow_to_run() {
+    if !corelane_testnet::require_root("the_old_process_serves_while_the_new_one_is_slow_to_run") {
+        return;
+    }
+    let net = common::net(1);
+    let sock =
+        std::env::temp_dir().join(format!("corelane-upgrade-slow-{}.sock", std::process::id()));
+    let path = sock.to_str().expect("a path").to_string();
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().expect("an address");
+    let old = echo(
+        net.server_ns(),
+        net.server_if(),
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "1",
+            "--upgrades",
+            &path,
+        ],
+    );
+    common::assert_echoes(&net, addr, 64 << 10, 1);
+    // The new process builds (it receives the program and the queue, binds its socket beside
+    // the old one's) and then holds until told to go on.
+    let (built_tx, built) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let builder = common::one_core(net.server_if(), SERVER_V4);
+    let new = net
+        .server_ns()
+        .spawn(move || {
+            let rt = builder().upgrade_from(&sock).build();
+            let ok = rt.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            built_tx.send(ok).expect("the test waits");
+            // Its data loads; the test ends the wait.
+            let _ = released.recv_timeout(Duration::from_secs(120));
+            drop(rt);
+        })
+        .expect("the new process's thread");
+    built
+        .recv_timeout(Duration::from_secs(30))
+        .expect("built in time")
+        .expect("the new process builds");
+    // Meanwhile the old process serves every byte: the rings are still its own.
+    for seed in 2..6 {
+        common::assert_echoes(&net, addr, 256 << 10, seed);
+    }
+    release.send(()).expect("the new process waits");
+    new.join().expect("the new process's thread");
+    // It went away without running: the old process calls the upgrade off and serves on.
+    common::assert_echoes(&net, addr, 64 << 10, 7);
+    let (status, out) = old.stop();
+    common::assert_clean_exit(status, &out);
+    assert!(out.contains("called off"), "{out}");
 }

@@ -25,7 +25,7 @@ pub struct Runtime {
     pub(crate) mtu: usize,
     pub(crate) routes: corelane_stack::route::RouteTable,
     /// Each lane's AF_XDP socket, opened by `build`, taken by its core when it starts.
-    pub(crate) sockets: Mutex<Vec<Option<corelane_xsk::XskQueue>>>,
+    pub(crate) sockets: Mutex<Vec<Option<LaneSocket>>>,
     /// Where a new process takes this one's place ([`Builder::upgrades`]).
     pub(crate) upgrade_listener: Option<crate::upgrade_handover::Listener>,
     /// The old process this one takes over from, until the cores run
@@ -282,5 +282,24 @@ impl Runtime {
         });
         guard.finish();
         r
+    }
+}
+
+/// A lane's socket, as `build` leaves it for its core.
+#[derive(Debug)]
+pub(crate) enum LaneSocket {
+    /// Opened, with the queue's UMEM of its own.
+    Open(Box<corelane_xsk::XskQueue>),
+    /// Bound beside the old process of an upgrade: the core takes the rings over as it starts.
+    Joining(Box<corelane_xsk::PendingJoin>),
+}
+
+impl LaneSocket {
+    /// The queue, its rings taken over from the old process of an upgrade where it joins one.
+    pub(crate) fn ready(self) -> Result<corelane_xsk::XskQueue, Error> {
+        match self {
+            LaneSocket::Open(q) => Ok(*q),
+            LaneSocket::Joining(j) => Ok(j.take_over()?),
+        }
     }
 }

@@ -9,7 +9,7 @@ use crate::addrbook::AddrBook;
 use crate::builder::Builder;
 use crate::control::Shared;
 use crate::cookies::XdpCookies;
-use crate::launch::Runtime;
+use crate::launch::{LaneSocket, Runtime};
 use crate::life::Life;
 use crate::queues::{RestoreQueues, queues_needed};
 use crate::routing::RouteBook;
@@ -195,9 +195,16 @@ impl Builder {
             .iter()
             .map(|l| (l.queue, l.protocol_cpu))
             .collect();
-        let sockets = match &mut joining {
-            Some(j) => j.join(&self.ifname, &lanes, &mut steering)?,
-            None => crate::access::open_sockets(&self.ifname, &lanes, &self.xsk, &mut steering)?,
+        let sockets: Vec<LaneSocket> = match &mut joining {
+            Some(j) => j
+                .join(&self.ifname, &lanes, &mut steering)?
+                .into_iter()
+                .map(|j| LaneSocket::Joining(Box::new(j)))
+                .collect(),
+            None => crate::access::open_sockets(&self.ifname, &lanes, &self.xsk, &mut steering)?
+                .into_iter()
+                .map(|q| LaneSocket::Open(Box::new(q)))
+                .collect(),
         };
         let upgrade_listener = match &self.upgrades {
             Some((path, _)) => Some(crate::upgrade_handover::Listener::open(path)?),

@@ -229,7 +229,10 @@ impl Runtime {
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(info.index)
             .and_then(Option::take)
-            .ok_or_else(|| Error::Config(format!("core {}: no socket", info.index)))?;
+            .ok_or_else(|| Error::Config(format!("core {}: no socket", info.index)))?
+            // Joining an upgrade: the rings are taken over here, on the core that turns them
+            // from now on.
+            .ready()?;
         let mut dev = XdpDevice::new(q, self.mtu, self.cfg.stack.batch);
         dev.set_vlans(self.cfg.vlan.service, self.cfg.vlan.id);
         // A frame built over the MTU is a bug: counted (`DeviceStats::tx_oversize`) and dropped,

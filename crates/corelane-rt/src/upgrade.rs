@@ -25,9 +25,26 @@
 //!    connection is done (a kept connection's segments may arrive on any queue), each forgets
 //!    the rest and leaves its queue (`XskQueue::leave_upgrade`) with every frame it held.
 //!
-//! The connection to the new process stays open until the cores have left: its end tells
-//! the new process to end the split. If the new process fails before `joined`, the cores take
-//! their queues back (**Reclaim**) and this process serves on.
+//! Once the program has switched, the old process says `switched`; the new process ends the
+//! split only after that word, when the connection ends (the cores have left). Without it,
+//! the upgrade was called off and the new process stands down.
+//!
+//! If the new process does not say `joined` in time (or its connection ends first), the
+//! upgrade is called off (**Reclaim**): each core takes its queue back at once where the new
+//! process never took the rings, and otherwise only once the new process has said it touches
+//! them no more (it stops on its next turn: `XskQueue::call_off_upgrade`) or its process has
+//! ended (its pidfd), so that no frame is ever in both processes' hands. This process serves
+//! on throughout.
+//!
+//! | old process's stage | queue phase (exchange word) | program | new process |
+//! |---|---|---|---|
+//! | Idle | none | old generation | connects (build) |
+//! | Offer | Offered | old generation | binds its sockets, registers them as the next generation |
+//! | (waits for `joined`) | Bound, Handing, Handed (each core at its start in `run`) | old generation | fills and completes for both; says `joined` once it listens |
+//! | Record | Handed | old generation, `hand_on` | waits for `switched` |
+//! | Switched | Handed | new generation, split on (kept flows to the old) | serves new connections |
+//! | (cores end) | Left | split on | ends the split when the connection ends |
+//! | Reclaim (no `joined`) | Offered/Bound -> Aborted; Handed -> Aborting -> Aborted | old generation | stands down: fills and sends no more, lets its sends complete, says Aborted; its run ends with an error |
 
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
@@ -99,6 +116,13 @@ pub(crate) struct Upgrades {
     /// The new process's hold on the interface's record, once the old process has gone
     /// (`upgrade_join.rs`).
     pub(crate) inherited: Mutex<Option<crate::queues::RestoreQueues>>,
+    /// The old process: the new process (a pidfd), to see whether it has ended while an
+    /// upgrade is called off.
+    pub(crate) partner_process: Mutex<Option<OwnedFd>>,
+    /// The new process: the upgrade was called off; each core stands down from its queue.
+    pub(crate) stand_down: std::sync::atomic::AtomicBool,
+    /// The new process: a core has reported its queue called off (once).
+    pub(crate) called_off: std::sync::atomic::AtomicBool,
 }
 
 impl Upgrades {
@@ -111,6 +135,13 @@ impl Upgrades {
     pub(crate) fn ask(&self, stage: Stage) {
         self.done.store(0, Ordering::SeqCst);
         self.stage.store(stage as u8, Ordering::Release);
+    }
+
+    /// Whether the new process of a call-off has ended (no pidfd: not known, so not).
+    pub(crate) fn partner_ended(&self) -> bool {
+        lock(&self.partner_process)
+            .as_ref()
+            .is_some_and(corelane_xsk::grant::process_ended)
     }
 
     /// Waits until every one of `cores` has done the stage asked.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use corelane_stack::Stack;
-use corelane_xsk::{UpgradePhase, XskQueue};
+use corelane_xsk::{CallOff, UpgradePhase, XskQueue};
 
 use crate::control::Shared;
 use crate::lock::lock;
@@ -27,6 +27,8 @@ pub(crate) struct CoreUpgrade {
     listened: Option<usize>,
     /// This core's connections are all done and counted in `Upgrades::settled`.
     settled: bool,
+    /// This core has its queue back from an upgrade called off (counted in `done`).
+    reclaimed: bool,
 }
 
 impl CoreUpgrade {
@@ -48,6 +50,11 @@ impl CoreUpgrade {
         }
         let stage = up.stage();
         if stage == Stage::Idle {
+            self.successor_turn(shared, core, io);
+            return;
+        }
+        if stage == Stage::Reclaim {
+            self.call_off(shared, core, io);
             return;
         }
         if self.seen != Some(stage) {
@@ -86,17 +93,7 @@ impl CoreUpgrade {
                     tracing::debug!("core {core}: keeps {kept:?} in generation {generation}");
                     self.kept = kept;
                 }
-                Stage::Switched => {}
-                Stage::Reclaim => {
-                    if io.upgrade_phase().is_some() {
-                        match io.reclaim_upgrade() {
-                            Ok(n) => tracing::info!(
-                                "core {core}: the upgrade failed; the queue is back ({n} frames)"
-                            ),
-                            Err(e) => tracing::error!("core {core}: taking the queue back: {e}"),
-                        }
-                    }
-                }
+                Stage::Switched | Stage::Reclaim => {}
             }
             up.done.fetch_add(1, Ordering::AcqRel);
         }
@@ -106,6 +103,55 @@ impl CoreUpgrade {
                 self.forget_at = Some(now + FORGET_EVERY);
                 self.forget_closed(&shared.steer, stack);
             }
+        }
+    }
+
+    /// The old process calls the upgrade off: this core takes its queue back, at once where
+    /// the new process never took the rings, and otherwise once it has stood down or ended
+    /// (asked again every turn until then: the rings are the new process's meanwhile).
+    fn call_off(&mut self, shared: &Shared, core: usize, io: &mut XskQueue) {
+        if self.seen != Some(Stage::Reclaim) {
+            self.seen = Some(Stage::Reclaim);
+            self.reclaimed = false;
+        }
+        if self.reclaimed {
+            return;
+        }
+        let up = &shared.upgrades;
+        let done = match io.upgrade_phase() {
+            None => true,
+            Some(_) => match io.call_off_upgrade(up.partner_ended()) {
+                Ok(CallOff::Reclaimed(n)) => {
+                    tracing::info!(
+                        "core {core}: the upgrade was called off; the queue is back ({n} frames                          the new process held)"
+                    );
+                    true
+                }
+                Ok(CallOff::Waiting) => false,
+                Err(e) => {
+                    tracing::error!("core {core}: taking the queue back: {e}");
+                    true
+                }
+            },
+        };
+        if done {
+            self.reclaimed = true;
+            up.done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The new process of an upgrade: stands down from its queue when the upgrade is called
+    /// off (by either process), and ends the run once it has (the old process serves on).
+    fn successor_turn(&mut self, shared: &Shared, core: usize, io: &mut XskQueue) {
+        let up = &shared.upgrades;
+        if up.stand_down.load(Ordering::Relaxed) && io.upgrade_phase().is_some() {
+            io.stand_down();
+        }
+        if io.upgrade_called_off() && !up.called_off.swap(true, Ordering::AcqRel) {
+            shared.core_failed(
+                core,
+                "the upgrade was called off: the old process serves on, and this one ends".into(),
+            );
         }
     }
 
@@ -172,15 +218,23 @@ impl CoreUpgrade {
             io.release(&mut done);
             let _ = io.complete();
             match io.leave_upgrade() {
-                Ok(()) => {
+                Ok(true) => {
                     tracing::info!("core {core}: left its queue to the new process");
                     return true;
                 }
-                Err(e) if start.elapsed() > LEAVE_WAIT => {
+                Ok(false) if start.elapsed() > LEAVE_WAIT => {
+                    tracing::error!(
+                        "core {core}: its last sends did not complete within {LEAVE_WAIT:?}: the \
+                         queue is not left ({:?})",
+                        io.counts()
+                    );
+                    return false;
+                }
+                Ok(false) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => {
                     tracing::error!("core {core}: leaving its queue: {e}");
                     return false;
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(1)),
             }
         }
     }

@@ -170,6 +170,18 @@ pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
             tracing::warn!("upgrades: {e}");
             continue;
         }
+        // Whether it ends is what lets the cores take their queues back should the upgrade
+        // be called off while it holds them.
+        *lock(&shared.upgrades.partner_process) = match corelane_xsk::grant::peer_pidfd(&conn) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::warn!(
+                    "upgrades: no pidfd of the new process ({e}): a call-off waits for it to \
+                     stand down"
+                );
+                None
+            }
+        };
         match hand_over(&conn, run) {
             Ok(()) => {
                 *lock(&shared.upgrades.partner) = Some(conn);
@@ -275,10 +287,10 @@ fn hand_over(conn: &OwnedFd, run: &OldRun<'_>) -> Result<(), Error> {
     })();
     drop(handover);
     if let Err(e) = answer {
-        up.ask(Stage::Reclaim);
-        shared.ring_all();
-        let _ = up.wait_done(cores, "took their queues back");
-        up.stage.store(Stage::Idle as u8, Ordering::Release);
+        // Told first: it stands down at once (each of its queues also sees the call-off on
+        // its next turn).
+        let _ = send_message(conn.as_raw_fd(), &format!("error {e}"), None);
+        call_off(shared, cores);
         return Err(e);
     }
     // The drain's end is set before the cores close their listeners, so that a core whose
@@ -298,9 +310,44 @@ fn hand_over(conn: &OwnedFd, run: &OldRun<'_>) -> Result<(), Error> {
     restore.hand_on();
     up.ask(Stage::Switched);
     shared.ring_all();
+    // Only this word lets the new process end the split when this connection ends: a
+    // connection that ends without it means the upgrade was called off.
+    if let Err(e) = send_message(conn.as_raw_fd(), "switched", None) {
+        tracing::error!(
+            "upgrade: the new process did not hear that the program switched to it ({e}); it \
+             may have ended"
+        );
+    }
     tracing::info!("upgrade: the new process serves; this one drains (at most {grace:?}) and ends");
     crate::StopHandle(Arc::downgrade(shared)).shutdown(grace);
     Ok(())
+}
+
+/// Calls the upgrade off: every core takes its queue back, each once the new process no
+/// longer holds it (it has stood down, or ended). No deadline: until then the rings are the
+/// new process's, and taking them would put frames in two hands. Ends early only when this
+/// run ends (its cores stop turning).
+fn call_off(shared: &Arc<Shared>, cores: usize) {
+    let up = &shared.upgrades;
+    up.ask(Stage::Reclaim);
+    let start = Instant::now();
+    let mut said = Duration::ZERO;
+    while up.done.load(Ordering::Acquire) < cores && !shared.life.stop.load(Ordering::Acquire) {
+        shared.ring_all();
+        std::thread::sleep(Duration::from_millis(1));
+        let waited = start.elapsed();
+        if waited >= said + Duration::from_secs(5) {
+            said = waited;
+            tracing::warn!(
+                "upgrade called off: {} of {cores} core(s) have their queue back after {:?}; \
+                 waiting for the new process to stand down or end",
+                up.done.load(Ordering::Acquire),
+                waited
+            );
+        }
+    }
+    up.stage.store(Stage::Idle as u8, Ordering::Release);
+    lock(&up.partner_process).take();
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use corelane_xsk::grant::{open_connection, recv_message, send_message, set_read_deadline};
-use corelane_xsk::{Steering, UpgradeOffer, XskQueue};
+use corelane_xsk::{PendingJoin, Steering, UpgradeOffer};
 
 use crate::Error;
 use crate::access::Access;
@@ -41,6 +41,18 @@ pub(crate) struct Joining {
     pub(crate) extras: Extras,
     /// A broker holds the program (and the interface's record).
     granted: bool,
+}
+
+/// The upgrade is called off on this side: each core stands down from its queue (it fills and
+/// sends no more, lets its sends complete, says so) and the run ends with an error.
+fn stand_down(weak: &Weak<Shared>) {
+    if let Some(shared) = weak.upgrade() {
+        shared
+            .upgrades
+            .stand_down
+            .store(true, std::sync::atomic::Ordering::Release);
+        shared.ring_all();
+    }
 }
 
 fn refused(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -128,15 +140,18 @@ impl Joining {
         )))
     }
 
-    /// Joins the queue of each lane (`(queue, cpu)`, the thread on the lane's CPU meanwhile,
-    /// as `open_sockets` does) and registers its socket in the new generation. The lanes must
-    /// be the old process's queues.
+    /// Binds a socket to the queue of each lane (`(queue, cpu)`, the thread on the lane's CPU
+    /// meanwhile, as `open_sockets` does) and registers it in the new generation. The lanes
+    /// must be the old process's queues. The fill and completion rings stay the old process's
+    /// until each core takes them over as it starts ([`PendingJoin::take_over`] in `run`):
+    /// however long the application takes between `build` and `run`, the old process fills
+    /// them meanwhile.
     pub(crate) fn join(
         &mut self,
         ifname: &str,
         lanes: &[(u32, usize)],
         steering: &mut Steering,
-    ) -> Result<Vec<XskQueue>, Error> {
+    ) -> Result<Vec<PendingJoin>, Error> {
         let mut offered: Vec<u32> = self.offers.iter().map(|o| o.queue_id).collect();
         let mut wanted: Vec<u32> = lanes.iter().map(|&(q, _)| q).collect();
         offered.sort_unstable();
@@ -158,7 +173,7 @@ impl Joining {
                     .iter()
                     .position(|o| o.queue_id == q)
                     .ok_or_else(|| Error::Config(format!("upgrade: queue {q} offered twice")))?;
-                let sock = XskQueue::join_upgrade(ifname, self.offers.swap_remove(i))?;
+                let sock = PendingJoin::bind(ifname, self.offers.swap_remove(i))?;
                 steering.register_in(generation, q, sock.fd())?;
                 out.push(sock);
             }
@@ -197,9 +212,29 @@ impl Joining {
             tracing::error!(
                 "upgrade: telling the old process failed ({e}); it takes its queues back"
             );
+            stand_down(weak);
             return;
         }
         tracing::info!("upgrade: every queue joined; the old process switches to this one");
+        // The switch is the old process's to make and to say: a `joined` it read too late (it
+        // had called the upgrade off) is answered with an error or with the connection's end.
+        let switched = loop {
+            match recv_message(self.conn.as_raw_fd()) {
+                Ok(Some((t, _))) if t == "switched" => break Ok(()),
+                Ok(Some((t, _))) if t.starts_with("error") => break Err(t),
+                Ok(Some(_)) => {}
+                Ok(None) => break Err("the old process ended the connection first".into()),
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        if let Err(why) = switched {
+            tracing::error!(
+                "upgrade: the old process did not switch to this one ({why}): it serves on, and \
+                 this one stands down"
+            );
+            stand_down(weak);
+            return;
+        }
         // Whatever the old process says until it ends is ignored; its end ends the split.
         while let Ok(Some(_)) = recv_message(self.conn.as_raw_fd()) {}
         // This run has ended meanwhile: nothing to do.

@@ -25,7 +25,7 @@
 //! died), the broker stops steering everything the server asked for; the kernel removes the
 //! server's sockets from the program's socket map as they close.
 
-#![allow(unsafe_code)] // Only `OwnedFd::from_raw_fd` on descriptors the kernel just gave us.
+#![allow(unsafe_code)] // `OwnedFd::from_raw_fd` on descriptors the kernel just gave us; a pidfd and its poll.
 
 use std::fs::File;
 use std::io::{IoSlice, IoSliceMut};
@@ -222,6 +222,53 @@ pub fn effective_uid() -> u32 {
 pub fn peer(conn: &OwnedFd) -> std::io::Result<(u32, u32)> {
     let c = socket::getsockopt(conn, sockopt::PeerCredentials)?;
     Ok((c.pid() as u32, c.uid()))
+}
+
+/// A descriptor of the process at the other end of `conn` (a pidfd: it names that process
+/// and no other, even once its pid is reused), to see whether it has ended
+/// ([`process_ended`]).
+///
+/// # Errors
+/// The kernel gave no credentials, or has no pidfds (before 5.3).
+pub fn peer_pidfd(conn: &OwnedFd) -> std::io::Result<OwnedFd> {
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt on a socket this caller owns; `fd` and `len` are valid for the write.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 && fd >= 0 {
+        // SAFETY: the kernel just installed this descriptor for us; nothing else owns it.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    // Before 6.5: the pid the connection was made by, while the connection holds it alive.
+    let (pid, _) = peer(conn)?;
+    // SAFETY: pidfd_open(2) with a pid and no flags; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above: a fresh descriptor of ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether the process `pidfd` names has ended (its pidfd polls readable).
+pub fn process_ended(pidfd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call's duration, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// A connection to the grant socket at `path`, before anything is said on it (the broker

@@ -45,6 +45,12 @@ pub enum Phase {
     Handed = 3,
     /// The old process has given back every frame and is leaving.
     Left = 4,
+    /// The upgrade is being called off after the hand-over: the new process stops filling the
+    /// fill ring and sending, lets its last sends complete, then says [`Phase::Aborted`].
+    Aborting = 5,
+    /// Called off: the new process touches none of the queue's rings or frames any more (or
+    /// never did); the old process takes the queue back.
+    Aborted = 6,
 }
 
 /// One process's end of the exchange.
@@ -103,7 +109,10 @@ impl Exchange {
             1 => Phase::Bound,
             2 => Phase::Handing,
             3 => Phase::Handed,
-            _ => Phase::Left,
+            4 => Phase::Left,
+            5 => Phase::Aborting,
+            // Anything else is no phase either side wrote: neither may go on.
+            _ => Phase::Aborted,
         }
     }
 

@@ -23,7 +23,7 @@ pub use chain::MAX_PIECES;
 pub use config::{BindMode, XskConfig, ZeroCopy};
 pub use exchange::Phase as UpgradePhase;
 use partner::Partner;
-pub use partner::UpgradeOffer;
+pub use partner::{CallOff, PendingJoin, UpgradeOffer, frames_in_two_hands};
 use ring::{Consumer, Desc, Producer, Region};
 
 /// The kernel's headroom in front of every received packet (`XDP_PACKET_HEADROOM`).
@@ -186,7 +186,7 @@ impl XskQueue {
     }
 
     fn top_up_fill(&mut self) -> io::Result<()> {
-        if !self.owns_rings {
+        if !self.owns_rings || !self.may_send() {
             return Ok(());
         }
         let want = self
@@ -280,6 +280,10 @@ impl FrameIo for XskQueue {
     }
 
     fn recv(&mut self, out: &mut VecDeque<XskFrame>, max: usize) -> usize {
+        if self.upgrade_called_off() {
+            // The old process has the queue back: nothing here is this side's to read.
+            return 0;
+        }
         let max = max.min(self.scratch.len());
         let n = self.rx.pop(&mut self.scratch[..max]);
         let mut got = 0;
@@ -307,6 +311,9 @@ impl FrameIo for XskQueue {
     }
 
     fn alloc(&mut self, out: &mut Vec<XskFrame>, n: usize) -> usize {
+        if !self.may_send() {
+            return 0;
+        }
         // The pool keeps the fill ring's share: transmit may not take the frames receive needs.
         let (id, frame_size) = (self.id, self.frame_size as u64);
         self.pool.alloc(n, |index| {
@@ -332,6 +339,12 @@ impl FrameIo for XskQueue {
 
     fn send(&mut self, frames: &mut Vec<XskFrame>) -> io::Result<usize> {
         if frames.is_empty() {
+            return Ok(0);
+        }
+        if !self.may_send() {
+            // Standing down from an upgrade called off: nothing more goes out from here.
+            self.stats.tx_ring_full += frames.len() as u64;
+            self.free(frames);
             return Ok(0);
         }
         let want: usize = frames.iter().map(|f| self.pieces_of(f)).sum();
@@ -385,6 +398,9 @@ impl FrameIo for XskQueue {
     }
 
     fn complete(&mut self) -> io::Result<usize> {
+        if self.upgrade_called_off() {
+            return Ok(0);
+        }
         let n = if self.owns_rings {
             self.cq.pop(&mut self.addrs)
         } else {

@@ -11,7 +11,7 @@
 //! ring, and forwards the old one's completions.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::exchange::{Exchange, Phase};
@@ -38,6 +38,53 @@ pub(super) struct Partner {
     /// back).
     fill_target: usize,
     inbound: Vec<u32>,
+    /// The new process: the upgrade is being called off (it fills and sends no more).
+    calling_off: bool,
+    /// The new process: called off, and said so; it touches no ring or frame any more.
+    called_off: bool,
+}
+
+impl Partner {
+    fn new(ex: Exchange, role: Role, keep: usize, fill_target: usize) -> Box<Partner> {
+        Box::new(Partner {
+            ex,
+            role,
+            keep,
+            fill_target,
+            inbound: Vec::new(),
+            calling_off: false,
+            called_off: false,
+        })
+    }
+}
+
+impl Drop for Partner {
+    fn drop(&mut self) {
+        // The new process's queue goes (its socket is closed first: it is declared before the
+        // partner in `XskQueue`): it touches nothing of the queue from here on, and says so,
+        // so that the old process may take the queue back without waiting for its exit.
+        if self.role == Role::New
+            && matches!(
+                self.ex.phase(),
+                Phase::Bound | Phase::Handing | Phase::Handed | Phase::Aborting
+            )
+        {
+            self.ex.set_phase(Phase::Aborted);
+        }
+    }
+}
+
+/// Where the old process's call-off of an upgrade of one queue stands
+/// ([`XskQueue::call_off_upgrade`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOff {
+    /// The queue is the old process's alone again; this many frames the new process held are
+    /// free again.
+    Reclaimed(usize),
+    /// The new process still holds the fill and completion rings: it stops filling and
+    /// sending, and says so once its last sends have completed (or its process ends). Ask
+    /// again on a later turn.
+    Waiting,
 }
 
 /// What the new process needs to join a queue: the descriptors of the socket on it, of its
@@ -99,82 +146,21 @@ impl XskQueue {
                 ..XskConfig::default()
             },
         };
-        self.partner = Some(Box::new(Partner {
+        self.partner = Some(Partner::new(
             ex,
-            role: Role::Old,
-            keep: (self.ring_size as usize).min(self.frames as usize / 4),
-            fill_target: self.pool.fill_target(),
-            inbound: Vec::new(),
-        }));
+            Role::Old,
+            (self.ring_size as usize).min(self.frames as usize / 4),
+            self.pool.fill_target(),
+        ));
         Ok(offer)
     }
 
     /// Joins the queue `offer` names on `ifname`, beside the process that offered it: binds a
     /// socket sharing its UMEM, waits for it to hand the fill and completion rings over, and
-    /// returns the queue, which from then on fills and completes for both.
+    /// returns the queue, which from then on fills and completes for both. The two steps of
+    /// [`PendingJoin`] at once.
     pub fn join_upgrade(ifname: &str, offer: UpgradeOffer) -> Result<XskQueue, Error> {
-        let c = offer.config;
-        let io_err = |what: &str, e: io::Error| Error::Umem {
-            errno: e.raw_os_error(),
-            detail: format!("joining queue {} of {ifname}: {what}: {e}", offer.queue_id),
-        };
-        let len = c.frames as usize * c.frame_bytes() as usize;
-        let joined = Joined::open(
-            ifname,
-            offer.queue_id,
-            offer.socket.as_fd(),
-            offer.umem,
-            len,
-            c.ring_size,
-        )?;
-        drop(offer.socket);
-        let ex = Exchange::join(offer.exchange, c.frames.next_power_of_two())
-            .map_err(|e| io_err("the exchange", e))?;
-        if !ex.advance(Phase::Offered, Phase::Bound) {
-            return Err(Error::Config(format!(
-                "queue {} of {ifname}: offered to another process already ({:?})",
-                offer.queue_id,
-                ex.phase()
-            )));
-        }
-        let start = Instant::now();
-        while ex.phase() != Phase::Handed {
-            // Withdrawn unless the old process has begun handing over (then it finishes).
-            if start.elapsed() > HAND_OVER_WAIT && ex.advance(Phase::Bound, Phase::Offered) {
-                return Err(Error::Config(format!(
-                    "queue {} of {ifname}: the process serving it did not hand it over within \
-                     {HAND_OVER_WAIT:?}",
-                    offer.queue_id
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // Mapped now, after the hand-over: the rings' indices are where the old process left
-        // them.
-        let (fq, cq) = joined
-            .fill_and_completion()
-            .map_err(|e| io_err("the fill and completion rings", e))?;
-        let n = c.frames as usize;
-        let parts = Parts {
-            socket: joined.socket,
-            rx: joined.rings.rx,
-            tx: joined.rings.tx,
-            fq,
-            cq,
-            umem: joined.umem,
-        };
-        let pool = FramePool::joining(n, (c.ring_size as usize).min(n / 2));
-        let mut q = XskQueue::assemble(parts, &c, offer.queue_id, pool);
-        q.partner = Some(Box::new(Partner {
-            ex,
-            role: Role::New,
-            keep: 0,
-            fill_target: 0,
-            inbound: Vec::new(),
-        }));
-        q.partner_turn();
-        q.top_up_fill()?;
-        Ok(q)
+        PendingJoin::bind(ifname, offer)?.take_over()
     }
 
     /// Where an upgrade of this queue stands (None: none under way).
@@ -185,30 +171,95 @@ impl XskQueue {
     /// The old process leaves an upgrade: every frame it holds goes to the new process. Call
     /// it once the program steers nothing more to this socket and its RX ring was read empty.
     ///
+    /// Returns `Ok(false)`, not yet, while frames are still held (received and not released)
+    /// or being sent: call again after the next turns.
+    ///
     /// # Errors
-    /// When frames are still held (received and not released) or still being sent: call
-    /// again after the next turns.
-    pub fn leave_upgrade(&mut self) -> Result<(), Error> {
+    /// When this side is not the old process of an upgrade the new process has taken.
+    pub fn leave_upgrade(&mut self) -> Result<bool, Error> {
         let Some(p) = self.partner.as_mut().filter(|p| p.role == Role::Old) else {
             return Err(Error::Config("no upgrade to leave".into()));
         };
         if p.ex.phase() != Phase::Handed {
-            return Err(Error::Config(
-                "the new process has not taken the queue yet".into(),
-            ));
+            return Err(Error::Config(format!(
+                "the new process does not hold the queue ({:?})",
+                p.ex.phase()
+            )));
         }
         let busy = self.pool.count(FrameState::InUse) + self.pool.count(FrameState::Transmit);
         if busy > 0 {
-            return Err(Error::Config(format!(
-                "{busy} frames are still held or being sent"
-            )));
+            return Ok(false);
         }
         let mut gone = Vec::new();
         self.pool.lend(usize::MAX, |i| gone.push(i));
         let pushed = p.ex.out.push(&gone);
         debug_assert_eq!(pushed, gone.len(), "the exchange holds every frame");
         p.ex.set_phase(Phase::Left);
-        Ok(())
+        Ok(true)
+    }
+
+    /// The old process calls an upgrade of this queue off (the new process did not say it
+    /// joined in time, or its connection ended): takes the queue back at once when the new
+    /// process never took the rings, and otherwise only once it has said it touches them no
+    /// more ([`Phase::Aborted`]: it stops on its next turn and waits for its last sends) or
+    /// `partner_gone` (its process has ended: the kernel closed its socket). Until then
+    /// [`CallOff::Waiting`]: the rings stay the new process's, and the frames are in no
+    /// two hands at once.
+    ///
+    /// # Errors
+    /// When this side is not the old process of an upgrade, or has already left it.
+    pub fn call_off_upgrade(&mut self, partner_gone: bool) -> Result<CallOff, Error> {
+        let Some(p) = self.partner.as_ref().filter(|p| p.role == Role::Old) else {
+            return Err(Error::Config("no upgrade to call off".into()));
+        };
+        loop {
+            let now = p.ex.phase();
+            let next = match now {
+                // Not taken (or not yet): the new process finds it called off when it tries.
+                Phase::Offered | Phase::Bound => Phase::Aborted,
+                Phase::Handed => Phase::Aborting,
+                // Only within this side's own turn.
+                Phase::Handing => return Ok(CallOff::Waiting),
+                Phase::Aborting if !partner_gone => return Ok(CallOff::Waiting),
+                Phase::Aborting | Phase::Aborted => break,
+                Phase::Left => {
+                    return Err(Error::Config(
+                        "the queue was left to the new process already".into(),
+                    ));
+                }
+            };
+            if p.ex.advance(now, next) && next == Phase::Aborting && !partner_gone {
+                return Ok(CallOff::Waiting);
+            }
+        }
+        self.reclaim_upgrade().map(CallOff::Reclaimed)
+    }
+
+    /// The new process stops its part in an upgrade of this queue (it gave up, or the old
+    /// process did not switch to it): as when the old one calls it off, it fills and sends no
+    /// more and, once its last sends complete, says so ([`Phase::Aborted`]).
+    pub fn stand_down(&mut self) {
+        if let Some(p) = self.partner.as_mut().filter(|p| p.role == Role::New) {
+            p.calling_off = true;
+        }
+        self.partner_turn();
+    }
+
+    /// The new process of an upgrade that was called off: it touches the queue no more and
+    /// its run should end (the old process serves on).
+    pub fn upgrade_called_off(&self) -> bool {
+        self.partner
+            .as_ref()
+            .is_some_and(|p| p.role == Role::New && p.called_off)
+    }
+
+    /// Whether this side may use the rings: not the new process of an upgrade being called
+    /// off.
+    pub(super) fn may_send(&self) -> bool {
+        !self
+            .partner
+            .as_ref()
+            .is_some_and(|p| p.role == Role::New && (p.calling_off || p.called_off))
     }
 
     /// The old process takes its queue back from a new process that is gone (it died, or its
@@ -351,6 +402,36 @@ impl XskQueue {
         let Some(p) = self.partner.as_mut() else {
             return;
         };
+        if p.role == Role::New {
+            if p.called_off {
+                return;
+            }
+            if p.calling_off || matches!(p.ex.phase(), Phase::Aborting | Phase::Aborted) {
+                if !p.calling_off {
+                    tracing::warn!(
+                        "queue {}: the upgrade was called off: this process fills and sends no \
+                         more, and lets the old one take the queue back",
+                        self.queue_id
+                    );
+                }
+                p.calling_off = true;
+                // The completion ring stays this side's until its own sends are done, and the
+                // frames it holds are released: a frame the kernel still reads, or that this
+                // side could still write, is never given to the old process to reuse.
+                let busy =
+                    self.pool.count(FrameState::Transmit) + self.pool.count(FrameState::InUse);
+                if busy == 0 {
+                    self.owns_rings = false;
+                    p.called_off = true;
+                    p.ex.set_phase(Phase::Aborted);
+                    tracing::info!(
+                        "queue {}: this process has stood down from the upgrade",
+                        self.queue_id
+                    );
+                }
+                return;
+            }
+        }
         // Read before the frames it gave back: once it says so, all of them are on the way.
         let old_left = p.role == Role::New && p.ex.phase() == Phase::Left;
         if p.role == Role::Old && self.owns_rings && p.ex.advance(Phase::Bound, Phase::Handing) {
@@ -406,6 +487,165 @@ impl XskQueue {
             self.pool.lend(extra, |i| back.push(i));
             p.ex.out.push(&back);
         }
+    }
+}
+
+/// The frames the two processes of an upgrade of one queue both hold at once, by their two
+/// ledgers: held by user space (free or in use) on both sides, or on one side while the other
+/// has it with the kernel for transmit, or sent by both. Empty when every frame is in one
+/// place. A new process that has stood down holds nothing (it touches nothing). A check for
+/// tests and simulations, over both ends in one address space.
+pub fn frames_in_two_hands(old: &XskQueue, new: &XskQueue) -> Vec<usize> {
+    let state = |q: &XskQueue, i: usize| {
+        if q.upgrade_called_off() {
+            None
+        } else {
+            q.pool.ledger().get(i)
+        }
+    };
+    let held = |s: Option<FrameState>| matches!(s, Some(FrameState::Free | FrameState::InUse));
+    let sent = |s: Option<FrameState>| s == Some(FrameState::Transmit);
+    (0..old.pool.len().min(new.pool.len()))
+        .filter(|&i| {
+            let (a, b) = (state(old, i), state(new, i));
+            (held(a) && (held(b) || sent(b))) || (held(b) && sent(a)) || (sent(a) && sent(b))
+        })
+        .collect()
+}
+
+/// The new process's socket on a queue an old process offered, bound beside it but not yet
+/// holding the fill and completion rings ([`XskQueue::join_upgrade`] in two steps). Made where
+/// the new process has its privileges ([`PendingJoin::bind`]); the rings are taken by
+/// [`PendingJoin::take_over`] on the core that will turn them, so that no moment passes with
+/// the rings held and nobody filling them. Dropped before, it leaves the queue to the old
+/// process as it was.
+#[derive(Debug)]
+pub struct PendingJoin {
+    joined: Joined,
+    ex: Exchange,
+    config: XskConfig,
+    queue_id: u32,
+    ifname: String,
+}
+
+impl PendingJoin {
+    /// Binds a socket to the queue `offer` names on `ifname`, sharing the old process's UMEM.
+    ///
+    /// # Errors
+    /// The socket cannot be made or bound, the exchange cannot be mapped, or the offer was
+    /// taken or called off already.
+    pub fn bind(ifname: &str, offer: UpgradeOffer) -> Result<PendingJoin, Error> {
+        let c = offer.config;
+        let io_err = |what: &str, e: io::Error| Error::Umem {
+            errno: e.raw_os_error(),
+            detail: format!("joining queue {} of {ifname}: {what}: {e}", offer.queue_id),
+        };
+        let len = c.frames as usize * c.frame_bytes() as usize;
+        let joined = Joined::open(
+            ifname,
+            offer.queue_id,
+            offer.socket.as_fd(),
+            offer.umem,
+            len,
+            c.ring_size,
+        )?;
+        drop(offer.socket);
+        let ex = Exchange::join(offer.exchange, c.frames.next_power_of_two())
+            .map_err(|e| io_err("the exchange", e))?;
+        if ex.phase() != Phase::Offered {
+            return Err(Error::Config(format!(
+                "queue {} of {ifname}: offered to another process already, or called off ({:?})",
+                offer.queue_id,
+                ex.phase()
+            )));
+        }
+        Ok(PendingJoin {
+            joined,
+            ex,
+            config: c,
+            queue_id: offer.queue_id,
+            ifname: ifname.to_string(),
+        })
+    }
+
+    /// The socket's descriptor, to register in the program's next generation.
+    pub fn fd(&self) -> RawFd {
+        self.joined.socket.raw()
+    }
+
+    /// The queue.
+    pub fn queue_id(&self) -> u32 {
+        self.queue_id
+    }
+
+    /// Asks the old process for the fill and completion rings, waits (at most
+    /// [`HAND_OVER_WAIT`]; the old process hands over on its next turn) and returns the queue,
+    /// which from then on fills and completes for both. Call it where the queue will be turned
+    /// at once.
+    ///
+    /// # Errors
+    /// The old process called the upgrade off, or did not hand over in time (then this side
+    /// withdraws and the old process keeps the queue).
+    pub fn take_over(self) -> Result<XskQueue, Error> {
+        let PendingJoin {
+            joined,
+            ex,
+            config: c,
+            queue_id,
+            ifname,
+        } = self;
+        let io_err = |what: &str, e: io::Error| Error::Umem {
+            errno: e.raw_os_error(),
+            detail: format!("joining queue {queue_id} of {ifname}: {what}: {e}"),
+        };
+        if !ex.advance(Phase::Offered, Phase::Bound) {
+            return Err(Error::Config(format!(
+                "queue {queue_id} of {ifname}: the old process called the upgrade off, or gave \
+                 the queue to another process ({:?})",
+                ex.phase()
+            )));
+        }
+        let start = Instant::now();
+        loop {
+            match ex.phase() {
+                Phase::Handed => break,
+                Phase::Bound | Phase::Handing => {}
+                other => {
+                    return Err(Error::Config(format!(
+                        "queue {queue_id} of {ifname}: the old process called the upgrade off \
+                         ({other:?})"
+                    )));
+                }
+            }
+            // Withdrawn unless the old process has begun handing over (then it finishes).
+            if start.elapsed() > HAND_OVER_WAIT && ex.advance(Phase::Bound, Phase::Offered) {
+                return Err(Error::Config(format!(
+                    "queue {queue_id} of {ifname}: the process serving it did not hand it over \
+                     within {HAND_OVER_WAIT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Mapped now, after the hand-over: the rings' indices are where the old process left
+        // them.
+        let (fq, cq) = joined
+            .fill_and_completion()
+            .map_err(|e| io_err("the fill and completion rings", e))?;
+        let n = c.frames as usize;
+        let parts = Parts {
+            socket: joined.socket,
+            rx: joined.rings.rx,
+            tx: joined.rings.tx,
+            fq,
+            cq,
+            umem: joined.umem,
+        };
+        let pool = FramePool::joining(n, (c.ring_size as usize).min(n / 2));
+        let mut q = XskQueue::assemble(parts, &c, queue_id, pool);
+        q.partner = Some(Partner::new(ex, Role::New, 0, 0));
+        q.partner_turn();
+        q.top_up_fill()?;
+        Ok(q)
     }
 }
 

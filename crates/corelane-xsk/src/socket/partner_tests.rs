@@ -215,7 +215,7 @@ fn a_queue_is_handed_to_a_new_process_under_traffic_and_every_frame_comes_home()
             echo(q);
             q.complete().unwrap();
         }
-        if a.leave_upgrade().is_ok() {
+        if a.leave_upgrade().unwrap() {
             left = true;
             break;
         }
@@ -409,8 +409,12 @@ fn the_old_process_takes_its_queue_back_from_a_new_one_that_died() {
     assert!(!held.is_empty());
     drop(b);
     drop(held);
-    // The old process takes the queue back and is steered to again.
-    let taken = a.reclaim_upgrade().unwrap();
+    // The old process takes the queue back at once (the new one's queue said, as it went,
+    // that it touches nothing more) and is steered to again.
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Aborted));
+    let Ok(CallOff::Reclaimed(taken)) = a.call_off_upgrade(false) else {
+        panic!("not taken back: {:?}", a.upgrade_phase());
+    };
     assert!(taken >= 1, "{taken}");
     assert_eq!(a.upgrade_phase(), None);
     steering.register(0, a.fd()).unwrap();
@@ -486,7 +490,7 @@ fn a_hand_over_in_the_middle_of_a_flood_loses_no_frame() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         turn(&mut [&mut a, &mut b]);
-        if a.leave_upgrade().is_ok() {
+        if a.leave_upgrade().unwrap() {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{:?}", a.counts());
@@ -498,4 +502,130 @@ fn a_hand_over_in_the_middle_of_a_flood_loses_no_frame() {
     let c = b.counts();
     assert_eq!((c.away, c.in_use, c.sum()), (0, 0, 256), "{c:?}");
     assert!(b.pool.ledger().verify().is_ok());
+}
+
+/// One frame of junk from `q` (60 bytes to no one: the client's kernel drops it), left in
+/// flight: sent, its completion not yet read.
+fn send_junk(q: &mut XskQueue) {
+    let mut f = Vec::new();
+    assert_eq!(q.alloc(&mut f, 1), 1);
+    q.bytes_mut(&mut f[0], 60).fill(0);
+    assert_eq!(q.send(&mut f).unwrap(), 1);
+}
+
+#[test]
+fn an_upgrade_called_off_while_the_new_process_lives_waits_for_it_to_stand_down() {
+    if !corelane_testnet::require_root("an_upgrade_called_off_while_the_new_process_lives") {
+        return;
+    }
+    let (lab, mut a) = lab();
+    let net = &lab.net;
+    let mut b = join(net, &mut a);
+    assert_eq!(frames_in_two_hands(&a, &b), Vec::<usize>::new());
+    // The new process fills and completes for both while the old one serves; after every
+    // turn, each frame is in one place.
+    let seen = pump(client(net, 'c', 20, 0), &mut [&mut a, &mut b], one_place);
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('c', 20));
+    // The new process has a send in flight when the old one calls the upgrade off (it did
+    // not say `joined` in time): the rings stay the new one's.
+    send_junk(&mut b);
+    assert_eq!(a.call_off_upgrade(false).unwrap(), CallOff::Waiting);
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Aborting));
+    assert!(!a.owns_rings);
+    // Its next turn stops it filling and sending, but its send is not complete yet: it has not
+    // stood down, and the old process still waits (a frame the kernel reads is never free).
+    b.stand_down();
+    assert!(!b.upgrade_called_off());
+    assert_eq!(a.call_off_upgrade(false).unwrap(), CallOff::Waiting);
+    assert!(!b.may_send());
+    let mut none = Vec::new();
+    assert_eq!(
+        b.alloc(&mut none, 1),
+        0,
+        "no frame for a process standing down"
+    );
+    // Its send completes on its next turn: it stands down and says so.
+    for _ in 0..1000 {
+        b.complete().unwrap();
+        if b.upgrade_called_off() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(b.upgrade_called_off(), "{:?}", b.counts());
+    assert_eq!(frames_in_two_hands(&a, &b), Vec::<usize>::new());
+    assert_eq!(a.upgrade_phase(), Some(UpgradePhase::Aborted));
+    let Ok(CallOff::Reclaimed(_)) = a.call_off_upgrade(false) else {
+        panic!("not taken back: {:?}", a.upgrade_phase());
+    };
+    assert!(a.owns_rings && a.upgrade_phase().is_none());
+    // The new process lives on and turns, and touches nothing: the old one serves every
+    // request, and once the fill ring has cycled every frame is its own, each in one place.
+    assert_eq!(frames_in_two_hands(&a, &b), Vec::<usize>::new());
+    let seen = pump(client(net, 'k', 80, 0), &mut [&mut a, &mut b], one_place);
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('k', 80));
+    let mut got = VecDeque::new();
+    assert_eq!((b.recv(&mut got, 64), b.complete().unwrap()), (0, 0));
+    a.complete().unwrap();
+    let c = a.counts();
+    assert_eq!((c.away, c.sum()), (0, 256), "{c:?}");
+    assert!(a.pool.ledger().verify().is_ok());
+}
+
+#[test]
+fn an_upgrade_called_off_before_the_new_process_took_the_rings_ends_at_once() {
+    if !corelane_testnet::require_root("an_upgrade_called_off_before_the_new_process_took") {
+        return;
+    }
+    let (lab, mut a) = lab();
+    let net = &lab.net;
+    // The new process bound its socket (its `build`) and has not started its cores yet.
+    let offer = a.offer_upgrade().unwrap();
+    let ifname = net.server_if().to_string();
+    let pending = net
+        .server_ns()
+        .run(move || PendingJoin::bind(&ifname, offer))
+        .unwrap()
+        .unwrap();
+    // The old process still fills meanwhile, and serves.
+    let seen = pump(client(net, 'p', 10, 0), &mut [&mut a], |_| {});
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('p', 10));
+    assert!(a.owns_rings);
+    // Called off: the queue is the old process's at once, and the new one cannot take it.
+    assert_eq!(a.call_off_upgrade(false).unwrap(), CallOff::Reclaimed(0));
+    let e = net
+        .server_ns()
+        .run(move || pending.take_over().map(|_| ()))
+        .unwrap()
+        .unwrap_err();
+    assert!(e.to_string().contains("called the upgrade off"), "{e}");
+    let seen = pump(client(net, 'q', 10, 0), &mut [&mut a], |_| {});
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('q', 10));
+    // A later upgrade is offered afresh.
+    let b = join(net, &mut a);
+    assert_eq!(b.upgrade_phase(), Some(UpgradePhase::Handed));
+}
+
+/// After a turn of both: no frame in both processes' hands.
+fn one_place(qs: &mut [&mut XskQueue]) {
+    let both = frames_in_two_hands(qs[0], qs[1]);
+    assert!(both.is_empty(), "frames in two hands: {both:?}");
+}
+
+#[test]
+fn the_ledgers_see_a_queue_taken_back_while_the_new_process_still_holds_it() {
+    if !corelane_testnet::require_root("the_ledgers_see_a_queue_taken_back") {
+        return;
+    }
+    let (lab, mut a) = lab();
+    let net = &lab.net;
+    let mut b = join(net, &mut a);
+    let seen = pump(client(net, 'r', 10, 0), &mut [&mut a, &mut b], one_place);
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), names('r', 10));
+    // What a call-off did before it waited for the new process: the queue taken back at once
+    // while the new process lives with frames in its hands (its free frames, the ring it
+    // fills). The two ledgers show it.
+    a.reclaim_upgrade().unwrap();
+    let both = frames_in_two_hands(&a, &b);
+    assert!(!both.is_empty(), "{:?} {:?}", a.counts(), b.counts());
 }

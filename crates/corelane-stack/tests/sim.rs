@@ -4,28 +4,53 @@
 
 use corelane_stack::sim::{Impair, SimConfig, run_scenario, run_with, scenarios};
 
-/// Seeds per scenario here: 56 scenarios, a few seconds in release mode.
-const SEEDS: u64 = 8;
+/// Seeds per scenario here: 180 x 56 scenarios = 10,080 runs, about a minute and a half in
+/// release mode on two cores. `CORELANE_SIM_SEEDS` sets another count (the checked-profile
+/// run in CI takes fewer: its overflow checks make each run slower).
+const SEEDS: u64 = 180;
+
+fn seeds() -> u64 {
+    std::env::var("CORELANE_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SEEDS)
+}
 
 #[test]
 fn every_scenario_keeps_its_invariants_over_a_fixed_set_of_seeds() {
-    let mut failures = Vec::new();
-    let mut runs = 0;
-    for s in scenarios() {
-        for seed in 0..SEEDS {
-            runs += 1;
-            if let Err(f) = run_scenario(&s, seed) {
-                failures.push(f.to_string());
-            }
+    let seeds = seeds();
+    let all = scenarios();
+    let jobs: Vec<(usize, u64)> = (0..all.len())
+        .flat_map(|i| (0..seeds).map(move |seed| (i, seed)))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(i, seed)) = jobs.get(k) else {
+                        break;
+                    };
+                    if let Err(f) = run_scenario(&all[i], seed) {
+                        failures.lock().unwrap().push(f.to_string());
+                    }
+                }
+            });
         }
-    }
-    assert!(runs >= 300, "{runs} runs");
+    });
+    let runs = jobs.len();
+    let failures = failures.into_inner().unwrap();
+    assert!(runs as u64 >= 50 * seeds, "{runs} runs");
     assert!(
         failures.is_empty(),
         "{} of {runs} runs failed:\n{}",
         failures.len(),
         failures.join("\n")
     );
+    println!("{runs} runs of {} scenarios passed", all.len());
 }
 
 #[test]

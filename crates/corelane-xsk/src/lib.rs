@@ -35,6 +35,7 @@ mod netdev;
 mod program;
 mod routes;
 mod socket;
+pub use socket::sim;
 mod steering;
 mod sys;
 mod vlan;

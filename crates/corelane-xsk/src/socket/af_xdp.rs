@@ -26,10 +26,11 @@ pub struct KernelStats {
     pub tx_ring_empty: u64,
 }
 
-/// An AF_XDP socket's descriptor.
+/// An AF_XDP socket's descriptor, or a socket of the in-memory kernel (`sim.rs`).
 #[derive(Debug)]
 pub(crate) struct XdpSocket {
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
+    sim: Option<super::sim::Port>,
 }
 
 /// The four rings of a socket that registered its own UMEM; a socket sharing another's UMEM
@@ -80,15 +81,36 @@ impl XdpSocket {
         }
         // SAFETY: `fd` was just returned by socket() and is owned by nothing else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(XdpSocket { fd })
+        Ok(XdpSocket {
+            fd: Some(fd),
+            sim: None,
+        })
+    }
+
+    /// A socket of the in-memory kernel.
+    pub(crate) fn sim(port: super::sim::Port) -> XdpSocket {
+        XdpSocket {
+            fd: None,
+            sim: Some(port),
+        }
+    }
+
+    /// The in-memory kernel's number for this socket (None: a real socket).
+    pub(crate) fn sim_id(&self) -> Option<usize> {
+        self.sim.as_ref().map(super::sim::Port::id)
     }
 
     pub(crate) fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.borrow().as_raw_fd()
     }
 
+    /// The descriptor: the socket's, or for the in-memory kernel its rings' memory file.
     pub(crate) fn borrow(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        match (&self.fd, &self.sim) {
+            (Some(fd), _) => fd.as_fd(),
+            (None, Some(p)) => p.file(),
+            (None, None) => unreachable!("a socket is made with one or the other"),
+        }
     }
 
     /// Registers `region` as this socket's UMEM, in frames of `frame_size` bytes, and sizes its
@@ -133,6 +155,9 @@ impl XdpSocket {
 
     /// Sizes and maps the RX and TX rings.
     pub(crate) fn rx_tx_rings(&self, size: u32) -> io::Result<Rings> {
+        if let Some(p) = &self.sim {
+            return p.rx_tx_rings();
+        }
         setsockopt(self.raw(), libc::XDP_RX_RING, &size)?;
         setsockopt(self.raw(), libc::XDP_TX_RING, &size)?;
         let off = self.offsets()?;
@@ -155,6 +180,9 @@ impl XdpSocket {
     /// Maps the UMEM's fill and completion rings: this socket's own before it is bound, or, once
     /// bound, those of the UMEM it shares (Linux 6.4 and later map them for a bound socket).
     pub(crate) fn fill_comp_rings(&self, size: u32) -> io::Result<(Producer<u64>, Consumer<u64>)> {
+        if let Some(p) = &self.sim {
+            return p.fill_comp_rings();
+        }
         let off = self.offsets()?;
         Ok((
             Producer::map(
@@ -204,6 +232,9 @@ impl XdpSocket {
     }
 
     pub(crate) fn statistics(&self) -> io::Result<KernelStats> {
+        if self.sim.is_some() {
+            return Ok(KernelStats::default());
+        }
         let s = getsockopt(
             self.raw(),
             libc::XDP_STATISTICS,
@@ -229,6 +260,9 @@ impl XdpSocket {
     /// Waits up to `timeout_ms` (-1: forever) for the socket to be readable (frames in its RX
     /// ring). Also what wakes the kernel to take fill-ring entries in copy mode.
     pub(crate) fn poll_readable(&self, timeout_ms: i32) -> io::Result<bool> {
+        if let Some(p) = &self.sim {
+            return Ok(p.rx_ready());
+        }
         let mut p = libc::pollfd {
             fd: self.raw(),
             events: libc::POLLIN,
@@ -253,6 +287,10 @@ impl XdpSocket {
     /// Asks the kernel to send what the TX ring holds. A busy or full kernel is not an error:
     /// the frames stay in the ring for the next kick.
     pub(crate) fn kick_tx(&self) -> io::Result<()> {
+        if let Some(p) = &self.sim {
+            p.kick_tx();
+            return Ok(());
+        }
         // SAFETY: a zero-length send with no buffer and no address.
         let rc = unsafe {
             libc::sendto(

@@ -12,18 +12,21 @@ mod af_xdp;
 mod chain;
 mod config;
 mod exchange;
+mod join;
 mod open;
 mod partner;
 mod ring;
 mod shared;
+pub mod sim;
 pub use af_xdp::KernelStats;
 use af_xdp::XdpSocket;
 use chain::Chain;
 pub use chain::MAX_PIECES;
 pub use config::{BindMode, XskConfig, ZeroCopy};
 pub use exchange::Phase as UpgradePhase;
+pub use join::{PendingJoin, frames_in_two_hands};
 use partner::Partner;
-pub use partner::{CallOff, PendingJoin, UpgradeOffer, frames_in_two_hands};
+pub use partner::{CallOff, UpgradeOffer};
 use ring::{Consumer, Desc, Producer, Region};
 
 /// The kernel's headroom in front of every received packet (`XDP_PACKET_HEADROOM`).

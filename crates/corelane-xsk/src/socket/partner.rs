@@ -11,18 +11,17 @@
 //! ring, and forwards the old one's completions.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd, RawFd};
-use std::time::{Duration, Instant};
+use std::os::fd::OwnedFd;
 
 use super::exchange::{Exchange, Phase};
-use super::shared::Joined;
-use super::{Parts, XskConfig, XskQueue};
+use super::join::PendingJoin;
+use super::{XskConfig, XskQueue};
 use crate::error::Error;
-use corelane_frame::{FramePool, FrameState};
+use corelane_frame::FrameState;
 
 /// Which of the two processes this side is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(super) enum Role {
     Old,
     New,
 }
@@ -30,8 +29,8 @@ enum Role {
 /// The other process of an upgrade, as one queue sees it.
 #[derive(Debug)]
 pub(super) struct Partner {
-    ex: Exchange,
-    role: Role,
+    pub(super) ex: Exchange,
+    pub(super) role: Role,
     /// Free frames the old process keeps to send from after the hand-over.
     keep: usize,
     /// The old process's fill target before the hand-over (restored if it takes the queue
@@ -42,10 +41,12 @@ pub(super) struct Partner {
     calling_off: bool,
     /// The new process: called off, and said so; it touches no ring or frame any more.
     called_off: bool,
+    /// Gone without a word (a simulated crash): its end says nothing on the exchange.
+    crashed: bool,
 }
 
 impl Partner {
-    fn new(ex: Exchange, role: Role, keep: usize, fill_target: usize) -> Box<Partner> {
+    pub(super) fn new(ex: Exchange, role: Role, keep: usize, fill_target: usize) -> Box<Partner> {
         Box::new(Partner {
             ex,
             role,
@@ -54,6 +55,7 @@ impl Partner {
             inbound: Vec::new(),
             calling_off: false,
             called_off: false,
+            crashed: false,
         })
     }
 }
@@ -64,6 +66,7 @@ impl Drop for Partner {
         // partner in `XskQueue`): it touches nothing of the queue from here on, and says so,
         // so that the old process may take the queue back without waiting for its exit.
         if self.role == Role::New
+            && !self.crashed
             && matches!(
                 self.ex.phase(),
                 Phase::Bound | Phase::Handing | Phase::Handed | Phase::Aborting
@@ -103,10 +106,6 @@ pub struct UpgradeOffer {
     /// The sizes the queue was opened with (frames, frame size, rings, largest packet).
     pub config: XskConfig,
 }
-
-/// How long the new process waits for the old one's hand-over (the old one hands over at its
-/// next turn: milliseconds unless it is stuck).
-const HAND_OVER_WAIT: Duration = Duration::from_secs(5);
 
 impl XskQueue {
     /// Offers this queue to a new process: returns what it needs to join (see
@@ -171,8 +170,8 @@ impl XskQueue {
     /// The old process leaves an upgrade: every frame it holds goes to the new process. Call
     /// it once the program steers nothing more to this socket and its RX ring was read empty.
     ///
-    /// Returns `Ok(false)`, not yet, while frames are still held (received and not released)
-    /// or being sent: call again after the next turns.
+    /// Returns `Ok(false)`, not yet, while frames are still held (received and not released),
+    /// being sent, or waiting on the RX ring: call again after the next turns.
     ///
     /// # Errors
     /// When this side is not the old process of an upgrade the new process has taken.
@@ -187,7 +186,9 @@ impl XskQueue {
             )));
         }
         let busy = self.pool.count(FrameState::InUse) + self.pool.count(FrameState::Transmit);
-        if busy > 0 {
+        // A frame still on the RX ring would go with the socket (found by the upgrade
+        // simulation: the new process's ledger kept it posted for good).
+        if busy > 0 || self.rx.ready_exact() > 0 {
             return Ok(false);
         }
         let mut gone = Vec::new();
@@ -251,6 +252,27 @@ impl XskQueue {
         self.partner
             .as_ref()
             .is_some_and(|p| p.role == Role::New && p.called_off)
+    }
+
+    /// The frames on the exchange's two rings, as this side maps them (for checks).
+    pub(crate) fn exchange_frames(&mut self) -> Vec<u32> {
+        match self.partner.as_mut() {
+            Some(p) => {
+                let mut v = p.ex.out.pending();
+                v.extend(p.ex.inbound.peek_all());
+                v
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Ends this queue as a crash would (for simulations): its socket closes, and nothing is
+    /// said on the exchange, as when the process is killed.
+    #[doc(hidden)]
+    pub fn crash_for_simulation(mut self) {
+        if let Some(p) = self.partner.as_mut() {
+            p.crashed = true;
+        }
     }
 
     /// Whether this side may use the rings: not the new process of an upgrade being called
@@ -487,165 +509,6 @@ impl XskQueue {
             self.pool.lend(extra, |i| back.push(i));
             p.ex.out.push(&back);
         }
-    }
-}
-
-/// The frames the two processes of an upgrade of one queue both hold at once, by their two
-/// ledgers: held by user space (free or in use) on both sides, or on one side while the other
-/// has it with the kernel for transmit, or sent by both. Empty when every frame is in one
-/// place. A new process that has stood down holds nothing (it touches nothing). A check for
-/// tests and simulations, over both ends in one address space.
-pub fn frames_in_two_hands(old: &XskQueue, new: &XskQueue) -> Vec<usize> {
-    let state = |q: &XskQueue, i: usize| {
-        if q.upgrade_called_off() {
-            None
-        } else {
-            q.pool.ledger().get(i)
-        }
-    };
-    let held = |s: Option<FrameState>| matches!(s, Some(FrameState::Free | FrameState::InUse));
-    let sent = |s: Option<FrameState>| s == Some(FrameState::Transmit);
-    (0..old.pool.len().min(new.pool.len()))
-        .filter(|&i| {
-            let (a, b) = (state(old, i), state(new, i));
-            (held(a) && (held(b) || sent(b))) || (held(b) && sent(a)) || (sent(a) && sent(b))
-        })
-        .collect()
-}
-
-/// The new process's socket on a queue an old process offered, bound beside it but not yet
-/// holding the fill and completion rings ([`XskQueue::join_upgrade`] in two steps). Made where
-/// the new process has its privileges ([`PendingJoin::bind`]); the rings are taken by
-/// [`PendingJoin::take_over`] on the core that will turn them, so that no moment passes with
-/// the rings held and nobody filling them. Dropped before, it leaves the queue to the old
-/// process as it was.
-#[derive(Debug)]
-pub struct PendingJoin {
-    joined: Joined,
-    ex: Exchange,
-    config: XskConfig,
-    queue_id: u32,
-    ifname: String,
-}
-
-impl PendingJoin {
-    /// Binds a socket to the queue `offer` names on `ifname`, sharing the old process's UMEM.
-    ///
-    /// # Errors
-    /// The socket cannot be made or bound, the exchange cannot be mapped, or the offer was
-    /// taken or called off already.
-    pub fn bind(ifname: &str, offer: UpgradeOffer) -> Result<PendingJoin, Error> {
-        let c = offer.config;
-        let io_err = |what: &str, e: io::Error| Error::Umem {
-            errno: e.raw_os_error(),
-            detail: format!("joining queue {} of {ifname}: {what}: {e}", offer.queue_id),
-        };
-        let len = c.frames as usize * c.frame_bytes() as usize;
-        let joined = Joined::open(
-            ifname,
-            offer.queue_id,
-            offer.socket.as_fd(),
-            offer.umem,
-            len,
-            c.ring_size,
-        )?;
-        drop(offer.socket);
-        let ex = Exchange::join(offer.exchange, c.frames.next_power_of_two())
-            .map_err(|e| io_err("the exchange", e))?;
-        if ex.phase() != Phase::Offered {
-            return Err(Error::Config(format!(
-                "queue {} of {ifname}: offered to another process already, or called off ({:?})",
-                offer.queue_id,
-                ex.phase()
-            )));
-        }
-        Ok(PendingJoin {
-            joined,
-            ex,
-            config: c,
-            queue_id: offer.queue_id,
-            ifname: ifname.to_string(),
-        })
-    }
-
-    /// The socket's descriptor, to register in the program's next generation.
-    pub fn fd(&self) -> RawFd {
-        self.joined.socket.raw()
-    }
-
-    /// The queue.
-    pub fn queue_id(&self) -> u32 {
-        self.queue_id
-    }
-
-    /// Asks the old process for the fill and completion rings, waits (at most
-    /// [`HAND_OVER_WAIT`]; the old process hands over on its next turn) and returns the queue,
-    /// which from then on fills and completes for both. Call it where the queue will be turned
-    /// at once.
-    ///
-    /// # Errors
-    /// The old process called the upgrade off, or did not hand over in time (then this side
-    /// withdraws and the old process keeps the queue).
-    pub fn take_over(self) -> Result<XskQueue, Error> {
-        let PendingJoin {
-            joined,
-            ex,
-            config: c,
-            queue_id,
-            ifname,
-        } = self;
-        let io_err = |what: &str, e: io::Error| Error::Umem {
-            errno: e.raw_os_error(),
-            detail: format!("joining queue {queue_id} of {ifname}: {what}: {e}"),
-        };
-        if !ex.advance(Phase::Offered, Phase::Bound) {
-            return Err(Error::Config(format!(
-                "queue {queue_id} of {ifname}: the old process called the upgrade off, or gave \
-                 the queue to another process ({:?})",
-                ex.phase()
-            )));
-        }
-        let start = Instant::now();
-        loop {
-            match ex.phase() {
-                Phase::Handed => break,
-                Phase::Bound | Phase::Handing => {}
-                other => {
-                    return Err(Error::Config(format!(
-                        "queue {queue_id} of {ifname}: the old process called the upgrade off \
-                         ({other:?})"
-                    )));
-                }
-            }
-            // Withdrawn unless the old process has begun handing over (then it finishes).
-            if start.elapsed() > HAND_OVER_WAIT && ex.advance(Phase::Bound, Phase::Offered) {
-                return Err(Error::Config(format!(
-                    "queue {queue_id} of {ifname}: the process serving it did not hand it over \
-                     within {HAND_OVER_WAIT:?}"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // Mapped now, after the hand-over: the rings' indices are where the old process left
-        // them.
-        let (fq, cq) = joined
-            .fill_and_completion()
-            .map_err(|e| io_err("the fill and completion rings", e))?;
-        let n = c.frames as usize;
-        let parts = Parts {
-            socket: joined.socket,
-            rx: joined.rings.rx,
-            tx: joined.rings.tx,
-            fq,
-            cq,
-            umem: joined.umem,
-        };
-        let pool = FramePool::joining(n, (c.ring_size as usize).min(n / 2));
-        let mut q = XskQueue::assemble(parts, &c, queue_id, pool);
-        q.partner = Some(Partner::new(ex, Role::New, 0, 0));
-        q.partner_turn();
-        q.top_up_fill()?;
-        Ok(q)
     }
 }
 

@@ -312,6 +312,12 @@ impl<T: Copy> Producer<T> {
         self.ring.entries_from(cons, self.prod.wrapping_sub(cons))
     }
 
+    /// The entries published and not consumed yet, oldest first (left in the ring).
+    pub(crate) fn pending(&self) -> Vec<T> {
+        let cons = self.ring.index(self.ring.consumer).load(Ordering::Acquire);
+        self.ring.entries_from(cons, self.prod.wrapping_sub(cons))
+    }
+
     /// Whether the kernel asks to be woken to consume (`XDP_RING_NEED_WAKEUP`).
     pub(crate) fn needs_wakeup(&self) -> bool {
         self.ring.index(self.ring.flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
@@ -362,6 +368,14 @@ impl<T: Copy> Consumer<T> {
     pub(crate) fn peek_all(&mut self) -> Vec<T> {
         let n = self.ready_exact();
         self.ring.entries_from(self.cons, n)
+    }
+
+    /// Sets the ring's flags word (what the kernel does: `XDP_RING_NEED_WAKEUP`), for the
+    /// in-memory kernel of `sim.rs`.
+    pub(crate) fn set_flags(&self, flags: u32) {
+        self.ring
+            .index(self.ring.flags)
+            .store(flags, Ordering::Relaxed);
     }
 
     /// Entries ready now.

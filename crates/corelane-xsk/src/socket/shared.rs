@@ -64,6 +64,28 @@ impl Joined {
         })
     }
 
+    /// As [`Joined::open`], a socket of the in-memory kernel's queue.
+    pub(crate) fn open_sim(
+        kernel: &super::sim::SimKernel,
+        umem: OwnedFd,
+        umem_len: usize,
+        ring_size: u32,
+    ) -> Result<Joined, Error> {
+        let umem_err = |e: io::Error| Error::Umem {
+            errno: e.raw_os_error(),
+            detail: format!("mapping a shared UMEM: {e}"),
+        };
+        let umem = Region::map(umem, umem_len).map_err(umem_err)?;
+        let socket = kernel.socket()?;
+        let rings = socket.rx_tx_rings(ring_size).map_err(umem_err)?;
+        Ok(Joined {
+            rings,
+            socket,
+            umem,
+            ring_size,
+        })
+    }
+
     /// Maps the queue's fill and completion rings (Linux 6.4+). Only one side may produce to
     /// the fill ring and consume the completion ring at a time.
     pub(crate) fn fill_and_completion(&self) -> io::Result<(Producer<u64>, Consumer<u64>)> {

@@ -1,0 +1,84 @@
+//! Tests of the in-memory kernel, and a seeded slice of the upgrade simulation (no root).
+
+use super::upgrade::{Outcome, run};
+use super::*;
+use crate::XskFrame;
+use corelane_frame::FrameIo;
+
+fn config() -> XskConfig {
+    XskConfig {
+        frames: 64,
+        frame_size: 2048,
+        ring_size: 16,
+        ..XskConfig::default()
+    }
+}
+
+#[test]
+fn a_queue_on_the_in_memory_kernel_receives_and_sends_like_copy_mode() {
+    let (k, mut q) = SimKernel::open(&config()).unwrap();
+    // The fill ring holds the queue's share: as many frames as the ring takes.
+    assert_eq!(k.frames_held().len(), 16);
+    for n in 0..20u8 {
+        assert_eq!(k.deliver(&[n; 60]), n < 16, "frame {n}");
+    }
+    let mut got = std::collections::VecDeque::new();
+    assert_eq!(q.recv(&mut got, 64), 16);
+    let mut out: Vec<XskFrame> = got.into_iter().collect();
+    assert_eq!(q.bytes(&out[3]), &[3u8; 60][..]);
+    assert_eq!(q.send(&mut out).unwrap(), 16);
+    let wire = k.take_wire();
+    assert_eq!(wire.len(), 16);
+    assert_eq!(wire[5], vec![5u8; 60]);
+    // The completions come back, and the fill ring is topped up again.
+    q.complete().unwrap();
+    let c = q.counts();
+    assert_eq!((c.tx, c.in_use, c.sum()), (0, 0, 64), "{c:?}");
+    assert!(k.deliver(&[9; 60]));
+    assert_eq!(k.dropped(), 4);
+}
+
+#[test]
+fn a_seed_of_the_upgrade_simulation_replays_exactly() {
+    let a = run(7, 300).unwrap_or_else(|f| panic!("{f}"));
+    let b = run(7, 300).unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(a, b);
+    assert!(a.delivered > 0 && a.echoed > 0, "{a:?}");
+}
+
+#[test]
+fn the_upgrade_simulation_keeps_every_frame_in_one_place_over_seeds() {
+    let seeds: u64 = std::env::var("CORELANE_UPGRADE_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let mut outcomes = std::collections::BTreeMap::new();
+    let mut called_off = 0;
+    let mut failures = Vec::new();
+    for seed in 0..seeds {
+        match run(seed, 300) {
+            Ok(r) => {
+                *outcomes.entry(r.outcome).or_insert(0) += 1;
+                called_off += u64::from(r.call_offs > 0);
+            }
+            Err(f) => failures.push(f.to_string()),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {seeds} runs failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // Both ends happen: upgrades completed, and upgrades called off at every stage.
+    assert!(
+        outcomes
+            .get(&Outcome::Upgraded)
+            .is_some_and(|&n| n > seeds / 10),
+        "{outcomes:?}"
+    );
+    assert!(
+        called_off > seeds / 10,
+        "{called_off} of {seeds} runs called one off"
+    );
+}

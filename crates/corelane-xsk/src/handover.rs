@@ -191,6 +191,9 @@ pub fn recv_handover(sock: BorrowedFd<'_>) -> Result<Handover, Error> {
             max_packet: field(&w[1..], "max-packet", &text)?,
             ..XskConfig::default()
         };
+        config
+            .check_received()
+            .map_err(|why| bad(format!("queue {queue_id}: {why}")))?;
         let (t, umem) = next(sock, true)?;
         words(&t, "umem")?;
         let (t, exchange) = next(sock, true)?;

@@ -152,3 +152,29 @@ fn a_hand_over_that_breaks_the_protocol_is_refused_with_what_was_wrong() {
     assert!(e.contains("closed the connection"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn sizes_out_of_range_in_a_hand_over_are_refused_before_anything_is_mapped() {
+    let dir = std::env::temp_dir().join(format!("corelane-handover-geo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = [
+        (4096u32, 8192u32, 256u32, "frames of 8192 bytes"),
+        (64, 100, 16, "frames of 100 bytes"),
+        (4096, 2048, 1000, "rings of 1000 entries"),
+        (3, 2048, 16, "3 frames"),
+        (64, 2048, 128, "rings of 128 entries"),
+    ];
+    for (frames, frame_size, ring_size, want) in bad {
+        let mut h = sample(&dir);
+        for q in &mut h.queues {
+            q.config.frames = frames;
+            q.config.frame_size = frame_size;
+            q.config.ring_size = ring_size;
+        }
+        let (a, b) = pair();
+        send_handover(a.as_fd(), &h).unwrap();
+        let e = recv_handover(b.as_fd()).unwrap_err().to_string();
+        assert!(e.contains(want), "{e:?} should say {want:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -69,6 +69,34 @@ impl XskConfig {
         self.frame_bytes().saturating_sub(256)
     }
 
+    /// Checks sizes another process sent (an upgrade's hand-over): frames 64 to 1 Mi, frames of
+    /// 2048 or 4096 bytes, a ring a power of two from 16 to the frame count, a largest packet
+    /// of at most 64 KiB. Anything else would divide by zero, underflow or map past the end.
+    ///
+    /// # Errors
+    /// A message naming the size out of range.
+    pub fn check_received(&self) -> Result<(), String> {
+        if !(64..=1 << 20).contains(&self.frames) {
+            return Err(format!("{} frames (64 to 1048576)", self.frames));
+        }
+        if !matches!(self.frame_size, 2048 | 4096) {
+            return Err(format!(
+                "frames of {} bytes (2048 or 4096)",
+                self.frame_size
+            ));
+        }
+        if !self.ring_size.is_power_of_two() || !(16..=self.frames).contains(&self.ring_size) {
+            return Err(format!(
+                "rings of {} entries (a power of two from 16 to the frame count)",
+                self.ring_size
+            ));
+        }
+        if self.max_packet > 65_536 {
+            return Err(format!("a largest packet of {} bytes", self.max_packet));
+        }
+        Ok(())
+    }
+
     /// Whether packets span frames (`max_packet` above one frame's capacity).
     pub fn multi_buffer(&self) -> bool {
         self.max_packet > self.frame_capacity()

@@ -83,7 +83,12 @@ impl Region {
     /// A new zeroed region of `len` bytes.
     pub(crate) fn new(len: usize) -> io::Result<Region> {
         // SAFETY: the name is a NUL-terminated constant; the call returns a new descriptor or -1.
-        let fd = unsafe { libc::memfd_create(c"corelane-umem".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"corelane-umem".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -94,11 +99,36 @@ impl Region {
         if unsafe { libc::ftruncate(file.as_raw_fd(), size) } != 0 {
             return Err(io::Error::last_os_error());
         }
+        // Its size is fixed for good: a process it is passed to (the new one of an upgrade)
+        // cannot shrink it under the other's mapping (a SIGBUS there), nor grow it.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor we own, with an integer argument.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
         Region::map(file, len)
     }
 
-    /// Maps `len` bytes of the memory file `file` (a region another process made).
+    /// Maps `len` bytes of the memory file `file` (a region another process made). Refused
+    /// unless the file is sealed against shrinking and growing and holds `len` bytes: the
+    /// mapping can then never reach past its end.
     pub(crate) fn map(file: OwnedFd, len: usize) -> io::Result<Region> {
+        // SAFETY: fcntl on a descriptor we own; F_GET_SEALS takes no argument.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        if seals < 0 || seals & want != want {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the memory file passed is not sealed against resizing",
+            ));
+        }
+        let size = std::fs::File::from(file.try_clone()?).metadata()?.len();
+        if size < len as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the memory file passed holds {size} bytes, {len} needed"),
+            ));
+        }
         let map = Mapping::new(len, file.as_fd(), 0)?;
         Ok(Region { map, file })
     }

@@ -127,3 +127,31 @@ fn a_side_taken_back_from_a_producer_that_stopped_sees_what_it_left() {
     assert_eq!(c.pop(&mut out), 1);
     assert_eq!(out[0], 8);
 }
+
+#[test]
+fn a_memory_file_is_sealed_and_one_unsealed_or_short_is_not_mapped() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let r = Region::new(8192).unwrap();
+    // The other process cannot resize it under this one's mapping.
+    let f = std::fs::File::from(r.file().try_clone_to_owned().unwrap());
+    assert_eq!(
+        f.set_len(4096).unwrap_err().raw_os_error(),
+        Some(libc::EPERM),
+        "shrinking a sealed file"
+    );
+    assert!(f.set_len(1 << 20).is_err(), "growing a sealed file");
+    // Passed on, it maps; asked for more than it holds, it does not.
+    Region::map(r.file().try_clone_to_owned().unwrap(), 8192).unwrap();
+    let e = Region::map(r.file().try_clone_to_owned().unwrap(), 16384).unwrap_err();
+    assert!(e.to_string().contains("8192 bytes"), "{e}");
+    // A memory file anyone could shrink is refused.
+    // SAFETY: a constant NUL-terminated name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: just returned by memfd_create, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: a valid descriptor and a length.
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 8192) }, 0);
+    let e = Region::map(fd, 8192).unwrap_err();
+    assert!(e.to_string().contains("not sealed"), "{e}");
+}

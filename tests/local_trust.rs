@@ -2,7 +2,9 @@
 //! - a second user granted the same interface cannot take the first one's server over
 //!   (`hello upgrade` is refused unless it comes from the holder's own user);
 //! - root refuses a run directory another user can change, and never writes through a link
-//!   planted in one (the claim's `owner` linked to a file of root's is left as it was).
+//!   planted in one (the claim's `owner` linked to a file of root's is left as it was);
+//! - a process of the server's own user without the server's capabilities is not handed the
+//!   program, the queues and the UMEM over the upgrade socket.
 
 mod common;
 
@@ -82,7 +84,7 @@ fn hello_as(net: &VethPair, uid: u32, socket: &str, hello: &str) -> String {
                   s.settimeout(5)\n\
                   s.connect(sys.argv[1])\n\
                   s.send(sys.argv[2].encode())\n\
-                  print(s.recv(4096).decode())\n";
+                  print(s.recv(4096).decode(errors='replace'))\n";
     let out = net
         .server_ns()
         .command("setpriv")
@@ -257,4 +259,57 @@ fn run_echo_in(net: &VethPair, run: &Path) -> (std::process::ExitStatus, String)
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status, text)
+}
+
+#[test]
+fn a_process_of_the_same_user_without_the_capabilities_gets_no_hand_over() {
+    if !require_root("a_process_of_the_same_user_without_the_capabilities_gets_no_hand_over") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("caps", NOBODY);
+    let sock = run.join("upgrade.sock");
+    // The server as nobody, attaching its own program (the capabilities that needs).
+    let mut cmd = as_user(
+        &net,
+        &run,
+        NOBODY,
+        &["net_admin", "net_raw", "bpf", "perfmon", "ipc_lock"],
+        &echo_bin(),
+    );
+    cmd.args([
+        "--iface",
+        net.server_if(),
+        "--cores",
+        "1",
+        "--addr",
+        "10.77.0.3/24",
+        "--xdp",
+        "attach",
+        "--upgrades",
+        sock.to_str().unwrap(),
+    ])
+    .env("RUST_LOG", "corelane_rt=info");
+    let server = Echo::start_cmd(cmd, "echo");
+    // A process of the same user with no capability asks to take its place: the connection
+    // closes with nothing handed over.
+    let said = hello_as(&net, NOBODY, sock.to_str().unwrap(), "joined");
+    assert!(
+        !said.contains("corelane-upgrade"),
+        "a capability-less process was handed the run: {said}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.output().contains("lacks capabilities") {
+        assert!(Instant::now() < deadline, "{}", server.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_echoes(
+        &net,
+        SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
+        64 * 1024,
+        1,
+    );
+    let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+    let _ = std::fs::remove_dir_all(&run);
 }

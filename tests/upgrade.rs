@@ -590,9 +590,10 @@ fn the_old_process_serves_while_the_new_one_is_slow_to_run() {
         .recv_timeout(Duration::from_secs(30))
         .expect("built in time")
         .expect("the new process builds");
-    // Meanwhile the old process serves every byte: the rings are still its own.
+    // Meanwhile the old process serves every byte: the rings are still its own. (8 MiB: more
+    // frames than the fill ring holds, so a fill ring nobody tops up would stall it.)
     for seed in 2..6 {
-        common::assert_echoes(&net, addr, 256 << 10, seed);
+        common::assert_echoes(&net, addr, 2 << 20, seed);
     }
     release.send(()).expect("the new process waits");
     new.join().expect("the new process's thread");

@@ -20,6 +20,9 @@ pub(crate) struct Listener {
     path: std::path::PathBuf,
     /// The socket file's owner (this process's user), device and inode.
     owner: u32,
+    /// This process's permitted capabilities when it listened (before it dropped any): a
+    /// successor must hold at least these.
+    caps: u64,
     file: (u64, u64),
 }
 
@@ -45,6 +48,7 @@ impl Listener {
             sock,
             path: path.to_path_buf(),
             owner: m.uid(),
+            caps: permitted_caps("thread-self").unwrap_or(0),
             file: (m.dev(), m.ino()),
         })
     }
@@ -166,7 +170,7 @@ pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
                 return;
             }
         };
-        if let Err(e) = allowed(&conn, listener.owner) {
+        if let Err(e) = allowed(&conn, listener.owner, listener.caps) {
             tracing::warn!("upgrades: {e}");
             continue;
         }
@@ -195,16 +199,42 @@ pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
     }
 }
 
-/// Only root and the user that owns the socket (this process's) may take its place.
-fn allowed(conn: &OwnedFd, owner: u32) -> Result<(), String> {
+/// The permitted capabilities of `/proc/{who}/status` (`thread-self`, or a pid).
+fn permitted_caps(who: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{who}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapPrm:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+/// Only root and the user that owns the socket (this process's) may take its place, and only
+/// a process holding every capability this one started with: the hand-over passes the
+/// program, the queues and the UMEM, which a process of the same user without them could not
+/// have made itself.
+fn allowed(conn: &OwnedFd, owner: u32, caps: u64) -> Result<(), String> {
     let (pid, uid) = corelane_xsk::grant::peer(conn).map_err(|e| e.to_string())?;
-    if uid == 0 || uid == owner {
-        Ok(())
-    } else {
-        Err(format!(
+    if uid != 0 && uid != owner {
+        return Err(format!(
             "process {pid} of user {uid} may not take this server's place (only root or user \
              {owner})"
-        ))
+        ));
+    }
+    // Read through the pid while a pidfd holds it: a pid reused meanwhile would show as the
+    // pidfd's process having ended.
+    let pidfd = corelane_xsk::grant::peer_pidfd(conn).map_err(|e| e.to_string())?;
+    let theirs = permitted_caps(&pid.to_string());
+    if corelane_xsk::grant::process_ended(&pidfd) {
+        return Err(format!("process {pid} ended while it asked"));
+    }
+    match theirs {
+        Some(t) if t & caps == caps => Ok(()),
+        Some(t) => Err(format!(
+            "process {pid} of user {uid} lacks capabilities this server started with \
+             (it holds {t:#x}, this one {caps:#x}): it may not take this server's place; start \
+             it with the same capabilities (or as root)"
+        )),
+        None => Err(format!("the capabilities of process {pid} cannot be read")),
     }
 }
 

@@ -4,7 +4,9 @@
 //! - root refuses a run directory another user can change, and never writes through a link
 //!   planted in one (the claim's `owner` linked to a file of root's is left as it was);
 //! - a process of the server's own user without the server's capabilities is not handed the
-//!   program, the queues and the UMEM over the upgrade socket.
+//!   program, the queues and the UMEM over the upgrade socket;
+//! - users that keep connections to the broker open all the time (one not granted, one
+//!   granted) do not keep a granted server from starting.
 
 mod common;
 
@@ -311,5 +313,117 @@ fn a_process_of_the_same_user_without_the_capabilities_gets_no_hand_over() {
     );
     let (status, out) = server.stop();
     assert_clean_exit(status, &out);
+    let _ = std::fs::remove_dir_all(&run);
+}
+
+/// Keeps up to `n` connections to `socket` open as `uid` for `secs` seconds, opening one
+/// whenever it can (every 2 ms) and closing each after 1.9 s, just before the broker's hello
+/// deadline: a sustained attacker that never says anything and retakes every slot that frees.
+fn hold_connections(
+    net: &VethPair,
+    uid: u32,
+    socket: &str,
+    n: u32,
+    secs: u32,
+) -> std::process::Child {
+    let script = "import socket,sys,time\n\
+                  p=sys.argv[1]; end=time.time()+float(sys.argv[2]); n=int(sys.argv[3])\n\
+                  held=[]\n\
+                  while time.time()<end:\n\
+                  \x20   now=time.time()\n\
+                  \x20   keep=[]\n\
+                  \x20   for (t,s) in held:\n\
+                  \x20       if now-t>1.9: s.close()\n\
+                  \x20       else: keep.append((t,s))\n\
+                  \x20   held=keep\n\
+                  \x20   if len(held)<n:\n\
+                  \x20       s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n\
+                  \x20       s.setblocking(False)\n\
+                  \x20       try:\n\
+                  \x20           s.connect(p); held.append((now,s))\n\
+                  \x20       except OSError:\n\
+                  \x20           s.close()\n\
+                  \x20   time.sleep(0.002)\n";
+    net.server_ns()
+        .command("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .args(["--inh-caps=-all", "--bounding-set=-all", "--"])
+        .args([
+            "/usr/bin/python3",
+            "-c",
+            script,
+            socket,
+            &secs.to_string(),
+            &n.to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3")
+}
+
+#[test]
+fn users_holding_connections_to_the_broker_do_not_keep_a_granted_server_out() {
+    if !require_root("users_holding_connections_to_the_broker_do_not_keep_a_granted_server_out") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("flood", NOBODY);
+    let broker_bin = workspace_bin("corelane-xdp").unwrap();
+    let mut cmd = as_user(
+        &net,
+        &run,
+        NOBODY,
+        &["net_admin", "bpf", "perfmon"],
+        &broker_bin,
+    );
+    cmd.args(grant_args(&net));
+    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let socket = broker
+        .output()
+        .lines()
+        .find_map(|l| {
+            l.split("grant socket ")
+                .nth(1)
+                .map(|p| p.trim().to_string())
+        })
+        .expect("the broker names its socket");
+    // A user not granted, and a granted one, each keeping 64 connections open all along.
+    let mut attackers = [
+        hold_connections(&net, OTHER + 1, &socket, 64, 12),
+        hold_connections(&net, OTHER, &socket, 64, 12),
+    ];
+    std::thread::sleep(Duration::from_secs(2));
+    // The granted server starts, takes the grant and serves meanwhile.
+    let mut cmd = as_user(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &echo_bin());
+    cmd.args([
+        "--iface",
+        net.server_if(),
+        "--cores",
+        "1",
+        "--addr",
+        "10.77.0.3/24",
+    ]);
+    let server = Echo::start_cmd(cmd, "echo");
+    wait_for(
+        &broker,
+        &format!("pid {} (uid {NOBODY}) took", server.pid()),
+    );
+    assert_echoes(
+        &net,
+        SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
+        64 * 1024,
+        1,
+    );
+    for a in &mut attackers {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+    let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+    let (_, out) = broker.stop();
+    assert!(out.contains("is not granted the interface"), "{out}");
     let _ = std::fs::remove_dir_all(&run);
 }

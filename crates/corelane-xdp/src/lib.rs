@@ -20,11 +20,11 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -55,6 +55,16 @@ pub struct Grant {
 }
 
 impl Grant {
+    /// Why `uid` is refused, and the fix.
+    pub(crate) fn not_granted(&self, uid: u32) -> String {
+        format!(
+            "uid {uid} is not granted {} (granted: uid {}); start corelane-xdp grant with --user \
+             {uid}",
+            self.ifname,
+            list_or_none(&self.uids.iter().map(|u| u.to_string()).collect::<Vec<_>>())
+        )
+    }
+
     /// A grant from the command line's words: addresses, port lists (`7`, `8000-8099`, or
     /// several separated by commas) and user ids.
     ///
@@ -332,10 +342,12 @@ impl Broker {
     /// Accepting failed for a reason other than the wake-up timeout.
     pub fn serve(&self, stop: &AtomicBool) -> Result<(), Error> {
         // Nothing a local user does to the socket ends this loop (which would detach the
-        // program under the server it serves): a failed accept (out of descriptors) or
-        // thread is logged and survived, connections past MAX_CONNECTIONS are closed at
-        // once, and one that does not say hello within HELLO_DEADLINE is dropped.
-        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // program under the server it serves), nor keeps a granted user out: a failed accept
+        // (out of descriptors) or thread is logged and survived; a connection from a user
+        // not granted is closed at once, before it holds anything; each granted user has
+        // MAX_CONNECTIONS_PER_USER of its own (one user's idle connections never fill
+        // another's); one that does not say hello within HELLO_DEADLINE is dropped.
+        let open: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
         let mut complained = None::<std::time::Instant>;
         let mut complain = |what: String| {
             if complained.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1)) {
@@ -354,27 +366,54 @@ impl Broker {
                     continue;
                 }
             };
-            if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            let uid = match corelane_xsk::grant::peer(&conn) {
+                Ok((_, uid)) => uid,
+                Err(e) => {
+                    complain(format!(
+                        "a connection to the grant socket without credentials: {e}"
+                    ));
+                    continue;
+                }
+            };
+            if !self.grant.uids.contains(&uid) {
+                // Told why in one message that waits for its hello, and closed: it holds no
+                // slot and no thread.
+                let _ = corelane_xsk::grant::send_message(
+                    conn.as_raw_fd(),
+                    &format!("err {}", self.grant.not_granted(uid)),
+                    None,
+                );
                 complain(format!(
-                    "{MAX_CONNECTIONS} connections to the grant socket are open: new ones are \
-                     closed"
+                    "uid {uid} is not granted the interface: its connections are closed at once"
                 ));
                 continue;
             }
+            {
+                let mut open = open.lock().unwrap_or_else(|p| p.into_inner());
+                let n = open.entry(uid).or_default();
+                if *n >= MAX_CONNECTIONS_PER_USER {
+                    complain(format!(
+                        "uid {uid} has {MAX_CONNECTIONS_PER_USER} connections to the grant socket \
+                         open: its new ones are closed"
+                    ));
+                    continue;
+                }
+                *n += 1;
+            }
             if let Err(e) = set_read_deadline(&conn, Some(HELLO_DEADLINE)) {
                 complain(format!("a connection to the grant socket: {e}"));
+                release_slot(&open, uid);
                 continue;
             }
             let (state, grant, held) = (self.state.clone(), self.grant.clone(), open.clone());
-            held.fetch_add(1, Ordering::SeqCst);
             let spawned = std::thread::Builder::new()
                 .name("corelane-xdp-session".into())
                 .spawn(move || {
                     session(&state, &grant, &conn);
-                    held.fetch_sub(1, Ordering::SeqCst);
+                    release_slot(&held, uid);
                 });
             if let Err(e) = spawned {
-                open.fetch_sub(1, Ordering::SeqCst);
+                release_slot(&open, uid);
                 complain(format!(
                     "no thread for a connection to the grant socket: {e}"
                 ));
@@ -412,9 +451,21 @@ impl Drop for Broker {
     }
 }
 
-/// Most connections to the grant socket open at once (one server holds the grant; the rest
-/// are refused at their hello).
-const MAX_CONNECTIONS: usize = 32;
+/// Most connections to the grant socket one granted user has open at once (its server, its
+/// successor during an upgrade, `corelane-stat`-like tools; the rest are refused at their
+/// hello). A user not granted has none.
+const MAX_CONNECTIONS_PER_USER: usize = 8;
+
+/// A granted user's connection ended.
+fn release_slot(open: &Mutex<HashMap<u32, usize>>, uid: u32) {
+    let mut open = open.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = open.get_mut(&uid) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            open.remove(&uid);
+        }
+    }
+}
 
 /// How long a connection may take to say hello.
 const HELLO_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);

@@ -22,20 +22,17 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
     let fd = conn.as_raw_fd();
     // `hello upgrade`: the successor of the server holding the grant, which steers beside it
     // until it leaves (an upgrade without dropping a connection).
+    // A hello takes no descriptor: one sent with it is closed here, by this session's thread
+    // and under no lock (a descriptor whose last close blocks holds up this session only).
     let successor = match recv_message(fd) {
-        Ok(Some((hello, _))) if hello == "hello" => false,
-        Ok(Some((hello, _))) if hello == "hello upgrade" => true,
+        Ok(Some((hello, None))) if hello == "hello" => false,
+        Ok(Some((hello, None))) if hello == "hello upgrade" => true,
         _ => return,
     };
     let welcome = {
         let mut st = lock(state);
         if !grant.uids.contains(&uid) {
-            Err(format!(
-                "uid {uid} is not granted {} (granted: uid {}); start corelane-xdp grant with \
-                 --user {uid}",
-                grant.ifname,
-                list_or_none(&grant.uids.iter().map(|u| u.to_string()).collect::<Vec<_>>())
-            ))
+            Err(grant.not_granted(uid))
         } else if let Some(s) = st.sessions.first().filter(|_| !successor) {
             Err(format!(
                 "{} is served by another corelane runtime (pid {}: `kill {}`); stop it first",
@@ -98,10 +95,13 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
     }
     // Requests until the server closes (or dies: the kernel closes for it).
     while let Ok(Some((text, passed))) = recv_message(fd) {
-        let (reply, out) = match handle(state, grant, pid, &text, passed) {
+        let (reply, out) = match handle(state, grant, pid, &text, passed.as_ref()) {
             Ok((r, out)) => (format!("ok {r}").trim_end().to_string(), out),
             Err(why) => (format!("err {why}"), None),
         };
+        // Closed after the state's lock is let go (the program keeps its own reference to a
+        // queue's socket).
+        drop(passed);
         let sent = send_message(fd, &reply, out.as_ref().map(|f| f.as_raw_fd()));
         if sent.is_err() {
             break;
@@ -156,7 +156,7 @@ fn handle(
     grant: &Grant,
     pid: u32,
     text: &str,
-    passed: Option<OwnedFd>,
+    passed: Option<&OwnedFd>,
 ) -> Result<Reply, String> {
     let mut st = lock(state);
     let st = &mut *st;
@@ -171,7 +171,11 @@ fn handle(
         return Err("the broker is stopping".into());
     };
     let words: Vec<&str> = text.split_whitespace().collect();
-    if let Some(r) = super::session_upgrade::request(steering, &words, &passed) {
+    // Only a queue's registration takes a descriptor.
+    if passed.is_some() && words.first() != Some(&"queue") {
+        return Err(format!("`{text}` takes no descriptor"));
+    }
+    if let Some(r) = super::session_upgrade::request(steering, &words, passed) {
         return r;
     }
     let e = |e: Error| e.to_string();

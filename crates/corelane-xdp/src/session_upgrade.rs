@@ -13,7 +13,7 @@ type Reply = (String, Option<std::fs::File>);
 pub(crate) fn request(
     steering: &mut Steering,
     words: &[&str],
-    passed: &Option<OwnedFd>,
+    passed: Option<&OwnedFd>,
 ) -> Option<Result<Reply, String>> {
     let e = |e: corelane_xsk::Error| e.to_string();
     let ok = |text: String| Ok((text, None));

@@ -403,8 +403,16 @@ impl GrantClient {
                 self.path.display()
             ))
         };
-        send_message(self.sock.as_raw_fd(), text, fd)
-            .map_err(|e| gone(format!("did not take `{text}`: {e}")))?;
+        if let Err(e) = send_message(self.sock.as_raw_fd(), text, fd) {
+            // The broker may have refused this process at once, said why and closed: its word
+            // is waiting.
+            if let Ok(Some((reply, _))) = recv_message(self.sock.as_raw_fd())
+                && let Some(why) = reply.strip_prefix("err ")
+            {
+                return Err(Error::Grant(why.to_string()));
+            }
+            return Err(gone(format!("did not take `{text}`: {e}")));
+        }
         let (reply, passed) = match recv_message(self.sock.as_raw_fd()) {
             Ok(Some(r)) => r,
             Ok(None) => return Err(gone(format!("closed the connection at `{text}`"))),

@@ -391,7 +391,10 @@ fn a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving() 
         let (extras, _) = corelane_xsk::grant::recv_message(conn.as_raw_fd())
             .expect("the run's secret")
             .expect("a message");
-        assert!(extras.starts_with("runtime seed "), "{extras}");
+        assert!(
+            extras.starts_with("runtime key "),
+            "a 128-bit key: {extras}"
+        );
         assert!(
             extras.contains(" ports 7"),
             "the old process listens on 7: {extras}"

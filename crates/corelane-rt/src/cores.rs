@@ -68,7 +68,7 @@ impl Runtime {
             {
                 let run = crate::upgrade_handover::OldRun {
                     shared: &self.shared,
-                    seed: self.cfg.stack.seed.unwrap_or_default(),
+                    secret: crate::upgrade_handover::RunSecret::of(&self.cfg.stack),
                     grace: *grace,
                     restore: &self._restore,
                 };

@@ -234,10 +234,23 @@ impl Builder {
         // and timestamp offsets stay per four-tuple, not per core.
         let mut cfg = self;
         // Taking over, the old process's: its cookies and connections stay valid here.
-        cfg.stack.seed = Some(match &joining {
-            Some(j) => j.extras.seed,
-            None => cfg.stack.seed_or_random(),
-        });
+        // A 128-bit key from the OS, unless the configuration fixed a seed (reproducible runs).
+        match &joining {
+            Some(j) => j.extras.secret.apply(&mut cfg.stack),
+            None if cfg.stack.seed.is_none() && cfg.stack.key.is_none() => {
+                match corelane_stack::StackConfig::random_key() {
+                    Some(k) => cfg.stack.key = Some(k),
+                    None => {
+                        tracing::warn!(
+                            "the OS gave no random bytes: the run's secret is seeded from the std \
+                             library"
+                        );
+                        cfg.stack.seed = Some(cfg.stack.seed_or_random());
+                    }
+                }
+            }
+            None => {}
+        }
         Ok(Runtime {
             shared,
             cfg,

@@ -64,10 +64,39 @@ impl Drop for Listener {
     }
 }
 
+/// The run's secret as the old process passes it on: the 128-bit key its stacks draw every
+/// key from, or the seed a run fixed for reproducibility.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunSecret {
+    Key([u64; 2]),
+    Seed(u64),
+}
+
+impl RunSecret {
+    /// What a run's stack configuration holds.
+    pub(crate) fn of(cfg: &corelane_stack::StackConfig) -> RunSecret {
+        match (cfg.key, cfg.seed) {
+            (Some(k), _) => RunSecret::Key(k),
+            (None, s) => RunSecret::Seed(s.unwrap_or_default()),
+        }
+    }
+
+    /// Puts it in a run's stack configuration.
+    pub(crate) fn apply(self, cfg: &mut corelane_stack::StackConfig) {
+        match self {
+            RunSecret::Key(k) => cfg.key = Some(k),
+            RunSecret::Seed(s) => {
+                cfg.key = None;
+                cfg.seed = Some(s);
+            }
+        }
+    }
+}
+
 /// What the old process tells the new one besides the hand-over: the run's secret, the
 /// generation the new one's sockets take, and the queues to put back at the end.
 pub(crate) struct Extras {
-    pub(crate) seed: u64,
+    pub(crate) secret: RunSecret,
     pub(crate) generation: u32,
     pub(crate) channels: Option<corelane_xsk::Channels>,
     /// The TCP ports the old process listens on.
@@ -77,9 +106,12 @@ pub(crate) struct Extras {
 impl Extras {
     pub(crate) fn to_text(&self) -> String {
         let ports: Vec<String> = self.ports.iter().map(u16::to_string).collect();
+        let secret = match self.secret {
+            RunSecret::Key([a, b]) => format!("key {a:016x}{b:016x}"),
+            RunSecret::Seed(x) => format!("seed {x:x}"),
+        };
         let mut s = format!(
-            "runtime seed {:x} generation {} ports {}",
-            self.seed,
+            "runtime {secret} generation {} ports {}",
             self.generation,
             if ports.is_empty() {
                 "-".into()
@@ -98,13 +130,18 @@ impl Extras {
 
     pub(crate) fn parse(text: &str) -> Option<Extras> {
         let w: Vec<&str> = text.split_ascii_whitespace().collect();
-        if w.first() != Some(&"runtime")
-            || w.get(1) != Some(&"seed")
-            || w.get(3) != Some(&"generation")
-        {
+        if w.first() != Some(&"runtime") || w.get(3) != Some(&"generation") {
             return None;
         }
-        let seed = u64::from_str_radix(w.get(2)?, 16).ok()?;
+        let value = *w.get(2)?;
+        let secret = match *w.get(1)? {
+            "key" if value.len() == 32 && value.is_ascii() => RunSecret::Key([
+                u64::from_str_radix(&value[..16], 16).ok()?,
+                u64::from_str_radix(&value[16..], 16).ok()?,
+            ]),
+            "seed" => RunSecret::Seed(u64::from_str_radix(value, 16).ok()?),
+            _ => return None,
+        };
         let generation: u32 = w.get(4)?.parse().ok()?;
         if w.get(5) != Some(&"ports") {
             return None;
@@ -138,7 +175,7 @@ impl Extras {
             Some(_) => return None,
         };
         (generation < corelane_xsk::GENERATIONS).then_some(Extras {
-            seed,
+            secret,
             generation,
             channels,
             ports,
@@ -150,7 +187,7 @@ impl Extras {
 pub(crate) struct OldRun<'a> {
     pub(crate) shared: &'a Arc<Shared>,
     /// The run's secret (SYN cookies, ISNs).
-    pub(crate) seed: u64,
+    pub(crate) secret: RunSecret,
     pub(crate) grace: Duration,
     /// The queue count to put back at the end, which the new process inherits.
     pub(crate) restore: &'a crate::queues::RestoreQueues,
@@ -241,7 +278,7 @@ fn allowed(conn: &OwnedFd, owner: u32, caps: u64) -> Result<(), String> {
 fn hand_over(conn: &OwnedFd, run: &OldRun<'_>) -> Result<(), Error> {
     let OldRun {
         shared,
-        seed,
+        secret,
         grace,
         restore,
     } = *run;
@@ -278,7 +315,7 @@ fn hand_over(conn: &OwnedFd, run: &OldRun<'_>) -> Result<(), Error> {
         queues: offers,
     };
     let extras = Extras {
-        seed,
+        secret,
         generation: new_gen,
         channels: restore.channels(),
         ports: up.listening_ports(),

@@ -1,6 +1,6 @@
 //! What the old process tells the new one besides the hand-over, written and read back.
 
-use super::Extras;
+use super::{Extras, RunSecret};
 
 #[test]
 fn the_secret_the_generation_the_ports_and_the_queues_travel_whole() {
@@ -13,24 +13,27 @@ fn the_secret_the_generation_the_ports_and_the_queues_travel_whole() {
         max_combined: 8,
     };
     let e = Extras {
-        seed: 0xdead_beef_0123_4567,
+        secret: RunSecret::Key([0xdead_beef_0123_4567, 0x0fed_cba9_8765_4321]),
         generation: 1,
         channels: Some(channels),
         ports: vec![7, 443],
     };
     let back = Extras::parse(&e.to_text()).expect("its own text");
     assert_eq!(
-        (back.seed, back.generation, back.channels, back.ports),
-        (e.seed, 1, Some(channels), vec![7, 443])
+        (back.secret, back.generation, back.channels, back.ports),
+        (e.secret, 1, Some(channels), vec![7, 443])
     );
     let none = Extras {
-        seed: 1,
+        secret: RunSecret::Seed(1),
         generation: 0,
         channels: None,
         ports: Vec::new(),
     };
     let back = Extras::parse(&none.to_text()).expect("its own text");
-    assert_eq!((back.channels, back.ports), (None, Vec::new()));
+    assert_eq!(
+        (back.secret, back.channels, back.ports),
+        (RunSecret::Seed(1), None, Vec::new())
+    );
 }
 
 #[test]
@@ -47,6 +50,9 @@ fn a_garbled_or_foreign_message_is_refused() {
         "runtime seed 1 generation 1 ports - channels 1 2 3",
         "runtime seed 1 generation 1 ports - channels 1 2 3 4 5 6 7",
         "runtime seed 1 generation 1 ports - queues 4",
+        "runtime key 0123 generation 1 ports -",
+        "runtime key 0123456789abcdef0123456789abcdeg generation 1 ports -",
+        "runtime pepper 1 generation 1 ports -",
     ] {
         assert!(Extras::parse(bad).is_none(), "accepted `{bad}`");
     }

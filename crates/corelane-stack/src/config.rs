@@ -59,6 +59,11 @@ pub struct StackConfig {
     /// Seed of the stack's generators (initial sequence numbers, ephemeral ports). None: a
     /// fresh seed from the OS for each stack; a fixed seed makes a test reproducible.
     pub seed: Option<u64>,
+    /// A 128-bit master key every key of the stack is drawn from (SYN cookies, ISNs,
+    /// timestamp offsets, IP IDs, ephemeral ports, table keys). Set, it takes precedence over
+    /// `seed`: what a runtime does, so that all its cores (and the new process of an upgrade)
+    /// share one secret of full strength. [`StackConfig::random_key`] makes one.
+    pub key: Option<[u64; 2]>,
     /// How TCP connections behave: congestion control, timers, options, SYN cookies.
     pub tcp: crate::tcp::TcpConfig,
     /// How much fragment reassembly may hold.
@@ -80,6 +85,7 @@ impl Default for StackConfig {
             core: 0,
             cores: 1,
             seed: None,
+            key: None,
             tcp: crate::tcp::TcpConfig::default(),
             frag: crate::frag::FragLimits::default(),
         }
@@ -152,6 +158,17 @@ impl From<StackError> for io::Error {
 }
 
 impl StackConfig {
+    /// A fresh 128-bit master key from the OS (None when it has no randomness to give).
+    pub fn random_key() -> Option<[u64; 2]> {
+        let mut b = [0u8; 16];
+        getrandom::fill(&mut b).ok()?;
+        let (a, c) = b.split_at(8);
+        Some([
+            u64::from_le_bytes(a.try_into().ok()?),
+            u64::from_le_bytes(c.try_into().ok()?),
+        ])
+    }
+
     /// The seed to use: the configured one, or a fresh one from the OS (through the standard
     /// library's randomly keyed hasher, so this works on any OS).
     pub fn seed_or_random(&self) -> u64 {

@@ -180,3 +180,20 @@ fn every_secret_has_a_key_of_its_own() {
         assert_ne!(a.table_key(), b.table_key());
     }
 }
+
+#[test]
+fn a_master_key_has_128_bits_that_count_and_takes_precedence_over_a_seed() {
+    use crate::tcp::Secret;
+    // Keys that differ in the second word only: every purpose's key differs (a 64-bit seed
+    // had no second word, so 64 bits were all an attacker had to search).
+    let (a, b) = (Secret::from_master((1, 2)), Secret::from_master((1, 3)));
+    assert_ne!(a.key(), b.key());
+    assert_ne!(a.ts_key(), b.ts_key());
+    assert_ne!(a.table_key(), b.table_key());
+    assert_ne!(a.port_seed(), b.port_seed());
+    // A key is not a seed's expansion in disguise.
+    assert_ne!(Secret::from_master((1, 2)).key(), Secret::new(1).key());
+    // The OS gives a fresh one each time.
+    let (k1, k2) = (StackConfig::random_key(), StackConfig::random_key());
+    assert!(k1.is_some() && k1 != k2, "{k1:?} {k2:?}");
+}

@@ -207,9 +207,10 @@ impl Stack {
         cfg: StackConfig,
     ) -> Self {
         // Keys from the OS; expanded from the seed when one is fixed (reproducible runs).
-        let secret = match cfg.seed {
-            Some(seed) => Secret::new(seed),
-            None => Secret::random().unwrap_or_else(|| {
+        let secret = match (cfg.key, cfg.seed) {
+            (Some([a, b]), _) => Secret::from_master((a, b)),
+            (None, Some(seed)) => Secret::new(seed),
+            (None, None) => Secret::random().unwrap_or_else(|| {
                 tracing::warn!("the OS gave no random bytes: secrets seeded from the std library");
                 Secret::new(cfg.seed_or_random())
             }),

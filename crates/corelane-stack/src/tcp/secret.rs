@@ -120,7 +120,13 @@ impl Secret {
     /// A secret expanded from a fixed 64-bit seed, for reproducible runs: each key is
     /// SipHash of the purpose under a key made of the seed.
     pub(crate) fn new(seed: u64) -> Secret {
-        let master = (seed, seed.rotate_left(32) ^ 0x636f_726c_616e_6521);
+        Secret::from_master((seed, seed.rotate_left(32) ^ 0x636f_726c_616e_6521))
+    }
+
+    /// A secret expanded from a 128-bit master key: each key is SipHash of the purpose under
+    /// the master key, so knowing one purpose's key tells nothing of another's or of the
+    /// master.
+    pub(crate) fn from_master(master: (u64, u64)) -> Secret {
         let mut k = [(0u64, 0u64); PURPOSES];
         for (i, key) in k.iter_mut().enumerate() {
             let i = i as u64;

@@ -284,7 +284,7 @@ fn undo(ifname: &str, ifindex: u32, left: &Record) -> Vec<String> {
     let mut done = Vec::new();
     // First: the keeper still answering for the dead owner holds its program.
     if let Some(pid) = left.linger
-        && crate::linger::end_keeper(pid)
+        && crate::linger::end_keeper(pid, left.ifindex)
     {
         done.push(format!(
             "its keeper (pid {pid}, answering for it with resets) ended, its XDP program detached"

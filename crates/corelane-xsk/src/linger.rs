@@ -18,7 +18,7 @@
 //! Between `fork` and `execve` the child of a multi-threaded process may only make system
 //! calls: everything it needs is computed before.
 
-#![allow(unsafe_code)] // fork(2), dup2(2), close_range(2), execve(2) and kill(2).
+#![allow(unsafe_code)] // fork(2), dup2(2), close_range(2), execve(2), kill(2) and pidfds.
 
 use std::ffi::CString;
 use std::io;
@@ -171,21 +171,112 @@ impl Drop for Linger {
 
 /// Ends the keeper `pid` a dead runtime left (recorded in its claim), if it still is one, and
 /// waits until it is gone (at most 2 s). True when one was ended.
-pub(crate) fn end_keeper(pid: u32) -> bool {
+///
+/// A keeper is known by its name and by the XDP link on its descriptor 3 being on interface
+/// `ifindex` (the recorded one): a pid reused by another process, even another interface's
+/// keeper, is left alone. The process is held by a pidfd from before it is looked at, and
+/// signalled through it, so the pid cannot change hands in between.
+pub(crate) fn end_keeper(pid: u32, ifindex: u32) -> bool {
+    // SAFETY: pidfd_open(2) with a pid and no flags; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: a fresh descriptor, owned by nothing else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    if !is_keeper_of(pid, ifindex) || ended(&pidfd, 0) {
+        return false;
+    }
+    // SAFETY: pidfd_send_signal(2) on our pidfd with no info and no flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if rc != 0 {
+        return false;
+    }
+    ended(&pidfd, 2000);
+    // Its descriptors close as it exits; give the kernel a moment to let the link go.
+    std::thread::sleep(Duration::from_millis(50));
+    true
+}
+
+/// Whether process `pid` is a keeper holding an XDP link on interface `ifindex`.
+fn is_keeper_of(pid: u32, ifindex: u32) -> bool {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     if !cmdline.starts_with(KEEPER_NAME.as_bytes()) {
         return false;
     }
-    // SAFETY: kill has no memory arguments; the pid was checked to be a keeper just above.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
-        && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(5));
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/3")).unwrap_or_default();
+    link_on(&info, ifindex)
+}
+
+/// Whether a descriptor's fdinfo is an XDP link's on interface `ifindex`.
+fn link_on(fdinfo: &str, ifindex: u32) -> bool {
+    let field = |key: &str| {
+        fdinfo.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some(key)).then(|| w.next().unwrap_or("").to_string())
+        })
+    };
+    field("link_type:").as_deref() == Some("xdp")
+        && field("ifindex:").and_then(|v| v.parse::<u32>().ok()) == Some(ifindex)
+}
+
+/// Waits up to `ms` for the process of `pidfd` to end; whether it has.
+fn ended(pidfd: &OwnedFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call's duration.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_xdp_links_fdinfo_names_its_interface() {
+        let info = "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t2075\nlink_type:\txdp\n\
+                    link_id:\t9\nprog_tag:\tb0e0f5d2b0c1a3e4\nprog_id:\t40\nifindex:\t7\n";
+        assert!(link_on(info, 7));
+        assert!(!link_on(info, 8));
+        assert!(!link_on(&info.replace("xdp", "tracing"), 7));
+        assert!(!link_on("", 7));
     }
-    // Its descriptors close as it exits; give the kernel a moment to let the link go.
-    std::thread::sleep(Duration::from_millis(50));
-    true
+
+    #[test]
+    fn a_process_named_like_a_keeper_without_the_interfaces_link_is_left_alone() {
+        // A process that took a keeper's name (or a reused pid): nothing links it to the
+        // interface, so it lives on.
+        let mut child = std::process::Command::new("bash")
+            .args(["-c", &format!("exec -a {KEEPER_NAME} sleep 30")])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !std::fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_default()
+            .starts_with(KEEPER_NAME.as_bytes())
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the impostor did not start"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!end_keeper(pid, 1), "a process without the link was killed");
+        assert!(child.try_wait().unwrap().is_none(), "it lives on");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 }

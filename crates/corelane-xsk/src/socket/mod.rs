@@ -184,8 +184,16 @@ impl XskQueue {
         self.socket.poll_readable(timeout_ms)
     }
 
+    /// The frame an address from a ring names; one past the UMEM (which only a corrupted ring
+    /// could hold) maps to `u32::MAX`, which every ledger move refuses, never to a frame it
+    /// would alias after truncation.
     fn index_of(&self, addr: u64) -> u32 {
-        (addr / self.frame_size as u64) as u32
+        let i = addr / self.frame_size as u64;
+        if i < u64::from(self.frames) {
+            i as u32
+        } else {
+            u32::MAX
+        }
     }
 
     fn top_up_fill(&mut self) -> io::Result<()> {

@@ -82,3 +82,24 @@ fn the_upgrade_simulation_keeps_every_frame_in_one_place_over_seeds() {
         "{called_off} of {seeds} runs called one off"
     );
 }
+
+#[test]
+fn a_descriptor_past_the_umem_is_refused_not_taken_for_the_frame_it_wraps_to() {
+    let (k, mut q) = SimKernel::open(&config()).unwrap();
+    let before = q.counts();
+    // Frame 5 plus 2^32 frames: truncated to 32 bits it would be frame 5, which is posted.
+    let addr = ((1u64 << 32) + 5) * 2048 + 256;
+    {
+        let mut kernel = k.kernel();
+        let d = super::Desc {
+            addr,
+            len: 60,
+            options: 0,
+        };
+        assert_eq!(kernel.sockets[0].rx.push(&[d]), 1);
+    }
+    let mut got = std::collections::VecDeque::new();
+    assert_eq!(q.recv(&mut got, 64), 0, "a frame that is not this UMEM's");
+    assert_eq!(q.counts(), before, "no frame moved");
+    assert!(q.pool.ledger().verify().is_ok());
+}

@@ -17,6 +17,11 @@ CORELANE_STRICT=1 cargo test --locked --release --workspace
 # space and the scoreboard are checked under the conformance scripts and the simulation's
 # seeds (about half a minute; 8 seeds a scenario here, the release run above takes 180).
 CORELANE_SIM_SEEDS=8 cargo test --locked --profile checked -p corelane-stack
+# The frame ledger's and the exchange's invariants are debug assertions too: the frame crate and
+# the AF_XDP crate's own tests under the same profile (the upgrade simulation with 1,000 seeds,
+# the veth tests as root).
+CORELANE_UPGRADE_SIM_SEEDS=1000 cargo test --locked --profile checked -p corelane-frame \
+  -p corelane-xsk --lib
 # The fuzz targets coverage-guided for a few seconds each (SanitizerCoverage on stable Rust, its
 # own target directory): fails on a panic, or if the instrumentation took fewer edges than the
 # corpus alone takes (400 to 2,300 per target), i.e. if it stopped working. Long runs:

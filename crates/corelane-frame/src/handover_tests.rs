@@ -108,7 +108,7 @@ fn serve(
 #[test]
 fn frames_cross_between_the_two_processes_and_all_come_home() {
     for seed in 1..=20u64 {
-        let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut w = Wire::default();
         let mut old = FramePool::new(FRAMES, 16);
         // The old process alone: frames posted, received, some replies sent and completed.

@@ -469,7 +469,7 @@ fn a_hand_over_in_the_middle_of_a_flood_loses_no_frame() {
             && let Some(fd) = steps.next()
         {
             steering.register(0, fd).unwrap();
-            next_at = seen + 1000;
+            next_at = seen + 300;
         }
         turn(&mut [&mut a, &mut b]);
     }

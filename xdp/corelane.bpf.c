@@ -48,7 +48,8 @@ enum {
 	STAT_RESETS = 5,    // TCP segments to an owned address's closed port answered with a reset
 	STAT_UNREACH = 6,   // UDP datagrams to an owned address's closed port answered with ICMP
 	STAT_UNREACH_LIMITED = 7, // such datagrams dropped unanswered by the rate limit
-	STAT_MAX = 8,
+	STAT_RESETS_LIMITED = 8,  // segments to closed ports dropped unanswered by the rate limit
+	STAT_MAX = 9,
 };
 
 // Bits of a `tcp_ports` entry.
@@ -195,9 +196,13 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
-// The rate limit of ICMP port unreachable answers, per CPU: a token bucket of UNREACH_BURST,
-// refilled one token per millisecond (the stack's own limit for the errors it sends).
+// The rate limits of the answers built here for closed ports, per CPU: a token bucket of
+// UNREACH_BURST, refilled one token per millisecond (the stack's own limit for the errors it
+// sends); slot RATE_UNREACH for ICMP port unreachable, RATE_RESETS for resets, so a flood of
+// one kind does not silence the other.
 #define UNREACH_BURST 50
+#define RATE_UNREACH 0
+#define RATE_RESETS 1
 struct unreach_bucket {
 	__u64 ms;
 	__u64 tokens;
@@ -205,7 +210,7 @@ struct unreach_bucket {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, struct unreach_bucket);
 } unreach_rate SEC(".maps");
@@ -739,7 +744,9 @@ static __always_inline __u64 write_ip6(struct ipv6hdr *ip6, const struct in6_key
 // and a port nothing here serves (no listener, no connection: the port is not in `tcp_ports`)
 // gets a reset (RFC 9293 section 3.10.7.1), built in place and sent back from here, so the
 // server is not handed frames for ports it was not granted. A reset is never answered, nor a
-// frame from a multicast or broadcast source. Constant work per frame, no state.
+// frame from a multicast or broadcast MAC, nor an unspecified, broadcast or multicast source
+// address; at most UNREACH_BURST resets at once and one per millisecond after that, per CPU
+// (beyond that the segment is dropped). Constant work per frame.
 
 // What the segment said, kept across bpf_xdp_adjust_tail.
 struct rst_info {
@@ -798,6 +805,26 @@ static __always_inline void rst_write(struct ethhdr *eth, struct tcphdr *th,
 	}
 }
 
+// One token from this CPU's bucket `key`, or 0 when it is empty (counted in `limited`).
+static __always_inline int rate_allowed(__u32 key, __u32 limited)
+{
+	struct unreach_bucket *b = bpf_map_lookup_elem(&unreach_rate, &key);
+	if (!b)
+		return 0;
+	__u64 ms = bpf_ktime_get_ns() / 1000000;
+	__u64 tokens = b->ms == 0 ? UNREACH_BURST : b->tokens + (ms - b->ms);
+	if (tokens > UNREACH_BURST)
+		tokens = UNREACH_BURST;
+	b->ms = ms;
+	if (tokens == 0) {
+		b->tokens = 0;
+		count(limited);
+		return 0;
+	}
+	b->tokens = tokens - 1;
+	return 1;
+}
+
 // A TCP segment in an IPv4 frame with a 20-byte IP header, to a closed port.
 static __always_inline int reset_v4(struct xdp_md *ctx)
 {
@@ -814,6 +841,12 @@ static __always_inline int reset_v4(struct xdp_md *ctx)
 	    rst_read(eth, th, tot - sizeof(struct iphdr), &in) < 0)
 		return pass();
 	__u32 saddr = ip->saddr, daddr = ip->daddr;
+	// Never to an unspecified, broadcast or multicast source (RFC 1122 section 4.2.3.10).
+	__u8 first = saddr & 0xff; // network order: the first byte
+	if (saddr == 0 || saddr == 0xffffffff || (first & 0xf0) == 0xe0)
+		return pass();
+	if (!rate_allowed(RATE_RESETS, STAT_RESETS_LIMITED))
+		return XDP_DROP;
 	int want = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr);
 	if (bpf_xdp_adjust_tail(ctx, want - frame_len(ctx)))
 		return pass();
@@ -851,6 +884,12 @@ static __always_inline int reset_v6(struct xdp_md *ctx)
 	struct in6_key saddr, daddr;
 	__builtin_memcpy(saddr.addr, ip6->saddr.in6_u.u6_addr8, 16);
 	__builtin_memcpy(daddr.addr, ip6->daddr.in6_u.u6_addr8, 16);
+	// Never to a multicast or unspecified source (RFC 4443 section 2.4 (e), as for ICMPv6).
+	__u32 *w = (__u32 *)saddr.addr;
+	if (saddr.addr[0] == 0xff || (w[0] | w[1] | w[2] | w[3]) == 0)
+		return pass();
+	if (!rate_allowed(RATE_RESETS, STAT_RESETS_LIMITED))
+		return XDP_DROP;
 	int want = sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + sizeof(struct tcphdr);
 	if (bpf_xdp_adjust_tail(ctx, want - frame_len(ctx)))
 		return pass();
@@ -879,27 +918,6 @@ static __always_inline int reset_v6(struct xdp_md *ctx)
 // Never to a multicast or broadcast source or an unspecified one (RFC 1812 section 4.3.2.7, RFC
 // 4443 section 2.4 (e)), and at most UNREACH_BURST at once and one per millisecond after that, per
 // CPU; beyond that the datagram is dropped. Constant work per frame.
-
-// One token from this CPU's bucket, or 0 when it is empty.
-static __always_inline int unreach_allowed(void)
-{
-	__u32 key = 0;
-	struct unreach_bucket *b = bpf_map_lookup_elem(&unreach_rate, &key);
-	if (!b)
-		return 0;
-	__u64 ms = bpf_ktime_get_ns() / 1000000;
-	__u64 tokens = b->ms == 0 ? UNREACH_BURST : b->tokens + (ms - b->ms);
-	if (tokens > UNREACH_BURST)
-		tokens = UNREACH_BURST;
-	b->ms = ms;
-	if (tokens == 0) {
-		b->tokens = 0;
-		count(STAT_UNREACH_LIMITED);
-		return 0;
-	}
-	b->tokens = tokens - 1;
-	return 1;
-}
 
 // Bytes of the datagram the answer quotes after its IP header: the UDP header.
 #define QUOTE_L4 8
@@ -944,7 +962,7 @@ static __always_inline int unreachable_v4(struct xdp_md *ctx)
 	if ((eth->h_source[0] & 1) || !to_iface(eth) || saddr == 0 || saddr == 0xffffffff ||
 	    (first & 0xf0) == 0xe0)
 		return pass();
-	if (!unreach_allowed())
+	if (!rate_allowed(RATE_UNREACH, STAT_UNREACH_LIMITED))
 		return XDP_DROP;
 	// The new IP and ICMP headers go between the Ethernet header and the quote.
 	int quote = sizeof(struct iphdr) + QUOTE_L4;
@@ -986,7 +1004,7 @@ static __always_inline int unreachable_v6(struct xdp_md *ctx)
 	if ((eth->h_source[0] & 1) || !to_iface(eth) || saddr.addr[0] == 0xff ||
 	    (s_hi == 0 && s_lo == 0))
 		return pass();
-	if (!unreach_allowed())
+	if (!rate_allowed(RATE_UNREACH, STAT_UNREACH_LIMITED))
 		return XDP_DROP;
 	int quote = sizeof(struct ipv6hdr) + QUOTE_L4;
 	if (answer_frame(ctx, quote, sizeof(struct ipv6hdr) + 8, ETH_P_IPV6))

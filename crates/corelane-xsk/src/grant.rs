@@ -406,14 +406,14 @@ impl GrantClient {
         if let Err(e) = send_message(self.sock.as_raw_fd(), text, fd) {
             // The broker may have refused this process at once, said why and closed: its word
             // is waiting.
-            if let Ok(Some((reply, _))) = recv_message(self.sock.as_raw_fd())
+            if let Ok(Some((reply, _))) = self.answer()
                 && let Some(why) = reply.strip_prefix("err ")
             {
                 return Err(Error::Grant(why.to_string()));
             }
             return Err(gone(format!("did not take `{text}`: {e}")));
         }
-        let (reply, passed) = match recv_message(self.sock.as_raw_fd()) {
+        let (reply, passed) = match self.answer() {
             Ok(Some(r)) => r,
             Ok(None) => return Err(gone(format!("closed the connection at `{text}`"))),
             Err(e) => return Err(gone(format!("did not answer `{text}`: {e}"))),
@@ -424,6 +424,11 @@ impl GrantClient {
             let why = reply.strip_prefix("err ").unwrap_or(&reply);
             Err(Error::Grant(why.to_string()))
         }
+    }
+
+    /// The broker's next message.
+    fn answer(&self) -> std::io::Result<Option<(String, Option<OwnedFd>)>> {
+        recv_message(self.sock.as_raw_fd())
     }
 
     /// Asks the broker to steer `addr` to this server.
@@ -521,5 +526,46 @@ pub fn proto_name(p: Proto) -> &'static str {
     match p {
         Proto::Tcp => "tcp",
         Proto::Udp => "udp",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap()
+    }
+
+    fn client(sock: OwnedFd) -> GrantClient {
+        GrantClient {
+            sock,
+            path: PathBuf::from("/test/grant"),
+            mode: AttachedMode::Generic,
+            fallback_reason: None,
+        }
+    }
+
+    #[test]
+    fn a_refusal_the_broker_sent_before_closing_is_read_whatever_the_order() {
+        // The hello arrived before the broker closed (unread there), or after (the send fails):
+        // either way the refusal is what the caller sees.
+        for hello_first in [true, false] {
+            let (a, b) = pair();
+            if hello_first {
+                send_message(a.as_raw_fd(), "hello", None).unwrap();
+            }
+            send_message(b.as_raw_fd(), "err uid 7 is not granted veth0", None).unwrap();
+            drop(b);
+            let c = client(a);
+            let e = c.request("hello", None).unwrap_err().to_string();
+            assert!(e.contains("uid 7 is not granted"), "{hello_first}: {e}");
+        }
     }
 }

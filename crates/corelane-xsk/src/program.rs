@@ -42,4 +42,7 @@ pub struct XdpCounters {
     /// Such datagrams dropped unanswered because the answers' rate limit (a burst of 50, then
     /// one per millisecond, per CPU) was spent. 0 through a grant broker.
     pub unreachables_limited: u64,
+    /// Segments to closed ports dropped unanswered because the resets' own rate limit (a
+    /// burst of 50, then one per millisecond, per CPU) was spent. 0 through a grant broker.
+    pub resets_limited: u64,
 }

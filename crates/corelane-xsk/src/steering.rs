@@ -40,7 +40,7 @@ pub const GENERATIONS: u32 = 2;
 /// Most connections an old generation keeps during an upgrade (`MAX_OLD_FLOWS`).
 pub const MAX_OLD_FLOWS: u32 = 65536;
 /// Counter slots of its `stats` map, in [`XdpCounters`] order (`STAT_MAX`).
-pub const STAT_SLOTS: usize = 8;
+pub const STAT_SLOTS: usize = 9;
 /// The maps the loader takes from the object and the entries each has. A test reads the
 /// compiled object and checks every one, so the C program and this crate cannot drift apart.
 pub const MAPS: [(&str, u32); 11] = [
@@ -53,7 +53,7 @@ pub const MAPS: [(&str, u32); 11] = [
     ("old_flows", MAX_OLD_FLOWS),
     ("stats", STAT_SLOTS as u32),
     ("cookie_cfg", 1),
-    ("unreach_rate", 1),
+    ("unreach_rate", 2),
     ("iface", 1),
 ];
 
@@ -576,6 +576,7 @@ impl Program {
             closed_port_resets: sums[5],
             port_unreachables: sums[6],
             unreachables_limited: sums[7],
+            resets_limited: sums[8],
         })
     }
 }

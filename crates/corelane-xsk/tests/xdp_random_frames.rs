@@ -39,6 +39,7 @@ const COOKIES: usize = 4;
 const RESETS: usize = 5;
 const UNREACH: usize = 6;
 const UNREACH_LIMITED: usize = 7;
+const RESETS_LIMITED: usize = 8;
 
 /// xorshift64*: a fixed sequence per seed.
 struct Rng(u64);
@@ -288,6 +289,7 @@ fn check(ebpf: &aya::Ebpf, prog: &Xdp, f: &[u8], seen: &mut [u64; 7]) {
         v
     };
     let unreach = matches!(want, Expect::Unreach | Expect::SteerUnreach);
+    let reset = matches!(want, Expect::Reset | Expect::SteerReset);
     match want {
         Expect::Pass => untouched(&[PASSED]),
         Expect::Malformed => untouched(&[MALFORMED]),
@@ -295,6 +297,9 @@ fn check(ebpf: &aya::Ebpf, prog: &Xdp, f: &[u8], seen: &mut [u64; 7]) {
         Expect::SteerPass => untouched(&[PASSED, NO_SOCKET]),
         _ if unreach && verdict == XDP_DROP => {
             assert_eq!(moved, also(UNREACH_LIMITED), "{ctx}")
+        }
+        _ if reset && verdict == XDP_DROP => {
+            assert_eq!(moved, also(RESETS_LIMITED), "{ctx}")
         }
         _ => {
             let slot = match want {
@@ -308,11 +313,11 @@ fn check(ebpf: &aya::Ebpf, prog: &Xdp, f: &[u8], seen: &mut [u64; 7]) {
         }
     }
     let k = match want {
+        _ if (unreach || reset) && verdict == XDP_DROP => 6,
         Expect::Pass => 0,
         Expect::Malformed => 1,
         Expect::Steer | Expect::SteerPass => 2,
         Expect::Reset | Expect::SteerReset => 3,
-        _ if unreach && verdict == XDP_DROP => 6,
         Expect::Unreach | Expect::SteerUnreach => 4,
         Expect::Cookie => 5,
     };
@@ -336,7 +341,7 @@ fn every_generated_frame_gets_what_the_model_says() {
     let frames = env("CORELANE_XDP_FRAMES", 30_000);
     let seed = env("CORELANE_XDP_SEED", 0x5eed_f00d);
     let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    // passed, malformed, steered, reset, unreachable, cookie, unreachable rate-limited
+    // passed, malformed, steered, reset, unreachable, cookie, answers rate-limited
     let mut seen = [0u64; 7];
     for i in 0..frames {
         let f = if i % 5 == 4 {
@@ -421,6 +426,54 @@ fn closed_port_answers_are_rate_limited() {
     }
     assert!(seen[4] >= 50, "the burst is answered: {seen:?}");
     assert_eq!(seen[6], 1, "then one is refused: {seen:?}");
+}
+
+#[test]
+fn closed_port_resets_are_rate_limited_and_never_sent_to_a_group_or_to_nobody() {
+    if !root("xdp_random_frames") {
+        return;
+    }
+    let ebpf = loaded();
+    let prog: &Xdp = ebpf.program(PROGRAM).unwrap().try_into().unwrap();
+    // An ACK to a closed TCP port (1), from the client: answered with a reset.
+    let segment = |src: [u8; 4]| {
+        let mut f = Vec::new();
+        f.extend_from_slice(&IFACE_MAC);
+        f.extend_from_slice(&CLIENT_MAC);
+        f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&SERVER);
+        let c = !fold(sum(&f[14..34]));
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&[
+            0x9c, 0x40, 0, 1, 0, 0, 0, 1, 0, 0, 0, 2, 0x50, 0x10, 0x10, 0,
+        ]);
+        f.extend_from_slice(&[0, 0, 0, 0]);
+        f
+    };
+    let f = segment(CLIENT);
+    assert_eq!(expect(&f), Expect::Reset);
+    let mut seen = [0u64; 7];
+    for _ in 0..100_000 {
+        check(&ebpf, prog, &f, &mut seen);
+        if seen[6] > 0 {
+            break;
+        }
+    }
+    assert!(seen[3] >= 50, "the burst is answered: {seen:?}");
+    assert_eq!(seen[6], 1, "then one is refused: {seen:?}");
+    // Unspecified, broadcast and multicast sources: passed unanswered (the kernel, which does
+    // not hold the address, drops them), as port unreachables are.
+    for src in [
+        [0, 0, 0, 0],
+        [255, 255, 255, 255],
+        [224, 0, 0, 1],
+        [239, 1, 2, 3],
+    ] {
+        let g = segment(src);
+        assert_eq!(expect(&g), Expect::Pass, "{src:?}");
+        check(&ebpf, prog, &g, &mut seen);
+    }
 }
 
 /// `f` grown by `extra` bytes of payload with its IP and UDP lengths (and the IPv4 header

@@ -233,7 +233,7 @@ impl PendingJoin {
         Ok(Ok(q))
     }
 
-    /// Asks for the rings, waits (at most [`HAND_OVER_WAIT`]; the old process hands over on
+    /// Asks for the rings, waits (at most 5 s; the old process hands over on
     /// its next turn) and returns the queue, which from then on fills and completes for both.
     /// Call it where the queue will be turned at once.
     ///

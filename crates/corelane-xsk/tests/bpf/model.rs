@@ -56,11 +56,23 @@ fn from_unicast(f: &[u8]) -> bool {
     f[6] & 1 == 0
 }
 
+/// Whether the source address of the IP header (IPv4 at 26, IPv6 at 22) is one nothing is
+/// ever answered to: unspecified, broadcast or multicast.
+fn bad_source(f: &[u8]) -> bool {
+    if f[14] >> 4 == 6 {
+        let s = &f[22..38];
+        s[0] == 0xff || s == [0; 16]
+    } else {
+        let s = &f[26..30];
+        s == [0; 4] || s == [255; 4] || s[0] & 0xf0 == 0xe0
+    }
+}
+
 /// Whether a TCP segment at `t` (`seglen` bytes by the IP header) to a closed port is reset.
 fn resets(f: &[u8], t: usize, seglen: usize) -> Expect {
     let doff = usize::from(f[t + 12] >> 4) * 4;
     let rst = f[t + 13] & 0x04 != 0;
-    if rst || !from_unicast(f) || !to_iface(f) || doff < 20 || seglen < doff {
+    if rst || !from_unicast(f) || !to_iface(f) || doff < 20 || seglen < doff || bad_source(f) {
         Expect::Pass
     } else {
         Expect::Reset

@@ -546,8 +546,13 @@ impl Capture {
             }
             let keep = (first & 0xffff_ffff) as usize;
             let need = 2 + keep.div_ceil(8);
-            if first >> 56 != MARK_RECORD || at + need > size || tail + need > head {
-                // Not a record a core wrote: the rest is given up.
+            if first >> 56 != MARK_RECORD
+                || at + need > size
+                || tail + need > head
+                || keep > self.snap()
+            {
+                // Not a record a core wrote (longer than the snap length the reader asked
+                // for, say: never allocated): the rest is given up.
                 tail = head;
                 break;
             }

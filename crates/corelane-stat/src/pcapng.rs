@@ -120,6 +120,32 @@ pub struct Recorded {
 /// frame with its turn's time and writes it within that turn.
 const MERGE_DELAY: Duration = Duration::from_millis(20);
 
+/// Most records held back for the merge by time; past it the oldest go out at once.
+const MAX_PENDING: usize = 1 << 16;
+
+/// Adds `fresh` records to `pending`, sorted by time, and says how many at its front are ripe
+/// to write at `now`: those older than the merge delay (all of them when `ending`). The file is
+/// a runtime's, which may lie: a record stamped further ahead than a second is taken as
+/// stamped now, and never more than [`MAX_PENDING`] wait, so none is held for good and the
+/// reader's memory stays bounded.
+fn merge(pending: &mut Vec<Record>, fresh: Vec<Record>, now: u64, ending: bool) -> usize {
+    let ahead = now.saturating_add(1_000_000_000);
+    pending.extend(fresh.into_iter().map(|mut r| {
+        if r.at_ns > ahead {
+            r.at_ns = now;
+        }
+        r
+    }));
+    pending.sort_by_key(|r| (r.at_ns, r.core));
+    if ending {
+        return pending.len();
+    }
+    let cut = now.saturating_sub(MERGE_DELAY.as_nanos() as u64);
+    pending
+        .partition_point(|r| r.at_ns <= cut)
+        .max(pending.len().saturating_sub(MAX_PENDING))
+}
+
 /// Writes what the running capture `cap` (see [`Stats::capture`]) takes from every core of
 /// its runtime, merged by time, into `out` as pcapng, until `count` frames are written,
 /// `until` passes or `stop` is set; the capture ends when this returns. Frames are stamped
@@ -146,14 +172,7 @@ pub fn record<W: Write>(
         cap.renew();
         let fresh = cap.drain();
         let idle = fresh.is_empty();
-        pending.extend(fresh);
-        pending.sort_by_key(|r| (r.at_ns, r.core));
-        let ripe = if ending {
-            pending.len()
-        } else {
-            let cut = now_ns().saturating_sub(MERGE_DELAY.as_nanos() as u64);
-            pending.partition_point(|r| r.at_ns <= cut)
-        };
+        let ripe = merge(&mut pending, fresh, now_ns(), ending);
         for r in pending.drain(..ripe) {
             if full(&done) {
                 break;
@@ -178,4 +197,40 @@ pub fn record<W: Write>(
     drop(cap);
     pcap.finish()?;
     Ok(done)
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::*;
+
+    fn rec(core: usize, at_ns: u64) -> Record {
+        Record {
+            core,
+            outbound: false,
+            at_ns,
+            len: 60,
+            bytes: vec![0; 60],
+        }
+    }
+
+    #[test]
+    fn records_stamped_in_the_future_are_not_held_for_good() {
+        let now = 1_000_000_000_000;
+        let mut pending = Vec::new();
+        // Stamped u64::MAX by a hostile runtime: taken as now, written once the delay passed.
+        let ripe = merge(
+            &mut pending,
+            vec![rec(0, u64::MAX), rec(1, now - 1)],
+            now,
+            false,
+        );
+        assert_eq!((ripe, pending.len()), (0, 2));
+        let later = now + 2 * MERGE_DELAY.as_nanos() as u64;
+        assert_eq!(merge(&mut pending, Vec::new(), later, false), 2);
+        // However many arrive at once, at most MAX_PENDING wait.
+        let mut pending = Vec::new();
+        let flood: Vec<Record> = (0..MAX_PENDING + 10).map(|i| rec(i % 2, now)).collect();
+        let ripe = merge(&mut pending, flood, now, false);
+        assert_eq!(pending.len() - ripe, MAX_PENDING);
+    }
 }

@@ -382,11 +382,20 @@ impl FrameIo for XskQueue {
         // Each descriptor is a frame of this UMEM (checked) held by user space (InUse) and
         // written through `bytes_mut` (or with a piece of a chained packet); after this only
         // the kernel refers to it until completion.
-        if self.tx.push(&self.scratch[..used]) < used {
-            // free() promised room; should the ring disagree, what went is lost to the ledger,
-            // so say so rather than count it sent.
-            tracing::error!("queue {}: TX ring took fewer than promised", self.queue_id);
-            taken = 0;
+        let pushed = self.tx.push(&self.scratch[..used]);
+        if pushed < used {
+            // free() promised room; should the ring disagree, the descriptors it took are the
+            // kernel's now: their frames must not go back to the free list (the kernel would
+            // read a frame being written). With none taken every frame stays this side's;
+            // otherwise all are counted sent, and those never published never complete (lost
+            // to this side, said here, rather than in two hands).
+            tracing::error!(
+                "queue {}: the TX ring took {pushed} of {used} descriptors",
+                self.queue_id
+            );
+            if pushed == 0 {
+                taken = 0;
+            }
         }
         let mut sent = 0;
         for f in frames.drain(..taken) {

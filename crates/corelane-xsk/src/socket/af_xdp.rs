@@ -7,7 +7,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use super::ring::{Consumer, Desc, Producer, Region};
+use super::ring::{Consumer, Producer, Region, Rings};
 
 /// The kernel's counters for one AF_XDP socket (`struct xdp_statistics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,15 +30,7 @@ pub struct KernelStats {
 #[derive(Debug)]
 pub(crate) struct XdpSocket {
     fd: Option<OwnedFd>,
-    sim: Option<super::sim::Port>,
-}
-
-/// The four rings of a socket that registered its own UMEM; a socket sharing another's UMEM
-/// has no fill and completion ring of its own until it maps the shared ones.
-#[derive(Debug)]
-pub(crate) struct Rings {
-    pub(crate) rx: Consumer<Desc>,
-    pub(crate) tx: Producer<Desc>,
+    sim: Option<super::sim_port::Port>,
 }
 
 fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T) -> io::Result<()> {
@@ -88,7 +80,7 @@ impl XdpSocket {
     }
 
     /// A socket of the in-memory kernel.
-    pub(crate) fn sim(port: super::sim::Port) -> XdpSocket {
+    pub(crate) fn sim(port: super::sim_port::Port) -> XdpSocket {
         XdpSocket {
             fd: None,
             sim: Some(port),
@@ -97,7 +89,7 @@ impl XdpSocket {
 
     /// The in-memory kernel's number for this socket (None: a real socket).
     pub(crate) fn sim_id(&self) -> Option<usize> {
-        self.sim.as_ref().map(super::sim::Port::id)
+        self.sim.as_ref().map(super::sim_port::Port::id)
     }
 
     pub(crate) fn raw(&self) -> RawFd {

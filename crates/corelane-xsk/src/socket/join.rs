@@ -40,6 +40,16 @@ pub fn frames_in_two_hands(old: &XskQueue, new: &XskQueue) -> Vec<usize> {
         .collect()
 }
 
+impl XskQueue {
+    /// Joins the queue `offer` names on `ifname`, beside the process that offered it: binds a
+    /// socket sharing its UMEM, waits for it to hand the fill and completion rings over, and
+    /// returns the queue, which from then on fills and completes for both. The two steps of
+    /// [`PendingJoin`] at once.
+    pub fn join_upgrade(ifname: &str, offer: UpgradeOffer) -> Result<XskQueue, Error> {
+        PendingJoin::bind(ifname, offer)?.take_over()
+    }
+}
+
 /// The new process's socket on a queue an old process offered, bound beside it but not yet
 /// holding the fill and completion rings ([`XskQueue::join_upgrade`] in two steps). Made where
 /// the new process has its privileges ([`PendingJoin::bind`]); the rings are taken by
@@ -138,20 +148,21 @@ impl PendingJoin {
         })
     }
 
-    fn pending(&self) -> &Pending {
+    /// Its parts: held until `try_take_over` moves them into the queue, which consumes this.
+    fn pending(&self) -> Result<&Pending, Error> {
         self.inner
             .as_ref()
-            .expect("a pending join holds its parts until it is taken over")
+            .ok_or_else(|| Error::Config("the join was taken over already".into()))
     }
 
     /// The socket's descriptor, to register in the program's next generation.
     pub fn fd(&self) -> RawFd {
-        self.pending().joined.socket.raw()
+        self.pending().map_or(-1, |p| p.joined.socket.raw())
     }
 
     /// The queue.
     pub fn queue_id(&self) -> u32 {
-        self.pending().queue_id
+        self.pending().map_or(u32::MAX, |p| p.queue_id)
     }
 
     /// Asks the old process for the fill and completion rings: it hands them over on its next
@@ -160,7 +171,7 @@ impl PendingJoin {
     /// # Errors
     /// The old process called the upgrade off, or gave the queue to another process.
     pub fn ask(&self) -> Result<(), Error> {
-        let p = self.pending();
+        let p = self.pending()?;
         if p.ex.advance(Phase::Offered, Phase::Bound) {
             return Ok(());
         }
@@ -176,7 +187,8 @@ impl PendingJoin {
     /// Withdraws the question unless the old process has begun handing over. True when
     /// withdrawn (the queue is offered again).
     pub fn withdraw(&self) -> bool {
-        self.pending().ex.advance(Phase::Bound, Phase::Offered)
+        self.pending()
+            .is_ok_and(|p| p.ex.advance(Phase::Bound, Phase::Offered))
     }
 
     /// The queue, once the old process has handed the rings over (after
@@ -185,7 +197,7 @@ impl PendingJoin {
     /// # Errors
     /// The old process called the upgrade off, or the rings cannot be mapped.
     pub fn try_take_over(mut self) -> Result<Result<XskQueue, PendingJoin>, Error> {
-        let p = self.pending();
+        let p = self.pending()?;
         match p.ex.phase() {
             Phase::Handed => {}
             Phase::Bound | Phase::Handing => return Ok(Err(self)),
@@ -204,7 +216,7 @@ impl PendingJoin {
             ifname,
         }) = self.inner.take()
         else {
-            unreachable!("checked above");
+            return Err(Error::Config("the join was taken over already".into()));
         };
         // Mapped now, after the hand-over: the rings' indices are where the old process left
         // them.
@@ -251,7 +263,7 @@ impl PendingJoin {
             };
             // Withdrawn unless the old process has begun handing over (then it finishes).
             if start.elapsed() > HAND_OVER_WAIT && pending.withdraw() {
-                let p = pending.pending();
+                let p = pending.pending()?;
                 return Err(Error::Config(format!(
                     "queue {} of {}: the process serving it did not hand it over within \
                      {HAND_OVER_WAIT:?}",

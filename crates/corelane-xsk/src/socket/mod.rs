@@ -18,6 +18,7 @@ mod partner;
 mod ring;
 mod shared;
 pub mod sim;
+mod sim_port;
 pub use af_xdp::KernelStats;
 use af_xdp::XdpSocket;
 use chain::Chain;

@@ -14,7 +14,6 @@ use std::io;
 use std::os::fd::OwnedFd;
 
 use super::exchange::{Exchange, Phase};
-use super::join::PendingJoin;
 use super::{XskConfig, XskQueue};
 use crate::error::Error;
 use corelane_frame::FrameState;
@@ -152,14 +151,6 @@ impl XskQueue {
             self.pool.fill_target(),
         ));
         Ok(offer)
-    }
-
-    /// Joins the queue `offer` names on `ifname`, beside the process that offered it: binds a
-    /// socket sharing its UMEM, waits for it to hand the fill and completion rings over, and
-    /// returns the queue, which from then on fills and completes for both. The two steps of
-    /// [`PendingJoin`] at once.
-    pub fn join_upgrade(ifname: &str, offer: UpgradeOffer) -> Result<XskQueue, Error> {
-        PendingJoin::bind(ifname, offer)?.take_over()
     }
 
     /// Where an upgrade of this queue stands (None: none under way).

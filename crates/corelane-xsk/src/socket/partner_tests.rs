@@ -2,7 +2,7 @@
 //! processes' sockets before, during and after the hand-over.
 
 use super::*;
-use crate::{Proto, UpgradePhase, XskFrame, frames_in_two_hands};
+use crate::{PendingJoin, Proto, UpgradePhase, XskFrame, frames_in_two_hands};
 use corelane_frame::{Frame, FrameIo};
 use corelane_testnet::craft::{
     Ip4, RawLink, SYN, Tcp, icmp4, quote_tcp4, tcp4, tcp4_with_ip_options, tcp6,

@@ -183,6 +183,14 @@ impl Region {
     }
 }
 
+/// A socket's own RX and TX rings (the fill and completion rings are its UMEM's, shared by
+/// every socket on the queue).
+#[derive(Debug)]
+pub(crate) struct Rings {
+    pub(crate) rx: Consumer<Desc>,
+    pub(crate) tx: Producer<Desc>,
+}
+
 /// Where a ring's indices, flags and entries are in its mapping (`struct xdp_ring_offset`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RingOffsets {

@@ -16,7 +16,8 @@
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use super::af_xdp::{Rings, XdpSocket};
+use super::af_xdp::XdpSocket;
+use super::ring::Rings;
 use super::ring::{Consumer, Producer, Region};
 use crate::error::Error;
 

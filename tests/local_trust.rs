@@ -87,14 +87,8 @@ fn hello_as(net: &VethPair, uid: u32, socket: &str, hello: &str) -> String {
                   s.connect(sys.argv[1])\n\
                   s.send(sys.argv[2].encode())\n\
                   print(s.recv(4096).decode(errors='replace'))\n";
-    let out = net
-        .server_ns()
-        .command("setpriv")
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .arg("--clear-groups")
-        .args(["--inh-caps=-all", "--bounding-set=-all", "--"])
-        .args(["/usr/bin/python3", "-c", script, socket, hello])
+    let out = python_as(net, uid)
+        .args(["-c", script, socket, hello])
         .output()
         .expect("python3");
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -102,37 +96,33 @@ fn hello_as(net: &VethPair, uid: u32, socket: &str, hello: &str) -> String {
     text
 }
 
-#[test]
-fn a_second_granted_user_cannot_take_over_the_first_one_s_server() {
-    if !require_root("a_second_granted_user_cannot_take_over_the_first_one_s_server") {
-        return;
-    }
-    let net = net(1);
-    let run = run_dir("successor", NOBODY);
+/// python3 in the server namespace as `uid` with no capability at all.
+fn python_as(net: &VethPair, uid: u32) -> Command {
+    let mut cmd = net.server_ns().command("setpriv");
+    cmd.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .args([
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+            "/usr/bin/python3",
+        ]);
+    cmd
+}
+
+/// The broker as nobody with what it needs, granting nobody and [`OTHER`]; and its socket.
+fn start_broker(net: &VethPair, run: &Path) -> (Echo, String) {
     let broker_bin = workspace_bin("corelane-xdp").unwrap();
     let mut cmd = as_user(
-        &net,
-        &run,
+        net,
+        run,
         NOBODY,
         &["net_admin", "bpf", "perfmon"],
         &broker_bin,
     );
-    cmd.args(grant_args(&net));
+    cmd.args(grant_args(net));
     let broker = Echo::start_cmd(cmd, "corelane-xdp");
-    let mut cmd = as_user(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &echo_bin());
-    cmd.args([
-        "--iface",
-        net.server_if(),
-        "--cores",
-        "1",
-        "--addr",
-        "10.77.0.3/24",
-    ]);
-    let server = Echo::start_cmd(cmd, "echo");
-    wait_for(
-        &broker,
-        &format!("pid {} (uid {NOBODY}) took", server.pid()),
-    );
     let socket = broker
         .output()
         .lines()
@@ -142,6 +132,35 @@ fn a_second_granted_user_cannot_take_over_the_first_one_s_server() {
                 .map(|p| p.trim().to_string())
         })
         .expect("the broker names its socket");
+    (broker, socket)
+}
+
+/// The echo example as nobody under the broker's grant (`CAP_NET_RAW`, `CAP_IPC_LOCK`), once
+/// it has taken the grant.
+fn start_granted_server(net: &VethPair, run: &Path, broker: &Echo) -> Echo {
+    let mut cmd = as_user(net, run, NOBODY, &["net_raw", "ipc_lock"], &echo_bin());
+    cmd.args([
+        "--iface",
+        net.server_if(),
+        "--cores",
+        "1",
+        "--addr",
+        "10.77.0.3/24",
+    ]);
+    let server = Echo::start_cmd(cmd, "echo");
+    wait_for(broker, &format!("pid {} (uid {NOBODY}) took", server.pid()));
+    server
+}
+
+#[test]
+fn a_second_granted_user_cannot_take_over_the_first_one_s_server() {
+    if !require_root("a_second_granted_user_cannot_take_over_the_first_one_s_server") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("successor", NOBODY);
+    let (broker, socket) = start_broker(&net, &run);
+    let server = start_granted_server(&net, &run, &broker);
 
     // The other granted user asks to be the running server's successor: refused, naming
     // whose server it is.
@@ -344,20 +363,8 @@ fn hold_connections(
                   \x20       except OSError:\n\
                   \x20           s.close()\n\
                   \x20   time.sleep(0.002)\n";
-    net.server_ns()
-        .command("setpriv")
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .arg("--clear-groups")
-        .args(["--inh-caps=-all", "--bounding-set=-all", "--"])
-        .args([
-            "/usr/bin/python3",
-            "-c",
-            script,
-            socket,
-            &secs.to_string(),
-            &n.to_string(),
-        ])
+    python_as(net, uid)
+        .args(["-c", script, socket, &secs.to_string(), &n.to_string()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -371,25 +378,7 @@ fn users_holding_connections_to_the_broker_do_not_keep_a_granted_server_out() {
     }
     let net = net(1);
     let run = run_dir("flood", NOBODY);
-    let broker_bin = workspace_bin("corelane-xdp").unwrap();
-    let mut cmd = as_user(
-        &net,
-        &run,
-        NOBODY,
-        &["net_admin", "bpf", "perfmon"],
-        &broker_bin,
-    );
-    cmd.args(grant_args(&net));
-    let broker = Echo::start_cmd(cmd, "corelane-xdp");
-    let socket = broker
-        .output()
-        .lines()
-        .find_map(|l| {
-            l.split("grant socket ")
-                .nth(1)
-                .map(|p| p.trim().to_string())
-        })
-        .expect("the broker names its socket");
+    let (broker, socket) = start_broker(&net, &run);
     // A user not granted, and a granted one, each keeping 64 connections open all along.
     let mut attackers = [
         hold_connections(&net, OTHER + 1, &socket, 64, 12),
@@ -397,20 +386,7 @@ fn users_holding_connections_to_the_broker_do_not_keep_a_granted_server_out() {
     ];
     std::thread::sleep(Duration::from_secs(2));
     // The granted server starts, takes the grant and serves meanwhile.
-    let mut cmd = as_user(&net, &run, NOBODY, &["net_raw", "ipc_lock"], &echo_bin());
-    cmd.args([
-        "--iface",
-        net.server_if(),
-        "--cores",
-        "1",
-        "--addr",
-        "10.77.0.3/24",
-    ]);
-    let server = Echo::start_cmd(cmd, "echo");
-    wait_for(
-        &broker,
-        &format!("pid {} (uid {NOBODY}) took", server.pid()),
-    );
+    let server = start_granted_server(&net, &run, &broker);
     assert_echoes(
         &net,
         SocketAddr::new(SERVER_V4.parse().unwrap(), 7),

@@ -228,7 +228,6 @@ impl PendingJoin {
                     "joining queue {queue_id} of {ifname}: the fill and completion rings: {e}"
                 ),
             })?;
-        let n = c.frames as usize;
         let parts = Parts {
             socket: joined.socket,
             rx: joined.rings.rx,
@@ -237,7 +236,7 @@ impl PendingJoin {
             cq,
             umem: joined.umem,
         };
-        let pool = FramePool::joining(n, (c.ring_size as usize).min(n / 2));
+        let pool = FramePool::joining(c.frames as usize, XskQueue::fill_share(&c));
         let mut q = XskQueue::assemble(parts, &c, queue_id, pool);
         q.partner = Some(Partner::new(ex, Role::New, 0, 0));
         q.partner_turn();

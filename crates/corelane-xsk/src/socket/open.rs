@@ -122,8 +122,6 @@ impl XskQueue {
                     e.to_string()
                 },
             })?;
-        let n = c.frames as usize;
-        let pool = FramePool::new(n, (c.ring_size as usize).min(n / 2));
         let parts = Parts {
             socket,
             rx: rings.rx,
@@ -132,9 +130,21 @@ impl XskQueue {
             cq,
             umem,
         };
-        let mut q = XskQueue::assemble(parts, c, queue_id, pool);
+        let mut q = XskQueue::alone(parts, c, queue_id);
         q.top_up_fill()?;
         Ok(q)
+    }
+
+    /// The frames the fill ring keeps for receive: at most the ring, at most half the frames
+    /// (transmit keeps the other half).
+    pub(super) fn fill_share(c: &XskConfig) -> usize {
+        (c.ring_size as usize).min(c.frames as usize / 2)
+    }
+
+    /// The queue over `p` owning its UMEM alone: every frame its own, the fill ring's share set.
+    pub(super) fn alone(p: Parts, c: &XskConfig, queue_id: u32) -> XskQueue {
+        let pool = FramePool::new(c.frames as usize, Self::fill_share(c));
+        XskQueue::assemble(p, c, queue_id, pool)
     }
 
     /// The queue over a bound socket, its rings and UMEM, with `pool`'s frames.

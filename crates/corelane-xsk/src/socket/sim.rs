@@ -22,7 +22,6 @@ use super::ring::{Consumer, Desc, Producer, Region};
 use super::sim_port::{Kernel, OFFSETS, Port, ring_pages, umem_err};
 use super::{HEADROOM, Parts, XskConfig, XskQueue};
 use crate::error::Error;
-use corelane_frame::FramePool;
 
 /// The in-memory kernel of one queue (see the module's documentation). Cheap to clone: the
 /// clones are the same kernel.
@@ -77,8 +76,6 @@ impl SimKernel {
         let (fq, cq) = socket
             .fill_comp_rings(c.ring_size)
             .map_err(|e| umem_err("the rings", e))?;
-        let n = c.frames as usize;
-        let pool = FramePool::new(n, (c.ring_size as usize).min(n / 2));
         let parts = Parts {
             socket,
             rx: rings.rx,
@@ -87,7 +84,7 @@ impl SimKernel {
             cq,
             umem,
         };
-        let mut q = XskQueue::assemble(parts, c, 0, pool);
+        let mut q = XskQueue::alone(parts, c, 0);
         sim.steer_to(&q);
         q.top_up_fill()?;
         Ok((sim, q))

@@ -157,6 +157,12 @@ impl<P: FrameIo> XdpDevice<P> {
         &mut self.io
     }
 
+    /// The frame I/O, taken out of the device; the frames the device held go with it
+    /// unreturned (a simulation's crash: the process's memory is gone).
+    pub fn into_io(self) -> P {
+        self.io
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> DeviceStats {
         self.stats

@@ -21,9 +21,12 @@ use crate::grant::GrantClient;
 use crate::netdev::check_interface;
 pub use crate::program::{AttachedMode, XdpCounters};
 
+#[path = "steering_mem.rs"]
+mod mem;
 #[path = "steering_upgrade.rs"]
 mod upgrade;
 use crate::vlan::Vlan;
+pub use mem::{MemProgram, Verdict};
 pub use upgrade::SteeringShare;
 
 /// The compiled steering program (built from `xdp/corelane.bpf.c` by `xdp/build.sh`).
@@ -102,6 +105,8 @@ pub struct Steering {
 enum Via {
     Program(Box<Program>),
     Grant(GrantClient),
+    /// The in-memory program of a simulation.
+    Mem(MemProgram),
 }
 
 /// The program and its maps, held by this process.
@@ -287,7 +292,7 @@ impl Steering {
     pub fn grant(&self) -> Option<&GrantClient> {
         match &self.via {
             Via::Grant(g) => Some(g),
-            Via::Program(_) => None,
+            Via::Program(_) | Via::Mem(_) => None,
         }
     }
 
@@ -373,6 +378,10 @@ impl Steering {
         match &mut self.via {
             Via::Program(p) => p.own_addr(addr),
             Via::Grant(g) => g.own_addr(addr),
+            Via::Mem(m) => {
+                m.own_addr(addr, true);
+                Ok(())
+            }
         }
     }
 
@@ -384,6 +393,10 @@ impl Steering {
         match &mut self.via {
             Via::Program(p) => p.disown_addr(addr),
             Via::Grant(g) => g.disown_addr(addr),
+            Via::Mem(m) => {
+                m.own_addr(addr, false);
+                Ok(())
+            }
         }
     }
 
@@ -418,6 +431,10 @@ impl Steering {
         match &mut self.via {
             Via::Program(p) => p.set_port(proto, port, on),
             Via::Grant(g) => g.port(proto, port, on),
+            Via::Mem(m) => {
+                m.set_port(proto, port, on);
+                Ok(())
+            }
         }
     }
 
@@ -431,7 +448,7 @@ impl Steering {
                     .map_err(map_err("cookie_cfg"))?;
                 Ok(true)
             }
-            Via::Grant(_) => Ok(false),
+            Via::Grant(_) | Via::Mem(_) => Ok(false),
         }
     }
 
@@ -458,7 +475,7 @@ impl Steering {
                     .map_err(map_err("tcp_ports"))?;
                 Ok(true)
             }
-            Via::Grant(_) => Ok(false),
+            Via::Grant(_) | Via::Mem(_) => Ok(false),
         }
     }
 
@@ -476,6 +493,10 @@ impl Steering {
                 .set(queue, fd, 0)
                 .map_err(map_err("xsks")),
             Via::Grant(g) => g.register(queue, fd),
+            Via::Mem(m) => {
+                m.register_in(0, queue, fd);
+                Ok(())
+            }
         }
     }
 
@@ -484,6 +505,7 @@ impl Steering {
         match &self.via {
             Via::Program(p) => p.counters(),
             Via::Grant(g) => g.counters(),
+            Via::Mem(m) => Ok(m.counters()),
         }
     }
 }

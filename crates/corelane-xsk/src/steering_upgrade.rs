@@ -68,6 +68,10 @@ impl Steering {
         let p = match &mut self.via {
             Via::Program(p) => p,
             Via::Grant(g) => return g.register_in(generation, queue, fd),
+            Via::Mem(m) => {
+                m.register_in(generation, queue, fd);
+                return Ok(());
+            }
         };
         XskMap::try_from(&mut p.xsks)
             .map_err(map_err("xsks"))?
@@ -87,6 +91,10 @@ impl Steering {
         let p = match &mut self.via {
             Via::Program(p) => p,
             Via::Grant(g) => return g.set_upgrade(current, split),
+            Via::Mem(m) => {
+                m.set_upgrade(current, split);
+                return Ok(());
+            }
         };
         p.upgrade
             .set(0, [current, u32::from(split)], 0)
@@ -99,6 +107,7 @@ impl Steering {
         let p = match &mut self.via {
             Via::Program(p) => p,
             Via::Grant(g) => return g.keep_flow(peer, port, generation),
+            Via::Mem(m) => return m.keep_flow(peer, port, generation),
         };
         p.old_flows
             .insert(flow_key(peer, port), generation, 0)
@@ -110,6 +119,10 @@ impl Steering {
         let p = match &mut self.via {
             Via::Program(p) => p,
             Via::Grant(g) => return g.forget_flow(peer, port),
+            Via::Mem(m) => {
+                m.forget_flow(peer, port);
+                return Ok(());
+            }
         };
         match p.old_flows.remove(&flow_key(peer, port)) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
@@ -123,6 +136,7 @@ impl Steering {
         let p = match &mut self.via {
             Via::Program(p) => p,
             Via::Grant(g) => return g.upgrade_state(),
+            Via::Mem(m) => return Ok(m.upgrade()),
         };
         let [current, split] = p.upgrade.get(&0, 0).map_err(map_err("upgrade"))?;
         Ok((current, split != 0))
@@ -134,6 +148,7 @@ impl Steering {
         let p = match &mut self.via {
             Via::Program(p) => p,
             Via::Grant(_) => return Ok(0),
+            Via::Mem(m) => return Ok(m.clear_flows()),
         };
         let keys: Vec<[u8; 20]> = p.old_flows.keys().filter_map(Result::ok).collect();
         for k in &keys {
@@ -152,12 +167,28 @@ impl Steering {
         self.handed_on = true;
     }
 
+    /// The upgrade was called off after [`Steering::hand_on`]: the ports and addresses this
+    /// process gives up from now on stop being steered again.
+    pub fn hand_back(&mut self) {
+        self.handed_on = false;
+    }
+
+    /// Whether the program goes to a new process as descriptors ([`Steering::share`]): true
+    /// for a program this process attached or adopted; a broker's stays the broker's, and an
+    /// in-memory program is the same object for both processes.
+    pub fn shares_by_descriptors(&self) -> bool {
+        matches!(self.via, Via::Program(_))
+    }
+
     /// The program, for what a grant does not offer (`what`).
     fn program(&mut self, what: &str) -> Result<&mut Program, Error> {
         match &mut self.via {
             Via::Program(p) => Ok(p),
             Via::Grant(_) => Err(Error::Config(format!(
                 "{what} needs the program's maps, which the grant broker holds"
+            ))),
+            Via::Mem(_) => Err(Error::Config(format!(
+                "{what} needs a device's program, not the in-memory one"
             ))),
         }
     }

@@ -342,6 +342,73 @@ impl XskQueue {
         Ok(taken)
     }
 
+    /// The new process of an upgrade outlives the old one, which died after the hand-over
+    /// without leaving (its connection ended while the queue was still [`Phase::Handed`]):
+    /// the queue becomes this process's alone, and every frame the old process held is taken
+    /// back. Frames it gave back on the way are taken first; a frame still posted (in the
+    /// fill ring, or on this side's RX ring) stays posted; every other frame away with the old
+    /// process, or posted and received by it, is free here now (what was on its RX ring or
+    /// its TX ring went with its socket). Call it once the old process's socket is closed.
+    /// Returns the frames taken back.
+    ///
+    /// In copy mode a send completes within the `sendto` that kicks it, so nothing of the
+    /// old process's is in flight once it is gone; with zero-copy, a frame the device still
+    /// sends completes later on the completion ring, so the runtime calls this only some time
+    /// after the old process has gone.
+    ///
+    /// # Errors
+    /// When this side is not the new process of an upgrade the old process handed over.
+    pub fn outlive_partner(&mut self) -> Result<usize, Error> {
+        let handed = self
+            .partner
+            .as_ref()
+            .is_some_and(|p| p.role == Role::New && p.ex.phase() == Phase::Handed && !p.called_off);
+        if !handed {
+            return Err(Error::Config(
+                "no old process of an upgrade to outlive".into(),
+            ));
+        }
+        // What the old process gave back before it went.
+        self.partner_turn();
+        let Some(p) = self.partner.take() else {
+            return Ok(0);
+        };
+        let mut posted: Vec<u64> = self.rx.peek_all().iter().map(|d| d.addr).collect();
+        posted.extend(self.fq.pending());
+        posted.extend(self.rx.peek_all().iter().map(|d| d.addr));
+        let mut still = vec![false; self.pool.len()];
+        for addr in posted {
+            let i = self.index_of(addr) as usize;
+            if let Some(s) = still.get_mut(i) {
+                *s = true;
+            }
+        }
+        let mut taken = 0;
+        for (i, posted) in still.iter().enumerate() {
+            let state = self.pool.ledger().get(i);
+            let r = match (state, posted) {
+                (Some(FrameState::Away), true) => self.pool.found_posted(i as u32),
+                (Some(FrameState::Receive), false) => {
+                    taken += 1;
+                    self.pool.returned(i as u32)
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = r {
+                tracing::error!("queue {}: {e}", self.queue_id);
+            }
+        }
+        taken += self.pool.reclaim_away();
+        // The exchange's word for whoever reads it: this side holds the queue alone.
+        p.ex.set_phase(Phase::Left);
+        tracing::warn!(
+            "queue {}: the old process died without leaving: the queue is this process's alone \
+             ({taken} frames it held are free again)",
+            self.queue_id
+        );
+        Ok(taken)
+    }
+
     /// Frames posted for receive, to measure the fill target against: the ledger's count, but
     /// on the new process of an upgrade the fill ring's own. There the ledger counts the
     /// frames it posted until they come back, and the old process may hold many of them (it

@@ -111,9 +111,25 @@ impl SimKernel {
     /// Receives `bytes` as copy mode does. False when dropped: no socket steered to, its RX
     /// ring full, no fill-ring entry, or longer than a frame.
     pub fn deliver(&self, bytes: &[u8]) -> bool {
+        let target = self.kernel().target;
+        self.deliver_to(target, bytes)
+    }
+
+    /// Receives `bytes` on the open socket whose owner holds descriptor `fd` (what the
+    /// program's socket map names), as [`SimKernel::deliver`] does.
+    pub fn deliver_to_fd(&self, fd: std::os::fd::RawFd, bytes: &[u8]) -> bool {
+        let id = self
+            .kernel()
+            .sockets
+            .iter()
+            .position(|s| s.open && s.fd == fd);
+        self.deliver_to(id, bytes)
+    }
+
+    fn deliver_to(&self, target: Option<usize>, bytes: &[u8]) -> bool {
         let mut k = self.kernel();
         let k = &mut *k;
-        let Some(id) = k.target else {
+        let Some(id) = target else {
             k.dropped += 1;
             return false;
         };
@@ -167,6 +183,69 @@ impl SimKernel {
             out.extend(s.tx.peek_all().into_iter().map(|d| index(d.addr)));
         }
         out
+    }
+}
+
+/// Where a queue's frames are ([`SimKernel::misplaced`]): the frames found in more than one
+/// place, and those found in none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Misplaced {
+    /// Frames held in two places at once (the fault a check looks for).
+    pub twice: Vec<usize>,
+    /// Frames in no place (lost; a check at the end, once nothing is in flight).
+    pub lost: Vec<usize>,
+}
+
+impl SimKernel {
+    /// Counts every frame of the queue's UMEM once per place that holds it: each queue of
+    /// `queues` (the processes' queues on it, old first) by its ledger (free or in use: a
+    /// new process called off holds nothing), this kernel's rings, and the exchange's two
+    /// rings of an upgrade as the first queue still mapping them has them.
+    ///
+    /// # Errors
+    /// A queue's ledger contradicts itself.
+    pub fn misplaced(&self, queues: &mut [&mut XskQueue]) -> Result<Misplaced, String> {
+        let frames = {
+            let k = self.kernel();
+            (k.umem_len / k.frame_size) as usize
+        };
+        let mut count = vec![0u32; frames];
+        for (n, q) in queues.iter().enumerate() {
+            q.pool
+                .ledger()
+                .verify()
+                .map_err(|e| format!("queue {n}'s ledger: {e}"))?;
+            if q.upgrade_called_off() {
+                continue;
+            }
+            for (i, c) in count.iter_mut().enumerate() {
+                if matches!(
+                    q.pool.ledger().get(i),
+                    Some(corelane_frame::FrameState::Free | corelane_frame::FrameState::InUse)
+                ) {
+                    *c += 1;
+                }
+            }
+        }
+        for i in self.frames_held() {
+            if let Some(c) = count.get_mut(i) {
+                *c += 1;
+            }
+        }
+        if let Some(q) = queues
+            .iter_mut()
+            .find(|q| q.partner.is_some() && !q.upgrade_called_off())
+        {
+            for i in q.exchange_frames() {
+                if let Some(c) = count.get_mut(i as usize) {
+                    *c += 1;
+                }
+            }
+        }
+        Ok(Misplaced {
+            twice: (0..frames).filter(|&i| count[i] > 1).collect(),
+            lost: (0..frames).filter(|&i| count[i] == 0).collect(),
+        })
     }
 }
 

@@ -37,6 +37,9 @@ pub(super) struct Socket {
     pub(super) rx: Producer<Desc>,
     pub(super) tx: Consumer<Desc>,
     pub(super) open: bool,
+    /// The descriptor its owner holds (its rings' memory file), as the program's socket
+    /// map names it.
+    pub(super) fd: std::os::fd::RawFd,
 }
 
 #[derive(Debug)]
@@ -104,7 +107,14 @@ impl Kernel {
             region.len(),
         )
         .map_err(|e| umem_err("a socket's rings", e))?;
-        self.sockets.push(Socket { rx, tx, open: true });
+        use std::os::fd::AsRawFd;
+        let fd = user.file().as_raw_fd();
+        self.sockets.push(Socket {
+            rx,
+            tx,
+            open: true,
+            fd,
+        });
         Ok((self.sockets.len() - 1, user))
     }
 }

@@ -155,7 +155,6 @@ struct Run {
     next_seq: u64,
     delivered: BTreeSet<u64>,
     echoed: BTreeSet<u64>,
-    frames: usize,
     step: usize,
 }
 
@@ -200,67 +199,36 @@ impl Run {
 
     /// Every frame in at most one place (exactly one with `all`).
     fn check(&mut self, all: bool) -> Result<(), Failure> {
-        let mut count = vec![0u32; self.frames];
-        let user = |q: &XskQueue, count: &mut [u32]| {
-            if q.upgrade_called_off() {
-                return;
-            }
-            for (i, c) in count.iter_mut().enumerate() {
-                if matches!(
-                    q.pool.ledger().get(i),
-                    Some(FrameState::Free | FrameState::InUse)
-                ) {
-                    *c += 1;
-                }
-            }
-        };
-        if let Some(a) = &self.old {
-            user(a, &mut count);
-            if let Err(e) = a.pool.ledger().verify() {
-                return Err(self.fail(format!("the old process's ledger: {e}")));
-            }
+        let mut queues: Vec<&mut XskQueue> = Vec::new();
+        if let Some(a) = &mut self.old {
+            queues.push(a);
         }
-        if let New::Joined(b) = &self.new {
-            user(b, &mut count);
-            if let Err(e) = b.pool.ledger().verify() {
-                return Err(self.fail(format!("the new process's ledger: {e}")));
-            }
+        if let New::Joined(b) = &mut self.new {
+            queues.push(b);
         }
-        for i in self.kernel.frames_held() {
-            count[i] += 1;
+        let places = self.kernel.misplaced(&mut queues);
+        let m = places.map_err(|e| self.fail(e))?;
+        if !m.twice.is_empty() {
+            return Err(self.fail(format!("frames in two places: {:?}", m.twice)));
         }
-        // The exchange's two rings, from the side that still maps them.
-        let ex = match (&mut self.old, &mut self.new) {
-            (Some(a), _) if a.partner.is_some() => a.exchange_frames(),
-            (_, New::Joined(b)) if !b.upgrade_called_off() => b.exchange_frames(),
-            _ => Vec::new(),
-        };
-        for i in ex {
-            count[i as usize] += 1;
-        }
-        let twice: Vec<usize> = (0..self.frames).filter(|&i| count[i] > 1).collect();
-        if !twice.is_empty() {
-            return Err(self.fail(format!("frames in two places: {twice:?}")));
-        }
-        if all {
-            let lost: Vec<usize> = (0..self.frames).filter(|&i| count[i] == 0).collect();
-            if !lost.is_empty() {
-                let states = |q: Option<&XskQueue>| -> Vec<Option<FrameState>> {
-                    lost.iter()
-                        .map(|&i| q.and_then(|q| q.pool.ledger().get(i)))
-                        .collect()
-                };
-                let b = match &self.new {
-                    New::Joined(b) => Some(b),
-                    _ => None,
-                };
-                return Err(self.fail(format!(
-                    "frames in no place: {lost:?} (old process's ledger {:?}, new's {:?}; {:?})",
-                    states(self.old.as_ref()),
-                    states(b),
-                    self.outcome
-                )));
-            }
+        if all && !m.lost.is_empty() {
+            let states = |q: Option<&XskQueue>| -> Vec<Option<FrameState>> {
+                m.lost
+                    .iter()
+                    .map(|&i| q.and_then(|q| q.pool.ledger().get(i)))
+                    .collect()
+            };
+            let b = match &self.new {
+                New::Joined(b) => Some(b),
+                _ => None,
+            };
+            return Err(self.fail(format!(
+                "frames in no place: {:?} (old process's ledger {:?}, new's {:?}; {:?})",
+                m.lost,
+                states(self.old.as_ref()),
+                states(b),
+                self.outcome
+            )));
         }
         Ok(())
     }
@@ -516,7 +484,6 @@ pub fn run(seed: u64, steps: usize) -> Result<Report, Failure> {
         next_seq: 0,
         delivered: BTreeSet::new(),
         echoed: BTreeSet::new(),
-        frames: config.frames as usize,
         step: 0,
     };
     while run.step < steps {

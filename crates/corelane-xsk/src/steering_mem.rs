@@ -1,0 +1,225 @@
+//! The program in memory: the maps [`Steering`] writes (owned addresses and ports, the sockets
+//! of each generation, the upgrade's split and the connections an old generation keeps), held
+//! in this process, and the steering decision `xdp/corelane.bpf.c` makes from them
+//! ([`MemProgram::receive`]), so that what the runtime writes to the program (a port bound, an
+//! upgrade's switch, a kept connection) decides where a simulation's frames go, as the real
+//! program's maps decide it on a device.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use corelane_frame::Proto;
+
+use super::{Steering, Via, XdpCounters};
+use crate::error::Error;
+use crate::program::AttachedMode;
+use crate::socket::sim::SimKernel;
+
+/// The in-memory program's maps, shared by every [`Steering`] made over it (the old and the
+/// new process of an upgrade steer with the same program) and by the simulation that asks it
+/// where a frame goes. Cheap to clone: the clones are the same program.
+#[derive(Debug, Clone, Default)]
+pub struct MemProgram {
+    maps: Arc<Mutex<Maps>>,
+}
+
+#[derive(Debug, Default)]
+struct Maps {
+    owned: HashSet<IpAddr>,
+    tcp_ports: HashSet<u16>,
+    udp_ports: HashSet<u16>,
+    /// (generation, queue) -> the socket's descriptor.
+    xsks: HashMap<(u32, u32), RawFd>,
+    /// The generation that gets the frames, and whether the split is on.
+    upgrade: (u32, bool),
+    /// (peer, local port) -> the generation that keeps the connection.
+    old_flows: HashMap<(SocketAddr, u16), u32>,
+    /// Each queue's in-memory kernel.
+    queues: HashMap<u32, SimKernel>,
+    counters: XdpCounters,
+}
+
+/// What the program did with a frame ([`MemProgram::receive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Redirected to generation `.0`'s socket, which took it.
+    Steered(u32),
+    /// Redirected, but the socket dropped it (no fill-ring entry, its RX ring full) or the
+    /// generation has no socket on the queue.
+    Dropped,
+    /// Not this program's: given to the kernel (a simulation's kernel answers nothing).
+    Passed,
+}
+
+impl MemProgram {
+    /// A program with empty maps.
+    pub fn new() -> MemProgram {
+        MemProgram::default()
+    }
+
+    fn maps(&self) -> MutexGuard<'_, Maps> {
+        self.maps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A [`Steering`] over these maps, as [`Steering::attach`] gives one over a device's.
+    pub fn steering(&self, ifname: &str) -> Steering {
+        Steering {
+            ifname: ifname.to_string(),
+            mode: AttachedMode::Generic,
+            fallback_reason: None,
+            port_refs: std::collections::HashMap::new(),
+            handed_on: false,
+            via: Via::Mem(self.clone()),
+        }
+    }
+
+    /// Frames arriving on `queue` are received by `kernel`'s sockets.
+    pub fn add_queue(&self, queue: u32, kernel: SimKernel) {
+        self.maps().queues.insert(queue, kernel);
+    }
+
+    /// The generation that gets frames now, and whether the split is on.
+    pub fn upgrade(&self) -> (u32, bool) {
+        self.maps().upgrade
+    }
+
+    /// How many connections the program keeps for an old generation.
+    pub fn kept_flows(&self) -> usize {
+        self.maps().old_flows.len()
+    }
+
+    /// Where the program sends `frame` arriving on `queue`, as the XDP program decides: ARP
+    /// for an owned IPv4 address, and TCP or UDP to an owned address and port, go to the
+    /// current generation's socket, except a kept connection's TCP segments while the split
+    /// is on; everything else is passed.
+    pub fn receive(&self, queue: u32, frame: &[u8]) -> Verdict {
+        let mut m = self.maps();
+        let Some(generation) = m.decide(frame) else {
+            m.counters.passed += 1;
+            return Verdict::Passed;
+        };
+        let fd = m.xsks.get(&(generation, queue)).copied();
+        let kernel = m.queues.get(&queue).cloned();
+        let took = match (fd, kernel) {
+            (Some(fd), Some(k)) => k.deliver_to_fd(fd, frame),
+            _ => false,
+        };
+        if took {
+            m.counters.steered += 1;
+            Verdict::Steered(generation)
+        } else {
+            m.counters.no_socket += 1;
+            Verdict::Dropped
+        }
+    }
+}
+
+const ETH: usize = 14;
+
+impl Maps {
+    /// The generation whose socket gets `frame`, or None (passed).
+    fn decide(&self, f: &[u8]) -> Option<u32> {
+        let current = self.upgrade.0;
+        let kind = u16::from_be_bytes([*f.get(12)?, *f.get(13)?]);
+        match kind {
+            0x0806 => {
+                // ARP: the target protocol address.
+                let t = f.get(ETH + 24..ETH + 28)?;
+                let target = IpAddr::V4(Ipv4Addr::new(t[0], t[1], t[2], t[3]));
+                self.owned.contains(&target).then_some(current)
+            }
+            0x0800 => {
+                let ip = f.get(ETH..ETH + 20)?;
+                let ihl = usize::from(ip[0] & 0x0f) * 4;
+                let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+                let dst = IpAddr::V4(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]));
+                if !self.owned.contains(&dst) {
+                    return None;
+                }
+                let l4 = f.get(ETH + ihl..ETH + ihl + 4)?;
+                let sport = u16::from_be_bytes([l4[0], l4[1]]);
+                let dport = u16::from_be_bytes([l4[2], l4[3]]);
+                match ip[9] {
+                    6 if self.tcp_ports.contains(&dport) => {
+                        let peer = SocketAddr::new(IpAddr::V4(src), sport);
+                        match self.old_flows.get(&(peer, dport)) {
+                            Some(&g) if self.upgrade.1 => Some(g),
+                            _ => Some(current),
+                        }
+                    }
+                    17 if self.udp_ports.contains(&dport) => Some(current),
+                    // ICMP to an owned address: the stack's.
+                    1 => Some(current),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+impl MemProgram {
+    pub(super) fn own_addr(&self, addr: IpAddr, on: bool) {
+        let mut m = self.maps();
+        if on {
+            m.owned.insert(addr);
+        } else {
+            m.owned.remove(&addr);
+        }
+    }
+
+    pub(super) fn set_port(&self, proto: Proto, port: u16, on: bool) {
+        let mut m = self.maps();
+        let set = match proto {
+            Proto::Tcp => &mut m.tcp_ports,
+            Proto::Udp => &mut m.udp_ports,
+        };
+        if on {
+            set.insert(port);
+        } else {
+            set.remove(&port);
+        }
+    }
+
+    pub(super) fn register_in(&self, generation: u32, queue: u32, fd: RawFd) {
+        self.maps().xsks.insert((generation, queue), fd);
+    }
+
+    pub(super) fn set_upgrade(&self, current: u32, split: bool) {
+        self.maps().upgrade = (current, split);
+    }
+
+    pub(super) fn keep_flow(
+        &self,
+        peer: SocketAddr,
+        port: u16,
+        generation: u32,
+    ) -> Result<(), Error> {
+        let mut m = self.maps();
+        if m.old_flows.len() >= super::MAX_OLD_FLOWS as usize {
+            return Err(Error::Config(format!(
+                "old_flows: full ({} connections)",
+                super::MAX_OLD_FLOWS
+            )));
+        }
+        m.old_flows.insert((peer, port), generation);
+        Ok(())
+    }
+
+    pub(super) fn forget_flow(&self, peer: SocketAddr, port: u16) {
+        self.maps().old_flows.remove(&(peer, port));
+    }
+
+    pub(super) fn clear_flows(&self) -> usize {
+        let mut m = self.maps();
+        let n = m.old_flows.len();
+        m.old_flows.clear();
+        n
+    }
+
+    pub(super) fn counters(&self) -> XdpCounters {
+        self.maps().counters
+    }
+}

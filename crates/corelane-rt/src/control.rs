@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::addrbook::AddrBook;
+use crate::clock::Clock;
 use crate::cookies::XdpCookies;
 use crate::handoff::Doorbell;
 use crate::life::Life;
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     /// A hand-over to a new process, or from an old one (dropped last: what it inherited puts
     /// the interface's queues back after the program is gone).
     pub(crate) upgrades: Upgrades,
+    /// The run's clock: the wall clock, or a simulation's.
+    pub(crate) clock: Clock,
 }
 
 impl Shared {

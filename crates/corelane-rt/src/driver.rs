@@ -70,14 +70,14 @@ impl Driver {
     /// The clock read once per turn: as the stack counts time (since the run's epoch) and as
     /// it is.
     fn now(&self) -> (Instant, StdInstant) {
-        let clock = StdInstant::now();
+        let clock = self.core.shared.clock.now();
         let since = clock.saturating_duration_since(self.epoch);
         (Instant::from_micros(since.as_micros() as i64), clock)
     }
 
     /// One turn of the pipeline ([`Pipeline::turn`]) with this core's stack and peers, then
     /// the core's counters brought up to date. Returns true when anything moved.
-    fn turn(&mut self, freed: &mut Vec<(Proto, u16)>) -> bool {
+    pub(crate) fn turn(&mut self, freed: &mut Vec<(Proto, u16)>) -> bool {
         let core = self.core.clone();
         let (now, clock) = self.now();
         let mut stack = core.stack();
@@ -89,10 +89,7 @@ impl Driver {
                 self.listeners_closed = true;
                 stack.begin_drain();
             }
-            if life
-                .drain_deadline()
-                .is_some_and(|t| StdInstant::now() >= t)
-            {
+            if life.drain_deadline().is_some_and(|t| clock >= t) {
                 tracing::info!(
                     "core {}: the shutdown's grace ran out: stopping",
                     core.index
@@ -100,8 +97,13 @@ impl Driver {
                 core.shared.stop_all();
             }
         }
-        self.upgrade
-            .turn(&core.shared, core.index, &mut stack, self.pipe.dev.io_mut());
+        self.upgrade.turn(
+            &core.shared,
+            core.index,
+            &mut stack,
+            self.pipe.dev.io_mut(),
+            clock,
+        );
         let added = core.shared.addrs.sync(&mut self.addrs_seen, &mut stack);
         core.shared.routes.sync(&mut self.routes_seen, &mut stack);
         if core.index == 0 {
@@ -210,13 +212,19 @@ impl Driver {
 
     /// At the core's end, its stack shut down with its frames where `counts` says: leaves the
     /// queue to the new process of an upgrade, if one took it, and says where they are then.
-    pub(crate) fn leave_upgrade(&mut self, counts: FrameCounts) -> FrameCounts {
+    /// Polls [`CoreUpgrade::leave_step`](crate::upgrade_core::CoreUpgrade::leave_step) on the
+    /// core's executor until it is done.
+    pub(crate) async fn leave_upgrade(&mut self, counts: FrameCounts) -> FrameCounts {
+        use crate::upgrade_core::Leave;
         let core = self.core.clone();
-        let io = self.pipe.dev.io_mut();
-        if self.upgrade.leave(&core.shared, core.index, io) {
-            io.counts()
-        } else {
-            counts
+        loop {
+            let now = core.shared.clock.now();
+            let io = self.pipe.dev.io_mut();
+            match self.upgrade.leave_step(&core.shared, core.index, io, now) {
+                Leave::Left => return io.counts(),
+                Leave::NotHanded | Leave::Failed => return counts,
+                Leave::Waiting => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
         }
     }
 
@@ -345,7 +353,7 @@ impl Driver {
         self
     }
 
-    fn release_ports(&self, freed: &mut Vec<(Proto, u16)>) {
+    pub(crate) fn release_ports(&self, freed: &mut Vec<(Proto, u16)>) {
         for (proto, port) in freed.drain(..) {
             self.core.release_port(proto, port);
         }

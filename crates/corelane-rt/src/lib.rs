@@ -44,6 +44,7 @@ mod builder_life;
 mod builder_tcp;
 mod capture;
 mod cidr;
+mod clock;
 mod control;
 mod cookies;
 mod cores;
@@ -51,6 +52,7 @@ mod cpu;
 mod driver;
 mod error;
 pub mod handoff;
+mod host;
 mod lane;
 mod launch;
 mod life;
@@ -73,6 +75,8 @@ mod upgrade;
 mod upgrade_core;
 mod upgrade_handover;
 mod upgrade_join;
+mod upgrade_new;
+mod upgrade_old;
 
 use std::time::Duration;
 

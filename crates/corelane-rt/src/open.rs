@@ -228,6 +228,7 @@ impl Builder {
             auto_ports: Mutex::new(Vec::new()),
             bells,
             upgrades: Default::default(),
+            clock: Default::default(),
         });
         // One secret for every core: a SYN cookie issued on one core validates on any (the ACK
         // of a cookie may be answered by whichever core the segment reaches last), and ISNs

@@ -10,7 +10,7 @@
 
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::control::Shared;
 use crate::lock::lock;
@@ -66,7 +66,7 @@ impl StopHandle {
         let life = &shared.life;
         {
             let mut until = lock(&life.drain_until);
-            let t = Instant::now() + grace;
+            let t = shared.clock.now() + grace;
             *until = Some(until.map_or(t, |u| u.min(t)));
         }
         life.draining.store(true, Ordering::SeqCst);

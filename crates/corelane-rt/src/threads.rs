@@ -161,7 +161,7 @@ impl Runtime {
                 driver = exec.block_on(driver.linger(linger));
             }
             let counts = core.stack().shutdown(now(), &mut driver.pipe.dev)?;
-            let counts = driver.leave_upgrade(counts);
+            let counts = exec.block_on(driver.leave_upgrade(counts));
             core.ended.send_replace(true);
             return Ok(report(&core, counts));
         }
@@ -195,7 +195,7 @@ impl Runtime {
             match driver {
                 Ok(mut d) => {
                     let counts = core.stack().shutdown(now(), &mut d.pipe.dev)?;
-                    Ok(d.leave_upgrade(counts))
+                    Ok(d.leave_upgrade(counts).await)
                 }
                 Err(e) => {
                     tracing::error!("core {}: the driver task failed: {e}", info.index);

@@ -54,7 +54,6 @@ use std::time::{Duration, Instant};
 use corelane_stack::Stack;
 use corelane_xsk::UpgradeOffer;
 
-use crate::Error;
 use crate::lock::lock;
 
 /// What the cores are asked to do, in order.
@@ -93,6 +92,24 @@ pub(crate) const SHARED_NAP: Duration = Duration::from_micros(250);
 /// How long a core waits, at its end, for its last sends to complete before leaving.
 pub(crate) const LEAVE_WAIT: Duration = Duration::from_secs(3);
 
+/// The new process of an upgrade, as the old one sees whether it has ended.
+#[derive(Debug)]
+pub(crate) enum PartnerProcess {
+    /// A pidfd of the process (readable once it has ended).
+    Pidfd(OwnedFd),
+    /// A simulation's process: set once it has ended.
+    Sim(std::sync::Arc<std::sync::atomic::AtomicBool>),
+}
+
+impl PartnerProcess {
+    fn ended(&self) -> bool {
+        match self {
+            PartnerProcess::Pidfd(fd) => corelane_xsk::grant::process_ended(fd),
+            PartnerProcess::Sim(gone) => gone.load(Ordering::Acquire),
+        }
+    }
+}
+
 /// The upgrade's state, shared by the cores and the thread that talks to the new process.
 #[derive(Default)]
 pub(crate) struct Upgrades {
@@ -118,11 +135,16 @@ pub(crate) struct Upgrades {
     pub(crate) inherited: Mutex<Option<crate::queues::RestoreQueues>>,
     /// The old process: the new process (a pidfd), to see whether it has ended while an
     /// upgrade is called off.
-    pub(crate) partner_process: Mutex<Option<OwnedFd>>,
+    pub(crate) partner_process: Mutex<Option<PartnerProcess>>,
     /// The new process: the upgrade was called off; each core stands down from its queue.
     pub(crate) stand_down: std::sync::atomic::AtomicBool,
     /// The new process: a core has reported its queue called off (once).
     pub(crate) called_off: std::sync::atomic::AtomicBool,
+    /// The new process: when the old one was seen dead before it left every queue; each
+    /// core takes back what it held on its queue (`XskQueue::outlive_partner`).
+    pub(crate) old_died_at: Mutex<Option<Instant>>,
+    /// Set with `old_died_at` (one load a turn).
+    pub(crate) old_died: std::sync::atomic::AtomicBool,
 }
 
 impl Upgrades {
@@ -141,22 +163,7 @@ impl Upgrades {
     pub(crate) fn partner_ended(&self) -> bool {
         lock(&self.partner_process)
             .as_ref()
-            .is_some_and(corelane_xsk::grant::process_ended)
-    }
-
-    /// Waits until every one of `cores` has done the stage asked.
-    pub(crate) fn wait_done(&self, cores: usize, what: &str) -> Result<(), Error> {
-        let start = Instant::now();
-        while self.done.load(Ordering::Acquire) < cores {
-            if start.elapsed() > STAGE_WAIT {
-                return Err(Error::Config(format!(
-                    "upgrade: {} of {cores} core(s) {what} within {STAGE_WAIT:?}",
-                    self.done.load(Ordering::Acquire)
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Ok(())
+            .is_some_and(PartnerProcess::ended)
     }
 
     /// Has each of `cores` publish its listening ports until [`Upgrades::stop_listing`].

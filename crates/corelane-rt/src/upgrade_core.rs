@@ -4,10 +4,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use corelane_stack::Stack;
-use corelane_xsk::{CallOff, UpgradePhase, XskQueue};
+
+use crate::host::{CallOff, UpgradePhase, UpgradeQueue};
 
 use crate::control::Shared;
 use crate::lock::lock;
@@ -29,6 +30,10 @@ pub(crate) struct CoreUpgrade {
     settled: bool,
     /// This core has its queue back from an upgrade called off (counted in `done`).
     reclaimed: bool,
+    /// When the core, at its end, started to leave its queue.
+    leaving_since: Option<Instant>,
+    /// When it started to wait for its last sends (the program had switched).
+    left_since: Option<Instant>,
 }
 
 impl CoreUpgrade {
@@ -38,7 +43,8 @@ impl CoreUpgrade {
         shared: &Shared,
         core: usize,
         stack: &mut Stack,
-        io: &mut XskQueue,
+        io: &mut impl UpgradeQueue,
+        now: Instant,
     ) {
         let up = &shared.upgrades;
         if up.listing.load(Ordering::Relaxed) {
@@ -50,11 +56,11 @@ impl CoreUpgrade {
         }
         let stage = up.stage();
         if stage == Stage::Idle {
-            self.successor_turn(shared, core, io);
+            self.successor_turn(shared, core, io, now);
             return;
         }
         if stage == Stage::Reclaim {
-            self.call_off(shared, core, io);
+            self.call_off(shared, core, stack, io);
             return;
         }
         if self.seen != Some(stage) {
@@ -97,20 +103,29 @@ impl CoreUpgrade {
             }
             up.done.fetch_add(1, Ordering::AcqRel);
         }
-        if stage == Stage::Switched {
-            let now = Instant::now();
-            if self.forget_at.is_none_or(|t| now >= t) {
-                self.forget_at = Some(now + FORGET_EVERY);
-                self.forget_closed(&shared.steer, stack);
-            }
+        if stage == Stage::Switched && self.forget_at.is_none_or(|t| now >= t) {
+            self.forget_at = Some(now + FORGET_EVERY);
+            self.forget_closed(&shared.steer, stack);
         }
     }
 
     /// The old process calls the upgrade off: this core takes its queue back, at once where
     /// the new process never took the rings, and otherwise once it has stood down or ended
     /// (asked again every turn until then: the rings are the new process's meanwhile).
-    fn call_off(&mut self, shared: &Shared, core: usize, io: &mut XskQueue) {
+    fn call_off(
+        &mut self,
+        shared: &Shared,
+        core: usize,
+        stack: &mut Stack,
+        io: &mut impl UpgradeQueue,
+    ) {
         if self.seen != Some(Stage::Reclaim) {
+            if self.seen == Some(Stage::Record) {
+                // Called off after the connections were recorded: new connections are
+                // taken again, and the program keeps none for this process any more.
+                stack.set_quiet(false);
+                forget(&shared.steer, std::mem::take(&mut self.kept));
+            }
             self.seen = Some(Stage::Reclaim);
             self.reclaimed = false;
         }
@@ -142,10 +157,31 @@ impl CoreUpgrade {
 
     /// The new process of an upgrade: stands down from its queue when the upgrade is called
     /// off (by either process), and ends the run once it has (the old process serves on).
-    fn successor_turn(&mut self, shared: &Shared, core: usize, io: &mut XskQueue) {
+    fn successor_turn(
+        &mut self,
+        shared: &Shared,
+        core: usize,
+        io: &mut impl UpgradeQueue,
+        now: Instant,
+    ) {
         let up = &shared.upgrades;
         if up.stand_down.load(Ordering::Relaxed) && io.upgrade_phase().is_some() {
             io.stand_down();
+        }
+        if up.old_died.load(Ordering::Relaxed)
+            && io.upgrade_phase() == Some(UpgradePhase::Handed)
+            && lock(&up.old_died_at)
+                .is_some_and(|t| now.duration_since(t) >= crate::upgrade_new::OUTLIVE_AFTER)
+        {
+            match io.outlive_partner() {
+                Ok(n) => tracing::warn!(
+                    "core {core}: the old process died without leaving its queue: {n} frames it \
+                     held are this one's again"
+                ),
+                Err(e) => {
+                    tracing::error!("core {core}: taking the queue from the dead old process: {e}")
+                }
+            }
         }
         if io.upgrade_called_off() && !up.called_off.swap(true, Ordering::AcqRel) {
             shared.core_failed(
@@ -193,51 +229,69 @@ impl CoreUpgrade {
         }
     }
 
-    /// At the core's end (its stack shut down): forgets every kept connection, then leaves
-    /// the queue once its RX ring is read empty and its last sends completed. True when it
-    /// left.
-    pub(crate) fn leave(&mut self, shared: &Shared, core: usize, io: &mut XskQueue) -> bool {
-        use corelane_xsk::FrameIo as _;
+    /// At the core's end (its stack shut down), one step of leaving the queue to the new
+    /// process, polled until it says more than [`Leave::Waiting`]: waits for the program to
+    /// have switched (a core with nothing to drain may end first: its socket stays until then,
+    /// so no frame of its queue finds none), forgets every kept connection, then leaves once
+    /// its RX ring is read empty and its last sends completed (what still arrives is for
+    /// connections gone: dropped).
+    pub(crate) fn leave_step(
+        &mut self,
+        shared: &Shared,
+        core: usize,
+        io: &mut impl UpgradeQueue,
+        now: Instant,
+    ) -> Leave {
         if io.upgrade_phase() != Some(UpgradePhase::Handed) {
-            return false;
+            return Leave::NotHanded;
         }
-        // A core with nothing to drain may end before the program has switched: its socket
-        // stays until then, so no frame of its queue finds none.
-        let start = Instant::now();
-        while shared.upgrades.stage() == Stage::Record && start.elapsed() < STAGE_WAIT {
-            std::thread::sleep(Duration::from_millis(1));
+        let since = *self.leaving_since.get_or_insert(now);
+        if shared.upgrades.stage() == Stage::Record && now.duration_since(since) < STAGE_WAIT {
+            return Leave::Waiting;
         }
-        forget(&shared.steer, std::mem::take(&mut self.kept));
-        let start = Instant::now();
+        if !self.kept.is_empty() {
+            forget(&shared.steer, std::mem::take(&mut self.kept));
+        }
+        let left_since = *self.left_since.get_or_insert(now);
         let mut frames = std::collections::VecDeque::new();
         let mut done = Vec::new();
-        loop {
-            // What still arrives is for connections gone: dropped.
-            io.recv(&mut frames, 64);
-            done.extend(frames.drain(..));
-            io.release(&mut done);
-            let _ = io.complete();
-            match io.leave_upgrade() {
-                Ok(true) => {
-                    tracing::info!("core {core}: left its queue to the new process");
-                    return true;
-                }
-                Ok(false) if start.elapsed() > LEAVE_WAIT => {
-                    tracing::error!(
-                        "core {core}: its last sends did not complete within {LEAVE_WAIT:?}: the \
-                         queue is not left ({:?})",
-                        io.counts()
-                    );
-                    return false;
-                }
-                Ok(false) => std::thread::sleep(Duration::from_millis(1)),
-                Err(e) => {
-                    tracing::error!("core {core}: leaving its queue: {e}");
-                    return false;
-                }
+        io.recv(&mut frames, 64);
+        done.extend(frames.drain(..));
+        io.release(&mut done);
+        let _ = io.complete();
+        match io.leave_upgrade() {
+            Ok(true) => {
+                tracing::info!("core {core}: left its queue to the new process");
+                Leave::Left
+            }
+            Ok(false) if now.duration_since(left_since) > LEAVE_WAIT => {
+                tracing::error!(
+                    "core {core}: its last sends did not complete within {LEAVE_WAIT:?}: the \
+                     queue is not left ({:?})",
+                    io.counts()
+                );
+                Leave::Failed
+            }
+            Ok(false) => Leave::Waiting,
+            Err(e) => {
+                tracing::error!("core {core}: leaving its queue: {e}");
+                Leave::Failed
             }
         }
     }
+}
+
+/// Where a core's leaving of its queue stands ([`CoreUpgrade::leave_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leave {
+    /// The queue is not shared with a new process: nothing to leave.
+    NotHanded,
+    /// Not yet: ask again.
+    Waiting,
+    /// Left: its frames are the new process's.
+    Left,
+    /// Could not leave (logged): the queue and its frames stay this process's.
+    Failed,
 }
 
 fn forget(steer: &Arc<Steer>, flows: Vec<(SocketAddr, u16)>) {

@@ -3,16 +3,16 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use corelane_xsk::Handover;
 use corelane_xsk::grant::{recv_message, send_message, set_read_deadline};
-use corelane_xsk::{Handover, UpgradeOffer};
 
 use crate::Error;
 use crate::control::Shared;
+use crate::host::{Heard, Talk, UpgradeOffer};
 use crate::lock::lock;
-use crate::upgrade::{JOIN_WAIT, Stage};
+use crate::upgrade_old::OldSide;
 
 /// The listening socket of [`Builder::upgrades`](crate::Builder::upgrades), removed with it.
 pub(crate) struct Listener {
@@ -214,7 +214,7 @@ pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
         // Whether it ends is what lets the cores take their queues back should the upgrade
         // be called off while it holds them.
         *lock(&shared.upgrades.partner_process) = match corelane_xsk::grant::peer_pidfd(&conn) {
-            Ok(fd) => Some(fd),
+            Ok(fd) => Some(crate::upgrade::PartnerProcess::Pidfd(fd)),
             Err(e) => {
                 tracing::warn!(
                     "upgrades: no pidfd of the new process ({e}): a call-off waits for it to \
@@ -223,15 +223,8 @@ pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
                 None
             }
         };
-        match hand_over(&conn, run) {
-            Ok(()) => {
-                *lock(&shared.upgrades.partner) = Some(conn);
-                return;
-            }
-            Err(e) => {
-                tracing::error!("upgrade refused or failed: {e}; this process serves on");
-                let _ = send_message(conn.as_raw_fd(), &format!("error {e}"), None);
-            }
+        if run_upgrade(conn, run) {
+            return;
         }
     }
 }
@@ -275,146 +268,86 @@ fn allowed(conn: &OwnedFd, owner: u32, caps: u64) -> Result<(), String> {
     }
 }
 
-fn hand_over(conn: &OwnedFd, run: &OldRun<'_>) -> Result<(), Error> {
-    let OldRun {
-        shared,
-        secret,
-        grace,
-        restore,
-    } = *run;
-    // One doorbell per core.
-    let cores = shared.bells.len();
-    let up = &shared.upgrades;
-    let steer = &shared.steer;
-    let (old_gen, _) = steer.run(|s| s.upgrade_state())??;
-    let new_gen = (old_gen + 1) % corelane_xsk::GENERATIONS;
-    up.old_gen.store(old_gen as u8, Ordering::Release);
-    *lock(&up.offers) = (0..cores).map(|_| None).collect();
-    *lock(&up.listening) = vec![Vec::new(); cores];
-    up.ask(Stage::Offer);
-    shared.ring_all();
-    up.wait_done(cores, "offered their queues")?;
-    let offers: Vec<UpgradeOffer> = lock(&up.offers)
-        .iter_mut()
-        .enumerate()
-        .map(|(i, o)| match o.take() {
-            Some(Ok(o)) => Ok(o),
-            Some(Err(e)) => Err(Error::Config(format!("core {i}: {e}"))),
-            None => Err(Error::Config(format!("core {i} made no offer"))),
-        })
-        .collect::<Result<_, _>>()?;
-    // A broker's program stays the broker's: the new process asks it as the old one's
-    // successor.
-    let steering = if steer.read().is_granted() {
-        None
-    } else {
-        Some(steer.run(|s| s.share())??)
-    };
-    let handover = Handover {
-        steering,
-        queues: offers,
-    };
-    let extras = Extras {
-        secret,
-        generation: new_gen,
-        channels: restore.channels(),
-        ports: up.listening_ports(),
-    };
-    let answer = (|| {
-        corelane_xsk::send_handover(conn.as_fd(), &handover)?;
-        send_message(conn.as_raw_fd(), &extras.to_text(), None).map_err(Error::Io)?;
-        // The cores hand their rings over on their next turn: rung until the new process
-        // has joined them all (an idle core sleeps).
-        set_read_deadline(conn, Some(Duration::from_millis(5))).map_err(Error::Io)?;
-        let start = Instant::now();
-        let said = loop {
-            shared.ring_all();
-            match recv_message(conn.as_raw_fd()) {
-                Ok(m) => break m,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                    ) && start.elapsed() < JOIN_WAIT => {}
-                Err(e) => {
-                    return Err(Error::Config(format!(
-                        "the new process did not say it joined: {e}"
-                    )));
-                }
-            }
-        };
-        set_read_deadline(conn, None).map_err(Error::Io)?;
-        match said {
-            Some((t, None)) if t == "joined" => Ok(()),
-            Some((t, _)) => Err(Error::Config(format!("the new process said `{t}`"))),
-            None => Err(Error::Config(
-                "the new process closed the connection before joining".into(),
-            )),
-        }
-    })();
-    drop(handover);
-    if let Err(e) = answer {
-        // Told first: it stands down at once (each of its queues also sees the call-off on
-        // its next turn).
-        let _ = send_message(conn.as_raw_fd(), &format!("error {e}"), None);
-        call_off(shared, cores);
-        return Err(e);
-    }
-    // The drain's end is set before the cores close their listeners, so that a core whose
-    // future ends at once lingers for the whole grace.
-    {
-        let mut until = lock(&shared.life.drain_until);
-        let t = Instant::now() + grace;
-        *until = Some(until.map_or(t, |u| u.min(t)));
-    }
-    // From here on this process gives up nothing it owns: its listeners close now, and the
-    // ports they release are the new process's too.
-    steer.run(|s| s.hand_on())?;
-    up.ask(Stage::Record);
-    shared.ring_all();
-    up.wait_done(cores, "recorded their connections")?;
-    steer.run(move |s| s.set_upgrade(new_gen, true))??;
-    restore.hand_on();
-    up.ask(Stage::Switched);
-    shared.ring_all();
-    // Only this word lets the new process end the split when this connection ends: a
-    // connection that ends without it means the upgrade was called off.
-    if let Err(e) = send_message(conn.as_raw_fd(), "switched", None) {
-        tracing::error!(
-            "upgrade: the new process did not hear that the program switched to it ({e}); it \
-             may have ended"
-        );
-    }
-    tracing::info!("upgrade: the new process serves; this one drains (at most {grace:?}) and ends");
-    crate::StopHandle(Arc::downgrade(shared)).shutdown(grace);
-    Ok(())
+/// The upgrade's connection as a unix socket: words are messages; reads wait at most a
+/// millisecond, so that the side polling it keeps its deadlines.
+pub(crate) struct SocketTalk {
+    pub(crate) conn: OwnedFd,
 }
 
-/// Calls the upgrade off: every core takes its queue back, each once the new process no
-/// longer holds it (it has stood down, or ended). No deadline: until then the rings are the
-/// new process's, and taking them would put frames in two hands. Ends early only when this
-/// run ends (its cores stop turning).
-fn call_off(shared: &Arc<Shared>, cores: usize) {
-    let up = &shared.upgrades;
-    up.ask(Stage::Reclaim);
-    let start = Instant::now();
-    let mut said = Duration::ZERO;
-    while up.done.load(Ordering::Acquire) < cores && !shared.life.stop.load(Ordering::Acquire) {
-        shared.ring_all();
-        std::thread::sleep(Duration::from_millis(1));
-        let waited = start.elapsed();
-        if waited >= said + Duration::from_secs(5) {
-            said = waited;
-            tracing::warn!(
-                "upgrade called off: {} of {cores} core(s) have their queue back after {:?}; \
-                 waiting for the new process to stand down or end",
-                up.done.load(Ordering::Acquire),
-                waited
-            );
+impl SocketTalk {
+    pub(crate) fn new(conn: OwnedFd) -> std::io::Result<SocketTalk> {
+        set_read_deadline(&conn, Some(Duration::from_millis(1)))?;
+        Ok(SocketTalk { conn })
+    }
+}
+
+impl Talk for SocketTalk {
+    fn say(&mut self, word: &str) -> std::io::Result<()> {
+        send_message(self.conn.as_raw_fd(), word, None)
+    }
+
+    fn hear(&mut self) -> Heard {
+        match recv_message(self.conn.as_raw_fd()) {
+            // A descriptor sent with a word is not asked for: dropped (closed) here.
+            Ok(Some((t, _))) => Heard::Word(t),
+            Ok(None) => Heard::Ended,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                Heard::Nothing
+            }
+            Err(e) => {
+                tracing::debug!("upgrade: the connection failed: {e}");
+                Heard::Ended
+            }
         }
     }
-    up.stage.store(Stage::Idle as u8, Ordering::Release);
-    lock(&up.partner_process).take();
+
+    fn hand_over(
+        &mut self,
+        program: Option<corelane_xsk::SteeringShare>,
+        offers: Vec<UpgradeOffer>,
+        extras: &str,
+    ) -> Result<(), Error> {
+        let handover = Handover {
+            steering: program,
+            queues: offers,
+        };
+        corelane_xsk::send_handover(self.conn.as_fd(), &handover)?;
+        send_message(self.conn.as_raw_fd(), extras, None).map_err(Error::Io)
+    }
+}
+
+/// Runs the old process's side of one upgrade over `conn` to its end: true once the program
+/// has switched to the new process.
+fn run_upgrade(conn: OwnedFd, run: &OldRun<'_>) -> bool {
+    let shared = run.shared;
+    let mut talk = match SocketTalk::new(conn) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("upgrade refused: its connection: {e}; this process serves on");
+            return false;
+        }
+    };
+    let mut side = OldSide::start(run, shared.clock.now());
+    loop {
+        side.poll(run, &mut talk, shared.clock.now());
+        match side.over() {
+            Some(Ok(())) => {
+                *lock(&shared.upgrades.partner) = Some(talk.conn);
+                return true;
+            }
+            Some(Err(why)) => {
+                tracing::error!("upgrade called off: {why}");
+                return false;
+            }
+            // This thread is not a core's: it may wait between polls.
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,20 +17,21 @@ use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use corelane_xsk::grant::{open_connection, recv_message, send_message, set_read_deadline};
+use corelane_xsk::grant::{open_connection, recv_message, set_read_deadline};
 use corelane_xsk::{PendingJoin, Steering, UpgradeOffer};
 
 use crate::Error;
 use crate::access::Access;
 use crate::control::Shared;
 use crate::lock::lock;
-use crate::upgrade_handover::Extras;
+use crate::upgrade_handover::{Extras, SocketTalk};
+use crate::upgrade_new::NewSide;
 
 /// How long the new process waits for the old one's hand-over.
 const HANDOVER_WAIT: Duration = Duration::from_secs(10);
 /// How long the new process waits for the application to listen on the old one's ports
-/// before it takes over anyway.
-const LISTEN_WAIT: Duration = Duration::from_secs(10);
+/// before it calls the upgrade off.
+pub(crate) const LISTEN_WAIT: Duration = Duration::from_secs(10);
 /// How long it waits for the old process's record of the interface to go.
 const CLAIM_WAIT: Duration = Duration::from_secs(30);
 
@@ -41,18 +42,8 @@ pub(crate) struct Joining {
     pub(crate) extras: Extras,
     /// A broker holds the program (and the interface's record).
     granted: bool,
-}
-
-/// The upgrade is called off on this side: each core stands down from its queue (it fills and
-/// sends no more, lets its sends complete, says so) and the run ends with an error.
-fn stand_down(weak: &Weak<Shared>) {
-    if let Some(shared) = weak.upgrade() {
-        shared
-            .upgrades
-            .stand_down
-            .store(true, std::sync::atomic::Ordering::Release);
-        shared.ring_all();
-    }
+    /// The old process (a pidfd), to tell its death from its leaving.
+    old_process: Option<OwnedFd>,
 }
 
 fn refused(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -107,6 +98,18 @@ impl Joining {
                 ),
             ));
         }
+        // Whether it has ended tells its death from its leaving, should the connection end
+        // before it has left every queue.
+        let old_process = match corelane_xsk::grant::peer_pidfd(&conn) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::warn!(
+                    "upgrade: no pidfd of the old process ({e}): should it die during the \
+                     upgrade, this one stands down"
+                );
+                None
+            }
+        };
         set_read_deadline(&conn, Some(HANDOVER_WAIT))?;
         let handover = corelane_xsk::recv_handover(conn.as_fd()).map_err(|e| refused(path, e))?;
         let text = match recv_message(conn.as_raw_fd()) {
@@ -136,6 +139,7 @@ impl Joining {
                 offers: handover.queues,
                 extras,
                 granted,
+                old_process,
             },
         )))
     }
@@ -183,83 +187,57 @@ impl Joining {
         joined
     }
 
-    /// While the run lasts, on its own thread: says `joined` once the application listens on
-    /// every TCP port the old process did (or after [`LISTEN_WAIT`]), then waits for the old
-    /// process to end and ends the split.
+    /// While the run lasts, on its own thread: polls the new process's side ([`NewSide`])
+    /// until it ends; once the split has ended, takes the interface's record over.
     pub(crate) fn serve(self, weak: &Weak<Shared>, ifname: &str) {
-        let start = Instant::now();
-        let old_ports = &self.extras.ports;
-        loop {
-            let Some(shared) = weak.upgrade() else { return };
-            let now = shared.upgrades.listening_ports();
-            if old_ports.iter().all(|p| now.contains(p)) {
-                break;
-            }
-            if start.elapsed() > LISTEN_WAIT || shared.life.ending() {
-                tracing::warn!(
-                    "upgrade: the application does not listen on every port the old process \
-                     did ({old_ports:?}; now {now:?}) after {LISTEN_WAIT:?}: taking over anyway"
-                );
-                break;
-            }
-            drop(shared);
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        if let Some(shared) = weak.upgrade() {
-            shared.upgrades.stop_listing();
-        }
-        if let Err(e) = send_message(self.conn.as_raw_fd(), "joined", None) {
-            tracing::error!(
-                "upgrade: telling the old process failed ({e}); it takes its queues back"
-            );
-            stand_down(weak);
-            return;
-        }
-        tracing::info!("upgrade: every queue joined; the old process switches to this one");
-        // The switch is the old process's to make and to say: a `joined` it read too late (it
-        // had called the upgrade off) is answered with an error or with the connection's end.
-        let switched = loop {
-            match recv_message(self.conn.as_raw_fd()) {
-                Ok(Some((t, _))) if t == "switched" => break Ok(()),
-                Ok(Some((t, _))) if t.starts_with("error") => break Err(t),
-                Ok(Some(_)) => {}
-                Ok(None) => break Err("the old process ended the connection first".into()),
-                Err(e) => break Err(e.to_string()),
+        let Joining {
+            conn,
+            extras,
+            granted,
+            old_process,
+            ..
+        } = self;
+        let mut talk = match SocketTalk::new(conn) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!("upgrade: the connection to the old process: {e}");
+                if let Some(shared) = weak.upgrade() {
+                    crate::upgrade_new::stand_down(&shared);
+                }
+                return;
             }
         };
-        if let Err(why) = switched {
-            tracing::error!(
-                "upgrade: the old process did not switch to this one ({why}): it serves on, and \
-                 this one stands down"
-            );
-            stand_down(weak);
+        let Some(start) = weak.upgrade().map(|s| {
+            *lock(&s.upgrades.partner_process) =
+                old_process.map(crate::upgrade::PartnerProcess::Pidfd);
+            s.clock.now()
+        }) else {
             return;
-        }
-        // Whatever the old process says until it ends is ignored; its end ends the split.
-        while let Ok(Some(_)) = recv_message(self.conn.as_raw_fd()) {}
-        // This run has ended meanwhile: nothing to do.
-        let Some(shared) = weak.upgrade() else { return };
-        let generation = self.extras.generation;
-        let ended = shared.steer.run(move |s| {
-            s.set_upgrade(generation, false)?;
-            s.clear_flows()
-        });
-        match ended {
-            Ok(Ok(n)) => tracing::info!(
-                "upgrade: the old process has gone; this one serves every connection ({n} kept \
-                 connection(s) forgotten)"
-            ),
-            Ok(Err(e)) => tracing::error!("upgrade: ending the split failed: {e}"),
-            Err(e) => tracing::error!("upgrade: ending the split failed: {e}"),
-        }
-        if !self.granted {
-            self.inherit(&shared, ifname);
+        };
+        let mut side = NewSide::Listening { since: start };
+        loop {
+            // This run has ended meanwhile: nothing to do.
+            let Some(shared) = weak.upgrade() else { return };
+            side.poll(&shared, &extras, &mut talk, shared.clock.now());
+            match side {
+                NewSide::Ended => {
+                    if !granted {
+                        Joining::inherit(&extras, &shared, ifname);
+                    }
+                    return;
+                }
+                NewSide::StoodDown => return,
+                _ => {}
+            }
+            drop(shared);
+            // This thread is not a core's: it may wait between polls.
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 
     /// Takes the interface's record over once the old process has let it go, with the
     /// queue count to put back at the end.
-    fn inherit(&self, shared: &Shared, ifname: &str) {
+    fn inherit(extras: &Extras, shared: &Shared, ifname: &str) {
         let start = Instant::now();
         let claim = loop {
             match corelane_xsk::Claim::take(ifname) {
@@ -286,7 +264,7 @@ impl Joining {
         }
         *lock(&shared.upgrades.inherited) = Some(crate::queues::RestoreQueues::new(
             ifname,
-            self.extras.channels,
+            extras.channels,
             Some(claim),
         ));
     }

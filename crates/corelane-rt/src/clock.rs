@@ -1,0 +1,71 @@
+//! The runtime's clock: the wall clock of a real run, or a virtual one that a simulation moves
+//! by hand (`crate::sim`). Every deadline the cores and the upgrade poll is read from it, so
+//! that seconds of an upgrade's waits cost a simulation nothing and come in any order it picks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A run's clock (cheap to clone: the clones read the same time).
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Clock {
+    /// `Instant::now()`.
+    #[default]
+    Wall,
+    /// A start and the time moved since, in nanoseconds.
+    Virtual(Arc<Virtual>),
+}
+
+#[derive(Debug)]
+pub(crate) struct Virtual {
+    base: Instant,
+    nanos: AtomicU64,
+}
+
+impl Clock {
+    /// A virtual clock standing at its start until [`Clock::advance`] moves it.
+    pub(crate) fn virtual_clock() -> Clock {
+        Clock::Virtual(Arc::new(Virtual {
+            base: Instant::now(),
+            nanos: AtomicU64::new(0),
+        }))
+    }
+
+    /// The time now.
+    pub(crate) fn now(&self) -> Instant {
+        match self {
+            Clock::Wall => Instant::now(),
+            Clock::Virtual(v) => v.base + Duration::from_nanos(v.nanos.load(Ordering::Acquire)),
+        }
+    }
+
+    /// Moves a virtual clock on by `d` (the wall clock moves by itself: nothing).
+    pub(crate) fn advance(&self, d: Duration) {
+        if let Clock::Virtual(v) = self {
+            v.nanos.fetch_add(d.as_nanos() as u64, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_virtual_clock_moves_only_when_told() {
+        let c = Clock::virtual_clock();
+        let t0 = c.now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(
+            c.now(),
+            t0,
+            "virtual time stood still while the wall clock moved"
+        );
+        c.clone().advance(Duration::from_secs(30));
+        assert_eq!(
+            c.now() - t0,
+            Duration::from_secs(30),
+            "a clone moves the same clock"
+        );
+    }
+}

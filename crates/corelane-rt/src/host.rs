@@ -1,0 +1,91 @@
+//! The host under the runtime: what a core's turn and the upgrade ask of the kernel, as
+//! traits, so that they run over AF_XDP and the kernel's program (a real run) or over the
+//! in-memory kernel (`corelane_xsk::SimKernel`, a simulation's, `crate::sim`) alike.
+//!
+//! - the queue's upgrade moves ([`UpgradeQueue`]): offer, call off, stand down, leave, on
+//!   top of the frame moves every queue makes ([`FrameIo`]);
+//! - the program's maps: `corelane_xsk::Steering`, attached, granted, or in memory
+//!   (`Steering::in_memory`);
+//! - the clock: `crate::clock::Clock`, the wall's or a virtual one.
+
+pub(crate) use corelane_xsk::{CallOff, FrameIo, UpgradeOffer, UpgradePhase, XskQueue};
+
+use crate::Error;
+
+/// The moves an upgrade makes on one queue, besides its frame moves.
+pub(crate) trait UpgradeQueue: FrameIo {
+    /// Where the queue's hand-over stands (None: no upgrade).
+    fn upgrade_phase(&self) -> Option<UpgradePhase>;
+    /// The old process offers the queue to a new one.
+    fn offer_upgrade(&mut self) -> Result<UpgradeOffer, Error>;
+    /// The old process takes the queue back (see `XskQueue::call_off_upgrade`).
+    fn call_off_upgrade(&mut self, partner_gone: bool) -> Result<CallOff, Error>;
+    /// The new process stands down from the queue.
+    fn stand_down(&mut self);
+    /// The new process: the old one has called the upgrade off.
+    fn upgrade_called_off(&self) -> bool;
+    /// The old process leaves the queue to the new one: true once it has.
+    fn leave_upgrade(&mut self) -> Result<bool, Error>;
+    /// The new process outlives the old one, dead before it left: the queue is its alone.
+    fn outlive_partner(&mut self) -> Result<usize, Error>;
+}
+
+impl UpgradeQueue for XskQueue {
+    fn upgrade_phase(&self) -> Option<UpgradePhase> {
+        XskQueue::upgrade_phase(self)
+    }
+
+    fn offer_upgrade(&mut self) -> Result<UpgradeOffer, Error> {
+        XskQueue::offer_upgrade(self).map_err(Error::from)
+    }
+
+    fn call_off_upgrade(&mut self, partner_gone: bool) -> Result<CallOff, Error> {
+        XskQueue::call_off_upgrade(self, partner_gone).map_err(Error::from)
+    }
+
+    fn stand_down(&mut self) {
+        XskQueue::stand_down(self);
+    }
+
+    fn upgrade_called_off(&self) -> bool {
+        XskQueue::upgrade_called_off(self)
+    }
+
+    fn leave_upgrade(&mut self) -> Result<bool, Error> {
+        XskQueue::leave_upgrade(self).map_err(Error::from)
+    }
+
+    fn outlive_partner(&mut self) -> Result<usize, Error> {
+        XskQueue::outlive_partner(self).map_err(Error::from)
+    }
+}
+
+/// What one process of an upgrade heard from the other ([`Talk::hear`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// Nothing yet.
+    Nothing,
+    /// A word.
+    Word(String),
+    /// The connection ended (or failed: the same to an upgrade).
+    Ended,
+}
+
+/// The connection between the two processes of an upgrade: a unix socket (`SocketTalk` in
+/// `upgrade_handover.rs`), or a simulation's mailbox. Never blocks: the sides are machines a
+/// thread (or a simulation's step) polls.
+pub(crate) trait Talk {
+    /// Says `word` to the other process.
+    fn say(&mut self, word: &str) -> std::io::Result<()>;
+    /// What the other process said since the last call, one word at a time.
+    fn hear(&mut self) -> Heard;
+    /// The old process: hands the queues' offers over, with the program unless a broker
+    /// holds it (`program` is then None), and `extras` (the run's secret, the generation, the
+    /// ports).
+    fn hand_over(
+        &mut self,
+        program: Option<corelane_xsk::SteeringShare>,
+        offers: Vec<UpgradeOffer>,
+        extras: &str,
+    ) -> Result<(), Error>;
+}

@@ -22,6 +22,10 @@ CORELANE_SIM_SEEDS=8 cargo test --locked --profile checked -p corelane-stack
 # the veth tests as root).
 CORELANE_UPGRADE_SIM_SEEDS=1000 cargo test --locked --profile checked -p corelane-frame \
   -p corelane-xsk --lib
+# corelane-rt's tests as an ordinary user (nobody), under the same profile: the runtime's host
+# seam, both sides of an upgrade and the whole-runtime simulation (10,000 seeds) need neither
+# root nor a device.
+bash scripts/test-unprivileged.sh
 # The fuzz targets coverage-guided for a few seconds each (SanitizerCoverage on stable Rust, its
 # own target directory): fails on a panic, or if the instrumentation took fewer edges than the
 # corpus alone takes (400 to 2,300 per target), i.e. if it stopped working. Long runs:

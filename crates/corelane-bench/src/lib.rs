@@ -435,6 +435,69 @@ impl CorelaneServer {
     }
 }
 
+/// Runs `run` for each seed of `from..from + seeds` on `threads` threads, each failure printed
+/// as it comes. Returns the reports (in no order), the failures and the time taken.
+pub fn sweep<R: Send>(
+    from: u64,
+    seeds: u64,
+    threads: usize,
+    run: impl Fn(u64) -> Result<R, String> + Sync,
+) -> (Vec<R>, Vec<String>, std::time::Duration) {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let next = AtomicU64::new(from);
+    let end = from + seeds;
+    let reports: Mutex<Vec<R>> = Mutex::new(Vec::new());
+    let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= end {
+                        break;
+                    }
+                    match run(seed) {
+                        Ok(r) => reports.lock().unwrap_or_else(|p| p.into_inner()).push(r),
+                        Err(f) => {
+                            eprintln!("{f}");
+                            failures.lock().unwrap_or_else(|p| p.into_inner()).push(f);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (
+        reports.into_inner().unwrap_or_else(|p| p.into_inner()),
+        failures.into_inner().unwrap_or_else(|p| p.into_inner()),
+        started.elapsed(),
+    )
+}
+
+/// The commit checked out (short), and the CPU's model name, for a results file's header.
+pub fn commit_and_cpu() -> (String, String) {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "unknown".to_string(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        );
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_default();
+    (commit, cpu)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

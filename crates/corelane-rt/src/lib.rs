@@ -67,6 +67,7 @@ mod queues;
 mod report;
 mod routing;
 mod signals;
+pub mod sim;
 mod steward;
 mod stop;
 mod telemetry;

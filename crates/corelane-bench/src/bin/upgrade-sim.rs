@@ -12,12 +12,10 @@
 //! Needs no privilege: no device, no socket, no root.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::Parser;
 use corelane_bench::markdown_table;
-use corelane_xsk::sim::upgrade::{Outcome, Report, run};
+use corelane_xsk::sim::upgrade::{Outcome, run};
 
 #[derive(Parser, Debug)]
 #[command(about = "The upgrade of a queue simulated over seeds")]
@@ -57,35 +55,10 @@ fn main() {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let next = AtomicU64::new(args.from);
     let end = args.from + args.seeds;
-    let reports: Mutex<Vec<Report>> = Mutex::new(Vec::new());
-    let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let started = std::time::Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                loop {
-                    let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= end {
-                        break;
-                    }
-                    match run(seed, args.steps) {
-                        Ok(r) => reports.lock().unwrap_or_else(|p| p.into_inner()).push(r),
-                        Err(f) => {
-                            eprintln!("{f}");
-                            failures
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(f.to_string());
-                        }
-                    }
-                }
-            });
-        }
+    let (reports, failures, took) = corelane_bench::sweep(args.from, args.seeds, threads, |seed| {
+        run(seed, args.steps).map_err(|f| f.to_string())
     });
-    let reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
-    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
     // Per outcome: runs, runs with a call-off first, requests delivered and answered.
     let mut by: BTreeMap<Outcome, (u64, u64, u64, u64)> = BTreeMap::new();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -132,27 +105,11 @@ fn main() {
         args.from,
         end,
         failures.len(),
-        started.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
     println!("{summary}\n\n{table}\n{fault_table}");
     if let Some(out) = &args.out {
-        let commit = std::process::Command::new("git")
-            .args(["rev-parse", "--short", "HEAD"])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map_or_else(
-                || "unknown".to_string(),
-                |o| String::from_utf8_lossy(&o.stdout).trim().to_string(),
-            );
-        let cpu = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("model name"))
-                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-            })
-            .unwrap_or_default();
+        let (commit, cpu) = corelane_bench::commit_and_cpu();
         let text = format!(
             "# The upgrade of a queue, simulated: {summary}\n\n\
              Measured at commit `{commit}` on {threads} core(s) of {cpu}.\n\n\

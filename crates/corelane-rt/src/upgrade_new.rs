@@ -181,3 +181,7 @@ fn end_split(shared: &Shared, generation: u32) {
         Err(e) => tracing::error!("upgrade: ending the split failed: {e}"),
     }
 }
+
+#[cfg(test)]
+#[path = "upgrade_new_tests.rs"]
+mod tests;

@@ -296,3 +296,7 @@ fn call_off(shared: &Arc<Shared>, talk: &mut impl Talk, now: Instant, why: Strin
         why,
     }
 }
+
+#[cfg(test)]
+#[path = "upgrade_old_tests.rs"]
+mod tests;

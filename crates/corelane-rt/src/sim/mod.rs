@@ -28,8 +28,8 @@
 //! failing seed replays with `--seed N`.
 
 mod peer;
-mod process;
-mod talk;
+pub(crate) mod process;
+pub(crate) mod talk;
 mod world;
 
 use std::time::Duration;

@@ -31,7 +31,7 @@ pub(super) const PORT: u16 = 7;
 pub(super) const MTU: usize = 1500;
 
 /// A process's control plane over the in-memory program `program`, on the world's clock.
-pub(super) fn shared(
+pub(crate) fn shared(
     program: &MemProgram,
     addr: IpCidr,
     clock: &Clock,

@@ -21,7 +21,7 @@ struct Inbox {
 }
 
 /// One end of the connection.
-pub(super) struct MemTalk {
+pub(crate) struct MemTalk {
     boxes: Rc<RefCell<[Inbox; 2]>>,
     me: usize,
     clock: Clock,
@@ -33,7 +33,7 @@ pub(super) struct MemTalk {
 }
 
 /// A connection: the old process's end, then the new one's.
-pub(super) fn pair(clock: &Clock, lag: [Duration; 2], twice: [bool; 2]) -> (MemTalk, MemTalk) {
+pub(crate) fn pair(clock: &Clock, lag: [Duration; 2], twice: [bool; 2]) -> (MemTalk, MemTalk) {
     let boxes = Rc::new(RefCell::new([Inbox::default(), Inbox::default()]));
     let end = |me: usize| MemTalk {
         boxes: boxes.clone(),
@@ -48,7 +48,7 @@ pub(super) fn pair(clock: &Clock, lag: [Duration; 2], twice: [bool; 2]) -> (MemT
 
 impl MemTalk {
     /// Ends the connection from this side (as a process's end closes its socket).
-    pub(super) fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         if !self.closed {
             self.closed = true;
             let at = self.clock.now() + self.lag;
@@ -57,7 +57,7 @@ impl MemTalk {
     }
 
     /// The hand-over, once it has arrived: the offers and the extras' text.
-    pub(super) fn take_handover(&mut self) -> Option<(Vec<UpgradeOffer>, String)> {
+    pub(crate) fn take_handover(&mut self) -> Option<(Vec<UpgradeOffer>, String)> {
         let now = self.clock.now();
         let mut b = self.boxes.borrow_mut();
         let inbox = &mut b[self.me];
@@ -68,7 +68,7 @@ impl MemTalk {
     }
 
     /// Whether the other end has closed and everything it said was heard.
-    pub(super) fn ended(&self) -> bool {
+    pub(crate) fn ended(&self) -> bool {
         let now = self.clock.now();
         let b = self.boxes.borrow();
         let inbox = &b[self.me];

@@ -103,3 +103,50 @@ fn a_descriptor_past_the_umem_is_refused_not_taken_for_the_frame_it_wraps_to() {
     assert_eq!(q.counts(), before, "no frame moved");
     assert!(q.pool.ledger().verify().is_ok());
 }
+
+#[test]
+fn a_new_process_outlives_an_old_one_killed_after_the_hand_over_and_gets_every_frame_back() {
+    let (k, mut old) = SimKernel::open(&config()).unwrap();
+    let join = crate::PendingJoin::bind_sim(&k, old.offer_upgrade().unwrap()).unwrap();
+    join.ask().unwrap();
+    // The old process hands the rings over on its next turn.
+    old.complete().unwrap();
+    let mut new = join.try_take_over().unwrap().expect("handed over");
+    new.complete().unwrap();
+    // Traffic for the old process: it holds some frames as it dies, some wait on its RX ring.
+    for n in 0..6u8 {
+        assert!(k.deliver(&[n; 60]), "frame {n}");
+    }
+    let mut got = std::collections::VecDeque::new();
+    assert_eq!(old.recv(&mut got, 3), 3);
+    old.crash_for_simulation();
+    let m = k.misplaced(&mut [&mut new]).unwrap();
+    assert!(m.twice.is_empty(), "{m:?}");
+    assert!(
+        !m.lost.is_empty(),
+        "the frames the old process held are in no place until the new one takes them: {m:?}"
+    );
+    let taken = new.outlive_partner().unwrap();
+    assert!(
+        taken >= m.lost.len(),
+        "{taken} taken, {} lost",
+        m.lost.len()
+    );
+    let m = k.misplaced(&mut [&mut new]).unwrap();
+    assert_eq!(m, Misplaced::default(), "every frame in one place again");
+    assert_eq!(
+        new.upgrade_phase(),
+        None,
+        "the queue is the new process's alone"
+    );
+    // And it serves: the program steers to it, it fills, receives and sends.
+    k.steer_to(&new);
+    new.complete().unwrap();
+    assert!(k.deliver(&[7; 60]));
+    let mut got = std::collections::VecDeque::new();
+    assert_eq!(new.recv(&mut got, 8), 1);
+    let mut out: Vec<XskFrame> = got.into_iter().collect();
+    assert_eq!(new.send(&mut out).unwrap(), 1);
+    assert_eq!(k.take_wire(), vec![vec![7u8; 60]]);
+    assert!(new.outlive_partner().is_err(), "nothing left to outlive");
+}

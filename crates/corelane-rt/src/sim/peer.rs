@@ -46,8 +46,15 @@ pub(super) struct Conn {
     sent: u64,
     recvd: u64,
     shut: bool,
+    /// When a byte last came back (or the connection opened), in microseconds.
+    progress_at: i64,
     pub(super) state: State,
 }
+
+/// How long a connection of the peer waits for a byte to come back before it gives up, as an
+/// application's own timeout does (a server killed mid-request sends nothing more, and a peer
+/// with nothing left to send never hears of it).
+const GIVE_UP_US: i64 = 60_000_000;
 
 /// The peer host.
 pub(super) struct Peer {
@@ -96,6 +103,7 @@ impl Peer {
                     sent: 0,
                     recvd: 0,
                     shut: false,
+                    progress_at: 0,
                     state: State::Waiting,
                 })
                 .collect(),
@@ -154,6 +162,7 @@ fn drive(
                 .map_err(|e| format!("connect: {e}"))?;
             c.id = Some(id);
             c.state = State::Open;
+            c.progress_at = now.total_micros();
         }
         State::Open => {}
         _ => return Ok(()),
@@ -218,6 +227,7 @@ fn drive(
                     }
                 }
                 c.recvd += n as u64;
+                c.progress_at = now.total_micros();
             }
             Poll::Ready(Err(e)) if e.kind() == std::io::ErrorKind::NotConnected => break,
             Poll::Ready(Err(e)) => {
@@ -225,6 +235,17 @@ fn drive(
                 return Ok(());
             }
         }
+    }
+    if now.total_micros() - c.progress_at > GIVE_UP_US {
+        stack.abort(id);
+        stack.release(id);
+        c.state = State::Failed(format!(
+            "no byte came back for {} s ({} of {} did)",
+            GIVE_UP_US / 1_000_000,
+            c.recvd,
+            c.total
+        ));
+        return Ok(());
     }
     // Everything came back: this side closes; the server's close ends the stream.
     if c.recvd == c.total && !c.shut {

@@ -2,11 +2,12 @@
 //! thread, answering `GET /metrics` from the published statistics file (the cores are never
 //! asked for anything).
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,9 @@ impl Drop for Metrics {
 
 /// Requests answered at once, each on its own thread; a connection past these is closed.
 const MAX_AT_ONCE: usize = 8;
+/// Of those, from one peer address: a client that keeps reconnecting (or trickles on many
+/// connections) holds at most these, and a scraper from another address is still answered.
+const MAX_PER_PEER: usize = 2;
 /// The most one request may take from accept to answer, however its client trickles.
 const DEADLINE: Duration = Duration::from_secs(2);
 
@@ -60,15 +64,37 @@ fn accept_loop(listener: &TcpListener, path: &Path, stop: &AtomicBool) {
     // The endpoint reads a file and answers on a bound socket: it needs no capability.
     let _ = corelane_xsk::retain_caps(&[]);
     let busy = Arc::new(AtomicUsize::new(0));
+    let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((s, _)) => {
+            Ok((s, from)) => {
                 // A slow client holds one of these for at most DEADLINE, never the endpoint.
-                if busy.fetch_add(1, Ordering::SeqCst) >= MAX_AT_ONCE {
-                    busy.fetch_sub(1, Ordering::SeqCst);
-                    continue;
+                let ip = from.ip();
+                {
+                    let mut p = crate::lock::lock(&peers);
+                    let mine = p.entry(ip).or_insert(0);
+                    if *mine >= MAX_PER_PEER || busy.load(Ordering::SeqCst) >= MAX_AT_ONCE {
+                        if *mine == 0 {
+                            p.remove(&ip);
+                        }
+                        continue;
+                    }
+                    *mine += 1;
+                    busy.fetch_add(1, Ordering::SeqCst);
                 }
-                let (busy, path) = (busy.clone(), path.to_path_buf());
+                let (busy, peers, path) = (busy.clone(), peers.clone(), path.to_path_buf());
+                let done = move || {
+                    let mut p = crate::lock::lock(&peers);
+                    if let Some(n) = p.get_mut(&ip) {
+                        *n -= 1;
+                        if *n == 0 {
+                            p.remove(&ip);
+                        }
+                    }
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                };
+                let done = Arc::new(Mutex::new(Some(done)));
+                let finish = done.clone();
                 let spawned = std::thread::Builder::new()
                     .name("corelane-metrics-req".into())
                     .spawn(move || {
@@ -76,10 +102,15 @@ fn accept_loop(listener: &TcpListener, path: &Path, stop: &AtomicBool) {
                         if let Err(e) = answer(s, stats.as_ref()) {
                             tracing::debug!("metrics: {e}");
                         }
-                        busy.fetch_sub(1, Ordering::SeqCst);
+                        if let Some(f) = crate::lock::lock(&finish).take() {
+                            f();
+                        }
                     });
                 if let Err(e) = spawned {
                     tracing::warn!("metrics: a request's thread: {e}");
+                    if let Some(f) = crate::lock::lock(&done).take() {
+                        f();
+                    }
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -141,4 +172,41 @@ fn answer(mut s: TcpStream, stats: Option<&corelane_stat::Stats>) -> io::Result<
         body.len()
     )?;
     s.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(ip: [u8; 4], to: SocketAddr) -> io::Result<TcpStream> {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        sock.bind(&SocketAddr::from((ip, 0)).into())?;
+        sock.connect(&to.into())?;
+        Ok(sock.into())
+    }
+
+    #[test]
+    fn a_peer_holding_every_slot_it_can_leaves_a_scraper_from_elsewhere_answered() -> io::Result<()>
+    {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let m = Metrics::serve(addr, Path::new("/nonexistent/corelane-stats"))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        // One address opens a connection per slot and sends nothing: each would hold its
+        // slot for the whole deadline.
+        let hogs: Vec<TcpStream> = (0..MAX_AT_ONCE)
+            .map(|_| from([127, 0, 0, 1], addr))
+            .collect::<io::Result<_>>()?;
+        std::thread::sleep(Duration::from_millis(200));
+        // A scraper from another address is answered meanwhile.
+        let mut s = from([127, 0, 0, 2], addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+        drop(hogs);
+        drop(m);
+        Ok(())
+    }
 }

@@ -489,6 +489,12 @@ impl Capture {
         self.map.words()
     }
 
+    /// Whether the file shrank while mapped (its writer truncated it): the rings read zero from
+    /// then on. A reader stops.
+    pub fn shrunk(&self) -> bool {
+        self.map.shrunk()
+    }
+
     /// The snap length each frame is cut to (14 to 65535 bytes).
     pub fn snap(&self) -> usize {
         self.snap

@@ -153,7 +153,7 @@ fn merge(pending: &mut Vec<Record>, fresh: Vec<Record>, now: u64, ending: bool) 
 /// are in wire order; two cores' frames interleave by those stamps.
 ///
 /// # Errors
-/// Writing failed.
+/// Writing failed, or the stats file was truncated under the reader.
 pub fn record<W: Write>(
     cap: Capture,
     count: Option<u64>,
@@ -171,6 +171,15 @@ pub fn record<W: Write>(
         let ending = stop.load(Ordering::Relaxed) || until.is_some_and(|u| Instant::now() >= u);
         cap.renew();
         let fresh = cap.drain();
+        if cap.shrunk() {
+            // Truncated by its writer: what the rings read now is zeros, not frames.
+            pcap.finish()?;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the stats file was truncated while it was read (by the user of the runtime \
+                 that writes it): capture stopped",
+            ));
+        }
         let idle = fresh.is_empty();
         let ripe = merge(&mut pending, fresh, now_ns(), ending);
         for r in pending.drain(..ripe) {

@@ -79,6 +79,12 @@ impl Stats {
         self.map.words()[i].load(Ordering::Acquire)
     }
 
+    /// Whether the file shrank while mapped (its writer truncated it): what was read since is
+    /// zeros, not the runtime's counters. A reader stops trusting it.
+    pub fn shrunk(&self) -> bool {
+        self.map.shrunk()
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path

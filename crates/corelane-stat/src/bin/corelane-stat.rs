@@ -238,6 +238,7 @@ fn fmt_dur(d: Option<Duration>) -> String {
 fn conns(a: &Args) -> Result<(), String> {
     let s = open_one(a)?;
     let snap: ConnSnapshot = s.connections(Duration::from_millis(1500));
+    shrunk(&s)?;
     let shown: Vec<_> = snap
         .conns
         .iter()
@@ -367,6 +368,7 @@ fn cores_json(cores: &[CoreCounters], rates: Option<&BTreeMap<(usize, String), f
 fn cores(a: &Args) -> Result<(), String> {
     let s = open_one(a)?;
     let cores = s.cores();
+    shrunk(&s)?;
     if a.json {
         println!("{}", cores_json(&cores, None));
         return Ok(());
@@ -395,6 +397,19 @@ fn slowest(rates: &BTreeMap<(usize, String), f64>, core: usize) -> Option<(&'sta
         .max_by(|x, y| x.1.total_cmp(&y.1))
 }
 
+/// A stats file its writer truncated while it was read holds zeros, not counters: said, not
+/// shown.
+fn shrunk(s: &Stats) -> Result<(), String> {
+    if s.shrunk() {
+        return Err(format!(
+            "{}: truncated while it was read (by the user of the runtime that writes it): \
+             what it holds now is not the runtime's counters",
+            s.path().display()
+        ));
+    }
+    Ok(())
+}
+
 fn top(a: &Args) -> Result<(), String> {
     let mut prev: Option<(Instant, u32, Vec<CoreCounters>)> = None;
     let mut rounds = 0u64;
@@ -404,6 +419,7 @@ fn top(a: &Args) -> Result<(), String> {
             Ok(s) if s.alive() => {
                 let now = Instant::now();
                 let cores = s.cores();
+                shrunk(&s)?;
                 if let Some((t, pid, before)) = &prev
                     && *pid == s.pid()
                 {
@@ -563,7 +579,10 @@ fn run(a: &Args) -> Result<(), String> {
         "top" => top(a),
         "capture" => capture(a),
         "prometheus" | "metrics" => {
-            print!("{}", corelane_stat::prometheus(&open_one(a)?));
+            let s = open_one(a)?;
+            let text = corelane_stat::prometheus(&s);
+            shrunk(&s)?;
+            print!("{text}");
             Ok(())
         }
         other => Err(format!("unknown command `{other}`\n{USAGE}")),

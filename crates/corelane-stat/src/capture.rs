@@ -495,6 +495,13 @@ impl Capture {
         self.map.shrunk()
     }
 
+    /// Writes another snap length for the cores than the one this reader asked for, as the
+    /// file's writer may (for tests of what a reader does with records it never asked for).
+    #[cfg(test)]
+    pub(crate) fn claim_snap(&self, snap: usize) {
+        self.words()[Layout::CONTROL + K_SNAP].store(snap as u64, Ordering::Relaxed);
+    }
+
     /// The snap length each frame is cut to (14 to 65535 bytes).
     pub fn snap(&self) -> usize {
         self.snap

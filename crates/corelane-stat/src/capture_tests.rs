@@ -251,3 +251,26 @@ fn filters_see_through_a_service_tag_and_the_vlan_tag_inside_it() {
     three.extend_from_slice(&plain[12..]);
     assert!(!port(7).matches(&three));
 }
+
+#[test]
+fn a_record_longer_than_the_snap_length_asked_for_is_given_up_not_copied() -> io::Result<()> {
+    let (p, path) = publisher("hostile-record")?;
+    let mut t0 = tap(&p, 0)?;
+    let stats = Stats::open(&path)?;
+    let mut cap = stats.capture(Filter::default(), 100)?;
+    // The runtime's user writes the file: it can claim any snap length for its cores, and a
+    // record as long as its ring.
+    cap.claim_snap(65535);
+    assert!(t0.wanted(now_ns()));
+    assert!(t0.frame(false, 1, &frame_v4(40000, 80, 6, 1514)));
+    assert!(
+        cap.drain().is_empty(),
+        "a 1514-byte record where 100 bytes were asked for is not a core's: given up"
+    );
+    // What comes after it is read again.
+    assert!(t0.frame(false, 2, &frame_v4(40000, 80, 6, 60)));
+    let got = cap.drain();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].at_ns, got[0].bytes.len()), (2, 60));
+    Ok(())
+}

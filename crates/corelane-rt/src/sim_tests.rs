@@ -41,6 +41,7 @@ fn whole_runtimes_upgrade_through_every_fault_the_seeds_pick() {
             Outcome::CalledOff,
             Outcome::NotStarted,
             Outcome::TakenOver,
+            Outcome::Drained,
         ] {
             assert!(
                 outcomes.get(&o).is_some_and(|&n| n > 0),

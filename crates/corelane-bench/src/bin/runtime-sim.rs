@@ -85,7 +85,7 @@ fn main() {
             "how the run ended",
             "runs",
             "connections",
-            "of them reset (a process was killed)",
+            "of them ended with an error (a process killed, or refused by a shutdown)",
             "simulated s per run",
         ],
         &rows,
@@ -120,7 +120,8 @@ fn main() {
              core running the runtime's own `Driver`, upgrade stages and the two sides' \
              machines) over one queue of the in-memory kernel and the in-memory XDP program, \
              which steers every frame by the maps the runtimes write; a peer host opens \
-             connections to their echo server at seeded times throughout. Virtual time: the \
+             connections to their echo server at seeded times throughout. In half the runs \
+             without an upgrade the process is shut down gracefully under its connections. Virtual time: the \
              old process's 20 s wait for `joined` costs nothing. After every step no frame is \
              in two places across both ledgers, the kernel's rings and the exchange; at the end \
              every frame is in one place, every byte of every connection came back once and in \

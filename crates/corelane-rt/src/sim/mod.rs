@@ -47,9 +47,11 @@ pub enum Outcome {
     CalledOff,
     /// The old process was killed during the upgrade; the new one serves alone.
     TakenOver,
-    /// No process serves any more (the old one was killed before the switch, and the new one
-    /// stood down).
+    /// No process serves any more (a process was killed, and the other one stood down or
+    /// had drained).
     ServerGone,
+    /// No upgrade; the process shut down gracefully.
+    Drained,
 }
 
 /// A fault a run injected.
@@ -70,6 +72,9 @@ pub enum Fault {
     NewCrashes,
     /// The old process was killed during the upgrade.
     OldCrashes,
+    /// A process not upgraded was shut down gracefully (`StopHandle::shutdown`) under its
+    /// connections.
+    Drain,
 }
 
 /// What one run did.
@@ -85,7 +90,8 @@ pub struct Report {
     pub call_offs: u32,
     /// The peer's connections.
     pub connections: usize,
-    /// Those that ended with a reset (only where a process was killed).
+    /// Those that ended with an error: reset where a process was killed, refused by a
+    /// graceful shutdown.
     pub reset: usize,
     /// Steps taken.
     pub steps: u64,

@@ -125,6 +125,17 @@ impl Peer {
         Ok((busy, self.sent.drain(..).collect()))
     }
 
+    /// The connections the server has answered on so far (a byte came back): its application
+    /// had accepted them.
+    pub(super) fn answered(&self) -> Vec<usize> {
+        self.conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.recvd > 0)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// Whether every connection has opened and ended.
     pub(super) fn finished(&self) -> bool {
         self.conns

@@ -32,6 +32,8 @@ const PEER: Ipv4Address = Ipv4Address::new(10, 77, 0, 1);
 const TIME_LIMIT: Duration = Duration::from_secs(300);
 /// The drain's grace after a switch.
 const GRACE: Duration = Duration::from_secs(30);
+/// The grace of a graceful shutdown without an upgrade.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
 /// What the seed decided for a run before it starts.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +50,8 @@ struct Plan {
     twice: [bool; 2],
     /// A process killed, and when (after the upgrade starts).
     crash: Option<(Crash, Duration)>,
+    /// A graceful shutdown of a process not upgraded, and when.
+    drain_at: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +81,8 @@ pub(super) struct World {
     crashed: bool,
     outcome: Outcome,
     call_offs: u32,
+    /// A graceful shutdown began, with the connections the application had accepted then.
+    drained: Option<Vec<usize>>,
     /// The new process has ended (what its pidfd says to the old one).
     new_gone: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -103,7 +109,12 @@ impl World {
             lag: [Duration::ZERO; 2],
             twice: [false; 2],
             crash: None,
+            drain_at: None,
         };
+        if !upgrade && rng.below(2) == 0 {
+            plan.drain_at = Some(ms(&mut rng, 0, 900));
+            faults.push(Fault::Drain);
+        }
         if upgrade {
             // One fault in two runs, each of the kinds about as often.
             match rng.below(16) {
@@ -198,6 +209,7 @@ impl World {
             outcome: Outcome::NotStarted,
             call_offs: 0,
             new_gone: Arc::default(),
+            drained: None,
         })
     }
 
@@ -299,6 +311,10 @@ impl World {
     /// polled once its core runs; the old process's end closes the connection.
     fn upgrade_step(&mut self) -> Result<(), Failure> {
         let now = self.clock.now();
+        if self.drained.is_none() && self.plan.drain_at.is_some_and(|t| self.since_start() >= t) {
+            self.drained = Some(self.peer.answered());
+            crate::StopHandle(Arc::downgrade(&self.old.shared)).shutdown(DRAIN_GRACE);
+        }
         if self.started.is_none()
             && self
                 .plan
@@ -342,6 +358,9 @@ impl World {
             }
         }
         if self.old.phase == Phase::Ended && self.old.driver.is_some() {
+            // Its core has ended: every frame of the queue is in one place, across both
+            // processes, before the process exits with what it holds.
+            self.check_frames_at_exit()?;
             // Every core has left (or failed to): the connection ends, and the process exits.
             if let Some((_, mut talk)) = self.old_side.take() {
                 talk.close();

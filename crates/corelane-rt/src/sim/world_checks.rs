@@ -87,13 +87,19 @@ impl World {
     /// settled either way, and the survivor has nothing left to finish; or no process serves.
     pub(super) fn finished(&mut self) -> bool {
         if self.servers().is_empty() {
-            self.outcome = Outcome::ServerGone;
+            self.outcome = if self.drained.is_some() && !self.crashed {
+                Outcome::Drained
+            } else {
+                Outcome::ServerGone
+            };
             return true;
         }
         if !self.peer.finished() || self.old_side.is_some() {
             return false;
         }
-        if self.plan.upgrade_at.is_some() && self.started.is_none() {
+        if (self.plan.upgrade_at.is_some() && self.started.is_none())
+            || (self.plan.drain_at.is_some() && self.drained.is_none())
+        {
             return false;
         }
         let new_settled = match &self.new {
@@ -135,6 +141,9 @@ impl World {
         if let (Some((_, after)), Some(s), false) = (self.plan.crash, self.started, self.crashed) {
             next.push(s + after);
         }
+        if let Some(t) = self.plan.drain_at.filter(|_| self.drained.is_none()) {
+            next.push(self.start + t);
+        }
         if let New::Built { run_at, .. } = &self.new {
             next.push(*run_at);
         }
@@ -155,6 +164,21 @@ impl World {
     /// process was killed, reset with a reason), the program back to one generation.
     pub(super) fn check_end(&mut self) -> Result<(), Failure> {
         if self.outcome == Outcome::ServerGone {
+            return Ok(());
+        }
+        if self.outcome == Outcome::Drained {
+            // Every connection the application had accepted when the shutdown began finished
+            // within its grace; the others were refused (as a kernel's closed listener refuses
+            // what it held unaccepted) or found nobody.
+            for &i in self.drained.iter().flatten() {
+                let state = &self.peer.conns[i].state;
+                if *state != State::Done {
+                    return Err(self.fail(format!(
+                        "connection {i}, accepted before the shutdown, ended {state:?} ({})",
+                        self.describe()
+                    )));
+                }
+            }
             return Ok(());
         }
         let mut queues: Vec<&mut XskQueue> = Vec::new();
@@ -196,6 +220,35 @@ impl World {
             return Err(self.fail(format!(
                 "the program at the end: generation {current} (want {want}), split {split}, {kept} \
                  kept connection(s) ({})",
+                self.describe()
+            )));
+        }
+        Ok(())
+    }
+
+    /// As the old process exits: every frame of the queue in exactly one place across both
+    /// processes' queues and the kernel (a killed process checks nothing: it did not exit).
+    pub(super) fn check_frames_at_exit(&mut self) -> Result<(), Failure> {
+        if self.crashed {
+            // The new process was killed holding what the old one left it.
+            return Ok(());
+        }
+        let mut queues: Vec<&mut XskQueue> = Vec::new();
+        if let Some(q) = self.old.queue() {
+            queues.push(q);
+        }
+        if let New::Running { process, .. } = &mut self.new
+            && let Some(q) = process.queue()
+        {
+            queues.push(q);
+        }
+        let m = self.kernel.misplaced(&mut queues);
+        let m = m.map_err(|e| self.fail(e))?;
+        if !m.twice.is_empty() || !m.lost.is_empty() {
+            return Err(self.fail(format!(
+                "as the old process exits, frames in two places {:?}, in none {:?} ({})",
+                m.twice,
+                m.lost,
                 self.describe()
             )));
         }

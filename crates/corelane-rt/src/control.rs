@@ -49,6 +49,10 @@ pub(crate) struct Shared {
     pub(crate) upgrades: Upgrades,
     /// The run's clock: the wall clock, or a simulation's.
     pub(crate) clock: Clock,
+    /// The program's count of frames that found no socket, as the last core to end read it
+    /// while its socket was still open (what arrives after the sockets close is not a
+    /// steering fault).
+    pub(crate) no_socket_open: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -79,6 +83,14 @@ impl Shared {
     /// Wakes every task waiting in [`shutdown_requested`](crate::shutdown_requested).
     pub(crate) fn announce_shutdown(&self) {
         self.life.asked.notify_waiters();
+    }
+
+    /// A core is about to close its socket: notes the program's count of frames that found
+    /// no socket so far.
+    pub(crate) fn note_no_socket(&self) {
+        if let Ok(c) = self.steer.read().counters() {
+            self.no_socket_open.fetch_max(c.no_socket, Ordering::AcqRel);
+        }
     }
 
     /// Wakes every core.

@@ -66,9 +66,9 @@ impl Runtime {
             }
             if let (Some(listener), Some((_, grace))) = (&self.upgrade_listener, &self.cfg.upgrades)
             {
-                let run = crate::upgrade_handover::OldRun {
+                let run = crate::upgrade_old::OldRun {
                     shared: &self.shared,
-                    secret: crate::upgrade_handover::RunSecret::of(&self.cfg.stack),
+                    secret: crate::upgrade_words::RunSecret::of(&self.cfg.stack),
                     grace: *grace,
                     restore: &self._restore,
                 };
@@ -186,11 +186,17 @@ impl Runtime {
             return Err(e);
         }
         let xdp = self.shared.steer.read().counters().unwrap_or_default();
-        if xdp.no_socket > 0 {
+        // Counted while the sockets were open: frames a device still held when they closed
+        // (a zero-copy NIC keeps a ring's worth) find none, which is no steering fault.
+        let unserved = self
+            .shared
+            .no_socket_open
+            .load(Ordering::Acquire)
+            .min(xdp.no_socket);
+        if unserved > 0 {
             self.shared.telemetry.warn_once(format!(
-                "{} frame(s) for owned addresses and ports arrived on a queue no core served and \
-                 went to the kernel",
-                xdp.no_socket
+                "{unserved} frame(s) for owned addresses and ports arrived on a queue no core \
+                 served and went to the kernel"
             ));
         }
         Ok(RunReport {

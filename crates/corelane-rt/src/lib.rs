@@ -78,6 +78,7 @@ mod upgrade_handover;
 mod upgrade_join;
 mod upgrade_new;
 mod upgrade_old;
+mod upgrade_words;
 
 use std::time::Duration;
 

@@ -229,6 +229,7 @@ impl Builder {
             bells,
             upgrades: Default::default(),
             clock: Default::default(),
+            no_socket_open: Default::default(),
         });
         // One secret for every core: a SYN cookie issued on one core validates on any (the ACK
         // of a cookie may be answered by whichever core the segment reaches last), and ISNs

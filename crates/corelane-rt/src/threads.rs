@@ -162,6 +162,7 @@ impl Runtime {
             }
             let counts = core.stack().shutdown(now(), &mut driver.pipe.dev)?;
             let counts = exec.block_on(driver.leave_upgrade(counts));
+            self.shared.note_no_socket();
             core.ended.send_replace(true);
             return Ok(report(&core, counts));
         }
@@ -195,7 +196,9 @@ impl Runtime {
             match driver {
                 Ok(mut d) => {
                     let counts = core.stack().shutdown(now(), &mut d.pipe.dev)?;
-                    Ok(d.leave_upgrade(counts).await)
+                    let counts = d.leave_upgrade(counts).await;
+                    self.shared.note_no_socket();
+                    Ok(counts)
                 }
                 Err(e) => {
                     tracing::error!("core {}: the driver task failed: {e}", info.index);

@@ -24,14 +24,12 @@ use crate::Error;
 use crate::access::Access;
 use crate::control::Shared;
 use crate::lock::lock;
-use crate::upgrade_handover::{Extras, SocketTalk};
+use crate::upgrade_handover::SocketTalk;
 use crate::upgrade_new::NewSide;
+use crate::upgrade_words::Extras;
 
 /// How long the new process waits for the old one's hand-over.
 const HANDOVER_WAIT: Duration = Duration::from_secs(10);
-/// How long the new process waits for the application to listen on the old one's ports
-/// before it calls the upgrade off.
-pub(crate) const LISTEN_WAIT: Duration = Duration::from_secs(10);
 /// How long it waits for the old process's record of the interface to go.
 const CLAIM_WAIT: Duration = Duration::from_secs(30);
 

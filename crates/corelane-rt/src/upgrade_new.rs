@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 use crate::control::Shared;
 use crate::host::{Heard, Talk};
 use crate::lock::lock;
-use crate::upgrade_handover::Extras;
-use crate::upgrade_join::LISTEN_WAIT;
+use crate::upgrade_words::Extras;
 
+/// How long the new process waits for the application to listen on the old one's ports
+/// before it calls the upgrade off.
+pub(crate) const LISTEN_WAIT: Duration = Duration::from_secs(10);
 /// How long, once the old process's connection ended without leaving, the new one waits for
 /// its process to be seen ended (the pidfd is ready a moment after the process's descriptors
 /// are closed), to tell its death from an end of the connection alone.

@@ -15,8 +15,8 @@ use crate::control::Shared;
 use crate::host::{Heard, Talk};
 use crate::sim::talk::{self, MemTalk};
 use crate::upgrade::PartnerProcess;
-use crate::upgrade_handover::{Extras, RunSecret};
-use crate::upgrade_join::LISTEN_WAIT;
+use crate::upgrade_new::LISTEN_WAIT;
+use crate::upgrade_words::{Extras, RunSecret};
 
 struct Setup {
     clock: Clock,

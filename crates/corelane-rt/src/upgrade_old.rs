@@ -12,7 +12,17 @@ use crate::control::Shared;
 use crate::host::{Heard, Talk, UpgradeOffer};
 use crate::lock::lock;
 use crate::upgrade::{JOIN_WAIT, STAGE_WAIT, Stage};
-use crate::upgrade_handover::{Extras, OldRun};
+use crate::upgrade_words::{Extras, RunSecret};
+
+/// What the old process hands over besides its queues, and how long it drains.
+pub(crate) struct OldRun<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+    /// The run's secret (SYN cookies, ISNs).
+    pub(crate) secret: RunSecret,
+    pub(crate) grace: Duration,
+    /// The queue count to put back at the end, which the new process inherits.
+    pub(crate) restore: &'a crate::queues::RestoreQueues,
+}
 
 /// Where the old process's side of an upgrade stands. Each poll moves it at most one state
 /// on; [`OldSide::Over`] is the end.

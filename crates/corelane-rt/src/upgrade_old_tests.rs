@@ -17,7 +17,8 @@ use crate::lock::lock;
 use crate::queues::RestoreQueues;
 use crate::sim::talk::{self, MemTalk};
 use crate::upgrade::{JOIN_WAIT, Stage};
-use crate::upgrade_handover::{OldRun, RunSecret};
+use crate::upgrade_old::OldRun;
+use crate::upgrade_words::RunSecret;
 
 struct Setup {
     clock: Clock,

@@ -51,6 +51,7 @@ pub(crate) fn shared(
         bells: vec![crate::handoff::Doorbell::new()?],
         upgrades: Default::default(),
         clock: clock.clone(),
+        no_socket_open: Default::default(),
     });
     // The application's future runs until the process drains.
     shared.life.apps_running.store(1, Ordering::SeqCst);

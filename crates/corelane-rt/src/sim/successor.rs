@@ -15,8 +15,8 @@ use crate::sim::Failure;
 use crate::sim::process::{self, Process};
 use crate::sim::talk::MemTalk;
 use crate::upgrade::PartnerProcess;
-use crate::upgrade_handover::{Extras, RunSecret};
 use crate::upgrade_new::NewSide;
+use crate::upgrade_words::{Extras, RunSecret};
 
 /// Where the new process is.
 pub(super) enum New {

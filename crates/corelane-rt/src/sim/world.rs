@@ -23,8 +23,9 @@ mod successor;
 use crate::clock::Clock;
 use crate::queues::RestoreQueues;
 use crate::upgrade::{JOIN_WAIT, PartnerProcess};
-use crate::upgrade_handover::{OldRun, RunSecret};
+use crate::upgrade_old::OldRun;
 use crate::upgrade_old::OldSide;
+use crate::upgrade_words::RunSecret;
 
 const SERVER: Ipv4Address = Ipv4Address::new(10, 77, 0, 2);
 const PEER: Ipv4Address = Ipv4Address::new(10, 77, 0, 1);
@@ -123,7 +124,7 @@ impl World {
                     faults.push(Fault::SlowToRun);
                 }
                 1 => {
-                    plan.listen_delay = crate::upgrade_join::LISTEN_WAIT + ms(&mut rng, 1, 2000);
+                    plan.listen_delay = crate::upgrade_new::LISTEN_WAIT + ms(&mut rng, 1, 2000);
                     faults.push(Fault::SlowToListen);
                 }
                 2 => {

@@ -8,7 +8,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 pkgs=(build-essential pkg-config clang llvm m4 libelf-dev zlib1g-dev libbpf-dev libhwloc-dev
       libudev-dev linux-libc-dev iproute2 ethtool nftables iputils-ping util-linux python3 curl wrk nginx tcpdump
-      fonts-dejavu-core)
+      fonts-dejavu-core qemu-system-x86 busybox-static cpio xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -293,13 +293,15 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     }
     let x = &r.xdp;
     println!(
-        "stats: connections {accepted} accepted; rx {} frames ({} bad checksum, {} malformed, {} SYN dropped, {} handed over); \
-         tx {} frames in {} batches; xdp steered {} passed {} malformed {} no-socket {}",
+        "stats: connections {accepted} accepted; rx {} frames ({} bad checksum, {} malformed, {} SYN dropped, {} handed over; \
+         {} dropped by the kernel with the receive ring full); tx {} frames in {} batches; xdp steered {} passed {} malformed \
+         {} no-socket {}",
         d.rx_frames,
         d.rx_bad_checksum,
         d.rx_malformed,
         syn_dropped,
         d.rx_injected,
+        d.rx_ring_drops,
         d.tx_frames,
         d.tx_batches,
         x.steered,

@@ -73,6 +73,18 @@ pub enum Error {
         /// What failed.
         detail: String,
     },
+    /// Zero-copy was required and the driver refused it.
+    #[error("zero-copy refused on {ifname} queue {queue}: {why}")]
+    ZeroCopyRefused {
+        /// Interface.
+        ifname: String,
+        /// Queue.
+        queue: u32,
+        /// errno of the bind.
+        errno: Option<i32>,
+        /// Why, and what to do.
+        why: String,
+    },
     /// An address or port is already owned.
     #[error("{0} is already in use by this corelane instance")]
     InUse(String),

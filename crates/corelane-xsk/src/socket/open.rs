@@ -42,7 +42,14 @@ impl XskQueue {
     fn open_once(ifname: &str, queue_id: u32, config: &XskConfig) -> Result<Self, Error> {
         match config.zero_copy {
             ZeroCopy::Off => Self::bind(ifname, queue_id, config, BindMode::Copy),
-            ZeroCopy::Require => Self::bind(ifname, queue_id, config, BindMode::ZeroCopy),
+            ZeroCopy::Require => match Self::bind(ifname, queue_id, config, BindMode::ZeroCopy) {
+                Err(Error::Bind { errno, .. })
+                    if errno == Some(libc::EOPNOTSUPP) || errno == Some(libc::EINVAL) =>
+                {
+                    Err(zero_copy_refused(ifname, queue_id, config, errno))
+                }
+                r => r,
+            },
             ZeroCopy::Try => match Self::bind(ifname, queue_id, config, BindMode::ZeroCopy) {
                 Ok(q) => Ok(q),
                 Err(Error::Bind { errno, .. })
@@ -193,5 +200,38 @@ impl XskQueue {
             partner: None,
             owns_rings: true,
         }
+    }
+}
+
+/// Why a driver refused a zero-copy bind it was required to take, and what to do about it.
+fn zero_copy_refused(ifname: &str, queue: u32, c: &XskConfig, errno: Option<i32>) -> Error {
+    let fallback = "`--zero-copy try` (ZeroCopy::Try) falls back to copy mode, `off` uses it";
+    let why = if c.multi_buffer() && errno == Some(libc::EOPNOTSUPP) {
+        // One frame holds the packet after the kernel's headroom; a larger one needs several
+        // frames (multi-buffer), which a driver does in zero-copy only if it says so
+        // (`xdp_zc_max_segs` above 1).
+        let one_frame = c.frame_capacity().saturating_sub(18);
+        format!(
+            "packets of up to {} bytes need several frames each (multi-buffer), which this \
+             driver does not do in zero-copy; the largest MTU it can serve in zero-copy is \
+             {one_frame} (`ip link set {ifname} mtu {one_frame}`), or {fallback}",
+            c.max_packet
+        )
+    } else {
+        format!(
+            "the driver does not take XDP_ZEROCOPY on this device ({}): {fallback}; on \
+             virtio-net zero-copy needs Linux 6.13 or later and a device offering \
+             VIRTIO_F_ACCESS_PLATFORM (QEMU: `iommu_platform=on,disable-legacy=on`)",
+            errno.map_or_else(
+                || "no errno".to_string(),
+                |e| io::Error::from_raw_os_error(e).to_string()
+            )
+        )
+    };
+    Error::ZeroCopyRefused {
+        ifname: ifname.to_string(),
+        queue,
+        errno,
+        why,
     }
 }

@@ -15,7 +15,7 @@
 //! discovery, fragments, and up to 64 addresses.
 //!
 //! Not yet, or not for: Linux only, root (or the capabilities below); tested on veth in copy
-//! mode, not yet on physical NICs or zero-copy; no TLS of its own (use rustls over the
+//! mode and on virtio-net in zero-copy mode (an emulated guest), not yet on physical NICs; no TLS of its own (use rustls over the
 //! streams), no DNS (resolve first), no UDP broadcast or multicast sends, no IPv6 extension
 //! headers but fragments; tasks must be `spawn_local`ed (sockets are `!Send`, bound to
 //! their core). ECN (RFC 3168) is negotiated when the peer asks for it.

@@ -17,10 +17,15 @@ ip link set eth0 up
 ip addr add 10.99.0.1/24 dev eth1
 ip link set eth1 up
 
+queues=$(sed -n 's/.*corelane\.queues=\([0-9]*\).*/\1/p' /proc/cmdline)
+queues=${queues:-1}
 fails=0
 result() { echo "corelane-vm: $1"; [ "${1%% *}" = ok ] || fails=$((fails + 1)); }
 
 start() {
+  # A fresh log: the last run's "serving" line must not pass for this one's.
+  rm -f /tmp/server.log
+  : > /tmp/server.log
   echo-server --iface eth0 --addr 10.99.0.2/24 --zero-copy require --xdp-mode native "$@" \
     > /tmp/server.log 2>&1 &
   server=$!
@@ -63,6 +68,34 @@ if start; then
   fi
 else
   result "FAIL start: the echo example did not serve in zero-copy mode"
+fi
+
+# Every queue served: one lane per queue, each core its queue's AF_XDP socket in zero-copy;
+# connections spread over the queues by flow, each served (and its segments handed to the core
+# that owns it when they arrive on another queue).
+if [ "$queues" -gt 1 ]; then
+  if start --cores "$queues"; then
+    if echo-check 10.99.0.2:7 --tcp 50000 --parallel 24 --udp 100 > /tmp/spread.log 2>&1; then
+      tail -n 2 /tmp/spread.log
+      kill -TERM $server
+      wait $server
+      code=$?
+      grep "^core " /tmp/server.log
+      busy=$(grep "^core " /tmp/server.log | grep -vc " 0 connections accepted")
+      if [ $code -eq 0 ] && [ "$busy" -eq "$queues" ]; then
+        result "ok queues: $queues lanes in zero-copy, every one accepted connections"
+      else
+        result "FAIL queues: exit $code, $busy of $queues cores accepted connections"
+      fi
+    else
+      cat /tmp/spread.log
+      result "FAIL queues: the echo over $queues queues"
+      kill -TERM $server
+      wait $server
+    fi
+  else
+    result "FAIL queues: did not start on $queues queues in zero-copy"
+  fi
 fi
 
 # Stopped during a transfer: the device still holds frames for the queue when the sockets

@@ -17,7 +17,7 @@ mkdir -p "$cache"
 # The guest kernel: the newest 6.18 cloud image of trixie-backports, downloaded with an apt of
 # its own (its own lists and cache: the machine's apt state is left as it was).
 kernel_dir="$cache/kernel"
-if [ ! -f "$kernel_dir/vmlinuz" ]; then
+if [ ! -f "$kernel_dir/vmlinuz" ] || [ ! -f "$kernel_dir/8021q.ko" ]; then
   apt_dir=$(mktemp -d)
   trap 'rm -rf "$apt_dir"' EXIT
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
@@ -37,9 +37,14 @@ if [ ! -f "$kernel_dir/vmlinuz" ]; then
   dpkg-deb -x "$apt_dir"/linux-image-*.deb "$apt_dir/x"
   rm -rf "$kernel_dir.new" && mkdir -p "$kernel_dir.new"
   cp "$apt_dir"/x/boot/vmlinuz-* "$kernel_dir.new/vmlinuz"
-  for m in net/core/failover net/drivers/net_failover drivers/net/net_failover drivers/net/virtio_net; do
+  for m in net/core/failover drivers/net/net_failover drivers/net/virtio_net net/llc/llc \
+    net/802/stp net/802/garp net/802/mrp net/8021q/8021q; do
     f=$(ls "$apt_dir"/x/usr/lib/modules/*/kernel/$m.ko.xz 2>/dev/null || true)
-    [ -n "$f" ] && xz -dc "$f" > "$kernel_dir.new/$(basename "$m").ko"
+    if [ -z "$f" ]; then
+      echo "zerocopy-vm: $pkg has no $m module" >&2
+      exit 1
+    fi
+    xz -dc "$f" > "$kernel_dir.new/$(basename "$m").ko"
   done
   echo "$pkg" > "$kernel_dir.new/version"
   rm -rf "$kernel_dir" && mv "$kernel_dir.new" "$kernel_dir"

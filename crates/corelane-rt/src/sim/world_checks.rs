@@ -97,8 +97,10 @@ impl World {
         if !self.peer.finished() || self.old_side.is_some() {
             return false;
         }
+        // A planned shutdown is waited for, and once begun, for the process's end.
         if (self.plan.upgrade_at.is_some() && self.started.is_none())
-            || (self.plan.drain_at.is_some() && self.drained.is_none())
+            || (self.plan.drain_at.is_some()
+                && (self.drained.is_none() || self.old.driver.is_some()))
         {
             return false;
         }

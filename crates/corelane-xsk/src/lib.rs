@@ -39,6 +39,7 @@ pub use socket::sim;
 mod steering;
 mod sys;
 mod vlan;
+mod vlan_filter;
 
 pub use caps::{
     ATTACH_CAPS, Cap, SOCKET_CAPS, check_attach_privileges, check_memlock, check_privileges,

@@ -99,6 +99,9 @@ pub struct Steering {
     /// The program was handed on to a new process ([`Steering::hand_on`]): ports and
     /// addresses this process gives up stay steered, for the new one.
     handed_on: bool,
+    /// The VLAN device that registers the served VLAN with the NIC's filter (this process
+    /// attached the program).
+    vlan_filter: Option<crate::vlan_filter::VlanFilter>,
     via: Via,
 }
 
@@ -234,6 +237,20 @@ impl Steering {
                 Err(e) => return Err(e),
             },
         };
+        // The NIC's VLAN filter must pass the VLAN's frames to the program.
+        let vlan_filter = if vlan.id != 0 && vlan.service == 0 {
+            let index = check_interface(ifname)?;
+            crate::vlan_filter::VlanFilter::register(ifname, index, vlan.id)?
+        } else {
+            None
+        };
+        if let Some(f) = &vlan_filter {
+            tracing::debug!(
+                "{ifname}: VLAN {} registered with the NIC's filter by {}",
+                vlan.id,
+                f.name()
+            );
+        }
         let take = |ebpf: &mut Ebpf, name: &'static str| {
             ebpf.take_map(name).ok_or_else(|| Error::Map {
                 map: name,
@@ -271,6 +288,7 @@ impl Steering {
             fallback_reason,
             port_refs: StdHashMap::new(),
             handed_on: false,
+            vlan_filter,
             via: Via::Program(Box::new(program)),
         })
     }
@@ -284,6 +302,7 @@ impl Steering {
             fallback_reason: client.fallback_reason().map(str::to_string),
             port_refs: StdHashMap::new(),
             handed_on: false,
+            vlan_filter: None,
             via: Via::Grant(client),
         }
     }

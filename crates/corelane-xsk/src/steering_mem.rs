@@ -71,6 +71,7 @@ impl MemProgram {
             fallback_reason: None,
             port_refs: std::collections::HashMap::new(),
             handed_on: false,
+            vlan_filter: None,
             via: Via::Mem(self.clone()),
         }
     }

@@ -165,6 +165,10 @@ impl Steering {
     /// serves them too); its own references are still counted.
     pub fn hand_on(&mut self) {
         self.handed_on = true;
+        // The VLAN stays registered with the NIC's filter for the new process.
+        if let Some(f) = &mut self.vlan_filter {
+            f.keep();
+        }
     }
 
     /// The upgrade was called off after [`Steering::hand_on`]: the ports and addresses this
@@ -283,6 +287,7 @@ impl Steering {
             fallback_reason: None,
             port_refs: StdHashMap::new(),
             handed_on: false,
+            vlan_filter: None,
             via: Via::Program(Box::new(program)),
         })
     }

@@ -34,6 +34,7 @@ mod handover_tests;
 mod ledger;
 mod mem;
 mod pool;
+mod seeded;
 
 use std::collections::VecDeque;
 use std::io;
@@ -43,6 +44,7 @@ pub use fault::{FaultConfig, FaultInjector, FaultStats};
 pub use ledger::{FrameCounts, FrameLedger, FrameState, LedgerError};
 pub use mem::{MemFrame, MemLink, MemPort, MemStats};
 pub use pool::FramePool;
+pub use seeded::SplitMix64;
 
 /// Transport protocols whose ports a flow, a listener or the steering program can own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

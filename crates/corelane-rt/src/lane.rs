@@ -105,6 +105,23 @@ pub(crate) const RESTART_DELAY: Duration = Duration::from_millis(10);
 pub(crate) const RESTART_DELAY_MAX: Duration = Duration::from_secs(1);
 
 impl Core {
+    /// Core `index` of a run, with its stack and its counters to start from.
+    pub(crate) fn new(index: usize, stack: Stack, shared: Arc<Shared>, stats: CoreStats) -> Core {
+        Core {
+            index,
+            stack: Mutex::new(stack),
+            shared,
+            kick: Notify::new(),
+            stats: Mutex::new(stats),
+            next_waiter: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            ended: tokio::sync::watch::Sender::new(false),
+            panics: Mutex::new(Vec::new()),
+            panic_times: Mutex::new(std::collections::VecDeque::new()),
+            auto_binds: AtomicU64::new(0),
+        }
+    }
+
     /// The core's future panicked with `message`: with `restart`, it is logged and counted,
     /// and the caller runs the future again after the wait returned (the 1st panic in
     /// [`PANIC_WINDOW`] waits [`RESTART_DELAY`], each further one twice the last, at most

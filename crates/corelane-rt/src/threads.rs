@@ -2,8 +2,8 @@
 //! lane whose placement splits, the application's thread.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant as StdInstant};
 
 use corelane_stack::{BatchTuner, Pipeline, Stack, StackConfig, TuneConfig, XdpDevice};
@@ -262,25 +262,14 @@ impl Runtime {
         let exec = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let core = Arc::new(Core {
-            index: info.index,
-            stack: Mutex::new(stack),
-            shared: self.shared.clone(),
-            kick: tokio::sync::Notify::new(),
-            stats: Mutex::new(CoreStats {
-                core: info.index,
-                cpu: info.cpu,
-                app_cpu: info.app_cpu,
-                queue: info.queue,
-                ..CoreStats::default()
-            }),
-            next_waiter: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
-            ended: tokio::sync::watch::Sender::new(false),
-            panics: Mutex::new(Vec::new()),
-            panic_times: Mutex::new(std::collections::VecDeque::new()),
-            auto_binds: AtomicU64::new(0),
-        });
+        let stats = CoreStats {
+            core: info.index,
+            cpu: info.cpu,
+            app_cpu: info.app_cpu,
+            queue: info.queue,
+            ..CoreStats::default()
+        };
+        let core = Arc::new(Core::new(info.index, stack, self.shared.clone(), stats));
         Ok((core, dev, exec))
     }
 }

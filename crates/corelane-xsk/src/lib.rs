@@ -49,7 +49,7 @@ pub use claim::{Claim, iface_dir, netns_id, run_dir, set_channels_retrying};
 pub use cookie::{CookieParams, monotonic_ns};
 pub use corelane_frame::{
     Frame, FrameCounts, FrameIo, FrameLedger, FrameState, LedgerError, MemFrame, MemLink, MemPort,
-    MemStats, Proto, UmemId,
+    MemStats, Proto, SplitMix64, UmemId,
 };
 pub use error::Error;
 pub use ethtool::{

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Instant;
 
@@ -119,19 +119,7 @@ impl Process {
                 ..StackConfig::default()
             },
         );
-        let core = Arc::new(Core {
-            index: 0,
-            stack: Mutex::new(stack),
-            shared: shared.clone(),
-            kick: tokio::sync::Notify::new(),
-            stats: Mutex::new(CoreStats::default()),
-            next_waiter: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
-            ended: tokio::sync::watch::Sender::new(false),
-            panics: Mutex::new(Vec::new()),
-            panic_times: Mutex::new(std::collections::VecDeque::new()),
-            auto_binds: AtomicU64::new(0),
-        });
+        let core = Arc::new(Core::new(0, stack, shared.clone(), CoreStats::default()));
         let driver = Driver {
             core,
             pipe: Pipeline::new(dev, None),

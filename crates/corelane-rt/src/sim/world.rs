@@ -172,7 +172,7 @@ impl World {
             })
             .map_err(|e| fail(e.to_string()))?
             .map_err(|e| fail(e.to_string()))?;
-        let stack_seed = rng.next();
+        let stack_seed = rng.draw();
         let old = Process::new(shared, queue, addr, [2, 0, 0, 0, 0, 2], stack_seed, start);
         // Connections: a few at the start, more through the upgrade's window.
         let n = 2 + rng.below(5) as usize;
@@ -186,7 +186,7 @@ impl World {
         let peer = Peer::new(
             IpCidr::new(PEER.into(), 24),
             std::net::SocketAddr::from((SERVER.octets(), process::PORT)),
-            rng.next(),
+            rng.draw(),
             &conns,
         );
         Ok(World {

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use corelane_xsk::XskQueue;
+use corelane_xsk::sim::Misplaced;
 
 use super::successor::New;
 use super::{Crash, World};
@@ -48,17 +49,7 @@ impl World {
 
     /// After every step: no frame in two places across both processes and the kernel.
     pub(super) fn check_step(&mut self) -> Result<(), Failure> {
-        let mut queues: Vec<&mut XskQueue> = Vec::new();
-        if let Some(q) = self.old.queue() {
-            queues.push(q);
-        }
-        if let New::Running { process, .. } = &mut self.new
-            && let Some(q) = process.queue()
-        {
-            queues.push(q);
-        }
-        let m = self.kernel.misplaced(&mut queues);
-        let m = m.map_err(|e| self.fail(e))?;
+        let m = self.places()?;
         if !m.twice.is_empty() {
             return Err(self.fail(format!(
                 "frames in two places at once: {:?} ({})",
@@ -183,25 +174,7 @@ impl World {
             }
             return Ok(());
         }
-        let mut queues: Vec<&mut XskQueue> = Vec::new();
-        if let Some(q) = self.old.queue() {
-            queues.push(q);
-        }
-        if let New::Running { process, .. } = &mut self.new
-            && let Some(q) = process.queue()
-        {
-            queues.push(q);
-        }
-        let m = self.kernel.misplaced(&mut queues);
-        let m = m.map_err(|e| self.fail(e))?;
-        if !m.twice.is_empty() || !m.lost.is_empty() {
-            return Err(self.fail(format!(
-                "at the end, frames in two places {:?}, in none {:?} ({})",
-                m.twice,
-                m.lost,
-                self.describe()
-            )));
-        }
+        self.every_frame_in_one_place("at the end")?;
         if !self.crashed {
             for (i, c) in self.peer.conns.iter().enumerate() {
                 if let State::Failed(e) = &c.state {
@@ -235,6 +208,11 @@ impl World {
             // The new process was killed holding what the old one left it.
             return Ok(());
         }
+        self.every_frame_in_one_place("as the old process exits")
+    }
+
+    /// Where the queue's frames are across both processes' queues and the kernel.
+    fn places(&mut self) -> Result<Misplaced, Failure> {
         let mut queues: Vec<&mut XskQueue> = Vec::new();
         if let Some(q) = self.old.queue() {
             queues.push(q);
@@ -245,10 +223,15 @@ impl World {
             queues.push(q);
         }
         let m = self.kernel.misplaced(&mut queues);
-        let m = m.map_err(|e| self.fail(e))?;
+        m.map_err(|e| self.fail(e))
+    }
+
+    /// Every frame in exactly one place (`when` says when, for the failure).
+    fn every_frame_in_one_place(&mut self, when: &str) -> Result<(), Failure> {
+        let m = self.places()?;
         if !m.twice.is_empty() || !m.lost.is_empty() {
             return Err(self.fail(format!(
-                "as the old process exits, frames in two places {:?}, in none {:?} ({})",
+                "{when}, frames in two places {:?}, in none {:?} ({})",
                 m.twice,
                 m.lost,
                 self.describe()

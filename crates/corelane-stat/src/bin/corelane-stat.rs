@@ -397,8 +397,7 @@ fn slowest(rates: &BTreeMap<(usize, String), f64>, core: usize) -> Option<(&'sta
         .max_by(|x, y| x.1.total_cmp(&y.1))
 }
 
-/// A stats file its writer truncated while it was read holds zeros, not counters: said, not
-/// shown.
+/// A stats file truncated while it was read holds zeros, not counters: said, not shown.
 fn shrunk(s: &Stats) -> Result<(), String> {
     if s.shrunk() {
         return Err(format!(
@@ -581,9 +580,7 @@ fn run(a: &Args) -> Result<(), String> {
         "prometheus" | "metrics" => {
             let s = open_one(a)?;
             let text = corelane_stat::prometheus(&s);
-            shrunk(&s)?;
-            print!("{text}");
-            Ok(())
+            shrunk(&s).map(|()| print!("{text}"))
         }
         other => Err(format!("unknown command `{other}`\n{USAGE}")),
     }

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use corelane_frame::{FrameIo, FrameState};
+use corelane_frame::{FrameIo, FrameState, SplitMix64 as Rng};
 
 use super::SimKernel;
 use crate::socket::join::PendingJoin;
@@ -65,24 +65,6 @@ impl std::fmt::Display for Failure {
              upgrade-sim -- --seed {})",
             self.seed, self.step, self.what, self.seed
         )
-    }
-}
-
-/// splitmix64: a small seeded generator, the same sequence everywhere.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

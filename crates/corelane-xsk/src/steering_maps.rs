@@ -1,0 +1,102 @@
+//! The program's maps as this process writes them: owned addresses (and the multicast groups
+//! IPv6 ones need), ports, and the counters read back.
+
+use std::net::IpAddr;
+
+use corelane_frame::Proto;
+
+use super::{Program, STAT_SLOTS, XdpCounters, map_err, solicited_node_mac};
+use crate::error::Error;
+
+impl Program {
+    pub(super) fn own_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        match addr {
+            IpAddr::V4(a) => self
+                .owned_v4
+                .insert(u32::from_ne_bytes(a.octets()), 1, 0)
+                .map_err(map_err("owned_v4")),
+            IpAddr::V6(a) => {
+                self.owned_v6
+                    .insert(a.octets(), 1, 0)
+                    .map_err(map_err("owned_v6"))?;
+                // A physical NIC filters multicast: neighbour solicitations for the address go
+                // to its solicited-node group, which the interface must accept.
+                let mac = solicited_node_mac(a.octets());
+                let refs = self.groups.entry(mac).or_insert(0);
+                *refs += 1;
+                if *refs == 1 {
+                    match crate::netdev::multicast(&self.ifname, mac, true) {
+                        Ok(()) => {
+                            if let Some(c) = &self.claim {
+                                c.note_group(mac, true);
+                            }
+                        }
+                        Err(e) => tracing::warn!(
+                            "{}: cannot accept multicast {mac:02x?} for {a}: {e}; neighbour \
+                             solicitations for it may not arrive",
+                            self.ifname
+                        ),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        match addr {
+            IpAddr::V4(a) => self
+                .owned_v4
+                .remove(&u32::from_ne_bytes(a.octets()))
+                .map_err(map_err("owned_v4")),
+            IpAddr::V6(a) => {
+                self.owned_v6
+                    .remove(&a.octets())
+                    .map_err(map_err("owned_v6"))?;
+                let mac = solicited_node_mac(a.octets());
+                if let Some(refs) = self.groups.get_mut(&mac) {
+                    *refs -= 1;
+                    if *refs == 0 {
+                        self.groups.remove(&mac);
+                        let _ = crate::netdev::multicast(&self.ifname, mac, false);
+                        if let Some(c) = &self.claim {
+                            c.note_group(mac, false);
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn set_port(&mut self, proto: Proto, port: u16, on: bool) -> Result<(), Error> {
+        let (map, name) = match proto {
+            Proto::Tcp => (&mut self.tcp_ports, "tcp_ports"),
+            Proto::Udp => (&mut self.udp_ports, "udp_ports"),
+        };
+        map.set(u32::from(port), u8::from(on), 0)
+            .map_err(map_err(name))
+    }
+
+    pub(super) fn counters(&self) -> Result<XdpCounters, Error> {
+        let mut sums = [0u64; STAT_SLOTS];
+        for (slot, sum) in sums.iter_mut().enumerate() {
+            let v = self
+                .stats
+                .get(&(slot as u32), 0)
+                .map_err(map_err("stats"))?;
+            *sum = v.iter().sum();
+        }
+        Ok(XdpCounters {
+            steered: sums[0],
+            passed: sums[1],
+            malformed: sums[2],
+            no_socket: sums[3],
+            syn_cookies: sums[4],
+            closed_port_resets: sums[5],
+            port_unreachables: sums[6],
+            unreachables_limited: sums[7],
+            resets_limited: sums[8],
+        })
+    }
+}

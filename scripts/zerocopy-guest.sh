@@ -39,6 +39,8 @@ start() {
     sleep 0.2
   done
   cat /tmp/server.log
+  # Every run below is in zero-copy: the sockets' XDP_OPTIONS say so, or it failed to start.
+  grep -q "AF_XDP sockets in zero-copy mode" /tmp/server.log
 }
 
 if start; then
@@ -61,8 +63,9 @@ if start; then
   wait $server
   code=$?
   cat /tmp/server.log | tail -n 12
-  if [ $code -eq 0 ] && grep -q "^frames: " /tmp/server.log; then
-    result "ok stop: a graceful stop with every frame back"
+  if [ $code -eq 0 ] && grep -q "^frames: " /tmp/server.log \
+    && grep -q "dropped by the kernel with the receive ring full" /tmp/server.log; then
+    result "ok stop: a graceful stop with every frame back, ring drops reported"
   else
     result "FAIL stop: exit $code"
   fi
@@ -203,6 +206,46 @@ else
   kill -KILL $server 2>/dev/null
 fi
 ip link del eth1.10
+
+# The http example (hyper on corelane's streams) under a small load: 4 keep-alive connections
+# of 200 requests each, every answer a whole 200.
+rm -f /tmp/http.log
+: > /tmp/http.log
+http-server --iface eth0 --addr 10.99.0.2/24 --zero-copy require --xdp-mode native \
+  > /tmp/http.log 2>&1 &
+server=$!
+n=0
+until grep -q "serving" /tmp/http.log || [ $n -gt 600 ] || ! kill -0 $server 2>/dev/null; do
+  n=$((n + 1))
+  sleep 0.2
+done
+if grep -q "zero-copy mode" /tmp/http.log && echo-check 10.99.0.2:8080 --http 200 --parallel 4; then
+  kill -TERM $server
+  if wait $server; then
+    result "ok http: 800 requests over 4 connections to hyper on corelane"
+  else
+    result "FAIL http: did not stop cleanly"
+  fi
+else
+  cat /tmp/http.log
+  result "FAIL http"
+  kill -KILL $server 2>/dev/null
+fi
+
+# A device that cannot take zero-copy (no VIRTIO_F_ACCESS_PLATFORM): a required zero-copy bind
+# is refused in words that say so and what to do.
+ip link set eth2 up
+if echo-server --iface eth2 --addr 10.97.0.2/24 --zero-copy require --xdp-mode native \
+  > /tmp/refused.log 2>&1; then
+  result "FAIL refused: zero-copy on a device without it"
+else
+  cat /tmp/refused.log
+  if grep -q "zero-copy refused" /tmp/refused.log && grep -q "iommu_platform" /tmp/refused.log; then
+    result "ok refused: a device without zero-copy is refused, saying why"
+  else
+    result "FAIL refused: refused without saying why"
+  fi
+fi
 
 # Jumbo frames: this driver has no zero-copy multi-buffer; a required zero-copy bind at MTU
 # 9000 is refused, saying so and what MTU it can serve.

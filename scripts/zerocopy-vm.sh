@@ -52,7 +52,7 @@ fi
 echo "zerocopy-vm: guest kernel $(cat "$kernel_dir/version")"
 
 # What runs in the guest.
-cargo build --locked --release --example echo -p corelane -q
+cargo build --locked --release --example echo --example http -p corelane -q
 cargo build --locked --release -p corelane-testnet --bin echo-check -q
 
 work=$(mktemp -d)
@@ -71,6 +71,7 @@ add() {
   done
 }
 add "$root/target/release/examples/echo" /bin/echo-server
+add "$root/target/release/examples/http" /bin/http-server
 add "$root/target/release/echo-check" /bin/echo-check
 # The death keeper runs a real shell and sleep.
 add /bin/bash /bin/bash
@@ -111,6 +112,8 @@ else
   nets=(-netdev hubport,id=n0,hubid=0 -device "virtio-net-pci,netdev=n0,mac=52:54:00:00:99:02,$nic"
         -netdev hubport,id=n1,hubid=0 -device "virtio-net-pci,netdev=n1,mac=52:54:00:00:99:01,$nic")
 fi
+# A third NIC, legacy-capable and without iommu_platform: the driver refuses it zero-copy.
+nets+=(-netdev hubport,id=n2,hubid=1 -device virtio-net-pci,netdev=n2,mac=52:54:00:00:99:03)
 echo "zerocopy-vm: corelane's NIC has $queues queue(s)"
 set +e
 timeout 1500 "${wrap[@]}" qemu-system-x86_64 -machine q35 -cpu max -smp 2 -m 1536 \

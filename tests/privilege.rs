@@ -238,7 +238,8 @@ fn a_granted_server_needs_only_net_raw_and_steers_only_its_grant() {
     assert!(line.contains(&format!("pid {}", server.pid())), "{line}");
     // A user the grant does not name is refused.
     let (status, out) = finish(echo_as(&net, &run, 65533, &["net_raw", "ipc_lock"], &[]));
-    assert!(one_error_line(status, &out).contains("uid 65533 is not granted"));
+    let line = one_error_line(status, &out);
+    assert!(line.contains("uid 65533 is not granted"), "{line}");
 
     // Killed: the broker stops steering what it asked for, and the next server serves.
     server.signal(libc::SIGKILL);

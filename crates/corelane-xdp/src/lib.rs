@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -348,6 +348,7 @@ impl Broker {
         // MAX_CONNECTIONS_PER_USER of its own (one user's idle connections never fill
         // another's); one that does not say hello within HELLO_DEADLINE is dropped.
         let open: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
+        let refuser = refuse::Refuser::start().map_err(Error::Io)?;
         let mut complained = None::<std::time::Instant>;
         let mut complain = |what: String| {
             if complained.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1)) {
@@ -376,13 +377,8 @@ impl Broker {
                 }
             };
             if !self.grant.uids.contains(&uid) {
-                // Told why in one message that waits for its hello, and closed: it holds no
-                // slot and no thread.
-                let _ = corelane_xsk::grant::send_message(
-                    conn.as_raw_fd(),
-                    &format!("err {}", self.grant.not_granted(uid)),
-                    None,
-                );
+                // Told why and closed (`refuse.rs`): it holds no slot and no session.
+                refuser.refuse(conn, format!("err {}", self.grant.not_granted(uid)));
                 complain(format!(
                     "uid {uid} is not granted the interface: its connections are closed at once"
                 ));
@@ -392,6 +388,13 @@ impl Broker {
                 let mut open = open.lock().unwrap_or_else(|p| p.into_inner());
                 let n = open.entry(uid).or_default();
                 if *n >= MAX_CONNECTIONS_PER_USER {
+                    refuser.refuse(
+                        conn,
+                        format!(
+                            "err uid {uid} has {MAX_CONNECTIONS_PER_USER} connections to the \
+                             grant socket open already"
+                        ),
+                    );
                     complain(format!(
                         "uid {uid} has {MAX_CONNECTIONS_PER_USER} connections to the grant socket \
                          open: its new ones are closed"
@@ -470,6 +473,7 @@ fn release_slot(open: &Mutex<HashMap<u32, usize>>, uid: u32) {
 /// How long a connection may take to say hello.
 const HELLO_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
+mod refuse;
 mod session;
 mod session_upgrade;
 use session::session;

@@ -498,6 +498,28 @@ pub fn commit_and_cpu() -> (String, String) {
     (commit, cpu)
 }
 
+/// Writes a sweep's results file: `# {title}: {summary}`, the commit and CPU it was measured
+/// at, what the runs do, the command that reproduces it, and the tables. Exits with an error
+/// when it cannot be written.
+pub fn write_sweep(
+    out: &Path,
+    title: &str,
+    summary: &str,
+    threads: usize,
+    what: &str,
+    tables: &str,
+) {
+    let (commit, cpu) = commit_and_cpu();
+    let text = format!(
+        "# {title}: {summary}\n\nMeasured at commit `{commit}` on {threads} core(s) of {cpu}.\n\n\
+         {what}\n\nA failing seed prints the command that replays it.\n\n{tables}"
+    );
+    if let Err(e) = std::fs::write(out, text) {
+        eprintln!("{}: {e}", out.display());
+        std::process::exit(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

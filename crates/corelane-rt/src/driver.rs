@@ -67,6 +67,36 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
+    /// The driver of `core` over `dev`, nothing published or captured yet, no upgrade.
+    pub(crate) fn new(
+        core: Arc<Core>,
+        pipe: Pipeline<XskQueue>,
+        peers: CorePeers,
+        mode: PollMode,
+        epoch: StdInstant,
+    ) -> Driver {
+        Driver {
+            core,
+            pipe,
+            peers,
+            mode,
+            epoch,
+            addrs_seen: 0,
+            listeners_closed: false,
+            warned_checksums: false,
+            publish: None,
+            capture: None,
+            cookie_ports: Vec::new(),
+            cookie_check_at: None,
+            cookies_seen: 0,
+            drops_read_at: None,
+            mem_high: 0,
+            routes_seen: 0,
+            yields: 0,
+            upgrade: Default::default(),
+        }
+    }
+
     /// The clock read once per turn: as the stack counts time (since the run's epoch) and as
     /// it is.
     fn now(&self) -> (Instant, StdInstant) {

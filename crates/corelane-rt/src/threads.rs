@@ -120,38 +120,24 @@ impl Runtime {
             }
             tracing::debug!("core 0: {n} address announcement(s) sent");
         }
-        let driver = Driver {
-            core: core.clone(),
-            pipe: Pipeline::new(dev, tuner),
-            peers: CorePeers::new(info.index, inbound, outbound, self.shared.bells.clone()),
-            mode: self.cfg.poll,
+        let peers = CorePeers::new(info.index, inbound, outbound, self.shared.bells.clone());
+        let mut driver = Driver::new(
+            core.clone(),
+            Pipeline::new(dev, tuner),
+            peers,
+            self.cfg.poll,
             epoch,
-            addrs_seen: 0,
-            listeners_closed: false,
-            warned_checksums: false,
-            publish: self
-                .shared
+        );
+        // This core's slot of the live statistics, and the capture tap beside it.
+        let slot = || {
+            self.shared
                 .telemetry
                 .publisher
                 .as_ref()
                 .and_then(|p| p.core(info.index))
-                .map(|w| crate::publish::Publish::new(w, info.index)),
-            capture: self
-                .shared
-                .telemetry
-                .publisher
-                .as_ref()
-                .and_then(|p| p.core(info.index))
-                .and_then(|w| crate::capture::CoreCapture::new(w, epoch)),
-            cookie_ports: Vec::new(),
-            cookie_check_at: None,
-            cookies_seen: 0,
-            drops_read_at: None,
-            mem_high: 0,
-            routes_seen: 0,
-            yields: 0,
-            upgrade: Default::default(),
         };
+        driver.publish = slot().map(|w| crate::publish::Publish::new(w, info.index));
+        driver.capture = slot().and_then(|w| crate::capture::CoreCapture::new(w, epoch));
         let linger = self.cfg.linger;
         if let Some(app) = app {
             // A split lane: the application runs on its own thread; this one runs the pipeline.

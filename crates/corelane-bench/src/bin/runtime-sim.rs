@@ -112,11 +112,8 @@ fn main() {
     );
     println!("{summary}\n\n{table}\n{fault_table}");
     if let Some(out) = &args.out {
-        let (commit, cpu) = corelane_bench::commit_and_cpu();
-        let text = format!(
-            "# Whole runtimes upgraded under faults, simulated: {summary}\n\n\
-             Measured at commit `{commit}` on {threads} core(s) of {cpu}.\n\n\
-             Two runtimes (the old and the new process of an upgrade: each a control plane and a \
+        let what = format!(
+            "Two runtimes (the old and the new process of an upgrade: each a control plane and a \
              core running the runtime's own `Driver`, upgrade stages and the two sides' \
              machines) over one queue of the in-memory kernel and the in-memory XDP program, \
              which steers every frame by the maps the runtimes write; a peer host opens \
@@ -126,16 +123,19 @@ fn main() {
              in two places across both ledgers, the kernel's rings and the exchange; at the end \
              every frame is in one place, every byte of every connection came back once and in \
              order (a connection may be reset only where a process was killed), and the program \
-             has one generation and keeps no connection.\n\n\
-             Reproduce: `cargo run --release -p corelane-bench --bin runtime-sim -- --seeds {} \
-             --out {}`. A failing seed prints the command that replays it.\n\n{table}\n{fault_table}",
+             has one generation and keeps no connection. Reproduce: `cargo run --release -p corelane-bench --bin runtime-sim -- --seeds {} \
+             --out {}`.",
             args.seeds,
             out.display()
         );
-        if let Err(e) = std::fs::write(out, text) {
-            eprintln!("{}: {e}", out.display());
-            std::process::exit(1);
-        }
+        corelane_bench::write_sweep(
+            out,
+            "Whole runtimes upgraded under faults, simulated",
+            &summary,
+            threads,
+            &what,
+            &format!("{table}\n{fault_table}"),
+        );
     }
     if !failures.is_empty() {
         std::process::exit(1);

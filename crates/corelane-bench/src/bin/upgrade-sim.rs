@@ -109,11 +109,8 @@ fn main() {
     );
     println!("{summary}\n\n{table}\n{fault_table}");
     if let Some(out) = &args.out {
-        let (commit, cpu) = corelane_bench::commit_and_cpu();
-        let text = format!(
-            "# The upgrade of a queue, simulated: {summary}\n\n\
-             Measured at commit `{commit}` on {threads} core(s) of {cpu}.\n\n\
-             The old and the new process's queues (`XskQueue`, the code the runtime runs) on \
+        let what = format!(
+            "The old and the new process's queues (`XskQueue`, the code the runtime runs) on \
              the in-memory kernel of `crates/corelane-xsk/src/socket/sim.rs`, each step chosen \
              by the seed: requests delivered, a turn of either process, the upgrade's next move \
              (offer, bind, ask, take over, switch, leave) or a fault (a call-off by the old \
@@ -121,16 +118,19 @@ fn main() {
              start, its queue ending, a crash). After every step every frame is in at most one \
              place across both ledgers, the exchange's rings and the kernel's rings, and every \
              answer on the wire is a request delivered, once, its bytes intact; at the end \
-             every frame is in exactly one place and the survivor answers a last batch.\n\n\
-             Reproduce: `cargo run --release -p corelane-bench --bin upgrade-sim -- --seeds {} \
-             --out {}`. A failing seed prints the command that replays it.\n\n{table}\n{fault_table}",
+             every frame is in exactly one place and the survivor answers a last batch. Reproduce: `cargo run --release -p corelane-bench --bin upgrade-sim -- --seeds {} \
+             --out {}`.",
             args.seeds,
             out.display()
         );
-        if let Err(e) = std::fs::write(out, text) {
-            eprintln!("{}: {e}", out.display());
-            std::process::exit(1);
-        }
+        corelane_bench::write_sweep(
+            out,
+            "The upgrade of a queue, simulated",
+            &summary,
+            threads,
+            &what,
+            &format!("{table}\n{fault_table}"),
+        );
     }
     if !failures.is_empty() {
         std::process::exit(1);

@@ -120,26 +120,9 @@ impl Process {
             },
         );
         let core = Arc::new(Core::new(0, stack, shared.clone(), CoreStats::default()));
-        let driver = Driver {
-            core,
-            pipe: Pipeline::new(dev, None),
-            peers: CorePeers::new(0, Vec::new(), vec![None], shared.bells.clone()),
-            mode: crate::PollMode::Busy,
-            epoch,
-            addrs_seen: 0,
-            listeners_closed: false,
-            warned_checksums: false,
-            publish: None,
-            capture: None,
-            cookie_ports: Vec::new(),
-            cookie_check_at: None,
-            cookies_seen: 0,
-            drops_read_at: None,
-            mem_high: 0,
-            routes_seen: 0,
-            yields: 0,
-            upgrade: Default::default(),
-        };
+        let peers = CorePeers::new(0, Vec::new(), vec![None], shared.bells.clone());
+        let pipe = Pipeline::new(dev, None);
+        let driver = Driver::new(core, pipe, peers, crate::PollMode::Busy, epoch);
         Process {
             shared,
             driver: Some(driver),

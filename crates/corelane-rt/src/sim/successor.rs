@@ -146,32 +146,22 @@ impl World {
                         true,
                     )
                 }
-                Ok(Err(join)) if now.duration_since(since) > Duration::from_secs(5) => {
-                    if join.withdraw() {
+                // Not handed over yet: waited for, and withdrawn after 5 s unless the old
+                // process has begun handing over.
+                Ok(Err(join)) => {
+                    if now.duration_since(since) > Duration::from_secs(5) && join.withdraw() {
                         (New::Gone, true)
                     } else {
-                        (
-                            New::Starting {
-                                shared,
-                                join,
-                                talk,
-                                extras,
-                                since,
-                            },
-                            false,
-                        )
+                        let starting = New::Starting {
+                            shared,
+                            join,
+                            talk,
+                            extras,
+                            since,
+                        };
+                        (starting, false)
                     }
                 }
-                Ok(Err(join)) => (
-                    New::Starting {
-                        shared,
-                        join,
-                        talk,
-                        extras,
-                        since,
-                    },
-                    false,
-                ),
                 Err(_) => (New::Gone, true),
             },
             New::Running {

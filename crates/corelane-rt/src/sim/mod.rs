@@ -77,6 +77,9 @@ pub enum Fault {
     /// A process not upgraded was shut down gracefully (`StopHandle::shutdown`) under its
     /// connections.
     Drain,
+    /// The queue's driver takes the fill ring as a zero-copy one does, and now and then sets
+    /// the ring's need-wakeup flag with entries in it (the race a receive must survive).
+    ZeroCopyFill,
 }
 
 /// What one run did.

@@ -238,8 +238,13 @@ impl Process {
         }
         self.conns
             .retain(|c| !(c.shut && c.eof && c.pending.is_empty()));
+        // A listener with connections half open or queued stays open through an upgrade's
+        // drain (`listeners_may_close`), and a real accept loop keeps accepting until it closes.
+        // The grace's end stops the cores, and with them the application's futures.
+        let listener_closed = !stack.is_listening(PORT);
         drop(stack);
-        if draining && self.conns.is_empty() {
+        let stopped = self.shared.life.stop.load(Ordering::Relaxed);
+        if (draining && listener_closed && self.conns.is_empty()) || stopped {
             // The accept loop ended (the listener closed) and every connection task is done.
             self.shared.app_done();
             self.phase = Phase::Lingering;

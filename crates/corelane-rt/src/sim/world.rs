@@ -160,6 +160,13 @@ impl World {
             ..XskConfig::default()
         };
         let (kernel, queue) = SimKernel::open(&config).map_err(|e| fail(e.to_string()))?;
+        // Half the runs on a zero-copy driver: it waits for a wakeup once it found the fill
+        // ring empty, and now and then finds it so just as the ring is filled (the race).
+        let zero_copy = rng.below(2) == 0;
+        if zero_copy {
+            kernel.fill_like_zero_copy();
+            faults.push(Fault::ZeroCopyFill);
+        }
         let program = MemProgram::new();
         program.add_queue(0, kernel.clone());
         let addr = IpCidr::new(SERVER.into(), 24);
@@ -305,6 +312,9 @@ impl World {
         }
         self.upgrade_step()?;
         self.faults_due();
+        if self.faults.contains(&Fault::ZeroCopyFill) && self.rng.below(16) == 0 {
+            self.kernel.fill_runs_dry_now();
+        }
         Ok(busy)
     }
 

@@ -311,6 +311,17 @@ impl FrameIo for XskQueue {
             got += usize::from(self.take_rx(one[0], out));
         }
         self.stats.rx_frames += got as u64;
+        if n == 0 {
+            // A zero-copy driver that found the fill ring empty waits for a wakeup, and may
+            // have set its flag after the last post looked (the entries are there, nothing
+            // more will be posted): nothing received is when to look again, as libxdp's
+            // receive loop does. Copy mode never sets the flag. Either process of an upgrade
+            // may wake it (their sockets share the queue's pool): the one that fills the ring
+            // may be asleep while the other receives.
+            if let Err(e) = self.wake_fill() {
+                tracing::warn!("queue {}: fill ring wakeup: {e}", self.queue_id);
+            }
+        }
         got
     }
 

@@ -67,6 +67,8 @@ impl SimKernel {
                 target: None,
                 wire: Vec::new(),
                 dropped: 0,
+                fill_needs_wakeup: false,
+                fill_asleep: false,
             })),
         };
         let socket = sim.socket()?;
@@ -139,7 +141,12 @@ impl SimKernel {
             && (k.sockets[id].rx.pending().len() as u32) < ring_size
             && bytes.len() as u64 <= room;
         let mut entry = [0u64];
-        if !has_room || k.fill.pop(&mut entry) == 0 {
+        if !has_room || k.fill_asleep {
+            k.dropped += 1;
+            return false;
+        }
+        if k.fill.pop(&mut entry) == 0 {
+            k.fill_ran_dry();
             k.dropped += 1;
             return false;
         }
@@ -156,6 +163,21 @@ impl SimKernel {
             options: 0,
         };
         k.sockets[id].rx.push(&[d]) == 1
+    }
+
+    /// From now on the driver takes fill-ring entries as a zero-copy driver does (virtio_net,
+    /// ice, mlx5 with `XDP_USE_NEED_WAKEUP`): when it finds the fill ring empty it sets the
+    /// ring's need-wakeup flag and receives nothing more until a `poll` on a socket of the
+    /// queue wakes it, even once entries are posted again. Copy mode never waits so.
+    pub fn fill_like_zero_copy(&self) {
+        self.kernel().fill_needs_wakeup = true;
+    }
+
+    /// The driver found the fill ring empty just before user space posted to it, and set the
+    /// need-wakeup flag just after user space last looked at it: the race every zero-copy
+    /// receive must survive, at a moment a test chooses (see [`SimKernel::fill_like_zero_copy`]).
+    pub fn fill_runs_dry_now(&self) {
+        self.kernel().fill_ran_dry();
     }
 
     /// The frames sent since the last call, in order.

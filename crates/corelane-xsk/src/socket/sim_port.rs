@@ -59,9 +59,31 @@ pub(super) struct Kernel {
     pub(super) wire: Vec<Vec<u8>>,
     /// Frames that found no socket, no room on its RX ring or no fill-ring entry.
     pub(super) dropped: u64,
+    /// Whether the driver takes fill-ring entries as a zero-copy one does: once it found the
+    /// fill ring empty it sets the ring's `XDP_RING_NEED_WAKEUP` and takes no entry until a
+    /// `poll` wakes it, however many were posted meanwhile.
+    pub(super) fill_needs_wakeup: bool,
+    /// The driver is waiting for that wakeup.
+    pub(super) fill_asleep: bool,
 }
 
 impl Kernel {
+    /// A zero-copy driver found the fill ring empty: it asks to be woken and waits.
+    pub(super) fn fill_ran_dry(&mut self) {
+        if self.fill_needs_wakeup {
+            self.fill_asleep = true;
+            self.fill.set_flags(libc::XDP_RING_NEED_WAKEUP);
+        }
+    }
+
+    /// A wakeup (`poll`, `recvfrom`): the driver takes fill-ring entries again.
+    pub(super) fn wake_fill(&mut self) {
+        if self.fill_asleep {
+            self.fill_asleep = false;
+            self.fill.set_flags(0);
+        }
+    }
+
     /// Sends what socket `id`'s TX ring holds, as far as the completion ring has room.
     pub(super) fn transmit(&mut self, id: usize) {
         let room = self.completion.free_exact() as usize;
@@ -164,9 +186,11 @@ impl Port {
         self.kernel().transmit(self.id);
     }
 
-    /// Whether the RX ring holds frames (no waiting: the caller's schedule is the clock).
+    /// Whether the RX ring holds frames (no waiting: the caller's schedule is the clock). A
+    /// poll wakes a driver waiting for fill-ring entries, as `xsk_poll` does.
     pub(crate) fn rx_ready(&self) -> bool {
         let mut k = self.kernel();
+        k.wake_fill();
         k.sockets
             .get_mut(self.id)
             .is_some_and(|s| s.open && !s.rx.pending().is_empty())

@@ -403,3 +403,71 @@ fn users_holding_connections_to_the_broker_do_not_keep_a_granted_server_out() {
     assert!(out.contains("is not granted the interface"), "{out}");
     let _ = std::fs::remove_dir_all(&run);
 }
+
+#[test]
+fn a_granted_server_cannot_grow_or_shrink_the_files_the_broker_hands_it() {
+    if !require_root("a_granted_server_cannot_grow_or_shrink_the_files_the_broker_hands_it") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("sealed", NOBODY);
+    let (broker, socket) = start_broker(&net, &run);
+    let server = start_granted_server(&net, &run, &broker);
+    // As the server's user, on a session of its own: a file past the cap is refused, and the
+    // descriptor of one within it can be written but not resized.
+    let script = "import socket,sys,os\n\
+                  s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n\
+                  s.settimeout(5)\n\
+                  s.connect(sys.argv[1])\n\
+                  s.send(b'hello upgrade'); print(s.recv(4096).decode())\n\
+                  s.send(b'stats 1099511627776'); print(s.recv(4096).decode())\n\
+                  s.send(b'capture 8192')\n\
+                  m,fds,_,_=socket.recv_fds(s,4096,4); print(m.decode())\n\
+                  f=fds[0]; print('size', os.fstat(f).st_size)\n\
+                  os.pwrite(f, b'x'*16, 0); print('wrote')\n\
+                  for n in (1<<30, 0):\n\
+                  \x20 try: os.ftruncate(f, n); print('resized', n)\n\
+                  \x20 except OSError as e: print('resize refused', e.errno)\n\
+                  try: os.pwrite(f, b'x'*4096, 8192); print('wrote past the end')\n\
+                  except OSError as e: print('write refused', e.errno)\n";
+    let out = python_as(&net, NOBODY)
+        .args(["-c", script, &socket])
+        .output()
+        .expect("python3");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = said.lines().collect();
+    let context = format!("{said}\n{}", broker.output());
+    assert!(
+        lines.first().is_some_and(|l| l.starts_with("ok")),
+        "{context}"
+    );
+    assert!(
+        lines
+            .get(1)
+            .is_some_and(|l| l.starts_with("err")
+                && l.contains(&corelane_stat::SEALED_MAX_BYTES.to_string())),
+        "a terabyte was not refused naming the cap: {context}"
+    );
+    for want in ["size 8192", "wrote", "resize refused 1", "write refused 1"] {
+        assert!(lines.contains(&want), "no `{want}`: {context}");
+    }
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("resize refused"))
+            .count(),
+        2,
+        "{context}"
+    );
+    assert!(
+        !said.contains("resized") && !said.contains("past the end"),
+        "{context}"
+    );
+    drop(server);
+    let _ = broker.stop();
+    let _ = std::fs::remove_dir_all(&run);
+}

@@ -98,17 +98,18 @@ impl Access {
                 conn_cap,
             ),
             Access::Granted(g) => {
-                let (file, path) = g.stats_file().map_err(std::io::Error::from)?;
+                let bytes = corelane_stat::Publisher::bytes_for(cores, names, conn_cap);
+                let (file, path) = g.stats_file(bytes).map_err(std::io::Error::from)?;
                 let p = corelane_stat::Publisher::create_in(
                     &file, &path, ifname, cores, names, conn_cap,
                 )?;
                 // Packet capture through the file the broker makes beside the stats.
-                let capture =
-                    g.capture_file()
-                        .map_err(std::io::Error::from)
-                        .and_then(|(file, path)| {
-                            corelane_stat::CaptureFile::create_in(&file, &path, cores)
-                        });
+                let capture = g
+                    .capture_file(corelane_stat::CaptureFile::bytes_for(cores))
+                    .map_err(std::io::Error::from)
+                    .and_then(|(file, path)| {
+                        corelane_stat::CaptureFile::create_in(&file, &path, cores)
+                    });
                 Ok(match capture {
                     Ok(c) => p.with_capture(c),
                     Err(e) => {

@@ -135,6 +135,16 @@ impl CaptureFile {
         Ok(c)
     }
 
+    /// The size of the file [`CaptureFile::create_in`] makes for `cores` cores: what a server
+    /// asks a broker for.
+    pub fn bytes_for(cores: usize) -> u64 {
+        let layout = Layout {
+            cores: cores.max(1),
+            ring: RING_WORDS,
+        };
+        (layout.words() * 8) as u64
+    }
+
     /// Like [`CaptureFile::create`], in `file`, which someone else made at `path` (opened for
     /// reading and writing) and removes: a grant broker that hands the file to a server
     /// without the right to write its directory. Dropping this one leaves the file.

@@ -34,6 +34,7 @@ mod map;
 mod ns;
 mod pcapng;
 mod read;
+mod sealed;
 #[cfg(test)]
 mod tests;
 mod trust;
@@ -51,6 +52,7 @@ use map::Mapping;
 pub use ns::{netns_id, run_dir};
 pub use pcapng::{PcapNg, Recorded, record};
 pub use read::{ConnSnapshot, CoreCounters, Stats};
+pub use sealed::{SEALED_MAX_BYTES, sealed_file, write_pointer};
 pub use trust::{check_dir, check_regular, make_dir, open_file};
 pub use write::{CoreWriter, Publisher, new_stats_file};
 

@@ -156,6 +156,8 @@ impl Mapping {
             }
             Err(e) => return Err(e),
         };
+        // A broker's pointer leads to the sealed file it made (`sealed.rs`).
+        let file = crate::sealed::follow(file, path, writable)?;
         let len = file.metadata()?.len();
         if len < 4096 {
             return Err(io::Error::new(

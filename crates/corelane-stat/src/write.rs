@@ -53,6 +53,12 @@ impl Publisher {
         Ok(p)
     }
 
+    /// The size of the file [`Publisher::create_in`] makes for these arguments: what a server
+    /// asks a broker for.
+    pub fn bytes_for(cores: usize, names: &[&str], conn_cap: usize) -> u64 {
+        (Layout::new(cores, names, conn_cap).words() * 8) as u64
+    }
+
     /// Like [`Publisher::create`], in `file`, which someone else made at `path` (opened for
     /// reading and writing) and removes: a broker that hands a server without the right to
     /// write its directory the file to publish in.

@@ -206,6 +206,9 @@ struct Session {
     /// while their paths still name them (its successor makes its own at the same paths).
     stats: Option<(PathBuf, (u64, u64))>,
     capture: Option<(PathBuf, (u64, u64))>,
+    /// The sealed memory files those pointers lead to (`corelane_stat::sealed_file`), kept
+    /// open for root's readers while the session lasts.
+    kept: Vec<fs::File>,
 }
 
 impl Session {

@@ -280,33 +280,39 @@ fn handle(
                 None,
             ))
         }
-        ["stats"] => {
+        ["stats", bytes] => {
+            // A sealed memory file of the size asked for, within a cap: the server can neither
+            // grow it (fill /run, or memory past the cap) nor shrink it under root's reader.
+            // The run directory gets a pointer to it (`corelane_stat::write_pointer`).
             let path = st.claim.dir().join("stats");
-            let file = corelane_stat::new_stats_file(&path)
+            let bytes = bytes
+                .parse::<u64>()
+                .map_err(|_| format!("malformed size in `{text}`"))?;
+            let file = corelane_stat::sealed_file("stats", bytes)
                 .map_err(|err| format!("{}: {err}", path.display()))?;
-            session.stats = Some((path.clone(), file_id(&file)));
-            Ok((path.display().to_string(), Some(file)))
+            let id = corelane_stat::write_pointer(&path, &file, 0o644)
+                .map_err(|err| format!("{}: {err}", path.display()))?;
+            let handed = file.try_clone().map_err(|err| format!("stats: {err}"))?;
+            session.stats = Some((path.clone(), id));
+            session.kept.push(file);
+            Ok((path.display().to_string(), Some(handed)))
         }
         ["vlan"] => Ok((grant.vlan.to_wire(), None)),
-        ["capture"] => {
-            // Beside the stats file, as `corelane-stat capture` looks for it; the frames are
-            // the traffic, so the file is the server's user's alone (and root's).
+        ["capture", bytes] => {
+            // As the stats; the frames are the traffic, so the pointer is root's alone.
             let path = st.claim.dir().join("capture");
-            let file = corelane_stat::new_capture_file(&path)
-                .and_then(|f| {
-                    std::os::unix::fs::fchown(&f, Some(session.uid), None)?;
-                    Ok(f)
-                })
+            let bytes = bytes
+                .parse::<u64>()
+                .map_err(|_| format!("malformed size in `{text}`"))?;
+            let file = corelane_stat::sealed_file("capture", bytes)
                 .map_err(|err| format!("{}: {err}", path.display()))?;
-            session.capture = Some((path.clone(), file_id(&file)));
-            Ok((path.display().to_string(), Some(file)))
+            let id = corelane_stat::write_pointer(&path, &file, 0o600)
+                .map_err(|err| format!("{}: {err}", path.display()))?;
+            let handed = file.try_clone().map_err(|err| format!("capture: {err}"))?;
+            session.capture = Some((path.clone(), id));
+            session.kept.push(file);
+            Ok((path.display().to_string(), Some(handed)))
         }
         _ => Err(format!("unknown request `{text}`")),
     }
-}
-
-/// A file's device and inode.
-fn file_id(f: &std::fs::File) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    f.metadata().map_or((0, 0), |m| (m.dev(), m.ino()))
 }

@@ -479,12 +479,13 @@ impl GrantClient {
         }
     }
 
-    /// The stats file the broker made for this server, opened for writing, and its path.
+    /// The stats file the broker made for this server, `bytes` long (a sealed memory file:
+    /// it cannot be resized), opened for writing, and the path of its pointer.
     ///
     /// # Errors
-    /// The broker refused or sent no descriptor.
-    pub fn stats_file(&self) -> Result<(File, PathBuf), Error> {
-        match self.exchange("stats", None)? {
+    /// The broker refused (a size past its cap) or sent no descriptor.
+    pub fn stats_file(&self, bytes: u64) -> Result<(File, PathBuf), Error> {
+        match self.exchange(&format!("stats {bytes}"), None)? {
             (path, Some(fd)) => Ok((File::from(fd), PathBuf::from(path))),
             (_, None) => Err(Error::Grant(
                 "the broker sent no descriptor with the stats file".into(),
@@ -506,13 +507,14 @@ impl GrantClient {
         }
     }
 
-    /// The packet capture file the broker made for this server beside its stats file, opened
-    /// for reading and writing, and its path.
+    /// The packet capture file the broker made for this server beside its stats file, `bytes`
+    /// long (sealed as the stats file is), opened for reading and writing, and the path of its
+    /// pointer.
     ///
     /// # Errors
-    /// The broker refused (an older broker does not know the request) or sent no descriptor.
-    pub fn capture_file(&self) -> Result<(File, PathBuf), Error> {
-        match self.exchange("capture", None)? {
+    /// The broker refused (a size past its cap) or sent no descriptor.
+    pub fn capture_file(&self, bytes: u64) -> Result<(File, PathBuf), Error> {
+        match self.exchange(&format!("capture {bytes}"), None)? {
             (path, Some(fd)) => Ok((File::from(fd), PathBuf::from(path))),
             (_, None) => Err(Error::Grant(
                 "the broker sent no descriptor with the capture file".into(),

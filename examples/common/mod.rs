@@ -312,6 +312,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     let mut tcp = corelane::TcpStats::default();
     let mut echoes = 0;
     let reset: u64 = r.cores.iter().map(|c| c.stats.stack.reset_at_stop).sum();
+    let fin: u64 = r.cores.iter().map(|c| c.stats.stack.fin_at_stop).sum();
     let (mut frag, mut udp) = (Vec::new(), Vec::new());
     for c in &r.cores {
         tcp += c.stats.stack.tcp;
@@ -340,7 +341,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     println!(
         "tcp: {} segments out, {} retransmitted ({} loss probes, {} timeouts of the RTO, {} fast \
          recoveries), {} path MTU updates, {} ICMP errors acted on, {} connections timed out, \
-         {reset} reset at stop; {} frames over the MTU built; icmp: {echoes} echo requests \
+         {reset} reset at stop ({fin} idle ones closed with a FIN); {} frames over the MTU built; icmp: {echoes} echo requests \
          answered",
         tcp.segs_out,
         tcp.retrans_segs,

@@ -5,7 +5,8 @@
 //! connections. So when `run` starts and either signal still has its default disposition,
 //! the runtime watches it (one thread per process, kept for the process's life): while a
 //! runtime runs, the signal starts a short graceful shutdown (listeners close, connections end
-//! with a FIN, what is left after [`GRACE`] is reset), and when `run` has returned the process
+//! with a FIN, what is left after [`GRACE`] ends as a process's exit ends a kernel
+//! socket: a FIN when idle, else a reset), and when `run` has returned the process
 //! ends by the same signal, as it would have (exit status included). Between runs the signal
 //! kills at once, as by default. An application with its own handler for a signal keeps it:
 //! only signals left at their default are watched, and `Builder::default_signals(false)` turns
@@ -146,7 +147,8 @@ impl Drop for RunGuard {
 impl crate::Builder {
     /// Whether `run` watches SIGTERM and SIGINT when the application left them at their
     /// default (default: true). Watched, such a signal starts a graceful shutdown of 1 s
-    /// (connections end with a FIN, what remains is reset) and the process then ends by it,
+    /// (connections end with a FIN; what remains then gets one too when idle, else a reset)
+    /// and the process then ends by it,
     /// so no peer is left waiting for a process that is gone; unwatched, the process dies at
     /// once and its peers time out. An application that handles a signal itself (with
     /// signal-hook, tokio's `signal`, or `sigaction`) keeps its handler either way; turn this

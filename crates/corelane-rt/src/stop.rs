@@ -26,7 +26,8 @@ use crate::lock::lock;
 ///     .addr("10.0.0.5/24")
 ///     .build()?;
 /// let handle = rt.stop_handle();
-/// // The application's own signal handling (corelane installs none), here signal-hook's:
+/// // The application's own signal handling, here signal-hook's (a signal with a handler of
+/// // the application's is left to it: see `Builder::default_signals`):
 /// let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM])?;
 /// std::thread::spawn(move || {
 ///     if signals.forever().next().is_some() {
@@ -57,8 +58,10 @@ impl StopHandle {
     /// Shuts down gracefully: every listener closes (pending `accept`s return an error, new
     /// connection requests are refused), the cores' futures and their tasks finish what they
     /// are doing and close their connections (FIN), and the cores end. What is still open
-    /// after `grace` is reset. `run` returns with `RunReport::stopped` set; each core's
-    /// `CoreStats::stack.reset_at_stop` says how many connections had to be reset.
+    /// after `grace` ends as a process's exit ends a kernel socket: with a FIN when nothing is
+    /// unread and everything sent was acknowledged, else with a reset. `run` returns with
+    /// `RunReport::stopped` set; each core's `CoreStats::stack.reset_at_stop` says how many
+    /// connections had to be reset, `fin_at_stop` how many idle ones got a FIN.
     pub fn shutdown(&self, grace: Duration) {
         let Some(shared) = self.0.upgrade() else {
             return;

@@ -67,3 +67,5 @@ mod tests_quiet;
 mod tests_reply_path;
 #[cfg(test)]
 mod tests_secrets;
+#[cfg(test)]
+mod tests_stop;

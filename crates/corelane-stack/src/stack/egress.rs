@@ -174,13 +174,22 @@ impl Stack {
         for port in self.listeners.keys().copied().collect::<Vec<_>>() {
             self.unlisten(port);
         }
+        // As a process's exit closes a kernel socket: a connection with nothing unread and
+        // everything it sent acknowledged ends with a FIN; the others are reset.
+        let mut quiet = Vec::new();
         for i in 0..self.slots.len() as u32 {
             if let Some(f) = self.slots[i as usize].flow.as_mut() {
                 if let Some(c) = f.conn() {
-                    if !matches!(c.state(), TcpState::TimeWait | TcpState::Closed) {
-                        self.stats.reset_at_stop += 1;
+                    if c.quiet_at_stop() {
+                        c.close_at_stop();
+                        self.stats.fin_at_stop += 1;
+                        quiet.push(i);
+                    } else {
+                        if !matches!(c.state(), TcpState::TimeWait | TcpState::Closed) {
+                            self.stats.reset_at_stop += 1;
+                        }
+                        c.abort();
                     }
-                    c.abort();
                 }
                 self.queue_egress(i);
             }
@@ -188,6 +197,11 @@ impl Stack {
         while self.egress_pending() {
             self.egress(now, dev);
             dev.flush()?;
+        }
+        for i in quiet {
+            if let Some(c) = self.slots[i as usize].flow.as_mut().and_then(|f| f.conn()) {
+                c.forget();
+            }
         }
         dev.drain()?;
         Ok(dev.io_mut().counts())

@@ -47,8 +47,12 @@ pub struct StackStats {
     pub icmp_limited: u64,
     /// ARP requests and neighbour solicitations for owned addresses answered.
     pub neighbor_answers: u64,
-    /// Connections still open when the stack shut down, and therefore reset.
+    /// Connections still open when the stack shut down with data unread or unacknowledged,
+    /// and therefore reset.
     pub reset_at_stop: u64,
+    /// Connections with nothing unread and everything acknowledged when the stack shut down:
+    /// ended with a FIN, as a process's exit ends a kernel socket.
+    pub fin_at_stop: u64,
     /// Reassembled datagrams dropped because no socket or connection here takes them.
     pub reassembled_unclaimed: u64,
     /// Transmissions held back because the next hop's hardware address is not known yet.

@@ -191,6 +191,33 @@ impl Conn {
         }
     }
 
+    /// Whether the stack may go without a reset here, as a process's exit closes a kernel
+    /// socket: nothing unread, and everything sent acknowledged (a FIN of ours may still be
+    /// on its way). Open ones get a FIN first ([`Conn::close_at_stop`]).
+    pub(crate) fn quiet_at_stop(&self) -> bool {
+        matches!(
+            self.state,
+            TcpState::Established
+                | TcpState::CloseWait
+                | TcpState::FinWait1
+                | TcpState::FinWait2
+                | TcpState::Closing
+                | TcpState::LastAck
+        ) && self.rcv.is_empty()
+            && self.snd.is_empty()
+    }
+
+    /// The stack is stopping and this connection is quiet: a FIN is queued where none was
+    /// (the next output sends it once; nothing will retransmit it).
+    pub(crate) fn close_at_stop(&mut self) {
+        self.close();
+    }
+
+    /// Forgets the connection without a reset, once the stack sent what it had (its stop).
+    pub(crate) fn forget(&mut self) {
+        self.set_closed(None);
+    }
+
     /// Resets the connection: a RST is sent, everything dropped.
     pub(crate) fn abort(&mut self) {
         if matches!(

@@ -4,8 +4,10 @@
 //! echoes. Before, the SYN went to the kernel, which does not hold the address, and the client
 //! waited for its connect timeout. A UDP datagram to such a port is answered with ICMP port
 //! unreachable by the same program, so a connected kernel UDP socket's next `recv` fails with
-//! ECONNREFUSED, while a served UDP port still echoes. (On veth the answer reaches a peer that
-//! runs an XDP program; the tests give the client end one, as `xdp_syn_cookies` does.)
+//! ECONNREFUSED, while a served UDP port still echoes. While the server runs, the program hands
+//! such frames to its stack, which answers through the AF_XDP transmit path: a default veth
+//! peer (no XDP program, GRO off) receives that, where the program's own XDP_TX answers reach
+//! only a peer running an XDP program (the keeper's answers after a crash: `tests/crash.rs`).
 
 mod common;
 
@@ -24,11 +26,9 @@ fn a_connect_to_a_closed_port_of_an_owned_address_is_refused_at_once() -> Result
     if !require_root("resets for closed ports") {
         return Ok(());
     }
+    // The client's veth is a default one (no XDP program, GRO off), as a container's is: the
+    // program's own answers (XDP_TX) would never reach it; the stack's do.
     let net = net(1);
-    // veth hands the program's answers (XDP_TX) to a peer only when the peer runs an XDP
-    // program of its own (a NIC needs none): corelane's, owning nothing, passes everything.
-    let object = concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o");
-    net.client_ns().attach_xdp(net.client_if(), object)?;
     let served = serve_on(
         &net,
         |b| b.cores(1).addr("fd00:77::3/64"),
@@ -147,8 +147,6 @@ fn a_flood_to_closed_udp_ports_is_answered_at_the_rate_limit() -> Result {
         return Ok(());
     }
     let net = net(1);
-    let object = concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o");
-    net.client_ns().attach_xdp(net.client_if(), object)?;
     let served = serve_on(
         &net,
         |b| b.cores(1),

@@ -8,9 +8,10 @@
 // owned address (the stack answers echo requests, acts on errors and reassembles fragments).
 // Everything else passes to the kernel untouched, so ping, ssh and kernel listeners on the
 // kernel's own addresses keep working. A TCP segment to an owned address and a port nothing here
-// serves is answered here with a reset, as the host that owns the address owes it (see "Resets
-// for closed ports"), and a UDP datagram to such a port with ICMP port unreachable, rate-limited
-// (see "ICMP port unreachable for closed UDP ports").
+// serves is answered with a reset, as the host that owns the address owes it (see "Resets for
+// closed ports"), and a UDP datagram to such a port with ICMP port unreachable, rate-limited
+// (see "ICMP port unreachable for closed UDP ports"): by the stack while the queue has a socket
+// (`closed_to_stack`), from here when it has none.
 //
 // A listener under a SYN flood may have its SYNs answered here: for a port whose entry in
 // `tcp_ports` has PORT_COOKIES set, a bare IPv4 SYN is turned into its SYN-ACK in place and sent
@@ -46,7 +47,9 @@ enum {
 	STAT_NO_SOCKET = 3, // ours, but no socket on this queue: passed to the kernel
 	STAT_COOKIES = 4,   // SYNs answered here with a SYN cookie
 	STAT_RESETS = 5,    // TCP segments to an owned address's closed port answered with a reset
+			    // (here, or handed to the queue's stack to answer: closed_to_stack)
 	STAT_UNREACH = 6,   // UDP datagrams to an owned address's closed port answered with ICMP
+			    // (likewise)
 	STAT_UNREACH_LIMITED = 7, // such datagrams dropped unanswered by the rate limit
 	STAT_RESETS_LIMITED = 8,  // segments to closed ports dropped unanswered by the rate limit
 	STAT_MAX = 9,
@@ -317,6 +320,20 @@ static __always_inline int steer_tcp(struct xdp_md *ctx, struct flow_key *k, __b
 static __always_inline int steered_or_closed(int action)
 {
 	return action == XDP_REDIRECT;
+}
+
+// A frame to a closed port that passed the answer's checks and rate limit goes to the socket of
+// the queue it arrived on while one is there (a live runtime): its stack answers it (the same
+// reset, the same port unreachable) through the AF_XDP transmit path, which reaches every peer.
+// XDP_TX does not always: a veth hands it only to a peer running an XDP program (or with GRO
+// on), so a container's or a lab's default peer would wait for a timeout. With no socket (the
+// runtime is gone, a keeper holds the program) it is answered from here. Returns 1 when handed.
+static __always_inline int closed_to_stack(struct xdp_md *ctx)
+{
+	__u32 q = ctx->rx_queue_index;
+	if (q >= MAX_QUEUES)
+		return 0;
+	return bpf_redirect_map(&xsks, current_gen() * MAX_QUEUES + q, XDP_PASS) == XDP_REDIRECT;
 }
 
 static __always_inline int port_owned(void *map, __u16 port_be)
@@ -742,8 +759,9 @@ static __always_inline __u64 write_ip6(struct ipv6hdr *ip6, const struct in6_key
 //
 // The host that owns an address answers for all of its ports: a TCP segment to an owned address
 // and a port nothing here serves (no listener, no connection: the port is not in `tcp_ports`)
-// gets a reset (RFC 9293 section 3.10.7.1), built in place and sent back from here, so the
-// server is not handed frames for ports it was not granted. A reset is never answered, nor a
+// gets a reset (RFC 9293 section 3.10.7.1): by the queue's stack while it has a socket (the
+// address is wholly the server's, granted or not, so nothing of another's reaches it), else
+// built in place and sent back from here (`closed_to_stack`). A reset is never answered, nor a
 // frame from a multicast or broadcast MAC, nor an unspecified, broadcast or multicast source
 // address; at most UNREACH_BURST resets at once and one per millisecond after that, per CPU
 // (beyond that the segment is dropped). Constant work per frame.
@@ -847,6 +865,10 @@ static __always_inline int reset_v4(struct xdp_md *ctx)
 		return pass();
 	if (!rate_allowed(RATE_RESETS, STAT_RESETS_LIMITED))
 		return XDP_DROP;
+	if (closed_to_stack(ctx)) {
+		count(STAT_RESETS);
+		return XDP_REDIRECT;
+	}
 	int want = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr);
 	if (bpf_xdp_adjust_tail(ctx, want - frame_len(ctx)))
 		return pass();
@@ -890,6 +912,10 @@ static __always_inline int reset_v6(struct xdp_md *ctx)
 		return pass();
 	if (!rate_allowed(RATE_RESETS, STAT_RESETS_LIMITED))
 		return XDP_DROP;
+	if (closed_to_stack(ctx)) {
+		count(STAT_RESETS);
+		return XDP_REDIRECT;
+	}
 	int want = sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + sizeof(struct tcphdr);
 	if (bpf_xdp_adjust_tail(ctx, want - frame_len(ctx)))
 		return pass();
@@ -964,6 +990,10 @@ static __always_inline int unreachable_v4(struct xdp_md *ctx)
 		return pass();
 	if (!rate_allowed(RATE_UNREACH, STAT_UNREACH_LIMITED))
 		return XDP_DROP;
+	if (closed_to_stack(ctx)) {
+		count(STAT_UNREACH);
+		return XDP_REDIRECT;
+	}
 	// The new IP and ICMP headers go between the Ethernet header and the quote.
 	int quote = sizeof(struct iphdr) + QUOTE_L4;
 	if (answer_frame(ctx, quote, sizeof(struct iphdr) + 8, ETH_P_IP))
@@ -1006,6 +1036,10 @@ static __always_inline int unreachable_v6(struct xdp_md *ctx)
 		return pass();
 	if (!rate_allowed(RATE_UNREACH, STAT_UNREACH_LIMITED))
 		return XDP_DROP;
+	if (closed_to_stack(ctx)) {
+		count(STAT_UNREACH);
+		return XDP_REDIRECT;
+	}
 	int quote = sizeof(struct ipv6hdr) + QUOTE_L4;
 	if (answer_frame(ctx, quote, sizeof(struct ipv6hdr) + 8, ETH_P_IPV6))
 		return pass();

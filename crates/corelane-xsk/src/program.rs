@@ -32,12 +32,13 @@ pub struct XdpCounters {
     pub no_socket: u64,
     /// SYNs the program answered with a SYN cookie ([`Steering::set_syn_cookies`](crate::Steering::set_syn_cookies)).
     pub syn_cookies: u64,
-    /// TCP segments to an owned address and a port nothing here serves, answered by the
-    /// program with a reset (as the host that owns the address owes them). 0 when the counters
-    /// come through a grant broker, which reports the first four.
+    /// TCP segments to an owned address and a port nothing here serves, answered with a reset
+    /// (as the host that owns the address owes them): handed by the program to the queue's
+    /// stack to answer while the queue has a socket, answered by the program itself when it
+    /// has none. 0 when the counters come through a grant broker, which reports the first four.
     pub closed_port_resets: u64,
-    /// UDP datagrams to an owned address and a port nothing here serves, answered by the
-    /// program with ICMP port unreachable. 0 through a grant broker.
+    /// UDP datagrams to an owned address and a port nothing here serves, answered with ICMP
+    /// port unreachable (by the stack or the program, as the resets). 0 through a grant broker.
     pub port_unreachables: u64,
     /// Such datagrams dropped unanswered because the answers' rate limit (a burst of 50, then
     /// one per millisecond, per CPU) was spent. 0 through a grant broker.

@@ -259,3 +259,92 @@ fn a_tokio_service_runs_unmodified_on_corelane_sockets() -> Result {
     server.join()??;
     Ok(())
 }
+
+/// A store made once and handed to every core (`Runtime::run_with`) is one store: on a
+/// two-queue veth, connections land on both cores (RSS), and what one connection sets, every
+/// other reads, whichever core serves it. (A store made inside the per-core future would be
+/// one per core: a port's most common silent fault.)
+#[test]
+fn state_made_once_and_handed_to_every_core_is_one_across_queues() -> Result {
+    if !require_root("tokio port: state shared across cores") {
+        return Ok(());
+    }
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let net = net(2);
+    let ifname = net.server_if().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let served = net.server_ns().spawn(move || {
+        let rt = corelane::Runtime::builder(&ifname)
+            .addr("10.77.0.3/24")
+            .cores(2)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let _ = tx.send(rt.stop_handle());
+        let db: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+        rt.run_with(db, |core, db| async move {
+            let l = TcpListener::bind(6379).await.expect("listen");
+            while let Ok((s, _)) = l.accept().await {
+                let db = db.clone();
+                tokio::task::spawn_local(async move {
+                    let mut lines = Framed::new(s, LinesCodec::new());
+                    while let Some(Ok(line)) = lines.next().await {
+                        let reply = match line.split_once(' ') {
+                            Some(("SET", kv)) => {
+                                let (k, v) = kv.split_once(' ').unwrap_or((kv, ""));
+                                db.lock().unwrap().insert(k.into(), v.into());
+                                format!("OK {}", core.index)
+                            }
+                            Some(("GET", k)) => {
+                                let v = db.lock().unwrap().get(k).cloned();
+                                format!("{} {}", v.unwrap_or_else(|| "nil".into()), core.index)
+                            }
+                            _ => "ERR".into(),
+                        };
+                        if lines.send(reply).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        })
+        .map_err(|e| e.to_string())
+    })?;
+    let stop = rx.recv_timeout(Duration::from_secs(20))?;
+    let to: std::net::SocketAddr = format!("{SERVER_V4}:6379").parse()?;
+    let answers = net
+        .client_ns()
+        .run(move || -> std::io::Result<Vec<(String, String)>> {
+            let ask = |line: String| -> std::io::Result<String> {
+                let mut s = connect_patiently(to);
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                s.write_all(format!("{line}\n").as_bytes())?;
+                let mut reply = String::new();
+                BufReader::new(s).read_line(&mut reply)?;
+                Ok(reply.trim_end().to_string())
+            };
+            // Each key set on one connection and read on a new one: 20 pairs, 40 connections.
+            (0..20)
+                .map(|i| Ok((ask(format!("SET k{i} v{i}"))?, ask(format!("GET k{i}"))?)))
+                .collect()
+        })??;
+    stop.stop();
+    served.join()??;
+    let mut cores = std::collections::HashSet::new();
+    for (i, (set, get)) in answers.iter().enumerate() {
+        assert!(set.starts_with("OK "), "SET k{i}: {set}");
+        assert!(
+            get.starts_with(&format!("v{i} ")),
+            "GET k{i} after SET: {get} ({answers:?})"
+        );
+        for a in [set, get] {
+            cores.insert(a.rsplit(' ').next().unwrap_or("").to_string());
+        }
+    }
+    assert_eq!(
+        cores.len(),
+        2,
+        "connections landed on both cores, so the store was shared across them: {answers:?}"
+    );
+    Ok(())
+}

@@ -193,7 +193,9 @@ impl Runtime {
     /// ```
     ///
     /// # Sharing state between cores
-    /// The closure may borrow from the caller (the cores run inside a scope that ends before
+    /// The future runs once per core: what it creates, each core has its own (a store made in
+    /// it splits across cores silently). [`run_with`](Runtime::run_with) is the shape that
+    /// keeps one instance. The closure may borrow from the caller (the cores run inside a scope that ends before
     /// `run` returns); each future it returns runs on its core and must own what it uses:
     /// clone what it needs out of the borrowed state, and share what the cores update together
     /// through an `Arc` of something `Sync` (an atomic, a lock, a channel).
@@ -282,6 +284,79 @@ impl Runtime {
         });
         guard.finish();
         r
+    }
+}
+
+impl Runtime {
+    /// As [`run`](Runtime::run), with one instance of `state` made by the caller and a clone
+    /// of it handed to every core's future: the shape that keeps a service's state (a store,
+    /// a map of subscribers, a cache) one for the whole server. The future `f` returns runs
+    /// once per core, so whatever it creates itself, each core has its own: a store made
+    /// inside it splits silently, as a connection that lands on another queue (RSS decides)
+    /// finds another store. Make the state before, put what the cores change together behind
+    /// an `Arc` of something `Sync` (a lock, an atomic, a channel), and let each core clone it.
+    ///
+    /// ```no_run
+    /// # use corelane_rt as corelane;
+    /// use std::collections::HashMap;
+    /// use std::sync::{Arc, Mutex};
+    /// use corelane::{Runtime, net::TcpListener};
+    /// use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    ///
+    /// // What `#[tokio::main]` made at the top of `main`: one store for every core.
+    /// let db: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+    /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
+    /// rt.run_with(db, |_core, db| async move {
+    ///     let listener = TcpListener::bind(6379).await.expect("the port");
+    ///     while let Ok((s, _)) = listener.accept().await {
+    ///         let db = db.clone();
+    ///         tokio::task::spawn_local(async move {
+    ///             let (r, mut w) = s.into_split();
+    ///             let mut lines = BufReader::new(r).lines();
+    ///             while let Ok(Some(line)) = lines.next_line().await {
+    ///                 let reply = match line.split_once(' ') {
+    ///                     Some(("GET", k)) => db.lock().unwrap().get(k).cloned().unwrap_or_default(),
+    ///                     Some(("SET", kv)) => {
+    ///                         let (k, v) = kv.split_once(' ').unwrap_or((kv, ""));
+    ///                         db.lock().unwrap().insert(k.into(), v.into());
+    ///                         "OK".into()
+    ///                     }
+    ///                     _ => "ERR".into(),
+    ///                 };
+    ///                 if w.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
+    ///                     break;
+    ///                 }
+    ///             }
+    ///         });
+    ///     }
+    /// })?;
+    /// # Ok::<(), corelane::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`run`](Runtime::run).
+    pub fn run_with<S, F, Fut>(self, state: S, f: F) -> Result<RunReport, Error>
+    where
+        S: Clone + Send + Sync,
+        F: Fn(CoreInfo, S) -> Fut + Send + Sync,
+        Fut: Future<Output = ()> + 'static,
+    {
+        self.run(move |core| f(core, state.clone()))
+    }
+
+    /// As [`try_run`](Runtime::try_run), with `state` as [`run_with`](Runtime::run_with)
+    /// hands it: one instance, a clone to every core's future.
+    ///
+    /// # Errors
+    /// As [`try_run`](Runtime::try_run).
+    pub fn try_run_with<S, F, Fut, E>(self, state: S, f: F) -> Result<RunReport, Error>
+    where
+        S: Clone + Send + Sync,
+        F: Fn(CoreInfo, S) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<(), E>> + 'static,
+        E: std::fmt::Display,
+    {
+        self.try_run(move |core| f(core, state.clone()))
     }
 }
 

@@ -33,6 +33,9 @@ bash scripts/test-unprivileged.sh
 bash scripts/fuzz-coverage.sh --seconds 5 --min-edges 300
 # README's build-dependency list, checked in a minimal Debian root that has nothing else.
 bash scripts/clean-build-check.sh
+# Every crate a user depends on packages and builds from its package alone (what `cargo add`
+# from a registry gets: corelane-xsk's package carries the compiled XDP program).
+cargo package --workspace --exclude corelane-bench --exclude corelane-fuzz --locked
 # Zero-copy mode: a Debian 6.18 guest under QEMU's software emulation, its virtio-net bound with
 # XDP_ZEROCOPY (the kernel cached in /var/cache/corelane-vm after the first run; a minute or two).
 bash scripts/zerocopy-vm.sh

@@ -68,7 +68,10 @@ fn peer_takes_xdp_tx(net: &VethPair, on: bool) -> Result<(), String> {
         net.client_ns()
             .attach_xdp(
                 net.client_if(),
-                concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o"),
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/crates/corelane-xsk/xdp/corelane.bpf.o"
+                ),
             )
             .map_err(|e| e.to_string())
     } else {

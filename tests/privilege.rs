@@ -585,7 +585,10 @@ fn a_killed_granted_server_s_peers_are_reset_at_once() {
     let net = net(1);
     // veth hands the program's answers (XDP_TX) to a peer only when the peer runs an XDP
     // program of its own (a NIC needs none): corelane's, owning nothing, passes everything.
-    let object = concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o");
+    let object = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/corelane-xsk/xdp/corelane.bpf.o"
+    );
     net.client_ns()
         .attach_xdp(net.client_if(), object)
         .expect("the peer's program");

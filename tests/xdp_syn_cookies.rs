@@ -31,7 +31,10 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
         .map_err(|e| e.to_string())?;
     // veth hands the program's answers (XDP_TX) to a peer only when the peer runs an XDP
     // program of its own: corelane's, owning nothing, passes everything.
-    let object = concat!(env!("CARGO_MANIFEST_DIR"), "/xdp/corelane.bpf.o");
+    let object = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/corelane-xsk/xdp/corelane.bpf.o"
+    );
     net.client_ns()
         .attach_xdp(net.client_if(), object)
         .map_err(|e| e.to_string())?;

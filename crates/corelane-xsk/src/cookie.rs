@@ -2,7 +2,7 @@
 //! holds it, and the clock it reads.
 
 /// What the program needs to answer SYNs with the stack's SYN cookies (`struct cookie_cfg` in
-/// `xdp/corelane.bpf.c`, field for field): the stack's secret key, its clock, and the options
+/// `crates/corelane-xsk/xdp/corelane.bpf.c`, field for field): the stack's secret key, its clock, and the options
 /// its own cookie SYN-ACK would carry. Whoever holds the key can forge cookies for the stack.
 #[repr(C)]
 #[derive(Clone, Copy, Default, PartialEq, Eq)]

@@ -31,12 +31,12 @@ use crate::vlan::Vlan;
 pub use mem::{MemProgram, Verdict};
 pub use upgrade::SteeringShare;
 
-/// The compiled steering program (built from `xdp/corelane.bpf.c` by `xdp/build.sh`).
-pub static XDP_OBJECT: &[u8] = include_bytes!("../../../xdp/corelane.bpf.o");
+/// The compiled steering program (built from `crates/corelane-xsk/xdp/corelane.bpf.c` by `crates/corelane-xsk/xdp/build.sh`).
+pub static XDP_OBJECT: &[u8] = include_bytes!("../xdp/corelane.bpf.o");
 
 /// The steering program's name in the object.
 pub const PROGRAM: &str = "corelane_steer";
-/// Most addresses of each family the program can own (`MAX_ADDRS` in `xdp/corelane.bpf.c`).
+/// Most addresses of each family the program can own (`MAX_ADDRS` in `crates/corelane-xsk/xdp/corelane.bpf.c`).
 pub const MAX_ADDRS: u32 = 64;
 /// Most queues the program can redirect to a socket (`MAX_QUEUES`).
 pub const MAX_QUEUES: u32 = 64;

@@ -1,6 +1,6 @@
 //! The program in memory: the maps [`Steering`] writes (owned addresses and ports, the sockets
 //! of each generation, the upgrade's split and the connections an old generation keeps), held
-//! in this process, and the steering decision `xdp/corelane.bpf.c` makes from them
+//! in this process, and the steering decision `crates/corelane-xsk/xdp/corelane.bpf.c` makes from them
 //! ([`MemProgram::receive`]), so that what the runtime writes to the program (a port bound, an
 //! upgrade's switch, a kept connection) decides where a simulation's frames go, as the real
 //! program's maps decide it on a device.

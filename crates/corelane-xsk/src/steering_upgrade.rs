@@ -1,5 +1,5 @@
 //! The program's side of an upgrade: the two generations of sockets and the connections an
-//! old generation keeps (`xsks`, `upgrade`, `old_flows` in `xdp/corelane.bpf.c`), and the
+//! old generation keeps (`xsks`, `upgrade`, `old_flows` in `crates/corelane-xsk/xdp/corelane.bpf.c`), and the
 //! program itself handed to the new process ([`Steering::share`], [`Steering::adopt`]).
 
 use std::collections::HashMap as StdHashMap;

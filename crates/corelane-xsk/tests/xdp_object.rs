@@ -21,16 +21,16 @@ fn xdp_committed_object_is_rebuilt_identically_from_source() {
     }
     let out = std::env::temp_dir().join(format!("corelane-xdp-{}.o", std::process::id()));
     let status = Command::new("bash")
-        .arg(repo().join("xdp/build.sh"))
+        .arg(repo().join("crates/corelane-xsk/xdp/build.sh"))
         .arg(&out)
         .status()
-        .expect("run xdp/build.sh");
-    assert!(status.success(), "xdp/build.sh failed");
+        .expect("run crates/corelane-xsk/xdp/build.sh");
+    assert!(status.success(), "crates/corelane-xsk/xdp/build.sh failed");
     let rebuilt = std::fs::read(&out).unwrap();
     let _ = std::fs::remove_file(&out);
     assert!(
         rebuilt == corelane_xsk::XDP_OBJECT,
-        "xdp/corelane.bpf.o is stale: run xdp/build.sh and commit the object"
+        "crates/corelane-xsk/xdp/corelane.bpf.o is stale: run crates/corelane-xsk/xdp/build.sh and commit the object"
     );
 }
 

@@ -1,6 +1,6 @@
 //! The XDP program run by the kernel (`BPF_PROG_TEST_RUN`) on tens of thousands of generated
 //! frames, each checked against a model of what the program must do with it, written here from
-//! the rules in `xdp/corelane.bpf.c`'s comments:
+//! the rules in `crates/corelane-xsk/xdp/corelane.bpf.c`'s comments:
 //!
 //! - a frame that is not ours (another address, another EtherType, VLAN-tagged, ARP for
 //!   someone else) comes back XDP_PASS with every byte as it was, counted as passed;

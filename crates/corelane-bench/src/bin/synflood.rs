@@ -23,7 +23,10 @@ use corelane_testnet::{SynFlood, VethPair};
 const KERNEL: &str = "10.85.0.1";
 const CORELANE: &str = "10.85.0.3";
 const PORT: u16 = 7;
-const XDP_OBJECT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../xdp/corelane.bpf.o");
+const XDP_OBJECT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../corelane-xsk/xdp/corelane.bpf.o"
+);
 
 #[derive(Parser, Debug)]
 #[command(about = "A SYN flood against corelane and against the kernel")]

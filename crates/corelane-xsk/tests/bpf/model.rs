@@ -1,5 +1,5 @@
 //! A model of what the XDP program must do with a frame, written from the rules in
-//! `xdp/corelane.bpf.c`'s comments, and the checks of the answers it builds.
+//! `crates/corelane-xsk/xdp/corelane.bpf.c`'s comments, and the checks of the answers it builds.
 
 use super::*;
 

@@ -3,7 +3,7 @@
 # need no clang; `cargo test -p corelane-xsk --test xdp_object` rebuilds it into a temporary file
 # and fails when the committed object is stale.
 #
-# Usage: xdp/build.sh [OUT]   (default: xdp/corelane.bpf.o)
+# Usage: crates/corelane-xsk/xdp/build.sh [OUT]   (default: crates/corelane-xsk/xdp/corelane.bpf.o)
 # Needs: clang, llvm (llvm-strip), libbpf-dev, linux-libc-dev.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

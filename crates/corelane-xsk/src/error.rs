@@ -28,7 +28,7 @@ pub enum Error {
     },
     /// Another XDP program is attached to the interface.
     #[error(
-        "{0} already has an XDP program attached (another corelane, or an XDP tool?); see `ip link show dev {0}`, detach it with `ip link set dev {0} xdp off`"
+        "{0} already has an XDP program attached: another corelane runtime (one started with another CORELANE_RUN_DIR, or by another user) or an XDP tool; `ip link show dev {0}` gives its id and `bpftool prog show id ID` its name (corelane's is corelane_steer): stop the server that owns it, and detach it (`ip link set dev {0} xdp off`) only if nothing uses it, as that cuts whatever it serves"
     )]
     XdpBusy(String),
     /// Another corelane runtime serves the interface.

@@ -37,5 +37,11 @@ pub use addr::ToSocketAddr;
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpSocket, TcpStream};
 pub use udp::UdpSocket;
 
-/// Makes a type `!Send` and `!Sync`: a socket belongs to the core whose task created it.
-pub(crate) type NotSend = std::marker::PhantomData<*const ()>;
+/// Makes a type `!Send` and `!Sync`: a socket belongs to the core whose task created it. A
+/// named type, so that a compiler error about a socket moved to another thread (a
+/// `tokio::spawn` of a future holding one) names the cause: spawn it with
+/// `tokio::task::spawn_local`, on the socket's core.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SocketStaysOnItsCoreUseSpawnLocal(std::marker::PhantomData<*const ()>);
+
+pub(crate) type NotSend = SocketStaysOnItsCoreUseSpawnLocal;

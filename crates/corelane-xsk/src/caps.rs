@@ -143,10 +143,22 @@ pub fn check_memlock(bytes: u64) -> Result<(), Error> {
 }
 
 pub(crate) fn memlock_message(bytes: u64, limit: u64) -> String {
+    let fix = "grant CAP_IPC_LOCK, or raise the limit (`ulimit -l unlimited`, `prlimit \
+               --memlock=unlimited`, LimitMEMLOCK=infinity in a systemd unit)";
+    if bytes <= limit {
+        // Refused although this much fits: the kernel counts every page this user has
+        // locked, in every process, against the one limit.
+        return format!(
+            "the kernel refused {} KiB of locked memory for a UMEM although the limit is {} \
+             KiB: it counts what this user has locked already, in this process (other UMEMs) \
+             and in every other process of the same user, against that one limit; {fix}",
+            bytes.div_ceil(1024),
+            limit / 1024
+        );
+    }
     format!(
         "the UMEMs need {} KiB of locked memory and the locked-memory limit is {} KiB (shared \
-         by every process of this user); grant CAP_IPC_LOCK, or raise the limit (`ulimit -l \
-         unlimited`, `prlimit --memlock=unlimited`, LimitMEMLOCK=infinity in a systemd unit)",
+         by every process of this user); {fix}",
         bytes.div_ceil(1024),
         limit / 1024
     )
@@ -184,6 +196,28 @@ mod tests {
         assert_eq!(Cap::NetRaw.number(), 13);
         assert_eq!(Cap::Bpf.number(), 39);
         assert_eq!(Cap::Perfmon.name(), "CAP_PERFMON");
+    }
+
+    #[test]
+    fn a_refusal_within_the_limit_says_what_else_counts_against_it() {
+        // Past the limit: the two amounts.
+        let over = memlock_message(16 << 20, 8 << 20);
+        assert!(
+            over.contains("need 16384 KiB") && over.contains("8192 KiB"),
+            "{over}"
+        );
+        // Refused although it fits (what a user met as "8192 KiB needed, limit 8192 KiB"):
+        // the rest of the user's locked memory is why.
+        let within = memlock_message(8 << 20, 8 << 20);
+        assert!(
+            within.contains("although the limit is 8192 KiB"),
+            "{within}"
+        );
+        assert!(
+            within.contains("every other process of the same user"),
+            "{within}"
+        );
+        assert!(within.contains("CAP_IPC_LOCK"), "{within}");
     }
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -57,6 +57,10 @@ fn addresses_added_at_run_time_answer_and_removed_ones_stop() -> Result {
                 .unwrap_or(false)
         })?)
     };
+    // Until the core's listener binds, port 7 is closed and refused, as a kernel's is before
+    // `listen`: wait for it (`connect` retries a refusal).
+    let first = SocketAddr::new(SERVER_V4.parse()?, 7);
+    net.client_ns().run(move || connect(first).map(drop))??;
     assert!(echo_to(SERVER_V4)?, "the address it started with");
     addrs.add(cidr("10.77.0.10/24")?)?;
     assert!(

@@ -22,9 +22,18 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 /// An echo of `b"hello"` to `to` from the client namespace; true if it came back.
 fn hello(net: &VethPair, to: SocketAddr) -> Result<bool> {
     Ok(net.client_ns().run(move || {
-        let mut s = match TcpStream::connect_timeout(&to, Duration::from_secs(3)) {
-            Ok(s) => s,
-            Err(_) => return false,
+        // A port not listening yet (the core's future has not bound it, or runs again after
+        // a panic) is refused at once, as a kernel's is: tried again for a while.
+        let mut tries = 0;
+        let mut s = loop {
+            match TcpStream::connect_timeout(&to, Duration::from_secs(3)) {
+                Ok(s) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(_) => return false,
+            }
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
         let mut b = [0u8; 5];

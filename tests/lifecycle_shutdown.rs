@@ -93,11 +93,12 @@ fn a_graceful_shutdown_closes_idle_connections_with_a_fin() -> Result {
         },
     )?;
     let to: SocketAddr = "10.77.0.3:7".parse()?;
-    // Three clients say hello, then sit idle.
+    // Three clients say hello, then sit idle (`connect` tries again while the port is not
+    // bound yet: refused at once, as a kernel's is).
     let idle: Vec<TcpStream> = net.client_ns().run(move || {
         (0..3)
             .map(|_| {
-                let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+                let mut s = common::connect(to)?;
                 s.set_read_timeout(Some(Duration::from_secs(10)))?;
                 let mut b = [0u8; 5];
                 s.write_all(b"hello")?;

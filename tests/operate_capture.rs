@@ -234,8 +234,10 @@ fn operate_capture_holds_what_the_peer_saw() -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
-    // The last ACKs, then both captures end.
-    std::thread::sleep(Duration::from_millis(500));
+    // The last ACKs, then both captures end. tcpdump is handed packets in blocks, a block at
+    // the latest a second after its first packet: wait past that (the port-9 refusal comes at
+    // once, so the exchange gives no time of its own).
+    std::thread::sleep(Duration::from_millis(2500));
     interrupt(&mut capture, ours_err).map_err(|e| format!("corelane-stat capture: {e}"))?;
     interrupt(&mut peer, peer_err).map_err(|e| format!("tcpdump: {e}"))?;
     let (status, log) = server.stop();

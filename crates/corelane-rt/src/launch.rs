@@ -307,22 +307,24 @@ impl Runtime {
     /// let db: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     /// let rt = Runtime::builder("veth0").addr("10.0.0.1/24").build()?;
     /// rt.run_with(db, |_core, db| async move {
-    ///     let listener = TcpListener::bind(6379).await.expect("the port");
+    ///     let Ok(listener) = TcpListener::bind(6379).await else { return };
     ///     while let Ok((s, _)) = listener.accept().await {
     ///         let db = db.clone();
     ///         tokio::task::spawn_local(async move {
     ///             let (r, mut w) = s.into_split();
     ///             let mut lines = BufReader::new(r).lines();
     ///             while let Ok(Some(line)) = lines.next_line().await {
+    ///                 let Ok(mut db) = db.lock() else { break };
     ///                 let reply = match line.split_once(' ') {
-    ///                     Some(("GET", k)) => db.lock().unwrap().get(k).cloned().unwrap_or_default(),
+    ///                     Some(("GET", k)) => db.get(k).cloned().unwrap_or_default(),
     ///                     Some(("SET", kv)) => {
     ///                         let (k, v) = kv.split_once(' ').unwrap_or((kv, ""));
-    ///                         db.lock().unwrap().insert(k.into(), v.into());
+    ///                         db.insert(k.into(), v.into());
     ///                         "OK".into()
     ///                     }
     ///                     _ => "ERR".into(),
     ///                 };
+    ///                 drop(db);
     ///                 if w.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
     ///                     break;
     ///                 }

@@ -70,6 +70,14 @@ struct Layout {
 impl Layout {
     const CONTROL: usize = HEADER_WORDS;
 
+    /// What a runtime of `cores` cores writes.
+    fn of(cores: usize) -> Layout {
+        Layout {
+            cores: cores.max(1),
+            ring: RING_WORDS,
+        }
+    }
+
     fn ring_at(&self, core: usize) -> usize {
         HEADER_WORDS + CONTROL_WORDS + core * (R_DATA + self.ring)
     }
@@ -113,15 +121,6 @@ pub struct CaptureFile {
     remove: Option<crate::FileId>,
 }
 
-/// Makes (or replaces) an empty capture file at `path`, readable and writable by its owner
-/// only (the frames are the traffic itself), opened for reading and writing.
-///
-/// # Errors
-/// The file cannot be created.
-pub fn new_capture_file(path: &Path) -> io::Result<std::fs::File> {
-    crate::new_file(path, 0o600)
-}
-
 impl CaptureFile {
     /// Creates (or replaces) the capture file at `path` for `cores` cores, readable and
     /// writable by its owner only. Its pages are taken only when a capture writes them.
@@ -129,7 +128,7 @@ impl CaptureFile {
     /// # Errors
     /// The file cannot be created or mapped.
     pub fn create(path: &Path, cores: usize) -> io::Result<CaptureFile> {
-        let file = new_capture_file(path)?;
+        let file = crate::new_capture_file(path)?;
         let mut c = CaptureFile::create_in(&file, path, cores)?;
         c.remove = crate::file_id(&file);
         Ok(c)
@@ -138,11 +137,7 @@ impl CaptureFile {
     /// The size of the file [`CaptureFile::create_in`] makes for `cores` cores: what a server
     /// asks a broker for.
     pub fn bytes_for(cores: usize) -> u64 {
-        let layout = Layout {
-            cores: cores.max(1),
-            ring: RING_WORDS,
-        };
-        (layout.words() * 8) as u64
+        (Layout::of(cores).words() * 8) as u64
     }
 
     /// Like [`CaptureFile::create`], in `file`, which someone else made at `path` (opened for
@@ -152,10 +147,7 @@ impl CaptureFile {
     /// # Errors
     /// The file cannot be sized or mapped.
     pub fn create_in(file: &std::fs::File, path: &Path, cores: usize) -> io::Result<CaptureFile> {
-        let layout = Layout {
-            cores: cores.max(1),
-            ring: RING_WORDS,
-        };
+        let layout = Layout::of(cores);
         let map = Mapping::create_in(file, layout.words())?;
         let w = map.words();
         w[F_VERSION].store(VERSION, Ordering::Relaxed);

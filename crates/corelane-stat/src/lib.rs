@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use capture::{Capture, CaptureFile, CaptureTap, Filter, Record, new_capture_file};
+pub use capture::{Capture, CaptureFile, CaptureTap, Filter, Record};
 pub use conn::{Conn, TCP_STATES};
 use map::Mapping;
 pub use ns::{netns_id, run_dir};
@@ -54,7 +54,7 @@ pub use pcapng::{PcapNg, Recorded, record};
 pub use read::{ConnSnapshot, CoreCounters, Stats};
 pub use sealed::{SEALED_MAX_BYTES, sealed_file, write_pointer};
 pub use trust::{check_dir, check_regular, make_dir, open_file};
-pub use write::{CoreWriter, Publisher, new_stats_file};
+pub use write::{CoreWriter, Publisher, new_capture_file, new_stats_file};
 
 /// "corelane" in ASCII, the file's first word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"corelane");

@@ -16,6 +16,15 @@ pub fn new_stats_file(path: &Path) -> io::Result<std::fs::File> {
     new_file(path, 0o644)
 }
 
+/// Makes (or replaces) an empty capture file at `path`, readable and writable by its owner
+/// only (the frames are the traffic itself), opened for reading and writing.
+///
+/// # Errors
+/// The file cannot be created.
+pub fn new_capture_file(path: &Path) -> io::Result<std::fs::File> {
+    crate::new_file(path, 0o600)
+}
+
 /// The writing side: created by a runtime, one [`CoreWriter`] per core.
 #[derive(Debug)]
 pub struct Publisher {

@@ -22,16 +22,18 @@ use corelane_stack::smoltcp::iface::{Config, Interface, SocketHandle, SocketSet}
 use corelane_stack::smoltcp::phy::{Loopback, Medium};
 use corelane_stack::smoltcp::socket::tcp;
 use corelane_stack::smoltcp::time::{Duration, Instant};
-use corelane_stack::smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
+use corelane_stack::smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr, Ipv4Address};
 use corelane_stack::{FlowId, Node, StackConfig};
 
 const MTU: usize = 1500;
+
+type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 const BUFFER: usize = 16 * 1024;
 
 /// One side of the exchange: `n` connections, each sending `size` bytes and reading `size` back.
 trait Exchange {
     /// One round: a request on every connection, answered; returns when every response is in.
-    fn round(&mut self, size: usize);
+    fn round(&mut self, size: usize) -> Result<()>;
 }
 
 struct Corelane {
@@ -46,7 +48,7 @@ struct Corelane {
     at_client: Vec<usize>,
 }
 
-fn corelane(n: usize) -> Corelane {
+fn corelane(n: usize) -> Result<Corelane> {
     let cfg = StackConfig {
         tcp_rx_buffer: BUFFER,
         tcp_tx_buffer: BUFFER,
@@ -54,36 +56,28 @@ fn corelane(n: usize) -> Corelane {
         ..StackConfig::default()
     };
     let (pa, pb) = MemLink::default().pair();
-    let ip = |x: u8| {
-        [IpCidr::new(
-            format!("10.9.0.{x}").parse().expect("address"),
-            24,
-        )]
-    };
+    let ip = |x: u8| [IpCidr::new(Ipv4Address::new(10, 9, 0, x).into(), 24)];
     let mut a = Node::new(pa, [2, 0, 0, 0, 0, 1], &ip(1), MTU, cfg);
     let mut b = Node::new(pb, [2, 0, 0, 0, 0, 2], &ip(2), MTU, cfg);
-    b.stack.listen_tcp(9, None).expect("listen");
+    b.stack.listen_tcp(9, None)?;
     let mut clients = Vec::new();
     for _ in 0..n {
-        let (c, _) = a
-            .stack
-            .connect_tcp("10.9.0.2:9".parse().expect("endpoint"))
-            .expect("connect");
-        a.stack.tcp_set_nodelay(c, true).expect("nodelay");
+        let (c, _) = a.stack.connect_tcp("10.9.0.2:9".parse()?)?;
+        a.stack.tcp_set_nodelay(c, true)?;
         clients.push(c);
     }
     let mut now = Instant::from_millis(0);
     let mut servers = Vec::new();
     while servers.len() < n {
         now += Duration::from_millis(1);
-        a.poll(now).expect("poll");
-        b.poll(now).expect("poll");
+        a.poll(now)?;
+        b.poll(now)?;
         while let Some(s) = b.stack.accept(9) {
-            b.stack.tcp_set_nodelay(s, true).expect("nodelay");
+            b.stack.tcp_set_nodelay(s, true)?;
             servers.push(s);
         }
     }
-    Corelane {
+    Ok(Corelane {
         a,
         b,
         clients,
@@ -92,24 +86,24 @@ fn corelane(n: usize) -> Corelane {
         buf: vec![0; 4096],
         at_server: vec![0; n],
         at_client: vec![0; n],
-    }
+    })
 }
 
 impl Exchange for Corelane {
-    fn round(&mut self, size: usize) {
+    fn round(&mut self, size: usize) -> Result<()> {
         let req = vec![b'q'; size];
         for &c in &self.clients {
-            assert!(
-                matches!(self.a.stack.tcp_write(c, &req, None), Poll::Ready(Ok(n)) if n == size)
-            );
+            if !matches!(self.a.stack.tcp_write(c, &req, None), Poll::Ready(Ok(n)) if n == size) {
+                return Err("a request did not fit the send buffer".into());
+            }
         }
         self.at_server.fill(0);
         self.at_client.fill(0);
         let mut done = 0;
         while done < self.clients.len() {
             self.now += Duration::from_micros(1);
-            self.a.poll(self.now).expect("poll");
-            self.b.poll(self.now).expect("poll");
+            self.a.poll(self.now)?;
+            self.b.poll(self.now)?;
             for (k, &s) in self.servers.iter().enumerate() {
                 if self.at_server[k] == size {
                     continue;
@@ -131,6 +125,7 @@ impl Exchange for Corelane {
                 done += usize::from(self.at_client[k] == size);
             }
         }
+        Ok(())
     }
 }
 
@@ -146,15 +141,14 @@ struct Smol {
     at_client: Vec<usize>,
 }
 
-fn smol(n: usize) -> Smol {
+fn smol(n: usize) -> Result<Smol> {
     let mut dev = Loopback::new(Medium::Ethernet);
     let cfg = Config::new(HardwareAddress::Ethernet(EthernetAddress([
         2, 0, 0, 0, 0, 1,
     ])));
     let mut iface = Interface::new(cfg, &mut dev, Instant::ZERO);
     iface.update_ip_addrs(|a| {
-        a.push(IpCidr::new("127.0.0.1".parse().expect("address"), 8))
-            .expect("one address")
+        let _ = a.push(IpCidr::new(Ipv4Address::new(127, 0, 0, 1).into(), 8));
     });
     let sock = || {
         let mut s = tcp::Socket::new(
@@ -170,15 +164,14 @@ fn smol(n: usize) -> Smol {
     for k in 0..n {
         // smoltcp takes one connection per listening socket.
         let mut srv = sock();
-        srv.listen(9).expect("listen");
+        srv.listen(9)?;
         servers.push(set.add(srv));
         let mut cli = sock();
         cli.connect(
             iface.context(),
-            ("127.0.0.1".parse::<std::net::IpAddr>().expect("address"), 9),
+            (std::net::IpAddr::from([127, 0, 0, 1]), 9),
             40000 + k as u16,
-        )
-        .expect("connect");
+        )?;
         clients.push(set.add(cli));
     }
     let mut now = Instant::ZERO;
@@ -189,7 +182,7 @@ fn smol(n: usize) -> Smol {
         now += Duration::from_millis(1);
         iface.poll(now, &mut dev, &mut set);
     }
-    Smol {
+    Ok(Smol {
         iface,
         dev,
         set,
@@ -199,15 +192,17 @@ fn smol(n: usize) -> Smol {
         buf: vec![0; 4096],
         at_server: vec![0; n],
         at_client: vec![0; n],
-    }
+    })
 }
 
 impl Exchange for Smol {
-    fn round(&mut self, size: usize) {
+    fn round(&mut self, size: usize) -> Result<()> {
         let req = vec![b'q'; size];
         for &c in &self.clients {
             let s = self.set.get_mut::<tcp::Socket<'static>>(c);
-            assert_eq!(s.send_slice(&req).expect("send"), size);
+            if s.send_slice(&req)? != size {
+                return Err("a request did not fit the send buffer".into());
+            }
         }
         self.at_server.fill(0);
         self.at_client.fill(0);
@@ -238,23 +233,24 @@ impl Exchange for Smol {
                 done += usize::from(self.at_client[k] == size);
             }
         }
+        Ok(())
     }
 }
 
 /// ns per request per side: `requests` answered in `rounds` rounds after a warm-up.
-fn measure(x: &mut dyn Exchange, n: usize, size: usize, requests: usize) -> f64 {
+fn measure(x: &mut dyn Exchange, n: usize, size: usize, requests: usize) -> Result<f64> {
     let rounds = requests.div_ceil(n).max(10);
     for _ in 0..rounds / 10 {
-        x.round(size);
+        x.round(size)?;
     }
     let t = Wall::now();
     for _ in 0..rounds {
-        x.round(size);
+        x.round(size)?;
     }
-    t.elapsed().as_nanos() as f64 / (rounds * n) as f64 / 2.0
+    Ok(t.elapsed().as_nanos() as f64 / (rounds * n) as f64 / 2.0)
 }
 
-fn main() {
+fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let requests = if quick { 20_000 } else { 300_000 };
@@ -263,10 +259,10 @@ fn main() {
         let get = |k: usize| args.get(at + k).cloned().unwrap_or_default();
         let (n, size) = (get(1).parse().unwrap_or(16), get(2).parse().unwrap_or(1));
         let ns = if get(3) == "smoltcp" {
-            measure(&mut smol(n), n, size, requests * 10)
+            measure(&mut smol(n)?, n, size, requests * 10)?
         } else {
-            let mut c = corelane(n);
-            let ns = measure(&mut c, n, size, requests * 10);
+            let mut c = corelane(n)?;
+            let ns = measure(&mut c, n, size, requests * 10)?;
             let (a, b) = (c.a.pipe.stats(), c.b.pipe.stats());
             println!(
                 "turns: {} and {} ({} and {} busy), segments out {} and {}",
@@ -283,14 +279,14 @@ fn main() {
             "{} {n} connections {size} B: {ns:.0} ns per request per side",
             get(3)
         );
-        return;
+        return Ok(());
     }
     let mut rows = Vec::new();
     println!("connections  size  corelane ns  smoltcp ns  ratio");
     for n in [1usize, 16, 256] {
         for size in [1usize, 64] {
-            let c = measure(&mut corelane(n), n, size, requests);
-            let s = measure(&mut smol(n), n, size, requests);
+            let c = measure(&mut corelane(n)?, n, size, requests)?;
+            let s = measure(&mut smol(n)?, n, size, requests)?;
             println!("{n:>11}  {size:>4}  {c:>11.0}  {s:>10.0}  {:>5.2}x", c / s);
             rows.push(vec![
                 n.to_string(),
@@ -325,8 +321,8 @@ fn main() {
          stack does one side's work).\n\n\
          `cargo run --release -p corelane-bench --bin reqresp`\n\n{table}"
     );
-    if !quick && let Err(e) = std::fs::write(&out, text) {
-        eprintln!("{}: {e}", out.display());
-        std::process::exit(1);
+    if !quick {
+        std::fs::write(&out, text).map_err(|e| format!("{}: {e}", out.display()))?;
     }
+    Ok(())
 }

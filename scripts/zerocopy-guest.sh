@@ -20,7 +20,36 @@ ip link set eth1 up
 queues=$(sed -n 's/.*corelane\.queues=\([0-9]*\).*/\1/p' /proc/cmdline)
 queues=${queues:-1}
 fails=0
-result() { echo "corelane-vm: $1"; [ "${1%% *}" = ok ] || fails=$((fails + 1)); }
+result() {
+  echo "corelane-vm: $1"
+  [ "${1%% *}" = ok ] && return
+  fails=$((fails + 1))
+  diagnose
+}
+
+# What the peer and corelane's NIC saw, printed with each failure: whether the peer resolved
+# corelane's address, and the NIC's counters per queue (a queue whose receive stalled shows
+# its packets stop while the other's go on).
+diagnose() {
+  echo "corelane-vm: diagnostics, $(cut -d' ' -f1 /proc/uptime) s after boot"
+  ip neigh show dev eth1
+  ip -s link show eth0
+  ethtool -S eth0 2>/dev/null | grep -v ': 0$'
+}
+
+# Stops the server with SIGTERM so that its report (per-core counters, frames) is printed,
+# then with SIGKILL if it has not stopped 8 s later.
+stop_and_report() {
+  kill -TERM $server 2>/dev/null
+  n=0
+  while kill -0 $server 2>/dev/null && [ $n -lt 40 ]; do
+    sleep 0.2
+    n=$((n + 1))
+  done
+  kill -KILL $server 2>/dev/null
+  wait $server 2>/dev/null
+  tail -n 20 /tmp/server.log
+}
 
 # Starts BIN on eth0 in zero-copy with ARGS, its output in /tmp/server.log; fails unless it
 # serves within two minutes with its sockets in zero-copy (their XDP_OPTIONS say so).
@@ -142,7 +171,7 @@ if start; then
     fi
   else
     result "FAIL restart: the second run did not serve"
-    kill -KILL $server 2>/dev/null
+    stop_and_report
   fi
 else
   result "FAIL restart: the first run did not start"

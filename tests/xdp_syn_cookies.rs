@@ -1,10 +1,11 @@
-//! SYN cookies answered by the XDP program: a spoofed SYN flood fills a corelane listener's
-//! SYN backlog, the stack's first cookies turn the program's answer on for the port, and from
-//! then on the flood is answered on the CPU it arrives on without reaching the stack. Real
-//! clients keep connecting during it: their SYNs are answered by the program too, and their
-//! ACKs open connections in the stack from cookies it never made itself, so the program's
-//! cookies (SipHash in BPF) and the stack's check agree. The veth peer runs an XDP program
-//! too, which veth needs to deliver the program's answers (XDP_TX).
+//! SYN cookies answered by the XDP program, over IPv4 and over IPv6: a spoofed SYN flood fills
+//! a corelane listener's SYN backlog, the stack's first cookies turn the program's answer on for
+//! the port, and from then on the flood is answered on the CPU it arrives on without reaching
+//! the stack. Real clients keep connecting during it: their SYNs are answered by the program
+//! too, and their ACKs open connections in the stack from cookies it never made itself, so the
+//! program's cookies (SipHash in BPF, over the addresses of either family) and the stack's check
+//! agree. The veth peer runs an XDP program too, which veth needs to deliver the program's
+//! answers (XDP_TX).
 
 mod common;
 
@@ -16,7 +17,6 @@ use common::echo_once;
 use corelane::StackStats;
 use corelane_testnet::{VethPair, require_root};
 
-const CORELANE: &str = "10.86.0.3";
 const BACKLOG: usize = 16;
 
 #[test]
@@ -24,9 +24,25 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
     if !require_root("xdp syn cookies") {
         return Ok(());
     }
+    flood_answered_by_the_program("10.86.0", "fd00:86::", false)
+}
+
+#[test]
+fn the_xdp_program_answers_an_ipv6_flood_with_cookies_the_stack_accepts() -> Result<(), String> {
+    if !require_root("xdp syn cookies over IPv6") {
+        return Ok(());
+    }
+    flood_answered_by_the_program("10.87.0", "fd00:87::", true)
+}
+
+/// The flood and the real clients aimed at corelane's IPv6 address when `v6`, else at its IPv4
+/// one (`net4`.3 and `net6`3; the kernel's ends are .1 and .2).
+fn flood_answered_by_the_program(net4: &str, net6: &str, v6: bool) -> Result<(), String> {
     let net = VethPair::builder()
-        .server_addr("10.86.0.1/24")
-        .client_addr("10.86.0.2/24")
+        .server_addr(&format!("{net4}.1/24"))
+        .server_addr(&format!("{net6}1/64"))
+        .client_addr(&format!("{net4}.2/24"))
+        .client_addr(&format!("{net6}2/64"))
         .build()
         .map_err(|e| e.to_string())?;
     // veth hands the program's answers (XDP_TX) to a peer only when the peer runs an XDP
@@ -42,8 +58,9 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
     let seen: Arc<Mutex<Vec<StackStats>>> = Arc::default();
     let (ready_tx, ready_rx) = mpsc::channel();
     let last = seen.clone();
-    let one = common::one_core(net.server_if(), CORELANE);
-    let builder = move || one().backlog(BACKLOG).xdp_syn_cookies(true);
+    let one = common::one_core(net.server_if(), &format!("{net4}.3"));
+    let addr6 = format!("{net6}3/64");
+    let builder = move || one().addr(addr6).backlog(BACKLOG).xdp_syn_cookies(true);
     let (stop, server) = common::serve_in(net.server_ns(), builder, move |rt| {
         let ready_tx = Mutex::new(ready_tx);
         let last = Mutex::new(last);
@@ -73,13 +90,18 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| "the server did not start")??;
-    let addr: SocketAddr = format!("{CORELANE}:7").parse().map_err(|_| "addr")?;
+    let target: SocketAddr = if v6 {
+        format!("[{net6}3]:7")
+    } else {
+        format!("{net4}.3:7")
+    }
+    .parse()
+    .map_err(|_| "addr")?;
     net.client_ns()
-        .run(move || echo_once(addr))
+        .run(move || echo_once(target))
         .map_err(|e| e.to_string())??;
     // Bounded: at most 2 seconds and 3 million SYNs (the time ends it first here); real
     // connections from 300 ms on.
-    let target = format!("{CORELANE}:7").parse().map_err(|_| "addr")?;
     let (flooded, tries) = common::flood_and_connect(
         &net,
         target,
@@ -93,7 +115,7 @@ fn the_xdp_program_answers_a_flood_with_cookies_the_stack_accepts() -> Result<()
     let accepts = seen.lock().map_err(|_| "poisoned")?.clone();
     let stack = accepts.last().cloned().unwrap_or_default();
     eprintln!(
-        "flood {} SYNs; XDP cookies {}; stack cookies sent {}, opened from cookies {}; {tries:?}",
+        "{target}: flood {} SYNs; XDP cookies {}; stack cookies sent {}, opened from cookies {}; {tries:?}",
         flooded.sent, report.xdp.syn_cookies, stack.tcp.cookies_sent, stack.tcp.cookies_ok
     );
     let failures: Vec<_> = tries.iter().filter(|t| t.is_err()).collect();

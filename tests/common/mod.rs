@@ -330,14 +330,14 @@ pub fn echo_once_within(addr: SocketAddr, connect: Duration) -> Result<Duration,
     Ok(took)
 }
 
-/// Floods `target` from the client end (at most `syns` SYNs in `time`), and once it has run
+/// Floods `target` (IPv4 or IPv6) from the client end (at most `syns` SYNs in `time`), and once it has run
 /// `settle`, connects and echoes ten times, 50 ms apart; returns the flood's report and how
 /// each connection went. A connection may take two SYN retries: the client's SYN shares the
 /// link with the flood, and a link that full drops a frame now and then before any program
 /// sees it (in eleven runs of ten here, 17 connections needed one retry, 4 two).
 pub fn flood_and_connect(
     net: &VethPair,
-    target: std::net::SocketAddrV4,
+    target: SocketAddr,
     syns: u64,
     time: Duration,
     settle: Duration,
@@ -346,12 +346,16 @@ pub fn flood_and_connect(
         .server_ns()
         .mac(net.server_if())
         .map_err(|e| e.to_string())?;
-    let flood = corelane_testnet::SynFlood::builder(target, mac)
+    let builder = match target {
+        SocketAddr::V4(t) => corelane_testnet::SynFlood::builder(t, mac),
+        SocketAddr::V6(t) => corelane_testnet::SynFlood::builder_v6(t, mac),
+    };
+    let flood = builder
         .limit(syns, time)
         .start(net.client_ns(), net.client_if())
         .map_err(|e| e.to_string())?;
     std::thread::sleep(settle);
-    let addr = SocketAddr::V4(target);
+    let addr = target;
     let tries = net
         .client_ns()
         .run(move || {

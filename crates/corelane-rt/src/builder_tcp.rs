@@ -12,9 +12,9 @@ impl Builder {
     /// Not under a grant (the broker holds the program): the stack answers.
     ///
     /// While on for a port (from the first SYN its listener answered with a cookie, its SYN
-    /// backlog full, until a second passes with fewer than 1000 SYNs answered), a flood costs
-    /// the CPU it arrives on a few hundred nanoseconds per SYN and never reaches the AF_XDP
-    /// ring, so real clients' SYNs are not lost with it. The program's count is
+    /// backlog full, until a second passes with fewer than 1000 SYNs answered), a flood over
+    /// IPv4 or IPv6 costs the CPU it arrives on a few hundred nanoseconds per SYN and never
+    /// reaches the AF_XDP ring, so real clients' SYNs are not lost with it. The program's count is
     /// [`XdpCounters::syn_cookies`](corelane_xsk::XdpCounters::syn_cookies).
     ///
     /// ```no_run

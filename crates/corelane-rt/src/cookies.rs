@@ -200,7 +200,7 @@ fn params(stack: &Stack, epoch: Instant) -> Option<CookieParams> {
         ts_k0: t.ts_key.0,
         ts_k1: t.ts_key.1,
         mac: t.mac,
-        pad: [0; 2],
+        mss6: t.mss6,
     })
 }
 

@@ -1,6 +1,7 @@
-//! A flood from spoofed IPv4 sources, written as raw Ethernet frames on an interface as fast
-//! as it takes them, bounded in count and in time: TCP SYNs, or (with
-//! [`SynFloodBuilder::fragments`]) IPv4 fragments of datagrams that never complete.
+//! A flood from spoofed sources, written as raw Ethernet frames on an interface as fast as it
+//! takes them, bounded in count and in time: TCP SYNs over IPv4 ([`SynFlood::builder`]) or
+//! IPv6 ([`SynFlood::builder_v6`]), or (with [`SynFloodBuilder::fragments`]) IPv4 fragments of
+//! datagrams that never complete.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -16,7 +17,7 @@
 //! # Ok::<(), corelane_testnet::Error>(())
 //! ```
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -29,6 +30,8 @@ use crate::{Error, Netns, NsThread, Result};
 #[derive(Debug, Clone)]
 pub struct SynFloodBuilder {
     target: SocketAddrV4,
+    /// Aimed at this IPv6 address and port instead, from random addresses of `NET6`.
+    target6: Option<SocketAddrV6>,
     target_mac: [u8; 6],
     net: Ipv4Addr,
     prefix: u8,
@@ -61,7 +64,7 @@ impl SynFloodBuilder {
         self
     }
 
-    /// Sends IPv4 fragments instead of SYNs: each a middle piece (offset past zero, more
+    /// Sends IPv4 fragments instead of SYNs (a flood aimed at an IPv4 target only): each a middle piece (offset past zero, more
     /// fragments set) of `size` bytes (rounded to a multiple of 8, 8..=1472) of a UDP datagram
     /// with a fresh identification, so none ever completes and a receiver must hold or drop
     /// each one.
@@ -88,7 +91,7 @@ impl SynFloodBuilder {
 
     fn run(&self, sock: &PacketSocket, src_mac: [u8; 6], stop: &AtomicBool) -> FloodReport {
         let mut rng = self.seed;
-        let mut frame = vec![0u8; 58.max(34 + self.fragments.unwrap_or(0))];
+        let mut frame = vec![0u8; 78.max(34 + self.fragments.unwrap_or(0))];
         let host_bits = 32 - u32::from(self.prefix);
         let mask = if host_bits == 32 {
             u32::MAX
@@ -106,13 +109,27 @@ impl SynFloodBuilder {
             let r = xorshift(&mut rng);
             let src = Ipv4Addr::from(net | ((r as u32) & mask).max(1));
             let port = ((r >> 32) as u16).max(1024);
-            let frame = match self.fragments {
-                Some(size) => {
+            let frame = match (self.target6, self.fragments) {
+                (Some(dst), _) => {
+                    let f = &mut frame[..78];
+                    let src = Ipv6Addr::from(u128::from(NET6) | u128::from(r as u32).max(1));
+                    syn_frame6(
+                        f,
+                        src_mac,
+                        self.target_mac,
+                        src,
+                        port,
+                        dst,
+                        (r >> 16) as u32,
+                    );
+                    &*f
+                }
+                (None, Some(size)) => {
                     let f = &mut frame[..34 + size];
                     frag_frame(f, src_mac, self.target_mac, src, *self.target.ip(), r);
                     &*f
                 }
-                None => {
+                (None, None) => {
                     let f = &mut frame[..58];
                     syn_frame(
                         f,
@@ -173,6 +190,7 @@ impl SynFlood {
     pub fn builder(target: SocketAddrV4, target_mac: [u8; 6]) -> SynFloodBuilder {
         SynFloodBuilder {
             target,
+            target6: None,
             target_mac,
             net: Ipv4Addr::new(10, 200, 0, 0),
             prefix: 16,
@@ -180,6 +198,18 @@ impl SynFlood {
             duration: Duration::from_secs(1),
             seed: 1,
             fragments: None,
+        }
+    }
+
+    /// Starts a builder aimed at `target` (an IPv6 address and port) behind `target_mac`, its
+    /// SYNs from random addresses of fd00:c8::/96 (`sources` does not apply).
+    pub fn builder_v6(target: SocketAddrV6, target_mac: [u8; 6]) -> SynFloodBuilder {
+        SynFloodBuilder {
+            target6: Some(target),
+            ..Self::builder(
+                SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, target.port()),
+                target_mac,
+            )
         }
     }
 
@@ -274,6 +304,48 @@ fn syn_frame(
     tcp[16..18].copy_from_slice(&c.to_be_bytes());
 }
 
+/// The network an IPv6 flood's sources are drawn from (its low 32 bits random).
+const NET6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc8, 0, 0, 0, 0, 0, 0);
+
+/// Writes a 78-byte Ethernet + IPv6 + TCP SYN (with a 1440-byte MSS option) into `f`.
+fn syn_frame6(
+    f: &mut [u8],
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv6Addr,
+    sport: u16,
+    dst: SocketAddrV6,
+    isn: u32,
+) {
+    f[0..6].copy_from_slice(&dst_mac);
+    f[6..12].copy_from_slice(&src_mac);
+    f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    let ip = &mut f[14..54];
+    ip[..4].copy_from_slice(&[0x60, 0, 0, 0]);
+    ip[4..6].copy_from_slice(&24u16.to_be_bytes());
+    ip[6] = 6; // TCP
+    ip[7] = 64;
+    ip[8..24].copy_from_slice(&src.octets());
+    ip[24..40].copy_from_slice(&dst.ip().octets());
+    let tcp = &mut f[54..78];
+    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+    tcp[2..4].copy_from_slice(&dst.port().to_be_bytes());
+    tcp[4..8].copy_from_slice(&isn.to_be_bytes());
+    tcp[8..12].fill(0);
+    tcp[12] = 6 << 4;
+    tcp[13] = 0x02;
+    tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    tcp[16..20].fill(0);
+    tcp[20..24].copy_from_slice(&[2, 4, 0x05, 0xa0]);
+    let mut pseudo = [0u8; 40];
+    pseudo[0..16].copy_from_slice(&src.octets());
+    pseudo[16..32].copy_from_slice(&dst.ip().octets());
+    pseudo[32..36].copy_from_slice(&24u32.to_be_bytes());
+    pseudo[39] = 6;
+    let c = checksum(tcp, sum16(&pseudo, 0));
+    tcp[16..18].copy_from_slice(&c.to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +376,24 @@ mod tests {
         assert_eq!(checksum(&f[34..], sum16(&pseudo, 0)), 0);
         assert_eq!(f[34 + 13], 0x02);
         assert_eq!(&f[34..36], &40000u16.to_be_bytes());
+    }
+
+    #[test]
+    fn an_ipv6_syn_frame_checks_out() {
+        let mut f = [0u8; 78];
+        let dst: SocketAddrV6 = "[fd00::1]:80".parse().expect("an address");
+        let src: Ipv6Addr = "fd00:c8::1:2".parse().expect("an address");
+        syn_frame6(&mut f, [2; 6], [4; 6], src, 40000, dst, 7);
+        assert_eq!(&f[12..14], &[0x86, 0xdd]);
+        assert_eq!((f[14] >> 4, f[20], &f[18..20]), (6, 6, &[0, 24][..]));
+        let mut pseudo = [0u8; 40];
+        pseudo[0..16].copy_from_slice(&src.octets());
+        pseudo[16..32].copy_from_slice(&dst.ip().octets());
+        pseudo[35] = 24;
+        pseudo[39] = 6;
+        assert_eq!(checksum(&f[54..], sum16(&pseudo, 0)), 0);
+        assert_eq!(f[54 + 13], 0x02);
+        assert_eq!(&f[56..58], &80u16.to_be_bytes());
     }
 
     #[test]

@@ -32,8 +32,8 @@ pub struct CookieParams {
     pub ts_k1: u64,
     /// The interface's hardware address, the SYN-ACK's source.
     pub mac: [u8; 6],
-    /// Zero.
-    pub pad: [u8; 2],
+    /// This side's MSS over IPv6 (0: IPv6 SYNs are left to the stack).
+    pub mss6: u16,
 }
 
 impl std::fmt::Debug for CookieParams {
@@ -41,6 +41,7 @@ impl std::fmt::Debug for CookieParams {
         f.debug_struct("CookieParams")
             .field("epoch_ns", &self.epoch_ns)
             .field("mss", &self.mss)
+            .field("mss6", &self.mss6)
             .field("window", &self.window)
             .field("wscale", &self.wscale)
             .field("timestamps", &self.timestamps)
@@ -53,7 +54,7 @@ impl std::fmt::Debug for CookieParams {
 
 #[allow(unsafe_code)]
 // SAFETY: CookieParams is repr(C), made of integers and byte arrays only with no padding
-// (3 x 8 + 2 x 2 + 4 x 1 = 32 bytes, then 2 x 8 and 6 + 2 = 56 bytes, every field at a
+// (3 x 8 + 2 x 2 + 4 x 1 = 32 bytes, then 2 x 8 and 6 + 2 = 56 bytes, `mss6` at 54, every field at a
 // multiple of its alignment), so every bit pattern is a valid value and it can be copied to
 // and from a map.
 unsafe impl aya::Pod for CookieParams {}

@@ -14,12 +14,14 @@
 // (`closed_to_stack`), from here when it has none.
 //
 // A listener under a SYN flood may have its SYNs answered here: for a port whose entry in
-// `tcp_ports` has PORT_COOKIES set, a bare IPv4 SYN is turned into its SYN-ACK in place and sent
-// back (XDP_TX), its sequence number a SYN cookie computed exactly as corelane's stack computes
-// and checks them (crates/corelane-stack/src/tcp/secret.rs and cookie_syn_ack in output.rs), from
-// the key and clock in `cookie_cfg`. The flood then costs the CPU it arrives on a few hundred
-// nanoseconds per SYN and never reaches the AF_XDP ring, where it would crowd out real clients;
-// the final ACK goes to the stack, which opens the connection from the cookie. Frames too short for the headers they announce
+// `tcp_ports` has PORT_COOKIES set, a bare SYN (IPv4 without IP options, or IPv6 with TCP right
+// after its header) is turned into its SYN-ACK in place and sent back (XDP_TX), its sequence
+// number a SYN cookie computed exactly as corelane's stack computes and checks them
+// (crates/corelane-stack/src/tcp/secret.rs and cookie_syn_ack in output.rs), from the key and
+// clock in `cookie_cfg`. The flood then costs the CPU it arrives on a few hundred nanoseconds
+// per SYN and never reaches the AF_XDP ring, where it would crowd out real clients; the final
+// ACK goes to the stack, which opens the connection from the cookie. Frames too short for the
+// headers they announce
 // are counted as malformed and passed: the kernel drops them as it always would.
 //
 // Build (the committed object is what corelane embeds; see xdp/build.sh):
@@ -64,7 +66,7 @@ struct cookie_cfg {
 	__u64 k0;        // SipHash key
 	__u64 k1;
 	__u64 epoch_ns;  // CLOCK_MONOTONIC of the stack's time zero
-	__u16 mss;       // this side's MSS (IPv4)
+	__u16 mss;       // this side's MSS over IPv4
 	__u16 window;    // the SYN-ACK's window field
 	__u8 wscale;     // this side's window scale
 	__u8 timestamps; // answer timestamps (TSval carries the peer's window scale and SACK-permitted)
@@ -73,7 +75,7 @@ struct cookie_cfg {
 	__u64 ts_k0;     // SipHash key of the stack's timestamp offsets
 	__u64 ts_k1;
 	__u8 mac[ETH_ALEN]; // the interface's hardware address: the SYN-ACK's source
-	__u8 pad[2];
+	__u16 mss6;      // this side's MSS over IPv6 (0: IPv6 SYNs are the stack's to answer)
 };
 
 struct in6_key {
@@ -428,6 +430,22 @@ static __always_inline int l4_steer(struct xdp_md *ctx, __u8 proto, void *l4, vo
 	return pass();
 }
 
+// Writes an IPv6 header from `src` to `dst` over `len` bytes of `next` payload. Returns the
+// upper-layer checksum's pseudo-header sum (RFC 8200 section 8.1), not folded.
+static __always_inline __u64 write_ip6(struct ipv6hdr *ip6, const struct in6_key *src,
+				       const struct in6_key *dst, __u8 next, __u16 len)
+{
+	__builtin_memset(ip6, 0, 4);
+	ip6->version = 6;
+	ip6->payload_len = bpf_htons(len);
+	ip6->nexthdr = next;
+	ip6->hop_limit = 64;
+	__builtin_memcpy(ip6->saddr.in6_u.u6_addr8, src->addr, 16);
+	__builtin_memcpy(ip6->daddr.in6_u.u6_addr8, dst->addr, 16);
+	__u64 pseudo = bpf_csum_diff(0, 0, (__be32 *)&ip6->saddr, 32, 0);
+	return pseudo + bpf_htons(len) + bpf_htons(next);
+}
+
 // ---- SYN cookies -------------------------------------------------------------------------
 
 static __always_inline __u64 rotl(__u64 x, int b)
@@ -457,19 +475,20 @@ static __always_inline __u64 rotl(__u64 x, int b)
 		v0 ^= (m);                                                                     \
 	} while (0)
 
-// SipHash-2-4 under (k0, k1) over the stack's six words: local address, 0, remote address, 0,
-// ports, extra.
-static __always_inline __u64 siphash6(__u64 k0, __u64 k1, __u64 local, __u64 remote,
-				      __u64 ports, __u64 extra)
+// SipHash-2-4 under (k0, k1) over the stack's six words (secret.rs's `words`): the local
+// address as a 128-bit number, low half first, the remote one likewise (an IPv4 address is its
+// 32-bit value, its high half 0), the ports, and `extra`.
+static __always_inline __u64 siphash6(__u64 k0, __u64 k1, __u64 l0, __u64 l1, __u64 r0,
+				      __u64 r1, __u64 ports, __u64 extra)
 {
 	__u64 v0 = k0 ^ 0x736f6d6570736575ULL;
 	__u64 v1 = k1 ^ 0x646f72616e646f6dULL;
 	__u64 v2 = k0 ^ 0x6c7967656e657261ULL;
 	__u64 v3 = k1 ^ 0x7465646279746573ULL;
-	SIPCOMPRESS(local);
-	SIPCOMPRESS(0);
-	SIPCOMPRESS(remote);
-	SIPCOMPRESS(0);
+	SIPCOMPRESS(l0);
+	SIPCOMPRESS(l1);
+	SIPCOMPRESS(r0);
+	SIPCOMPRESS(r1);
 	SIPCOMPRESS(ports);
 	SIPCOMPRESS(extra);
 	SIPCOMPRESS(48ULL << 56);
@@ -502,8 +521,10 @@ static __always_inline __u32 fold32(__u64 s)
 // What the SYN said, kept across bpf_xdp_adjust_tail (which invalidates packet pointers).
 struct syn_info {
 	__u8 smac[ETH_ALEN];
-	__u32 saddr; // network order
+	__u32 saddr; // IPv4, network order
 	__u32 daddr;
+	__u8 saddr6[16]; // IPv6
+	__u8 daddr6[16];
 	__u16 sport; // network order
 	__u16 dport;
 	__u32 isn;   // host order
@@ -514,8 +535,49 @@ struct syn_info {
 	__u8 has_ts;
 };
 
-// Rewrites the frame into the SYN-ACK: Ethernet, IPv4, TCP with `optlen` bytes of options
-// (4: MSS; 16: MSS, SACK-permitted or two NOPs, timestamps; 20: those and window scale).
+// Writes the SYN-ACK's TCP header and its `optlen` bytes of options (4: MSS; 16: MSS,
+// SACK-permitted or two NOPs, timestamps; 20: those and window scale) at `th`, checksum 0.
+static __always_inline void syn_ack_tcp(struct tcphdr *th, __u8 *o, const struct syn_info *in,
+					const struct cookie_cfg *c, __u16 mss, __u32 cookie,
+					__u32 our_ts, const int optlen)
+{
+	__builtin_memset(th, 0, sizeof(struct tcphdr));
+	th->source = in->dport;
+	th->dest = in->sport;
+	th->seq = bpf_htonl(cookie);
+	th->ack_seq = bpf_htonl(in->isn + 1);
+	th->doff = (sizeof(struct tcphdr) + optlen) / 4;
+	th->syn = 1;
+	th->ack = 1;
+	th->window = bpf_htons(c->window);
+	o[0] = 2;
+	o[1] = 4;
+	o[2] = mss >> 8;
+	o[3] = mss & 0xff;
+	if (optlen >= 16) {
+		if (c->sack && in->sackp) {
+			o[4] = 4;
+			o[5] = 2;
+		} else {
+			o[4] = 1;
+			o[5] = 1;
+		}
+		o[6] = 8;
+		o[7] = 10;
+		__u32 tv = bpf_htonl(our_ts), te = bpf_htonl(in->tsval);
+		__builtin_memcpy(o + 8, &tv, 4);
+		__builtin_memcpy(o + 12, &te, 4);
+	}
+	if (optlen == 20) {
+		o[16] = 1;
+		o[17] = 3;
+		o[18] = 3;
+		o[19] = c->wscale;
+	}
+}
+
+// Rewrites the frame into the SYN-ACK over IPv4: Ethernet, IPv4, TCP with `optlen` bytes of
+// options (see syn_ack_tcp).
 static __always_inline int write_syn_ack(struct xdp_md *ctx, const struct syn_info *in,
 					 const struct cookie_cfg *c, __u32 cookie, __u32 our_ts,
 					 const int optlen)
@@ -549,41 +611,41 @@ static __always_inline int write_syn_ack(struct xdp_md *ctx, const struct syn_in
 	ip->saddr = in->daddr;
 	ip->daddr = in->saddr;
 	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(struct iphdr), 0));
-	__builtin_memset(th, 0, sizeof(struct tcphdr));
-	th->source = in->dport;
-	th->dest = in->sport;
-	th->seq = bpf_htonl(cookie);
-	th->ack_seq = bpf_htonl(in->isn + 1);
-	th->doff = (sizeof(struct tcphdr) + optlen) / 4;
-	th->syn = 1;
-	th->ack = 1;
-	th->window = bpf_htons(c->window);
-	o[0] = 2;
-	o[1] = 4;
-	o[2] = c->mss >> 8;
-	o[3] = c->mss & 0xff;
-	if (optlen >= 16) {
-		if (c->sack && in->sackp) {
-			o[4] = 4;
-			o[5] = 2;
-		} else {
-			o[4] = 1;
-			o[5] = 1;
-		}
-		o[6] = 8;
-		o[7] = 10;
-		__u32 tv = bpf_htonl(our_ts), te = bpf_htonl(in->tsval);
-		__builtin_memcpy(o + 8, &tv, 4);
-		__builtin_memcpy(o + 12, &te, 4);
-	}
-	if (optlen == 20) {
-		o[16] = 1;
-		o[17] = 3;
-		o[18] = 3;
-		o[19] = c->wscale;
-	}
+	syn_ack_tcp(th, o, in, c, c->mss, cookie, our_ts, optlen);
 	__u64 pseudo = (__u64)in->saddr + in->daddr + bpf_htons(IPPROTO_TCP) +
 		       bpf_htons(sizeof(struct tcphdr) + optlen);
+	th->check = csum_fold(
+		bpf_csum_diff(0, 0, (__be32 *)th, sizeof(struct tcphdr) + optlen, fold32(pseudo)));
+	return XDP_TX;
+}
+
+// Rewrites the frame into the SYN-ACK over IPv6: Ethernet, IPv6 (no extension headers), TCP
+// with `optlen` bytes of options (see syn_ack_tcp).
+static __always_inline int write_syn_ack6(struct xdp_md *ctx, const struct syn_info *in,
+					  const struct cookie_cfg *c, __u32 cookie, __u32 our_ts,
+					  const int optlen)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	int want = sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + sizeof(struct tcphdr) + optlen;
+	if (bpf_xdp_adjust_tail(ctx, want - frame_len(ctx)))
+		return -1;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	struct tcphdr *th = (void *)(ip6 + 1);
+	__u8 *o = (void *)(th + 1);
+	if ((void *)(o + optlen) > end)
+		return -1;
+	__builtin_memcpy(eth->h_dest, in->smac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, c->mac, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IPV6);
+	struct in6_key src, dst;
+	__builtin_memcpy(src.addr, in->daddr6, 16);
+	__builtin_memcpy(dst.addr, in->saddr6, 16);
+	__u64 pseudo = write_ip6(ip6, &src, &dst, IPPROTO_TCP, sizeof(struct tcphdr) + optlen);
+	syn_ack_tcp(th, o, in, c, c->mss6, cookie, our_ts, optlen);
 	th->check = csum_fold(
 		bpf_csum_diff(0, 0, (__be32 *)th, sizeof(struct tcphdr) + optlen, fold32(pseudo)));
 	return XDP_TX;
@@ -625,6 +687,89 @@ static __always_inline __u32 mss_index(__u32 mss)
 	return idx;
 }
 
+// Reads the SYN at `th` into `in` (the source MAC, ports, ISN and options) when it is a bare
+// SYN, sent to the interface from a unicast MAC, to a port whose cookies are on. Returns the
+// program's cookie parameters, or NULL when it does not apply.
+static __always_inline struct cookie_cfg *syn_read(struct ethhdr *eth, struct tcphdr *th,
+						   void *end, struct syn_info *in)
+{
+	if ((void *)(th + 1) > end)
+		return NULL;
+	if (!th->syn || th->ack || th->rst || th->fin)
+		return NULL;
+	__u32 port = bpf_ntohs(th->dest);
+	__u8 *pv = bpf_map_lookup_elem(&tcp_ports, &port);
+	if (!pv || !(*pv & PORT_COOKIES))
+		return NULL;
+	__u32 zero = 0;
+	struct cookie_cfg *c = bpf_map_lookup_elem(&cookie_cfg, &zero);
+	if (!c || !c->mss)
+		return NULL;
+	// Never to a multicast or broadcast source, nor for a frame sent to another host.
+	if ((eth->h_source[0] & 1) || !to_iface(eth))
+		return NULL;
+	__builtin_memcpy(in->smac, eth->h_source, ETH_ALEN);
+	in->sport = th->source;
+	in->dport = th->dest;
+	in->isn = bpf_ntohl(th->seq);
+	in->wscale = 0xf;
+	// The options: MSS, window scale, SACK-permitted, timestamps, looked for one kind at a time
+	// (a walk that records every kind as it goes is more paths than the verifier will follow).
+	__u32 olen = th->doff * 4;
+	if (olen < sizeof(struct tcphdr))
+		return NULL;
+	olen -= sizeof(struct tcphdr);
+	__u8 *base = (void *)(th + 1);
+	int at = find_opt(base, end, olen, 2);
+	barrier_var(at);
+	__u8 *p = base + (at & 63);
+	if (at >= 0 && (void *)(p + 4) <= end && p[1] == 4)
+		in->mss = ((__u16)p[2] << 8) | p[3];
+	at = find_opt(base, end, olen, 3);
+	barrier_var(at);
+	p = base + (at & 63);
+	if (at >= 0 && (void *)(p + 3) <= end && p[1] == 3)
+		in->wscale = p[2] < 14 ? p[2] : 14;
+	at = find_opt(base, end, olen, 4);
+	barrier_var(at);
+	p = base + (at & 63);
+	in->sackp = at >= 0 && (void *)(p + 2) <= end && p[1] == 2;
+	at = find_opt(base, end, olen, 8);
+	barrier_var(at);
+	p = base + (at & 63);
+	if (at >= 0 && (void *)(p + 10) <= end && p[1] == 10) {
+		__u32 v;
+		__builtin_memcpy(&v, p + 2, 4);
+		in->tsval = bpf_ntohl(v);
+		in->has_ts = 1;
+	}
+	return c;
+}
+
+// The cookie for the SYN in `in` (secret.rs's Secret::cookie: 5 bits of the 64 s clock, 3 bits
+// of MSS, 24 bits of keyed hash over the four-tuple, the peer's ISN and the clock), from the
+// local address (l0, l1) to the remote one (r0, r1) as siphash6 takes them, with `our_mss`
+// this side's MSS; with timestamps, the SYN-ACK's TSval in `ts`: the connection's clock
+// (milliseconds plus its offset), its low 5 bits replaced by the peer's window scale and
+// SACK-permitted, from 32 ms back.
+static __always_inline __u32 cookie_for(const struct cookie_cfg *c, const struct syn_info *in,
+					__u64 l0, __u64 l1, __u64 r0, __u64 r1, __u16 our_mss,
+					__u32 *ts)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 ms = now > c->epoch_ns ? (now - c->epoch_ns) / 1000000 : 0;
+	__u64 tick = ms / 64000;
+	__u32 mss = in->mss < our_mss ? in->mss : our_mss;
+	__u64 ports = (__u64)bpf_ntohs(in->dport) << 16 | bpf_ntohs(in->sport);
+	__u64 extra = 3 | (__u64)in->isn << 8 | (tick & 31) << 40;
+	__u32 h = (__u32)siphash6(c->k0, c->k1, l0, l1, r0, r1, ports, extra) & 0x00ffffff;
+	if (in->has_ts && c->timestamps) {
+		__u32 clock = (__u32)ms + (__u32)siphash6(c->ts_k0, c->ts_k1, l0, l1, r0, r1, ports, 2);
+		*ts = ((clock - 0x20) & ~0x1fU) | in->wscale | (__u32)(c->sack && in->sackp) << 4;
+	}
+	return (__u32)(tick & 31) << 27 | mss_index(mss) << 24 | h;
+}
+
 // Answers a bare IPv4 SYN (the caller checked the frame is IPv4 with a 20-byte header and
 // TCP) to a port whose cookies are on. Returns -1 when it does not apply.
 static __always_inline int syn_cookie(struct xdp_md *ctx)
@@ -636,82 +781,78 @@ static __always_inline int syn_cookie(struct xdp_md *ctx)
 	struct tcphdr *th = (void *)(ip + 1);
 	if ((void *)(th + 1) > end)
 		return -1;
-	if (!th->syn || th->ack || th->rst || th->fin)
-		return -1;
-	__u32 port = bpf_ntohs(th->dest);
-	__u8 *pv = bpf_map_lookup_elem(&tcp_ports, &port);
-	if (!pv || !(*pv & PORT_COOKIES))
-		return -1;
-	__u32 zero = 0;
-	struct cookie_cfg *c = bpf_map_lookup_elem(&cookie_cfg, &zero);
-	if (!c || !c->mss)
-		return -1;
-	// Never to a multicast or broadcast source, nor for a frame sent to another host.
-	if ((eth->h_source[0] & 1) || !to_iface(eth))
-		return -1;
 	struct syn_info in = {};
-	__builtin_memcpy(in.smac, eth->h_source, ETH_ALEN);
+	in.mss = 536; // RFC 9293's default for IPv4
+	struct cookie_cfg *c = syn_read(eth, th, end, &in);
+	if (!c)
+		return -1;
 	in.saddr = ip->saddr;
 	in.daddr = ip->daddr;
-	in.sport = th->source;
-	in.dport = th->dest;
-	in.isn = bpf_ntohl(th->seq);
-	in.mss = 536; // RFC 9293's default for IPv4
-	in.wscale = 0xf;
-	// The options: MSS, window scale, SACK-permitted, timestamps, looked for one kind at a time
-	// (a walk that records every kind as it goes is more paths than the verifier will follow).
-	__u32 olen = th->doff * 4;
-	if (olen < sizeof(struct tcphdr))
+	// Never to an unspecified, broadcast or multicast source (RFC 1122 section 4.2.3.10).
+	__u8 first = in.saddr & 0xff; // network order: the first byte
+	if (in.saddr == 0 || in.saddr == 0xffffffff || (first & 0xf0) == 0xe0)
 		return -1;
-	olen -= sizeof(struct tcphdr);
-	__u8 *base = (void *)(th + 1);
-	int at = find_opt(base, end, olen, 2);
-	barrier_var(at);
-	__u8 *p = base + (at & 63);
-	if (at >= 0 && (void *)(p + 4) <= end && p[1] == 4)
-		in.mss = ((__u16)p[2] << 8) | p[3];
-	at = find_opt(base, end, olen, 3);
-	barrier_var(at);
-	p = base + (at & 63);
-	if (at >= 0 && (void *)(p + 3) <= end && p[1] == 3)
-		in.wscale = p[2] < 14 ? p[2] : 14;
-	at = find_opt(base, end, olen, 4);
-	barrier_var(at);
-	p = base + (at & 63);
-	in.sackp = at >= 0 && (void *)(p + 2) <= end && p[1] == 2;
-	at = find_opt(base, end, olen, 8);
-	barrier_var(at);
-	p = base + (at & 63);
-	if (at >= 0 && (void *)(p + 10) <= end && p[1] == 10) {
-		__u32 v;
-		__builtin_memcpy(&v, p + 2, 4);
-		in.tsval = bpf_ntohl(v);
-		in.has_ts = 1;
-	}
-	// The cookie (secret.rs's Secret::cookie): 5 bits of the 64 s clock, 3 bits of MSS, 24
-	// bits of keyed hash over the four-tuple, the peer's ISN and the clock.
-	__u64 now = bpf_ktime_get_ns();
-	__u64 ms = now > c->epoch_ns ? (now - c->epoch_ns) / 1000000 : 0;
-	__u64 tick = ms / 64000;
-	__u32 mss = in.mss < c->mss ? in.mss : c->mss;
-	__u64 local = bpf_ntohl(in.daddr), remote = bpf_ntohl(in.saddr);
-	__u64 ports = (__u64)bpf_ntohs(in.dport) << 16 | bpf_ntohs(in.sport);
-	__u64 extra = 3 | (__u64)in.isn << 8 | (tick & 31) << 40;
-	__u32 h = (__u32)siphash6(c->k0, c->k1, local, remote, ports, extra) & 0x00ffffff;
-	__u32 cookie = (__u32)(tick & 31) << 27 | mss_index(mss) << 24 | h;
+	__u32 ts = 0;
+	__u32 cookie = cookie_for(c, &in, bpf_ntohl(in.daddr), 0, bpf_ntohl(in.saddr), 0, c->mss, &ts);
 	int r;
 	if (in.has_ts && c->timestamps) {
-		// TSval: the connection's clock (milliseconds plus its offset), its low 5 bits
-		// replaced by the peer's window scale and SACK-permitted, from 32 ms back.
-		__u32 clock =
-			(__u32)ms + (__u32)siphash6(c->ts_k0, c->ts_k1, local, remote, ports, 2);
-		__u32 ts = ((clock - 0x20) & ~0x1fU) | in.wscale | (__u32)(c->sack && in.sackp) << 4;
 		if (in.wscale != 0xf)
 			r = write_syn_ack(ctx, &in, c, cookie, ts, 20);
 		else
 			r = write_syn_ack(ctx, &in, c, cookie, ts, 16);
 	} else {
 		r = write_syn_ack(ctx, &in, c, cookie, 0, 4);
+	}
+	if (r == XDP_TX)
+		count(STAT_COOKIES);
+	return r;
+}
+
+// An IPv6 address as siphash6 takes it: a 128-bit number, low half in `lo`, high in `hi`.
+static __always_inline void v6_halves(const __u8 *a, __u64 *lo, __u64 *hi)
+{
+	__u64 h, l;
+	__builtin_memcpy(&h, a, 8);
+	__builtin_memcpy(&l, a + 8, 8);
+	*hi = bpf_be64_to_cpu(h);
+	*lo = bpf_be64_to_cpu(l);
+}
+
+// Answers a bare IPv6 SYN (TCP right after the IPv6 header: a SYN behind extension headers is
+// the stack's) to a port whose cookies are on. Returns -1 when it does not apply.
+static __always_inline int syn_cookie6(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	struct tcphdr *th = (void *)(ip6 + 1);
+	if ((void *)(th + 1) > end || ip6->nexthdr != IPPROTO_TCP)
+		return -1;
+	struct syn_info in = {};
+	in.mss = 1220; // RFC 8200's minimum MTU less the headers: the default for IPv6
+	struct cookie_cfg *c = syn_read(eth, th, end, &in);
+	if (!c || !c->mss6)
+		return -1;
+	__builtin_memcpy(in.saddr6, ip6->saddr.in6_u.u6_addr8, 16);
+	__builtin_memcpy(in.daddr6, ip6->daddr.in6_u.u6_addr8, 16);
+	// Never to a multicast or unspecified source (as for resets).
+	__u32 *w = (__u32 *)in.saddr6;
+	if (in.saddr6[0] == 0xff || (w[0] | w[1] | w[2] | w[3]) == 0)
+		return -1;
+	__u64 l0, l1, r0, r1;
+	v6_halves(in.daddr6, &l0, &l1);
+	v6_halves(in.saddr6, &r0, &r1);
+	__u32 ts = 0;
+	__u32 cookie = cookie_for(c, &in, l0, l1, r0, r1, c->mss6, &ts);
+	int r;
+	if (in.has_ts && c->timestamps) {
+		if (in.wscale != 0xf)
+			r = write_syn_ack6(ctx, &in, c, cookie, ts, 20);
+		else
+			r = write_syn_ack6(ctx, &in, c, cookie, ts, 16);
+	} else {
+		r = write_syn_ack6(ctx, &in, c, cookie, 0, 4);
 	}
 	if (r == XDP_TX)
 		count(STAT_COOKIES);
@@ -737,22 +878,6 @@ static __always_inline void write_ip4(struct iphdr *ip, __u32 src, __u32 dst, __
 	ip->saddr = src;
 	ip->daddr = dst;
 	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(struct iphdr), 0));
-}
-
-// Writes an IPv6 header from `src` to `dst` over `len` bytes of `next` payload. Returns the
-// upper-layer checksum's pseudo-header sum (RFC 8200 section 8.1), not folded.
-static __always_inline __u64 write_ip6(struct ipv6hdr *ip6, const struct in6_key *src,
-				       const struct in6_key *dst, __u8 next, __u16 len)
-{
-	__builtin_memset(ip6, 0, 4);
-	ip6->version = 6;
-	ip6->payload_len = bpf_htons(len);
-	ip6->nexthdr = next;
-	ip6->hop_limit = 64;
-	__builtin_memcpy(ip6->saddr.in6_u.u6_addr8, src->addr, 16);
-	__builtin_memcpy(ip6->daddr.in6_u.u6_addr8, dst->addr, 16);
-	__u64 pseudo = bpf_csum_diff(0, 0, (__be32 *)&ip6->saddr, 32, 0);
-	return pseudo + bpf_htons(len) + bpf_htons(next);
 }
 
 // ---- Resets for closed ports ----------------------------------------------------------------
@@ -1078,6 +1203,24 @@ static __always_inline int tcp_steer(struct xdp_md *ctx)
 	return steered_or_closed(action) ? XDP_REDIRECT : reset_v4(ctx);
 }
 
+// A TCP segment right after the IPv6 header, from fresh pointers (the frame may have been
+// resized by a SYN cookie's attempt): steered, or answered as for a closed port.
+static __always_inline int tcp6_steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	struct tcphdr *th = (void *)(ip6 + 1);
+	if ((void *)(th + 1) > end)
+		return malformed();
+	if (!port_owned(&tcp_ports, th->dest))
+		return reset_v6(ctx);
+	struct flow_key k = {};
+	__builtin_memcpy(k.addr, ip6->saddr.in6_u.u6_addr8, 16);
+	int action = steer_tcp(ctx, &k, th->source, th->dest);
+	return steered_or_closed(action) ? XDP_REDIRECT : reset_v6(ctx);
+}
+
 // ARP for IPv4 over Ethernet: hardware type, protocol type, lengths, opcode, then sender
 // hardware/protocol address and target hardware/protocol address.
 struct arp_eth_ipv4 {
@@ -1172,15 +1315,9 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 	if (!v6_owned(ip6->daddr.in6_u.u6_addr8))
 		return pass();
 	if (ip6->nexthdr == IPPROTO_TCP) {
-		struct tcphdr *th = l4;
-		if ((void *)(th + 1) > end)
-			return malformed();
-		if (!port_owned(&tcp_ports, th->dest))
-			return reset_v6(ctx);
-		struct flow_key k = {};
-		__builtin_memcpy(k.addr, ip6->saddr.in6_u.u6_addr8, 16);
-		int action = steer_tcp(ctx, &k, th->source, th->dest);
-		return steered_or_closed(action) ? XDP_REDIRECT : reset_v6(ctx);
+		if (syn_cookie6(ctx) == XDP_TX)
+			return XDP_TX;
+		return tcp6_steer(ctx);
 	}
 	if (ip6->nexthdr == IPPROTO_UDP) {
 		struct udphdr *uh = l4;

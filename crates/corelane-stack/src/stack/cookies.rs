@@ -2,7 +2,7 @@
 //! behalf (corelane's XDP program, under a flood) needs to send the SYN-ACK the stack's own
 //! cookie path would, and which listeners are flooded now.
 
-use smoltcp::wire::{IpAddress, Ipv4Address};
+use smoltcp::wire::{IpAddress, Ipv4Address, Ipv6Address};
 
 use smoltcp::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use super::{DEFAULT_TTL, Stack};
 /// cookie clock (`secret.rs`), the most a cookie is accepted for.
 pub(super) const COOKIE_LIFE: Duration = Duration::from_secs(128);
 
-/// The SYN-ACK of a cookie, as this stack would send it over IPv4 (`cookie_syn_ack`): the key
+/// The SYN-ACK of a cookie, as this stack would send it over IPv4 and IPv6 (`cookie_syn_ack`): the key
 /// its cookies are made with and the fields and options it carries. Whoever holds the key can
 /// forge cookies for this stack: it goes only to the program that answers for it.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub struct SynCookieTemplate {
     pub mac: [u8; 6],
     /// This side's MSS over IPv4.
     pub mss: u16,
+    /// This side's MSS over IPv6.
+    pub mss6: u16,
     /// The window field.
     pub window: u16,
     /// This side's window scale (sent when the SYN had timestamps and a window scale).
@@ -41,6 +43,7 @@ impl std::fmt::Debug for SynCookieTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SynCookieTemplate")
             .field("mss", &self.mss)
+            .field("mss6", &self.mss6)
             .field("window", &self.window)
             .field("wscale", &self.wscale)
             .field("timestamps", &self.timestamps)
@@ -64,6 +67,7 @@ impl Stack {
             ts_key: self.secret.ts_key(),
             mac: self.mac,
             mss: sizes.mss,
+            mss6: self.sizes(IpAddress::Ipv6(Ipv6Address::UNSPECIFIED)).mss,
             window,
             wscale,
             timestamps: self.cfg.tcp.timestamps,

@@ -172,7 +172,7 @@ pub fn loaded_tags(vlan: corelane_xsk::Vlan) -> Ebpf {
             ts_k0: 3,
             ts_k1: 4,
             mac: IFACE_MAC,
-            pad: [0; 2],
+            mss6: 1440,
         };
         cfg.set(0, p, 0).expect("cookie parameters");
     }

@@ -68,6 +68,21 @@ fn bad_source(f: &[u8]) -> bool {
     }
 }
 
+/// Whether the TCP segment at `t` is a bare SYN the program answers with a cookie: to the
+/// port with cookies on, sent to the interface from a unicast MAC and a source address
+/// answers may go to.
+fn cookie(f: &[u8], t: usize) -> bool {
+    let flags = f[t + 13];
+    let bare_syn = flags & 0x02 != 0 && flags & (0x10 | 0x04 | 0x01) == 0;
+    let doff = usize::from(f[t + 12] >> 4) * 4;
+    bare_syn
+        && be16(f, t + 2) == usize::from(COOKIE_PORT)
+        && from_unicast(f)
+        && to_iface(f)
+        && doff >= 20
+        && !bad_source(f)
+}
+
 /// Whether a TCP segment at `t` (`seglen` bytes by the IP header) to a closed port is reset.
 fn resets(f: &[u8], t: usize, seglen: usize) -> Expect {
     let doff = usize::from(f[t + 12] >> 4) * 4;
@@ -146,16 +161,8 @@ fn ipv4(f: &[u8]) -> Expect {
         if n < l4 + 20 {
             return Expect::Malformed;
         }
-        let flags = f[l4 + 13];
         let port = be16(f, l4 + 2);
-        let bare_syn = flags & 0x02 != 0 && flags & (0x10 | 0x04 | 0x01) == 0;
-        let doff = usize::from(f[l4 + 12] >> 4) * 4;
-        if bare_syn
-            && port == usize::from(COOKIE_PORT)
-            && from_unicast(f)
-            && to_iface(f)
-            && doff >= 20
-        {
+        if cookie(f, l4) {
             return Expect::Cookie;
         }
         let tot = be16(f, 16);
@@ -223,6 +230,9 @@ fn ipv6(f: &[u8]) -> Expect {
         6 => {
             if n < 74 {
                 return Expect::Malformed;
+            }
+            if cookie(f, 54) {
+                return Expect::Cookie;
             }
             let closed = resets(f, 54, be16(f, 18));
             if tcp_served(be16(f, 56)) {

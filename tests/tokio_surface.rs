@@ -1,14 +1,14 @@
 //! The tokio calls a port reaches for, on a real runtime against the kernel's sockets: a
 //! `TcpSocket` bound to a chosen port and sized before it connects, another that listens;
 //! `poll_accept`, a listener's TTL passed to what it accepts; `ready`, `poll_read_ready`,
-//! `try_read_buf` on a stream; `readable`, `writable`, `ready`, the `try_*` calls and the TTL
-//! of a UDP socket; a connect to an on-link address nobody holds failing with
+//! `poll_peek`, a read half's `peek`, vectored `try_*` calls on a stream; `readable`,
+//! `writable`, `ready`, the `try_*` calls, `peek`, `recv_buf_from` and the TTL of a UDP socket; a connect to an on-link address nobody holds failing with
 //! `HostUnreachable`. Each is written as it would be under tokio, only the imports differ.
 
 mod common;
 
 use std::future::poll_fn;
-use std::io::{Read, Write};
+use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::one_core;
 use corelane::net::{TcpSocket, UdpSocket};
 use corelane_testnet::require_root;
-use tokio::io::{AsyncReadExt, Interest};
+use tokio::io::{AsyncReadExt, Interest, ReadBuf};
 
 const SERVER: &str = "10.77.0.3";
 const PEER: &str = "10.77.0.2";
@@ -44,21 +44,37 @@ async fn port_of_a_tokio_program() -> std::io::Result<()> {
     if !ready.is_writable() {
         return Err(bad("a new stream is not writable"));
     }
-    if s.try_write(b"hello")? != 5 {
+    if s.try_write_vectored(&[IoSlice::new(b"hel"), IoSlice::new(b"lo")])? != 5 {
         return Err(bad("short write"));
     }
-    let mut got: Vec<u8> = Vec::new();
-    while got.len() < 5 {
+    // The echo peeked whole by the stream (it waits until all five bytes are there), again by
+    // its read half, then read into two buffers at once.
+    let mut peeked = [0u8; 8];
+    let n = loop {
         poll_fn(|cx| s.poll_read_ready(cx)).await?;
-        match s.try_read_buf(&mut got) {
-            Ok(0) => return Err(bad("closed before the echo")),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+        let mut rb = ReadBuf::new(&mut peeked);
+        let n = poll_fn(|cx| s.poll_peek(cx, &mut rb)).await?;
+        if n >= 5 {
+            break n;
         }
-    }
-    if got != b"hello" {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    if &peeked[..n] != b"hello" {
         return Err(bad("the echo came back changed"));
+    }
+    let mut s = s;
+    let (mut half, _) = s.split();
+    let mut again = [0u8; 8];
+    if half.peek(&mut again).await? != 5 || &again[..5] != b"hello" {
+        return Err(bad("peeked by the read half"));
+    }
+    let (mut hel, mut lo) = ([0u8; 3], [0u8; 2]);
+    let n = s.try_read_vectored(&mut [IoSliceMut::new(&mut hel), IoSliceMut::new(&mut lo)])?;
+    if n != 5 || &hel != b"hel" || &lo != b"lo" {
+        return Err(bad("the vectored read"));
+    }
+    if s.try_read(&mut again).map_err(|e| e.kind()) != Err(std::io::ErrorKind::WouldBlock) {
+        return Err(bad("peeked bytes read twice"));
     }
 
     // A listener from a socket, accepted by hand, its TTL inherited.
@@ -91,7 +107,10 @@ async fn port_of_a_tokio_program() -> std::io::Result<()> {
         return Err(bad("UDP TTL"));
     }
     u.writable().await?;
-    u.try_send_to(b"dgram", "10.77.0.2:9200")?;
+    u.try_send_to(
+        b"dgram",
+        "10.77.0.2:9200".parse().map_err(std::io::Error::other)?,
+    )?;
     let mut buf = [0u8; 64];
     let (n, from) = loop {
         u.readable().await?;
@@ -118,6 +137,16 @@ async fn port_of_a_tokio_program() -> std::io::Result<()> {
     };
     if &buf[..n] != b"again" {
         return Err(bad("the connected UDP echo"));
+    }
+    // Peeked, then taken into a growing buffer.
+    u.try_send(b"third")?;
+    if u.peek(&mut buf).await? != 5 || &buf[..5] != b"third" {
+        return Err(bad("the UDP peek"));
+    }
+    let mut grown: Vec<u8> = Vec::with_capacity(64);
+    let (n, from) = u.recv_buf_from(&mut grown).await?;
+    if n != 5 || grown != b"third" || from.to_string() != "10.77.0.2:9200" {
+        return Err(bad("recv_buf_from"));
     }
 
     // An on-link address nobody holds: refused once ARP goes unanswered, as the kernel does.
@@ -159,7 +188,7 @@ fn a_tokio_program_s_socket_calls_work_against_kernel_peers() -> Result<(), Stri
     });
     std::thread::spawn(move || {
         let mut b = [0u8; 64];
-        for _ in 0..2 {
+        for _ in 0..3 {
             if let Ok((n, from)) = udp.recv_from(&mut b) {
                 let _ = udp.send_to(&b[..n], from);
             }

@@ -34,6 +34,9 @@ mod udp;
 mod udp_ready;
 
 pub use addr::ToSocketAddr;
+/// tokio's name for [`ToSocketAddr`], so that `A: ToSocketAddrs` bounds port as they are
+/// (corelane takes addresses and ports, never host names to resolve).
+pub use addr::ToSocketAddr as ToSocketAddrs;
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpSocket, TcpStream};
 pub use udp::UdpSocket;
 

@@ -6,9 +6,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
 
+use bytes::BufMut;
 use tokio::io::{Interest, Ready};
 
-use super::{ToSocketAddr, UdpSocket};
+use super::UdpSocket;
 
 impl UdpSocket {
     fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -141,8 +142,7 @@ impl UdpSocket {
     ///
     /// # Errors
     /// `WouldBlock` when the send queue is full; otherwise as [`send_to`](Self::send_to).
-    pub fn try_send_to(&self, buf: &[u8], target: impl ToSocketAddr) -> io::Result<usize> {
-        let target = target.to_socket_addr()?;
+    pub fn try_send_to(&self, buf: &[u8], target: SocketAddr) -> io::Result<usize> {
         match self.core.stack().udp_send_to(self.id, buf, target, None) {
             Poll::Ready(r) => {
                 self.core.wake_driver();
@@ -176,4 +176,89 @@ impl UdpSocket {
     pub fn ttl(&self) -> io::Result<u32> {
         self.core.stack().udp_ttl(self.id)
     }
+
+    /// Copies the next datagram from the connected peer into `buf` without taking it (one
+    /// from another sender is dropped, as [`recv`](Self::recv) would).
+    ///
+    /// # Errors
+    /// `NotConnected` before [`connect`](Self::connect); otherwise as
+    /// [`peek_from`](Self::peek_from).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let peer = self.peer_addr()?;
+        loop {
+            let (n, from) = self.peek_from(buf).await?;
+            if from == peer {
+                return Ok(n);
+            }
+            // Not the peer's: taken and dropped, as the kernel's filter would have.
+            self.recv_from(&mut []).await?;
+        }
+    }
+
+    /// None: corelane keeps no pending error on a socket (`SO_ERROR`); an error comes back
+    /// from the call that meets it.
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        Ok(None)
+    }
+
+    /// Takes a datagram that waits into `buf`'s spare room without waiting, advancing it
+    /// (what does not fit is cut, as with a slice); its length and sender.
+    ///
+    /// # Errors
+    /// `WouldBlock` when none waits; otherwise as [`try_recv_from`](Self::try_recv_from).
+    pub fn try_recv_buf_from<B: BufMut>(&self, buf: &mut B) -> io::Result<(usize, SocketAddr)> {
+        let mut chunk = vec![0u8; buf.remaining_mut().min(MAX_DATAGRAM)];
+        let (n, from) = self.try_recv_from(&mut chunk)?;
+        buf.put_slice(&chunk[..n]);
+        Ok((n, from))
+    }
+
+    /// As [`try_recv_buf_from`](Self::try_recv_buf_from), from the connected peer.
+    ///
+    /// # Errors
+    /// `NotConnected` before [`connect`](Self::connect); `WouldBlock` when none waits.
+    pub fn try_recv_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        let mut chunk = vec![0u8; buf.remaining_mut().min(MAX_DATAGRAM)];
+        let n = self.try_recv(&mut chunk)?;
+        buf.put_slice(&chunk[..n]);
+        Ok(n)
+    }
+
+    /// Waits for a datagram and takes it into `buf`'s spare room, advancing it; its length and
+    /// sender.
+    ///
+    /// # Errors
+    /// As [`recv_from`](Self::recv_from).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn recv_buf_from<B: BufMut>(&self, buf: &mut B) -> io::Result<(usize, SocketAddr)> {
+        let mut chunk = vec![0u8; buf.remaining_mut().min(MAX_DATAGRAM)];
+        let (n, from) = self.recv_from(&mut chunk).await?;
+        buf.put_slice(&chunk[..n]);
+        Ok((n, from))
+    }
+
+    /// As [`recv_buf_from`](Self::recv_buf_from), from the connected peer.
+    ///
+    /// # Errors
+    /// As [`recv`](Self::recv).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn recv_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        let mut chunk = vec![0u8; buf.remaining_mut().min(MAX_DATAGRAM)];
+        let n = self.recv(&mut chunk).await?;
+        buf.put_slice(&chunk[..n]);
+        Ok(n)
+    }
 }
+
+/// The largest UDP payload (over IPv4; a receive into a larger buffer takes no more).
+const MAX_DATAGRAM: usize = 65_507;

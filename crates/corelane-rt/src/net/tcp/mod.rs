@@ -1,6 +1,7 @@
 //! TCP: a listener per core and port, streams, and their owned halves.
 
 mod listener;
+mod peek;
 mod ready;
 mod socket;
 mod split;

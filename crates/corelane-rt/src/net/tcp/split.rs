@@ -44,7 +44,7 @@ impl OwnedReadHalf {
         )
     }
 
-    fn conn(&self) -> &Conn {
+    pub(super) fn conn(&self) -> &Conn {
         &self.conn
     }
 
@@ -117,7 +117,7 @@ impl<'a> ReadHalf<'a> {
         )
     }
 
-    fn conn(&self) -> &Conn {
+    pub(super) fn conn(&self) -> &Conn {
         self.conn
     }
 }

@@ -1,0 +1,144 @@
+//! The rest of tokio's `TcpStream` surface: peeking from the stream and its read halves,
+//! vectored `try_*` calls, and the socket options corelane answers the way tokio's callers
+//! expect.
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::task::{Context, Poll};
+
+use tokio::io::ReadBuf;
+
+use super::{Conn, OwnedReadHalf, ReadHalf, TcpStream};
+
+impl Conn {
+    /// Copies what is there into `buf` without taking it; the count copied.
+    fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
+        let r = self
+            .core
+            .stack()
+            .tcp_peek(self.id, buf.initialize_unfilled(), Some(cx.waker()));
+        if let Poll::Ready(Ok(n)) = r {
+            buf.advance(n);
+        }
+        r
+    }
+}
+
+impl TcpStream {
+    /// Waits for bytes and copies them into `buf` without taking them (the next read returns
+    /// them again); 0 at the end of the stream. As [`peek`](Self::peek), for a hand-written
+    /// future.
+    ///
+    /// # Errors
+    /// As a read: the connection was reset, timed out or is gone.
+    pub fn poll_peek(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<usize>> {
+        self.conn.poll_peek(cx, buf)
+    }
+
+    /// Reads what is there without waiting into `bufs`, in order, as `readv` would.
+    ///
+    /// # Errors
+    /// `WouldBlock` when nothing is there yet; otherwise as a read.
+    pub fn try_read_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        let mut total = 0;
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+            match self.try_read(b) {
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() {
+                        break;
+                    }
+                }
+                Err(_) if total > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Queues what fits of `bufs`, in order, without waiting, as `writev` would.
+    ///
+    /// # Errors
+    /// `WouldBlock` when the send buffer is full; otherwise as a write.
+    pub fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut total = 0;
+        for b in bufs.iter().filter(|b| !b.is_empty()) {
+            match self.try_write(b) {
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() {
+                        break;
+                    }
+                }
+                Err(_) if total > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Dropping the stream resets the connection (RST, unsent data dropped), as
+    /// `set_linger(Some(Duration::ZERO))`.
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn set_zero_linger(&self) -> io::Result<()> {
+        self.set_linger(Some(std::time::Duration::ZERO))
+    }
+
+    /// Always true: corelane acknowledges what a turn of the core received at the end of that
+    /// turn, never later (no delayed ACK to turn off).
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn quickack(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+
+    /// Accepted and changes nothing: every ACK is already quick (see [`quickack`](Self::quickack)).
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn set_quickack(&self, quickack: bool) -> io::Result<()> {
+        let _ = quickack;
+        Ok(())
+    }
+}
+
+macro_rules! peek_half {
+    ($t:ty) => {
+        impl $t {
+            /// Waits for bytes and copies them into `buf` without taking them (the next read
+            /// returns them again); 0 at the end of the stream.
+            ///
+            /// # Errors
+            /// As a read: the connection was reset, timed out or is gone.
+            ///
+            /// # Cancel safety
+            /// Cancel safe.
+            pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let mut buf = ReadBuf::new(buf);
+                poll_fn(|cx| self.conn().poll_peek(cx, &mut buf)).await
+            }
+
+            /// As [`peek`](Self::peek), for a hand-written future.
+            ///
+            /// # Errors
+            /// As a read.
+            pub fn poll_peek(
+                &mut self,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<usize>> {
+                self.conn().poll_peek(cx, buf)
+            }
+        }
+    };
+}
+
+peek_half!(OwnedReadHalf);
+peek_half!(ReadHalf<'_>);

@@ -483,6 +483,19 @@ fn each_missing_privilege_is_one_line_naming_it_and_the_fix() {
     for want in ["locked memory", "64 KiB", "CAP_IPC_LOCK", "ulimit -l"] {
         assert!(line.contains(want), "{want}: {line}");
     }
+    // Without CAP_NET_RAW and under that limit: both in the one line, fixed in one round.
+    let (status, out) = finish(as_user(
+        &net,
+        &run,
+        NOBODY,
+        &[],
+        Path::new("/usr/bin/prlimit"),
+        &args,
+    ));
+    let line = one_error_line(status, &out);
+    for want in ["lacks CAP_NET_RAW", "locked memory", "64 KiB", "ulimit -l"] {
+        assert!(line.contains(want), "{want}: {line}");
+    }
     // Demanding a grant where none is served.
     broker.signal(libc::SIGTERM);
     let (status, out) = broker.wait();

@@ -36,8 +36,8 @@ pub(crate) enum Access {
 
 impl Access {
     /// Connects to the broker or claims the interface, as `xdp` says, after checking the
-    /// privileges that mode needs.
-    pub(crate) fn get(ifname: &str, xdp: Xdp) -> Result<Access, Error> {
+    /// privileges that mode needs and that `umem` bytes can be locked (all in one error).
+    pub(crate) fn get(ifname: &str, xdp: Xdp, umem: u64) -> Result<Access, Error> {
         let grant = match xdp {
             Xdp::Attach => None,
             Xdp::Auto => GrantClient::connect(ifname)?,
@@ -53,11 +53,11 @@ impl Access {
         };
         match grant {
             Some(g) => {
-                corelane_xsk::check_socket_privileges()?;
+                corelane_xsk::check_runtime_needs(true, umem)?;
                 Ok(Access::Granted(g))
             }
             None => {
-                corelane_xsk::check_privileges()?;
+                corelane_xsk::check_runtime_needs(false, umem)?;
                 // Before anything reads or changes the interface: one runtime per interface,
                 // and what a dead one left behind is undone first.
                 Ok(Access::Attach(Arc::new(Claim::take(ifname)?)))

@@ -63,7 +63,22 @@ impl Builder {
         };
         let (access, mut joining) = match taken {
             Some((access, joining)) => (access, Some(joining)),
-            None => (Access::get(&self.ifname, self.xdp)?, None),
+            None => {
+                // The UMEMs' locked memory, checked with the privileges: one lane's, times the
+                // lanes asked for (the plan, made once the interface is claimed, may add more;
+                // the sockets check the exact amount).
+                let lanes = self
+                    .queues
+                    .as_ref()
+                    .map(Vec::len)
+                    .or(self.lanes)
+                    .unwrap_or(1);
+                let umem = u64::from(self.xsk.frames) * u64::from(self.xsk.frame_bytes());
+                (
+                    Access::get(&self.ifname, self.xdp, umem * lanes as u64)?,
+                    None,
+                )
+            }
         };
         let (mut plan, channels) = self.make_plan()?;
         self.tcp_mem_default(plan.lanes.len());

@@ -85,15 +85,39 @@ pub fn missing_caps(need: &[Cap]) -> Vec<Cap> {
 /// Checks that this process may both attach the XDP program and open AF_XDP sockets (a runtime
 /// that does everything itself).
 pub fn check_privileges() -> Result<(), Error> {
-    let need = [Cap::NetAdmin, Cap::NetRaw, Cap::Bpf, Cap::Perfmon];
-    check(
-        &need,
-        "a corelane runtime that attaches its own XDP program needs CAP_NET_ADMIN, CAP_NET_RAW, \
+    check(&RUNTIME_CAPS, RUNTIME_FIX)
+}
+
+/// What a runtime that attaches its own program needs.
+const RUNTIME_CAPS: [Cap; 4] = [Cap::NetAdmin, Cap::NetRaw, Cap::Bpf, Cap::Perfmon];
+const RUNTIME_FIX: &str = "a corelane runtime that attaches its own XDP program needs CAP_NET_ADMIN, CAP_NET_RAW, \
          CAP_BPF and CAP_PERFMON: run it as root, grant those (setpriv \
          --inh-caps=+net_admin,+net_raw,+bpf,+perfmon \
          --ambient-caps=+net_admin,+net_raw,+bpf,+perfmon PROGRAM, run by root), or let \
-         `corelane-xdp grant` attach the program so the server needs only CAP_NET_RAW",
-    )
+         `corelane-xdp grant` attach the program so the server needs only CAP_NET_RAW";
+
+/// Checks at once all that a runtime needs before it opens its sockets: the capabilities (those
+/// of a server under a grant when `granted`, else those of one that attaches its own program)
+/// and `umem` bytes of locked memory. One error names every requirement not met, so an operator
+/// fixes them in one round.
+pub fn check_runtime_needs(granted: bool, umem: u64) -> Result<(), Error> {
+    let caps = if granted {
+        check(&SOCKET_CAPS, SOCKET_FIX)
+    } else {
+        check(&RUNTIME_CAPS, RUNTIME_FIX)
+    };
+    let unmet: Vec<String> = [caps, check_memlock(umem)]
+        .into_iter()
+        .filter_map(|r| match r {
+            Err(Error::Privilege(m)) => Some(m),
+            _ => None,
+        })
+        .collect();
+    if unmet.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Privilege(unmet.join("; and ")))
+    }
 }
 
 /// Checks that this process may attach the XDP program (the grant broker's part).
@@ -108,13 +132,12 @@ pub fn check_attach_privileges() -> Result<(), Error> {
 
 /// Checks that this process may open AF_XDP sockets (all a server with a grant needs).
 pub fn check_socket_privileges() -> Result<(), Error> {
-    check(
-        &SOCKET_CAPS,
-        "an AF_XDP socket needs CAP_NET_RAW: run as root or grant it (setpriv \
-         --inh-caps=+net_raw --ambient-caps=+net_raw PROGRAM, run by root, or \
-         AmbientCapabilities=CAP_NET_RAW in a systemd unit)",
-    )
+    check(&SOCKET_CAPS, SOCKET_FIX)
 }
+
+const SOCKET_FIX: &str = "an AF_XDP socket needs CAP_NET_RAW: run as root or grant it (setpriv \
+                          --inh-caps=+net_raw --ambient-caps=+net_raw PROGRAM, run by root, \
+                          or AmbientCapabilities=CAP_NET_RAW in a systemd unit)";
 
 fn check(need: &[Cap], fix: &str) -> Result<(), Error> {
     let missing = missing_caps(need);

@@ -43,7 +43,8 @@ mod vlan_filter;
 
 pub use caps::{
     ATTACH_CAPS, Cap, SOCKET_CAPS, check_attach_privileges, check_memlock, check_privileges,
-    check_socket_privileges, effective_caps, has_cap, missing_caps, retain_caps,
+    check_runtime_needs, check_socket_privileges, effective_caps, has_cap, missing_caps,
+    retain_caps,
 };
 pub use claim::{Claim, iface_dir, netns_id, run_dir, set_channels_retrying};
 pub use cookie::{CookieParams, monotonic_ns};

@@ -254,6 +254,10 @@ fn crash_sigkill_the_program_goes_after_its_linger() -> Result<(), String> {
         ],
     );
     assert_echoes(&net, v4, 4096, 1);
+    let owner = claim_file_of(server.pid()).ok_or("no claim record for the server")?;
+    let dir = owner.parent().ok_or("claim record without a directory")?;
+    let (stats, capture) = (dir.join("stats"), dir.join("capture"));
+    assert!(stats.exists() && capture.exists(), "{}", dir.display());
     server.signal(libc::SIGKILL);
     let _ = server.wait();
     let refused = net
@@ -271,5 +275,9 @@ fn crash_sigkill_the_program_goes_after_its_linger() -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_no_xdp(&net);
+    // The keeper took the dead server's statistics and capture files with it (megabytes of
+    // tmpfs), and left the record a next server undoes the rest from.
+    assert!(!stats.exists() && !capture.exists(), "{}", dir.display());
+    assert!(owner.exists(), "the claim record went too");
     Ok(())
 }

@@ -9,9 +9,10 @@
 //! lives the keeper waits and changes nothing. When the runtime dies its AF_XDP sockets close,
 //! the program finds no socket for what it would steer, and answers instead: a reset for
 //! every TCP segment to an owned address, port unreachable for every UDP datagram (its
-//! closed-port rules); the pipe's end tells the keeper, which becomes `sleep` for `time`
-//! (a fresh program: nothing of the runtime's memory is kept), then exits, and the kernel
-//! detaches the program. A clean exit ends the keeper first, so the program is
+//! closed-port rules); the pipe's end tells the keeper, which waits `time` (a `sleep` it starts
+//! without the link), removes the dead runtime's statistics and capture files (megabytes of
+//! tmpfs nothing would free if no runtime ever came again; the claim record, which a next
+//! runtime needs to undo the rest, stays), then exits, and the kernel detaches the program. A clean exit ends the keeper first, so the program is
 //! detached with its owner as before; the next runtime on the interface ends a keeper it finds
 //! in the claim record at once.
 //!
@@ -23,6 +24,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The keeper's first argument, by which a later runtime knows it.
@@ -30,6 +32,11 @@ pub(crate) const KEEPER_NAME: &str = "corelane-linger";
 /// What runs the keeper: a shell that waits, then the program that holds on.
 const SHELL: &str = "/bin/bash";
 const SLEEP: &str = "/bin/sleep";
+
+/// `s` quoted for the shell (single quotes; a single quote inside as `'\''`).
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
 
 /// The keeper of a runtime's XDP program.
 #[derive(Debug)]
@@ -87,18 +94,27 @@ pub(crate) fn dup_link(prog_id: u32) -> io::Result<OwnedFd> {
 }
 
 impl Linger {
-    /// Starts the keeper of `link` (the program's BPF link), for `time` after the runtime dies.
-    pub(crate) fn start(link: RawFd, time: Duration) -> io::Result<Linger> {
+    /// Starts the keeper of `link` (the program's BPF link), for `time` after the runtime dies;
+    /// then it removes the files `tidy` names.
+    pub(crate) fn start(link: RawFd, time: Duration, tidy: &[PathBuf]) -> io::Result<Linger> {
         let c = |s: &str| CString::new(s).map_err(|_| io::ErrorKind::InvalidInput);
         let shell = c(SHELL)?;
         let argv0 = c(KEEPER_NAME)?;
         let dash_c = c("-c")?;
         // Waits for the runtime to die (end of file on its pipe: the runtime holds the only
-        // writer), then holds the link for `time`. A clean exit kills it before.
-        let script = c(&format!(
-            "read -r line || exec -a {KEEPER_NAME} {SLEEP} {}",
-            time.as_secs().max(1)
-        ))?;
+        // writer), then holds the link for `time` (the sleep without it: a keeper ended by a
+        // next runtime leaves nothing holding the program), then tidies up. A clean exit kills
+        // it before.
+        let secs = time.as_secs().max(1);
+        let tidy: Vec<String> = tidy.iter().map(|p| quoted(&p.to_string_lossy())).collect();
+        let script = c(&if tidy.is_empty() {
+            format!("read -r line || exec -a {KEEPER_NAME} {SLEEP} {secs}")
+        } else {
+            format!(
+                "read -r line || {{ {SLEEP} {secs} 3<&-; rm -f -- {}; }}",
+                tidy.join(" ")
+            )
+        })?;
         let argv = [
             argv0.as_ptr(),
             dash_c.as_ptr(),

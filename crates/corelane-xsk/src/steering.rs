@@ -371,7 +371,14 @@ impl Steering {
                     "the XDP program is not attached through a BPF link",
                 ))
             })?;
-        let keeper = crate::linger::Linger::start(link, time).map_err(Error::Io)?;
+        // What the keeper removes once its time is up: the dead runtime's statistics and
+        // capture files (the claim record stays for the next runtime's undo).
+        let tidy: Vec<std::path::PathBuf> = p
+            .claim
+            .iter()
+            .flat_map(|c| [c.dir().join("stats"), c.dir().join("capture")])
+            .collect();
+        let keeper = crate::linger::Linger::start(link, time, &tidy).map_err(Error::Io)?;
         if let Some(c) = &p.claim {
             c.note_linger(Some(keeper.pid()));
         }

@@ -2,7 +2,7 @@
 //! the link and a bridge with the link as its port (both in generic XDP mode, which the echo
 //! example falls back to and says), and the kinds refused at once with why (loopback). Which
 //! kinds this kernel can make at all (no VLAN, bonding, ipvlan or dummy modules here) is in
-//! README's Operating section.
+//! docs/OPERATING.md.
 
 mod common;
 

@@ -281,7 +281,7 @@ impl Stack {
         }
         let sizes = self.sizes(inn.remote.addr);
         let mut conn = Conn::from_cookie(
-            self.cfg.tcp,
+            self.tcp_cfg.clone(),
             &self.secret,
             (inn.local, inn.remote),
             seg,
@@ -355,7 +355,7 @@ impl Stack {
         };
         let sizes = self.sizes(inn.remote.addr);
         let mut conn = Conn::accept(
-            self.cfg.tcp,
+            self.tcp_cfg.clone(),
             &self.secret,
             (inn.local, inn.remote),
             &inn.seg,

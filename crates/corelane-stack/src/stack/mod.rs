@@ -177,6 +177,8 @@ pub struct Stack {
     egress_spare: Vec<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     cfg: StackConfig,
+    /// `cfg.tcp`, shared by every connection (one copy per core, not per connection).
+    tcp_cfg: std::sync::Arc<crate::TcpConfig>,
     /// A graceful shutdown began: no new connections, no more waiting for datagrams.
     draining: bool,
     /// Segments no connection claims are dropped unanswered ([`Stack::set_quiet`]).
@@ -234,6 +236,7 @@ impl Stack {
             ..cfg
         };
         Stack {
+            tcp_cfg: std::sync::Arc::new(cfg.tcp),
             addrs: owned,
             mac,
             mtu,

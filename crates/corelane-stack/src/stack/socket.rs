@@ -188,7 +188,14 @@ impl Stack {
         if let Some(n) = opts.tx_buffer {
             sizes.tx_max = n.max(1);
         }
-        let conn = Conn::connect(self.cfg.tcp, &self.secret, local, remote, sizes, now);
+        let conn = Conn::connect(
+            self.tcp_cfg.clone(),
+            &self.secret,
+            local,
+            remote,
+            sizes,
+            now,
+        );
         let key = FlowKey { local, remote };
         let i = self.insert_tcp(conn, |f| {
             f.key = Some(key);

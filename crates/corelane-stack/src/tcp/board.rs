@@ -95,6 +95,22 @@ pub(crate) struct Board {
 }
 
 impl Board {
+    /// Whether the board keeps heap memory (its deque or its walk list).
+    pub(crate) fn holds_heap(&self) -> bool {
+        self.segs.capacity() > 0 || self.walked.capacity() > 0
+    }
+
+    /// Gives back the heap an empty board keeps from its last flight (an idle connection
+    /// holds none).
+    pub(crate) fn release_if_empty(&mut self) {
+        if self.segs.is_empty() && self.segs.capacity() > 0 {
+            self.segs = VecDeque::new();
+        }
+        if self.walked.capacity() > 0 {
+            self.walked = Vec::new();
+        }
+    }
+
     /// Bytes in flight: sent (or resent) and neither acknowledged nor deemed lost.
     #[inline]
     pub(crate) fn in_flight(&self) -> usize {

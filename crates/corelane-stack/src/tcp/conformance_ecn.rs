@@ -86,7 +86,7 @@ fn ecn_is_declined_when_off_and_not_used_when_not_asked() {
 fn an_active_open_asks_when_on_and_uses_ecn_only_if_the_syn_ack_agrees() {
     for (agree, expect) in [(true, true), (false, false)] {
         let mut s = Script::active();
-        s.c.cfg.ecn = EcnMode::On;
+        std::sync::Arc::make_mut(&mut s.c.cfg).ecn = EcnMode::On;
         let syn = s.out();
         assert_eq!(syn[0].flags, SYN | ECE | CWR);
         assert!(!syn[0].ect);

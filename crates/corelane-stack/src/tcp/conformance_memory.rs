@@ -31,6 +31,20 @@ fn an_exchange_leaves_no_buffer_behind() {
         0,
         "acknowledged: the send buffer is given back"
     );
+    // The scoreboard's deque from that flight goes with the trim timer: a connection that
+    // sends again at once keeps it, an idle one holds no heap at all.
+    assert!(s.c.board.holds_heap());
+    let at =
+        s.c.trim_at
+            .expect("a trim timer for the flight's bookkeeping");
+    assert_eq!(at - s.now, TRIM_AFTER);
+    s.advance(TRIM_AFTER);
+    s.out();
+    assert!(
+        !s.c.board.holds_heap(),
+        "the scoreboard's deque is given back"
+    );
+    assert_eq!((s.c.snd.capacity(), s.c.rcv.capacity()), (0, 0));
     assert!(s.c.trim_at.is_none(), "nothing left to trim later");
 }
 

@@ -11,7 +11,7 @@ use super::conformance::{PEER_ISN, Script, seg};
 /// windows).
 fn paced(cwnd: usize, rtt: Duration) -> Script {
     let (mut s, _) = Script::established(false);
-    s.c.cfg.pacing = true;
+    std::sync::Arc::make_mut(&mut s.c.cfg).pacing = true;
     // The handshake's sample was 0: enough samples that the smoothed RTT is `rtt`.
     for _ in 0..64 {
         s.c.rtt.sample(rtt);

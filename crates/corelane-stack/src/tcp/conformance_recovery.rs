@@ -63,7 +63,7 @@ fn a_tail_loss_is_probed_before_the_retransmission_timer() {
 fn the_retransmission_timer_backs_off_from_a_200_ms_floor() {
     let (mut s, una) = ten_in_flight();
     // The timer alone (the recovery probe would send the next hole between expiries).
-    s.c.cfg.recovery_probe = false;
+    std::sync::Arc::make_mut(&mut s.c.cfg).recovery_probe = false;
     // A fast path: SRTT far below the floor.
     s.c.rtt.sample(Duration::from_micros(50));
     s.c.probe.exhaust();
@@ -203,7 +203,7 @@ fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_time
     assert_eq!(s.c.stats.rto_expiries, 0);
     // Without the probe the timer would have been the only way out.
     let (mut s, una) = ten_in_flight_1ms();
-    s.c.cfg.recovery_probe = false;
+    std::sync::Arc::make_mut(&mut s.c.cfg).recovery_probe = false;
     s.advance(Duration::from_millis(2));
     let mut ack = seg(PEER_ISN + 1, una);
     ack.sack[0] = Some((una + 1000, una + 10_000));

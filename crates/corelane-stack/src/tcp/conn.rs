@@ -88,7 +88,7 @@ pub(crate) struct Sizes {
 /// A connection.
 pub(crate) struct Conn {
     pub(super) state: TcpState,
-    pub(super) cfg: TcpConfig,
+    pub(super) cfg: std::sync::Arc<TcpConfig>,
     pub(super) local: IpEndpoint,
     pub(super) remote: IpEndpoint,
     pub(super) sizes: Sizes,
@@ -189,7 +189,7 @@ pub(crate) struct Conn {
     /// The highest sequence delivered so far (RACK.fack).
     pub(super) rack_fack: Option<Seq>,
     /// What undoes the last fast recovery's reduction if it proves spurious.
-    pub(super) undo: Option<Undo>,
+    pub(super) undo: Option<Box<Undo>>,
     pub(super) dupacks: u32,
     pub(super) peak_flight: usize,
     pub(super) ecn: super::ecn::Ecn,
@@ -239,7 +239,7 @@ pub(super) fn default_mss(remote: IpAddress) -> u16 {
 
 impl Conn {
     fn new(
-        cfg: TcpConfig,
+        cfg: std::sync::Arc<TcpConfig>,
         secret: &Secret,
         local: IpEndpoint,
         remote: IpEndpoint,
@@ -248,9 +248,10 @@ impl Conn {
     ) -> Conn {
         let iss = secret.isn(local, remote, now);
         let rcv_cap = cfg.rx_initial.clamp(1, sizes.rx_max.max(1));
+        let c = &*cfg;
+        let rtt = Rtt::new(c.rto_min.into(), c.rto_max.into(), c.rto_initial.into());
         Conn {
             state: TcpState::Closed,
-            cfg,
             local,
             remote,
             sizes,
@@ -294,11 +295,7 @@ impl Conn {
             ack_point: None,
             win_probe_due: false,
             keep_probe_due: false,
-            rtt: Rtt::new(
-                cfg.rto_min.into(),
-                cfg.rto_max.into(),
-                cfg.rto_initial.into(),
-            ),
+            rtt,
             rto_at: None,
             probe: LossProbe::default(),
             reo_at: None,
@@ -340,19 +337,21 @@ impl Conn {
             rx_waker: None,
             tx_waker: None,
             stats: TcpStats::default(),
+            // Last: the fields above read it.
+            cfg,
         }
     }
 
     /// An active open: SYN-SENT, the SYN due.
     pub(crate) fn connect(
-        cfg: TcpConfig,
+        cfg: impl Into<std::sync::Arc<TcpConfig>>,
         secret: &Secret,
         local: IpEndpoint,
         remote: IpEndpoint,
         sizes: Sizes,
         now: Instant,
     ) -> Conn {
-        let mut c = Conn::new(cfg, secret, local, remote, sizes, now);
+        let mut c = Conn::new(cfg.into(), secret, local, remote, sizes, now);
         c.state = TcpState::SynSent;
         c.syn_due = true;
         c.snd_nxt = c.iss;
@@ -361,14 +360,14 @@ impl Conn {
 
     /// A passive open from a SYN: SYN-RECEIVED, the SYN-ACK due.
     pub(crate) fn accept(
-        cfg: TcpConfig,
+        cfg: impl Into<std::sync::Arc<TcpConfig>>,
         secret: &Secret,
         inn: (IpEndpoint, IpEndpoint),
         syn: &TcpRepr<'_>,
         sizes: Sizes,
         now: Instant,
     ) -> Conn {
-        let mut c = Conn::new(cfg, secret, inn.0, inn.1, sizes, now);
+        let mut c = Conn::new(cfg.into(), secret, inn.0, inn.1, sizes, now);
         c.state = TcpState::SynReceived;
         c.irs = Seq(syn.seq_number.0 as u32);
         c.rcv_nxt = c.irs.plus(1);
@@ -384,7 +383,7 @@ impl Conn {
     /// A connection rebuilt from the ACK of a SYN cookie: ESTABLISHED at once. The ACK itself
     /// is then fed to [`Conn::input`] (it may carry data).
     pub(crate) fn from_cookie(
-        cfg: TcpConfig,
+        cfg: impl Into<std::sync::Arc<TcpConfig>>,
         secret: &Secret,
         inn: (IpEndpoint, IpEndpoint),
         ack: &TcpRepr<'_>,
@@ -392,7 +391,7 @@ impl Conn {
         sizes: Sizes,
         now: Instant,
     ) -> Conn {
-        let mut c = Conn::new(cfg, secret, inn.0, inn.1, sizes, now);
+        let mut c = Conn::new(cfg.into(), secret, inn.0, inn.1, sizes, now);
         let seq = Seq(ack.seq_number.0 as u32);
         c.irs = seq.minus(1);
         c.rcv_nxt = seq;

@@ -32,6 +32,8 @@ impl Conn {
         self.probe.disarm();
         self.reo_at = None;
         self.keep_at = None;
+        // Every buffer is gone: nothing is left for the trim timer.
+        self.trim_at = None;
         let wait = if self.ts_ok {
             self.cfg.time_wait.into()
         } else {
@@ -47,6 +49,7 @@ impl Conn {
         self.snd.free();
         self.rcv.free();
         self.ooo = Vec::new();
+        self.sack_fresh = Vec::new();
         self.dsack = None;
         self.board.clear();
     }

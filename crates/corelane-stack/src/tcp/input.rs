@@ -418,7 +418,7 @@ impl Conn {
             self.recovery = None;
             if !timeout {
                 match self.undo.take() {
-                    Some(u) if u.left == 0 => self.apply_undo(u),
+                    Some(u) if u.left == 0 => self.apply_undo(*u),
                     other => {
                         self.undo = other;
                         self.cc.cwnd = self.cc.ssthresh.max(2 * mss);
@@ -487,11 +487,11 @@ impl Conn {
             self.board.mark_first_lost();
         }
         if self.board.lost() > 0 && self.recovery.is_none() {
-            self.undo = Some(Undo {
+            self.undo = Some(Box::new(Undo {
                 prior: self.cc.clone(),
                 left: 0,
                 from: self.snd_una,
-            });
+            }));
             self.enter_recovery();
             self.stats.fast_recoveries += 1;
             self.probe.disarm();

@@ -31,7 +31,7 @@ impl Conn {
                 && self.recovery.is_none()
                 && let Some(u) = self.undo.take()
             {
-                self.apply_undo(u);
+                self.apply_undo(*u);
             }
         }
         self.reo_quiet = 0;

@@ -59,6 +59,13 @@ impl Conn {
     /// between writes keeps its buffer). Returns true when it set that timer.
     pub(super) fn trim(&mut self, now: Instant) -> bool {
         let mut later = false;
+        // The flight's bookkeeping (the scoreboard's deque, the SACK lists) goes with the
+        // timer: a connection that sends again soon keeps it, an idle one holds none.
+        if (self.snd.is_empty() && self.board.holds_heap())
+            || (self.ooo.is_empty() && self.sack_fresh.capacity() > 0)
+        {
+            later = true;
+        }
         if self.snd.is_empty() && self.snd.capacity() > 0 {
             if self.snd.capacity() <= SMALL {
                 self.snd.free();
@@ -85,6 +92,10 @@ impl Conn {
         self.trim_at = None;
         if self.snd.is_empty() {
             self.snd.free();
+            self.board.release_if_empty();
+        }
+        if self.ooo.is_empty() {
+            self.sack_fresh = Vec::new();
         }
         if self.rcv.is_empty() && self.ooo.is_empty() {
             self.rcv.free();

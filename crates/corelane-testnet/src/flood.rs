@@ -381,8 +381,8 @@ mod tests {
     #[test]
     fn an_ipv6_syn_frame_checks_out() {
         let mut f = [0u8; 78];
-        let dst: SocketAddrV6 = "[fd00::1]:80".parse().expect("an address");
-        let src: Ipv6Addr = "fd00:c8::1:2".parse().expect("an address");
+        let dst = SocketAddrV6::new(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1), 80, 0, 0);
+        let src = Ipv6Addr::new(0xfd00, 0xc8, 0, 0, 0, 0, 1, 2);
         syn_frame6(&mut f, [2; 6], [4; 6], src, 40000, dst, 7);
         assert_eq!(&f[12..14], &[0x86, 0xdd]);
         assert_eq!((f[14] >> 4, f[20], &f[18..20]), (6, 6, &[0, 24][..]));

@@ -36,11 +36,13 @@ bash scripts/clean-build-check.sh
 # Every crate a user depends on packages and builds from its package alone (what `cargo add`
 # from a registry gets: corelane-xsk's package carries the compiled XDP program).
 # Cargo unpacks the packages it verifies against into a registry of its own, named by the
-# checkout's path, and does not unpack a version it finds there again: a checkout packaged
-# before at the same path and version would be verified against its old sources. Those
-# unpacked copies go first (crates.io's are left alone).
-rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/corelane*
-cargo package --workspace --exclude corelane-bench --exclude corelane-fuzz --locked
+# checkout's path, and neither unpacks nor rebuilds a version it already has: a checkout
+# packaged before at the same path and version would be verified against its old sources or
+# their old build. Those unpacked copies go first (crates.io's are left alone), and the
+# verification builds in a target directory of its own, made afresh.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/corelane* target/package-verify
+cargo package --workspace --exclude corelane-bench --exclude corelane-fuzz --locked \
+  --target-dir target/package-verify
 # Zero-copy mode: a Debian 6.18 guest under QEMU's software emulation, its virtio-net bound with
 # XDP_ZEROCOPY (the kernel cached in /var/cache/corelane-vm after the first run; a minute or two).
 bash scripts/zerocopy-vm.sh

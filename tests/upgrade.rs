@@ -380,6 +380,11 @@ fn a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving() 
         out.contains("/nonexistent/upgrade.sock") && out.contains("Builder::upgrades"),
         "{out}"
     );
+    // An upgrade's failure says so, not "invalid configuration".
+    assert!(
+        out.contains("upgrade: from /nonexistent") && !out.contains("invalid configuration"),
+        "{out}"
+    );
 
     // A process that takes the hand-over (the program, both queues, the secret) and goes away
     // without joining: the old one takes its queues back and serves on.

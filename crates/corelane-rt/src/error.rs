@@ -50,6 +50,10 @@ pub enum Error {
         /// The error, as it displays.
         message: String,
     },
+    /// An upgrade could not be made: the old process kept (or takes back) its queues and
+    /// serves on; what failed is said.
+    #[error("upgrade: {0}")]
+    Upgrade(String),
     /// I/O.
     #[error(transparent)]
     Io(#[from] io::Error),

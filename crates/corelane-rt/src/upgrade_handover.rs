@@ -28,12 +28,8 @@ impl Listener {
     /// Listens at `path`: only root and this process's user may connect (mode 0600).
     pub(crate) fn open(path: &std::path::Path) -> Result<Listener, Error> {
         use std::os::unix::fs::MetadataExt;
-        let failed = |e: std::io::Error| {
-            Error::Config(format!(
-                "upgrades: cannot listen at {}: {e}",
-                path.display()
-            ))
-        };
+        let failed =
+            |e: std::io::Error| Error::Upgrade(format!("cannot listen at {}: {e}", path.display()));
         // The socket hands over everything this process holds: its directory must be one no
         // other user can change (or swap the socket in).
         if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {

@@ -45,7 +45,7 @@ pub(crate) struct Joining {
 }
 
 fn refused(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::Config(format!("upgrade from {}: {what}", path.display()))
+    Error::Upgrade(format!("from {}: {what}", path.display()))
 }
 
 impl Joining {
@@ -159,8 +159,8 @@ impl Joining {
         offered.sort_unstable();
         wanted.sort_unstable();
         if offered != wanted {
-            return Err(Error::Config(format!(
-                "upgrade: the old process serves queue(s) {offered:?} of {ifname} and this one \
+            return Err(Error::Upgrade(format!(
+                "the old process serves queue(s) {offered:?} of {ifname} and this one \
                  would serve {wanted:?}: build it with the same cores and placement"
             )));
         }
@@ -174,7 +174,7 @@ impl Joining {
                     .offers
                     .iter()
                     .position(|o| o.queue_id == q)
-                    .ok_or_else(|| Error::Config(format!("upgrade: queue {q} offered twice")))?;
+                    .ok_or_else(|| Error::Upgrade(format!("queue {q} offered twice")))?;
                 let sock = PendingJoin::bind(ifname, self.offers.swap_remove(i))?;
                 steering.register_in(generation, q, sock.fd())?;
                 out.push(sock);

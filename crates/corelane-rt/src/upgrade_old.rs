@@ -217,8 +217,8 @@ fn hand_over(run: &OldRun<'_>, talk: &mut impl Talk, new_gen: u32) -> Result<Vec
         .enumerate()
         .map(|(i, o)| match o.take() {
             Some(Ok(o)) => Ok(o),
-            Some(Err(e)) => Err(Error::Config(format!("core {i}: {e}"))),
-            None => Err(Error::Config(format!("core {i} made no offer"))),
+            Some(Err(e)) => Err(Error::Upgrade(format!("core {i}: {e}"))),
+            None => Err(Error::Upgrade(format!("core {i} made no offer"))),
         })
         .collect::<Result<_, _>>()?;
     // A broker's program stays the broker's: the new process asks it as the old one's

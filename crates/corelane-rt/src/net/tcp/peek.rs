@@ -44,20 +44,7 @@ impl TcpStream {
     /// # Errors
     /// `WouldBlock` when nothing is there yet; otherwise as a read.
     pub fn try_read_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        let mut total = 0;
-        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
-            match self.try_read(b) {
-                Ok(n) => {
-                    total += n;
-                    if n < b.len() {
-                        break;
-                    }
-                }
-                Err(_) if total > 0 => break,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(total)
+        in_order(bufs.iter_mut().map(|b| &mut **b), |b| self.try_read(b))
     }
 
     /// Queues what fits of `bufs`, in order, without waiting, as `writev` would.
@@ -65,20 +52,7 @@ impl TcpStream {
     /// # Errors
     /// `WouldBlock` when the send buffer is full; otherwise as a write.
     pub fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let mut total = 0;
-        for b in bufs.iter().filter(|b| !b.is_empty()) {
-            match self.try_write(b) {
-                Ok(n) => {
-                    total += n;
-                    if n < b.len() {
-                        break;
-                    }
-                }
-                Err(_) if total > 0 => break,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(total)
+        in_order(bufs.iter().map(|b| &**b), |b| self.try_write(b))
     }
 
     /// Dropping the stream resets the connection (RST, unsent data dropped), as
@@ -107,6 +81,32 @@ impl TcpStream {
         let _ = quickack;
         Ok(())
     }
+}
+
+/// Runs `op` on each non-empty buffer in order until one is not filled (or taken) whole: the
+/// bytes moved, or the first call's error when none moved.
+fn in_order<B: AsRef<[u8]>>(
+    bufs: impl Iterator<Item = B>,
+    mut op: impl FnMut(B) -> io::Result<usize>,
+) -> io::Result<usize> {
+    let mut total = 0;
+    for b in bufs {
+        let len = b.as_ref().len();
+        if len == 0 {
+            continue;
+        }
+        match op(b) {
+            Ok(n) => {
+                total += n;
+                if n < len {
+                    break;
+                }
+            }
+            Err(_) if total > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
 }
 
 macro_rules! peek_half {

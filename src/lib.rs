@@ -60,7 +60,7 @@
 //! Use an address the kernel does not also hold on that interface (`build` refuses one it
 //! holds): corelane answers ARP and NDP for it. A runtime that attaches its own XDP program needs
 //! root or CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF and CAP_PERFMON; under a grant from
-//! `corelane-xdp grant` (see [`Xdp`]) it needs only CAP_NET_RAW and locked memory. Errors name
+//! `corelane-broker grant` (see [`Xdp`]) it needs only CAP_NET_RAW and locked memory. Errors name
 //! what is missing in one line.
 
 #![forbid(unsafe_code)]

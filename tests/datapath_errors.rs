@@ -67,7 +67,7 @@ fn datapath_error_without_privileges() {
             "missing privilege",
             "lacks CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF, CAP_PERFMON;",
             "run it as root",
-            "corelane-xdp grant",
+            "corelane-broker grant",
         ],
     );
 }

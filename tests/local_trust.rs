@@ -113,7 +113,7 @@ fn python_as(net: &VethPair, uid: u32) -> Command {
 
 /// The broker as nobody with what it needs, granting nobody and [`OTHER`]; and its socket.
 fn start_broker(net: &VethPair, run: &Path) -> (Echo, String) {
-    let broker_bin = workspace_bin("corelane-xdp").unwrap();
+    let broker_bin = workspace_bin("corelane-broker").unwrap();
     let mut cmd = as_user(
         net,
         run,
@@ -122,7 +122,7 @@ fn start_broker(net: &VethPair, run: &Path) -> (Echo, String) {
         &broker_bin,
     );
     cmd.args(grant_args(net));
-    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let broker = Echo::start_cmd(cmd, "corelane-broker");
     let socket = broker
         .output()
         .lines()
@@ -218,7 +218,7 @@ fn root_refuses_a_run_directory_a_user_owns_and_writes_through_no_link_planted_t
     // The broker, as root, over that directory: one line naming it and the fix.
     let out = net
         .server_ns()
-        .command(workspace_bin("corelane-xdp").unwrap().to_str().unwrap())
+        .command(workspace_bin("corelane-broker").unwrap().to_str().unwrap())
         .env("CORELANE_RUN_DIR", &run)
         .args(grant_args(&net))
         .output()

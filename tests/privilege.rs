@@ -1,6 +1,6 @@
 //! Least privilege, tested as an unprivileged user (`nobody`) with exactly the capabilities
 //! each mode documents, through `setpriv`:
-//! - a server under a grant from `corelane-xdp grant` runs with `CAP_NET_RAW` and
+//! - a server under a grant from `corelane-broker grant` runs with `CAP_NET_RAW` and
 //!   `CAP_IPC_LOCK` alone, ends up with no capability in any thread, and can steer only what
 //!   was granted; the broker runs with `CAP_NET_ADMIN`, `CAP_BPF` and `CAP_PERFMON` and keeps
 //!   the first two;
@@ -60,13 +60,13 @@ fn as_user(
 }
 
 fn broker_bin() -> PathBuf {
-    workspace_bin("corelane-xdp").unwrap()
+    workspace_bin("corelane-broker").unwrap()
 }
 
 /// The broker, as `nobody` with exactly what it needs, granting `.3` and `fd00:77::3` with
 /// TCP and UDP port 7 to `nobody`.
 fn start_broker(net: &VethPair, run: &Path) -> Echo {
-    Echo::start_cmd(broker_cmd(net, run), "corelane-xdp")
+    Echo::start_cmd(broker_cmd(net, run), "corelane-broker")
 }
 
 /// The command [`start_broker`] runs.
@@ -189,7 +189,7 @@ fn a_granted_server_needs_only_net_raw_and_steers_only_its_grant() {
     let run = run_dir("granted");
     let (broker, server) = broker_and_granted_server(&net, &run);
     assert!(
-        server.output().contains("by corelane-xdp grant"),
+        server.output().contains("by corelane-broker grant"),
         "{}",
         server.output()
     );
@@ -433,7 +433,7 @@ fn each_missing_privilege_is_one_line_naming_it_and_the_fix() {
         "lacks CAP_PERFMON;",
         "setpriv --inh-caps=+net_admin",
         "--ambient-caps=+net_admin",
-        "corelane-xdp grant",
+        "corelane-broker grant",
     ] {
         assert!(line.contains(want), "{want}: {line}");
     }
@@ -508,7 +508,7 @@ fn each_missing_privilege_is_one_line_naming_it_and_the_fix() {
         &["--xdp", "granted"],
     ));
     let line = one_error_line(status, &out);
-    assert!(line.contains("no corelane-xdp grant serves"), "{line}");
+    assert!(line.contains("no corelane-broker grant serves"), "{line}");
     let _ = std::fs::remove_dir_all(&run);
 }
 
@@ -530,7 +530,7 @@ fn a_thousand_idle_connections_do_not_take_the_broker_down() {
         .arg("--")
         .arg(inner.get_program())
         .args(inner.get_args());
-    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let broker = Echo::start_cmd(cmd, "corelane-broker");
     wait_for(&broker, "serving");
     let path = broker
         .output()

@@ -2,7 +2,7 @@
 //! `--take-over`): the echo example on a multi-queue veth, the kernel's TCP as the clients.
 //! Long transfers, request/response on kept connections and connections opened and closed all
 //! the time run across the switch, on a clean veth, through a router that loses and reorders,
-//! and under a `corelane-xdp grant` broker; none may fail or lose a byte, and the old process
+//! and under a `corelane-broker grant` broker; none may fail or lose a byte, and the old process
 //! must end by itself.
 
 mod common;
@@ -435,7 +435,7 @@ fn a_server_steering_through_a_grant_broker_is_replaced_under_load() {
         return;
     }
     let net = common::net(2);
-    let broker_bin = common::workspace_bin("corelane-xdp").expect("corelane-xdp");
+    let broker_bin = common::workspace_bin("corelane-broker").expect("corelane-broker");
     let mut cmd = net
         .server_ns()
         .command(broker_bin.to_str().expect("a path"));
@@ -450,7 +450,7 @@ fn a_server_steering_through_a_grant_broker_is_replaced_under_load() {
         "7",
     ])
     .args(["--user", "root"]);
-    let broker = Echo::start_cmd(cmd, "corelane-xdp");
+    let broker = Echo::start_cmd(cmd, "corelane-broker");
     let sock = std::env::temp_dir().join(format!("corelane-upgrade-g-{}.sock", std::process::id()));
     let path = sock.to_str().expect("a path").to_string();
     let addr: SocketAddr = format!("{SERVER_V4}:7").parse().expect("an address");

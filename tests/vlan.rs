@@ -165,12 +165,12 @@ fn vlan_server_answers_its_vlan_only() {
 /// A grant broker on the server's interface granting the server's address and TCP and UDP
 /// port 7, for the tags `tags` adds (`--vlan`, `--service-vlan`).
 fn grant_broker(net: &corelane_testnet::VethPair, tags: &[&str]) -> Echo {
-    let broker_bin = workspace_bin("corelane-xdp").expect("corelane-xdp built");
+    let broker_bin = workspace_bin("corelane-broker").expect("corelane-broker built");
     let mut cmd = net.server_ns().command(broker_bin.to_str().expect("path"));
     cmd.args(["grant", net.server_if(), "--addr", SERVER])
         .args(["--tcp", "7", "--udp", "7"])
         .args(tags);
-    Echo::start_cmd(cmd, "corelane-xdp")
+    Echo::start_cmd(cmd, "corelane-broker")
 }
 
 /// The echo server started with `args` under the broker: it must be refused; what it said.
@@ -233,7 +233,7 @@ fn a_grant_broker_serves_its_vlan_to_a_server_built_for_it() {
     args.extend(["--vlan", "100"]);
     let echo = Echo::start(&net, &args);
     assert!(
-        echo.output().contains("by corelane-xdp grant"),
+        echo.output().contains("by corelane-broker grant"),
         "{}",
         echo.output()
     );
@@ -285,7 +285,7 @@ fn a_qinq_server_answers_its_service_vlan_and_vlan_only() {
     );
     let echo = Echo::start(&net, &args);
     assert!(
-        echo.output().contains("by corelane-xdp grant"),
+        echo.output().contains("by corelane-broker grant"),
         "{}",
         echo.output()
     );

@@ -67,7 +67,7 @@ pub(crate) struct Common {
     /// `Builder::service_vlan`).
     #[arg(long, default_value_t = 0)]
     pub(crate) service_vlan: u16,
-    /// Where the XDP program comes from: auto (the grant of a `corelane-xdp grant` serving
+    /// Where the XDP program comes from: auto (the grant of a `corelane-broker grant` serving
     /// the interface, else attached here), attach, granted.
     #[arg(long, default_value = "auto")]
     pub(crate) xdp: String,

@@ -1,5 +1,5 @@
 //! How the runtime gets at its interface: by attaching the XDP program itself (it needs the
-//! privileges for that), or through a grant from `corelane-xdp grant` (it needs only
+//! privileges for that), or through a grant from `corelane-broker grant` (it needs only
 //! `CAP_NET_RAW`); opening the AF_XDP sockets; and dropping the capabilities nothing needs
 //! afterwards.
 
@@ -12,7 +12,7 @@ use crate::Error;
 /// Where the runtime's XDP program comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Xdp {
-    /// Through the grant of a `corelane-xdp grant` serving the interface, if one does;
+    /// Through the grant of a `corelane-broker grant` serving the interface, if one does;
     /// attached by the runtime otherwise.
     #[default]
     Auto,
@@ -43,8 +43,8 @@ impl Access {
             Xdp::Auto => GrantClient::connect(ifname)?,
             Xdp::Granted => Some(GrantClient::connect(ifname)?.ok_or_else(|| {
                 Error::Config(format!(
-                    "no corelane-xdp grant serves {ifname} (nothing listens at {}); start one \
-                     as root: corelane-xdp grant {ifname} --addr ADDR --tcp PORTS --user USER",
+                    "no corelane-broker grant serves {ifname} (nothing listens at {}); start one \
+                     as root: corelane-broker grant {ifname} --addr ADDR --tcp PORTS --user USER",
                     corelane_xsk::grant::grant_socket_path(ifname)
                         .map(|p| p.display().to_string())
                         .unwrap_or_default()
@@ -159,7 +159,7 @@ impl Access {
                 if served != vlan {
                     return Err(Error::Config(format!(
                         "{ifname}: this server is built for {vlan} but the grant broker's \
-                         program serves {served}: start both for the same VLAN (corelane-xdp \
+                         program serves {served}: start both for the same VLAN (corelane-broker \
                          grant --vlan ID [--service-vlan ID], Builder::vlan, \
                          Builder::service_vlan)"
                     )));

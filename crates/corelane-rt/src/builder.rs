@@ -163,13 +163,13 @@ impl Builder {
     }
 
     /// Where the XDP program comes from (default [`Xdp::Auto`](crate::Xdp::Auto): through the
-    /// grant of a `corelane-xdp grant` serving the interface when one does, attached by the
+    /// grant of a `corelane-broker grant` serving the interface when one does, attached by the
     /// runtime otherwise). Under a grant the process needs only `CAP_NET_RAW` and locked
     /// memory, and may steer only the addresses and ports granted.
     ///
     /// ```no_run
     /// # use corelane_rt as corelane;
-    /// // As an unprivileged user, with `corelane-xdp grant veth0 --addr 10.0.0.1 --tcp 7
+    /// // As an unprivileged user, with `corelane-broker grant veth0 --addr 10.0.0.1 --tcp 7
     /// // --user $USER` running as root:
     /// let rt = corelane::Runtime::builder("veth0")
     ///     .addr("10.0.0.1/24")
@@ -187,7 +187,7 @@ impl Builder {
     /// frames and other VLANs to the kernel, and every frame the runtime sends carries the tag.
     /// The addresses given with [`Builder::addr`] are the VLAN's; the interface's MTU is the
     /// VLAN's as well (the tag is not counted, as for a kernel VLAN device). Under a grant
-    /// broker the broker's program must serve the same VLAN (`corelane-xdp grant --vlan`).
+    /// broker the broker's program must serve the same VLAN (`corelane-broker grant --vlan`).
     ///
     /// ```no_run
     /// # mod corelane { pub use corelane_rt::*; }
@@ -205,7 +205,7 @@ impl Builder {
     /// and every frame sent carries both. A link lets a frame exceed its MTU by one tag's 4
     /// bytes, not two: the runtime's IP MTU is the interface's less 4 (set the MTU 4 bytes
     /// higher on the path to carry full 1500-byte packets). Under a grant broker the broker
-    /// must serve the same tags (`corelane-xdp grant --vlan ID --service-vlan ID`).
+    /// must serve the same tags (`corelane-broker grant --vlan ID --service-vlan ID`).
     ///
     /// ```no_run
     /// # mod corelane { pub use corelane_rt::*; }

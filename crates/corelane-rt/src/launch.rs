@@ -133,7 +133,7 @@ impl Runtime {
         }
         if let Some(g) = st.grant() {
             s.push_str(&format!(
-                " by corelane-xdp grant ({}): this process steers through its grant",
+                " by corelane-broker grant ({}): this process steers through its grant",
                 g.path().display()
             ));
         }

@@ -8,7 +8,7 @@
 //! `joined` ([`Joining::serve`]): the old one then switches the program to it. When the old
 //! process's connection ends (its cores have all left), the split ends: every frame comes
 //! here and the kept connections are forgotten; the interface's record passes to this process.
-//! When a `corelane-xdp grant` holds the program, the hand-over carries only the queues: this
+//! When a `corelane-broker grant` holds the program, the hand-over carries only the queues: this
 //! process asks the broker as the old one's successor (`hello upgrade`), which registers its
 //! sockets and makes the program's changes for it, and keeps the interface's record.
 

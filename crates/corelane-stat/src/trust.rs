@@ -1,7 +1,7 @@
 //! Files in the run directory, opened so that another user of the machine cannot point them
 //! elsewhere.
 //!
-//! A root process (a runtime, the `corelane-xdp grant` broker, `corelane-stat`) creates,
+//! A root process (a runtime, the `corelane-broker grant` broker, `corelane-stat`) creates,
 //! truncates and maps files under the run directory. Were the directory, or one above it,
 //! writable by another user, that user could put a link where a file is expected and have
 //! root write through it (`owner` linked to `/etc/shadow` is emptied). So:

@@ -3,7 +3,7 @@
 //!
 //! | who | needs |
 //! |---|---|
-//! | attaching the XDP program ([`Steering::attach`](crate::Steering::attach), `corelane-xdp grant`) | `CAP_NET_ADMIN`, `CAP_BPF`, `CAP_PERFMON` |
+//! | attaching the XDP program ([`Steering::attach`](crate::Steering::attach), `corelane-broker grant`) | `CAP_NET_ADMIN`, `CAP_BPF`, `CAP_PERFMON` |
 //! | an AF_XDP socket ([`XskQueue::open`](crate::XskQueue::open)) | `CAP_NET_RAW`, and `CAP_IPC_LOCK` or a locked-memory limit that holds the UMEM |
 //!
 //! `CAP_SYS_ADMIN` stands in for `CAP_BPF` and `CAP_PERFMON`, as the kernel allows.
@@ -94,7 +94,7 @@ const RUNTIME_FIX: &str = "a corelane runtime that attaches its own XDP program 
          CAP_BPF and CAP_PERFMON: run it as root, grant those (setpriv \
          --inh-caps=+net_admin,+net_raw,+bpf,+perfmon \
          --ambient-caps=+net_admin,+net_raw,+bpf,+perfmon PROGRAM, run by root), or let \
-         `corelane-xdp grant` attach the program so the server needs only CAP_NET_RAW";
+         `corelane-broker grant` attach the program so the server needs only CAP_NET_RAW";
 
 /// Checks at once all that a runtime needs before it opens its sockets: the capabilities (those
 /// of a server under a grant when `granted`, else those of one that attaches its own program)
@@ -296,7 +296,7 @@ mod tests {
             "CAP_NET_RAW",
             "CAP_BPF",
             "CAP_PERFMON",
-            "corelane-xdp",
+            "corelane-broker",
         ] {
             assert!(msg.contains(c), "{c} missing from: {msg}");
         }

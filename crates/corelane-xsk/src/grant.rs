@@ -1,4 +1,4 @@
-//! A grant: the XDP program attached by a privileged broker (`corelane-xdp grant`), and a server
+//! A grant: the XDP program attached by a privileged broker (`corelane-broker grant`), and a server
 //! that steers through it with no privilege but `CAP_NET_RAW`.
 //!
 //! The broker attaches the program, holds its maps and the interface's claim, and listens on a
@@ -329,7 +329,7 @@ impl GrantClient {
         let path = grant_socket_path(ifname)?;
         Self::connect_saying(&path, "hello upgrade")?.ok_or_else(|| {
             Error::Grant(format!(
-                "the old server steers through a corelane-xdp grant, and none listens at {}",
+                "the old server steers through a corelane-broker grant, and none listens at {}",
                 path.display()
             ))
         })
@@ -349,7 +349,7 @@ impl GrantClient {
             Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
                 return Err(Error::Privilege(format!(
                     "{} may not be opened by this user; the broker's socket must be writable \
-                     (corelane-xdp grant makes it so)",
+                     (corelane-broker grant makes it so)",
                     path.display()
                 )));
             }
@@ -399,7 +399,7 @@ impl GrantClient {
     fn exchange(&self, text: &str, fd: Option<RawFd>) -> Result<(String, Option<OwnedFd>), Error> {
         let gone = |detail: String| {
             Error::Grant(format!(
-                "the broker at {} {detail}; is `corelane-xdp grant` still running?",
+                "the broker at {} {detail}; is `corelane-broker grant` still running?",
                 self.path.display()
             ))
         };

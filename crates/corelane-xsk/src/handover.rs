@@ -25,7 +25,7 @@ use crate::steering::{MAPS, MAX_QUEUES, SteeringShare};
 /// What the old process hands the new one.
 #[derive(Debug)]
 pub struct Handover {
-    /// The steering program (None: a `corelane-xdp grant` holds it, and the new process asks
+    /// The steering program (None: a `corelane-broker grant` holds it, and the new process asks
     /// the broker for it).
     pub steering: Option<SteeringShare>,
     /// One offer per queue the old process serves.

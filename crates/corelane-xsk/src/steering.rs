@@ -295,7 +295,7 @@ impl Steering {
         })
     }
 
-    /// Steering through the broker `client` holds a grant from (`corelane-xdp grant`): this
+    /// Steering through the broker `client` holds a grant from (`corelane-broker grant`): this
     /// process needs no privilege for it, and may steer only what the grant allows.
     pub fn granted(ifname: &str, client: GrantClient) -> Steering {
         Steering {

@@ -1,8 +1,8 @@
-//! `corelane-xdp grant`: attach corelane's XDP program to an interface and grant a server the
+//! `corelane-broker grant`: attach corelane's XDP program to an interface and grant a server the
 //! addresses and ports it may steer, so the server runs with `CAP_NET_RAW` alone.
 //!
 //! ```text
-//! corelane-xdp grant veth0 --addr 10.0.0.1 --tcp 7,49152-65535 --udp 7 --user corelane
+//! corelane-broker grant veth0 --addr 10.0.0.1 --tcp 7,49152-65535 --udp 7 --user corelane
 //! ```
 //!
 //! It runs until SIGINT or SIGTERM, then detaches the program and puts the interface back as it
@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use corelane_xdp::{Broker, Grant};
+use corelane_broker::{Broker, Grant};
 use corelane_xsk::{AttachMode, Cap};
 
 #[derive(Parser, Debug)]
 #[command(
-    name = "corelane-xdp",
+    name = "corelane-broker",
     about = "corelane's privileged half: attaches the XDP program and grants a server what it may steer"
 )]
 struct Cli {
@@ -85,7 +85,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("corelane-xdp: error: {e}");
+            eprintln!("corelane-broker: error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -141,9 +141,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     // session thread starts, so none of them holds more.
     corelane_xsk::retain_caps(&[Cap::NetAdmin, Cap::Bpf])?;
     println!("{}", broker.describe());
-    println!("corelane-xdp: serving");
+    println!("corelane-broker: serving");
     broker.serve(&stop)?;
     drop(broker);
-    println!("corelane-xdp: stopped; program detached");
+    println!("corelane-broker: stopped; program detached");
     Ok(())
 }

@@ -78,7 +78,7 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
     };
     match welcome {
         Ok(mode) => {
-            println!("corelane-xdp: pid {pid} (uid {uid}) took the grant");
+            println!("corelane-broker: pid {pid} (uid {uid}) took the grant");
             // The server's connection lasts as long as the server: no deadline from here.
             if set_read_deadline(conn, None).is_err()
                 || send_message(fd, &format!("ok {mode}"), None).is_err()
@@ -88,7 +88,7 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
             }
         }
         Err(why) => {
-            println!("corelane-xdp: refused pid {pid} (uid {uid}): {why}");
+            println!("corelane-broker: refused pid {pid} (uid {uid}): {why}");
             let _ = send_message(fd, &format!("err {why}"), None);
             return;
         }
@@ -137,7 +137,7 @@ fn end_session(state: &Mutex<State>, grant: &Grant, pid: u32) {
     );
     s.remove_files();
     println!(
-        "corelane-xdp: pid {} (uid {}) left {}: released {} port(s); its {} address(es) answer \
+        "corelane-broker: pid {} (uid {}) left {}: released {} port(s); its {} address(es) answer \
          with resets for {} s or until the next server takes the grant",
         s.pid,
         s.uid,
@@ -196,7 +196,7 @@ fn handle(
             if !grant.addrs.contains(&a) {
                 return Err(format!(
                     "{a} is not granted to this server on {} (granted: {}); add --addr {a} to \
-                     corelane-xdp grant",
+                     corelane-broker grant",
                     grant.ifname,
                     list_or_none(
                         &grant
@@ -232,7 +232,7 @@ fn handle(
                 let name = proto_name(proto);
                 return Err(format!(
                     "{name} port {port} is not granted to this server on {} (granted {name}: \
-                     {}); add --{name} {port} to corelane-xdp grant",
+                     {}); add --{name} {port} to corelane-broker grant",
                     grant.ifname,
                     ranges(grant.ports(proto))
                 ));

@@ -9,7 +9,7 @@
 //! detaches the program, and the next broker or runtime puts back the queue count.
 //!
 //! ```no_run
-//! use corelane_xdp::{Broker, Grant};
+//! use corelane_broker::{Broker, Grant};
 //! let grant = Grant::parse("veth0", &["10.0.0.1"], &["7", "49152-65535"], &["7"], &[0])?;
 //! let broker = Broker::start(grant)?;
 //! println!("{}", broker.describe());
@@ -58,7 +58,7 @@ impl Grant {
     /// Why `uid` is refused, and the fix.
     pub(crate) fn not_granted(&self, uid: u32) -> String {
         format!(
-            "uid {uid} is not granted {} (granted: uid {}); start corelane-xdp grant with --user \
+            "uid {uid} is not granted {} (granted: uid {}); start corelane-broker grant with --user \
              {uid}",
             self.ifname,
             list_or_none(&self.uids.iter().map(|u| u.to_string()).collect::<Vec<_>>())
@@ -137,7 +137,7 @@ impl Grant {
             return Err(match self.channels {
                 0 => format!(
                     "{} has {now} receive queue(s) and the grant allows no change (to let a \
-                     server set up to N: corelane-xdp grant ... --channels N)",
+                     server set up to N: corelane-broker grant ... --channels N)",
                     self.ifname
                 ),
                 max => format!(
@@ -413,7 +413,7 @@ impl Broker {
             }
             let (state, grant, held) = (self.state.clone(), self.grant.clone(), open.clone());
             let spawned = std::thread::Builder::new()
-                .name("corelane-xdp-session".into())
+                .name("corelane-broker-session".into())
                 .spawn(move || {
                     session(&state, &grant, &conn);
                     release_slot(&held, uid);

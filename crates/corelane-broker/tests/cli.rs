@@ -1,13 +1,13 @@
-//! `corelane-xdp`'s command line: bad words are refused in one line naming them, before
+//! `corelane-broker`'s command line: bad words are refused in one line naming them, before
 //! anything is attached.
 
 use std::process::Command;
 
 fn run(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_corelane-xdp"))
+    let out = Command::new(env!("CARGO_BIN_EXE_corelane-broker"))
         .args(args)
         .output()
-        .expect("run corelane-xdp");
+        .expect("run corelane-broker");
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)

@@ -164,8 +164,8 @@ fn every_secret_has_a_key_of_its_own() {
             avalanche(32, |s| Secret::new(s).key().0 as u32),
         ),
         (
-            "port generator",
-            avalanche(32, |s| Secret::new(s).port_seed() as u32),
+            "port start",
+            avalanche(32, |s| Secret::new(s).port_hashes(l.addr, r, 0).0),
         ),
     ] {
         assert!((0.35..0.65).contains(&share), "{what}: {share:.2}");
@@ -190,10 +190,57 @@ fn a_master_key_has_128_bits_that_count_and_takes_precedence_over_a_seed() {
     assert_ne!(a.key(), b.key());
     assert_ne!(a.ts_key(), b.ts_key());
     assert_ne!(a.table_key(), b.table_key());
-    assert_ne!(a.port_seed(), b.port_seed());
+    let (l, r) = (
+        smoltcp::wire::Ipv4Address::new(10, 0, 0, 1).into(),
+        smoltcp::wire::IpEndpoint::new(smoltcp::wire::Ipv4Address::new(10, 0, 0, 2).into(), 80),
+    );
+    assert_ne!(a.port_hashes(l, r, 0), b.port_hashes(l, r, 0));
     // A key is not a seed's expansion in disguise.
     assert_ne!(Secret::from_master((1, 2)).key(), Secret::new(1).key());
     // The OS gives a fresh one each time.
     let (k1, k2) = (StackConfig::random_key(), StackConfig::random_key());
     assert!(k1.is_some() && k1 != k2, "{k1:?} {k2:?}");
+}
+
+#[test]
+fn connections_to_one_destination_take_ports_in_turn_from_a_start_no_one_can_guess()
+-> Result<(), Box<dyn std::error::Error>> {
+    // RFC 6056's algorithm 4: a port comes back to the same peer only after the whole share
+    // was used (a peer may still hold the last incarnation in TIME-WAIT), while where the
+    // turn starts depends on the key and the destination.
+    let span = u32::from(u16::MAX) - u32::from(crate::config::EPHEMERAL_START) + 1;
+    let first_ports = |seed: u64, to: &str| -> Result<Vec<u16>, Box<dyn std::error::Error>> {
+        let mut p = pair(seed);
+        let to = to.parse()?;
+        let mut v = Vec::new();
+        for _ in 0..20 {
+            v.push(p.b.stack.connect_tcp(to)?.1);
+        }
+        Ok(v)
+    };
+    let a = first_ports(1, "10.9.0.1:7")?;
+    for w in a.windows(2) {
+        let next = (u32::from(w[0]) - u32::from(crate::config::EPHEMERAL_START) + 1) % span;
+        assert_eq!(
+            u32::from(w[1]) - u32::from(crate::config::EPHEMERAL_START),
+            next,
+            "{a:?}"
+        );
+    }
+    // Another destination, or another key, starts somewhere else.
+    let other_port = first_ports(1, "10.9.0.1:8")?;
+    let other_key = first_ports(3, "10.9.0.1:7")?;
+    assert!(!a.contains(&other_port[0]), "{a:?} {other_port:?}");
+    assert!(!a.contains(&other_key[0]), "{a:?} {other_key:?}");
+    // UDP sockets bound to port 0 have no destination: each starts anywhere.
+    let mut p = pair(1);
+    let mut udp = Vec::new();
+    for _ in 0..4 {
+        udp.push(p.b.stack.bind_udp(0)?.1);
+    }
+    assert!(
+        udp.windows(2).all(|w| w[1] != w[0].wrapping_add(1)),
+        "{udp:?}"
+    );
+    Ok(())
 }

@@ -109,3 +109,38 @@ fn a_stall_past_the_limit_fails_the_run_with_its_seed() {
         "{f}"
     );
 }
+
+/// Seeds that found faults on paths that lose nothing, each replayed: on such a path no
+/// timeout has anything to recover, so the run must finish within its round-trip bound
+/// (`SimConfig::lossless_limit`) rather than after a 200 ms timer or a 1 s SYN timeout.
+#[test]
+fn runs_that_once_waited_for_a_timer_with_nothing_lost_finish_in_round_trips() {
+    for (name, seed, fault) in [
+        // A window update overtaken by the older, smaller window it replaced: the server
+        // took the stale window and waited 200 ms for its persist timer.
+        (
+            "echo/short-reorder-20%",
+            9_000_015,
+            "a stale window taken as new",
+        ),
+        // The client took a port it had just closed: the server still held the last
+        // incarnation in TIME-WAIT and ignored the new SYN, which waited 1 s to be sent again.
+        (
+            "churn/short-reorder-20%",
+            9_000_056,
+            "a port reused at once",
+        ),
+    ] {
+        let s = scenarios()
+            .into_iter()
+            .find(|s| s.name == name)
+            .expect("the scenario exists");
+        let cfg = SimConfig::new(seed, s.up, s.down);
+        let limit = cfg.lossless_limit().expect("the path loses nothing");
+        let r = run_with(&s, &cfg).unwrap_or_else(|f| panic!("{fault}: {f}"));
+        assert!(
+            r.elapsed < limit * 4 && r.worst_stall <= limit,
+            "{fault}: {r:?}"
+        );
+    }
+}

@@ -12,6 +12,8 @@
 //!   key and offset, checked as it is read);
 //! - no frame is longer than the link's MTU allows;
 //! - no stall: bytes keep reaching readers, never more than [`SimConfig::stall_limit`] apart;
+//!   on a path that loses nothing, stalls and handshakes are bounded by round trips
+//!   ([`SimConfig::lossless_limit`]), since no timeout has anything to recover;
 //! - at the end every connection closes, every flow is freed, the TCP buffer memory is back to
 //!   zero and every frame is back where it belongs.
 //!
@@ -106,6 +108,25 @@ impl SimConfig {
             strict_mtu: true,
             trace: false,
         }
+    }
+}
+
+impl SimConfig {
+    /// On a path that loses nothing (it may delay, reorder and duplicate frames), what a stall
+    /// or a handshake may last: no timer has anything to recover, so both are bounded by
+    /// trips over the path, the longest a frame is held back for reordering and the ACK
+    /// delays, never by a retransmission timeout (200 ms at the least). None when a direction
+    /// may lose frames (or queue them until they are dropped).
+    pub fn lossless_limit(&self) -> Option<Duration> {
+        if !(self.up.loses_nothing() && self.down.loses_nothing()) {
+            return None;
+        }
+        // Eight frames in a row, each one way and each possibly held back with nothing behind
+        // it to release it (a handshake's ARP request and reply, SYN, SYN-ACK and first data
+        // can be).
+        let hop = self.up.delay.max(self.down.delay) + wire::HOLD_LIMIT;
+        let acks = self.tcp.ack_delay.max(self.client_tcp.ack_delay);
+        Some(hop * 8 + Duration::from(acks) * 2 + STEP_SLACK)
     }
 }
 
@@ -312,7 +333,9 @@ impl Sim {
                 break self.now;
             }
             let (stalled, established) = w.stall(self.now);
-            let limit = if established {
+            let limit = if let Some(l) = cfg.lossless_limit() {
+                l
+            } else if established {
                 let own = w.stall_allowance(self, Duration::from(cfg.tcp.rto_min));
                 cfg.stall_limit
                     .max(own + cfg.up.delay + cfg.down.delay + STEP_SLACK)
@@ -324,10 +347,10 @@ impl Sim {
                     "stalled {} ms (limit {} ms{}) with {} of {} bytes delivered: {}",
                     stalled.total_millis(),
                     limit.total_millis(),
-                    if established {
-                        ""
-                    } else {
-                        ", in the handshake"
+                    match (established, cfg.lossless_limit().is_some()) {
+                        (_, true) => ", on a path that loses nothing",
+                        (true, false) => "",
+                        (false, false) => ", in the handshake",
                     },
                     delivered,
                     w.total(),

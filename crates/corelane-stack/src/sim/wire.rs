@@ -31,6 +31,15 @@ pub struct Impair {
 }
 
 impl Impair {
+    /// True when this direction never drops a frame: no loss of any kind and no bottleneck
+    /// queue to overflow.
+    pub fn loses_nothing(&self) -> bool {
+        self.loss_ppm == 0
+            && self.ack_loss_ppm == 0
+            && self.data_loss_ppm == 0
+            && self.rate_bps == 0
+    }
+
     /// A clean direction with a one-way delay of `ms` milliseconds.
     pub fn delay_ms(ms: u64) -> Impair {
         Impair {

@@ -184,8 +184,15 @@ pub struct Stack {
     /// Segments no connection claims are dropped unanswered ([`Stack::set_quiet`]).
     quiet: bool,
     stats: StackStats,
-    rng: u64,
+    /// RFC 6056 algorithm 4's counters: how far each group of destinations moved on from
+    /// where its search for a free port starts.
+    port_steps: Box<[u32; PORT_STEPS]>,
+    /// Numbers used once for ports chosen with no destination.
+    port_draws: u64,
 }
+
+/// Counters of [`Stack::ephemeral_port`] (RFC 6056 suggests a table of some hundreds).
+const PORT_STEPS: usize = 256;
 
 impl std::fmt::Debug for Stack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -272,8 +279,8 @@ impl Stack {
             draining: false,
             quiet: false,
             stats: StackStats::default(),
-            // A second generator for port choice, kept apart from the sequence numbers'.
-            rng: secret.port_seed(),
+            port_steps: Box::new([0; PORT_STEPS]),
+            port_draws: 0,
         }
     }
 

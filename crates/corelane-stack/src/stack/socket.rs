@@ -7,9 +7,9 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use corelane_frame::Proto;
-use smoltcp::wire::{IpAddress, IpEndpoint};
+use smoltcp::wire::{IpAddress, IpEndpoint, Ipv4Address};
 
-use super::{FlowId, Sock, Stack};
+use super::{FlowId, PORT_STEPS, Sock, Stack};
 use crate::classify::FlowKey;
 use crate::config::{EPHEMERAL_START, StackError};
 use crate::tcp::{Congestion, Conn, Sizes, TcpState};
@@ -78,17 +78,32 @@ pub struct ConnectOptions {
 }
 
 impl Stack {
-    /// A free port of this stack's share of the ephemeral range (`port % cores == core`).
-    pub(super) fn ephemeral_port(&mut self, proto: Proto) -> Result<u16, StackError> {
+    /// A free port of this stack's share of the ephemeral range (`port % cores == core`) for
+    /// a connection from `local` to `remote` (None: a port with no destination yet), chosen
+    /// as RFC 6056's algorithm 4 does (`Secret::port_hashes`): one destination's
+    /// connections take the ports of the share in turn from a secret start.
+    pub(super) fn ephemeral_port(
+        &mut self,
+        proto: Proto,
+        to: Option<(IpAddress, IpEndpoint)>,
+    ) -> Result<u16, StackError> {
         let cores = self.cfg.cores as u32;
         let span = (u32::from(u16::MAX) - u32::from(EPHEMERAL_START) + 1) / cores;
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let start = (self.rng % u64::from(span)) as u32;
+        let (start, group) = match to {
+            Some((local, remote)) => self.secret.port_hashes(local, remote, 0),
+            None => {
+                self.port_draws += 1;
+                let none = IpAddress::Ipv4(Ipv4Address::UNSPECIFIED);
+                self.secret
+                    .port_hashes(none, IpEndpoint::new(none, 0), self.port_draws)
+            }
+        };
+        let step = &mut self.port_steps[group as usize % PORT_STEPS];
         let base = u32::from(EPHEMERAL_START).div_ceil(cores) * cores + self.cfg.core as u32;
-        for k in 0..span {
-            let port = base + ((start + k) % span) * cores;
+        for _ in 0..span {
+            let k = *step;
+            *step = step.wrapping_add(1);
+            let port = base + (start.wrapping_add(k) % span) * cores;
             if port > u32::from(u16::MAX) {
                 continue;
             }
@@ -171,7 +186,7 @@ impl Stack {
             return Err(StackError::NoRoute(remote.addr.into()));
         }
         let port = match opts.local.map_or(0, |l| l.port()) {
-            0 => self.ephemeral_port(Proto::Tcp)?,
+            0 => self.ephemeral_port(Proto::Tcp, Some((local_addr, remote)))?,
             p if self.ports.contains(&(Proto::Tcp, p)) || self.listeners.contains_key(&p) => {
                 return Err(StackError::InUse {
                     proto: "TCP",

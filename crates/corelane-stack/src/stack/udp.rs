@@ -61,7 +61,7 @@ impl Stack {
     /// The port is taken, or no ephemeral port is free.
     pub fn bind_udp(&mut self, port: u16) -> Result<(FlowId, u16), StackError> {
         let port = if port == 0 {
-            self.ephemeral_port(Proto::Udp)?
+            self.ephemeral_port(Proto::Udp, None)?
         } else {
             port
         };

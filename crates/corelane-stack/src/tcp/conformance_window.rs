@@ -125,13 +125,17 @@ fn the_window_of_a_syn_ack_is_not_scaled() {
 
 #[test]
 fn a_small_window_whose_update_was_lost_is_probed_with_what_fits() {
-    // The peer's window was 10,000 bytes, then it took data and said 300 were left; the
-    // update that reopened it was lost. Sender silly window avoidance holds back a 300-byte
-    // segment, so without a probe neither side would ever send again.
+    // The peer took 9700 bytes and said 300 were left; the update that reopened its window
+    // was lost. Sender silly window avoidance holds back a 300-byte segment, so without a
+    // probe neither side would ever send again.
     let (mut s, una) = Script::established(false);
     let mut big = seg(PEER_ISN + 1, una);
     big.window = 10_000;
     s.input(big);
+    s.c.write(&[2u8; 9700]);
+    let sent: usize = s.out().iter().map(|o| o.len).sum();
+    assert_eq!(sent, 9700);
+    let una = una.wrapping_add(9700);
     let mut small = seg(PEER_ISN + 1, una);
     small.window = 300;
     s.input(small);
@@ -151,6 +155,39 @@ fn a_small_window_whose_update_was_lost_is_probed_with_what_fits() {
     s.input(open);
     let sent: usize = s.out().iter().map(|o| o.len).sum();
     assert!(sent > 1448, "{sent} bytes after the window opened");
+}
+
+#[test]
+fn an_older_window_update_overtaken_on_the_path_does_not_shrink_the_window() {
+    // The peer's buffer filled (300 bytes left), its reader took the data and it sent a
+    // window update with the same SEQ and ACK; the two arrive the other way round. The
+    // older, smaller window carries nothing newer: the data goes at once, not when the
+    // persist timer fires.
+    let (mut s, una) = Script::established(false);
+    s.c.write(&[2u8; 9700]);
+    let sent: usize = s.out().iter().map(|o| o.len).sum();
+    assert_eq!(sent, 9700);
+    let una = una.wrapping_add(9700);
+    let mut update = seg(PEER_ISN + 1, una);
+    update.window = 10_000;
+    s.input(update);
+    let mut stale = seg(PEER_ISN + 1, una);
+    stale.window = 300;
+    s.input(stale);
+    assert_eq!(s.c.snd_window(), 10_000);
+    s.c.write(&[1u8; 3000]);
+    let sent: usize = s.out().iter().map(|o| o.len).sum();
+    assert_eq!(sent, 3000, "sent without waiting for a timer");
+    // A zero window with the same SEQ and ACK is taken (a receiver that closed its window
+    // says so that way), and a smaller window with a newer ACK is taken too.
+    let mut shut = seg(PEER_ISN + 1, una);
+    shut.window = 0;
+    s.input(shut);
+    assert_eq!(s.c.snd_window(), 0);
+    let mut newer = seg(PEER_ISN + 1, una.wrapping_add(1000));
+    newer.window = 500;
+    s.input(newer);
+    assert_eq!(s.c.snd_window(), 500);
 }
 
 /// Segments outside the window are answered with an ACK (RFC 9293 section 3.10.7.4), but a

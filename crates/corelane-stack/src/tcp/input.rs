@@ -345,12 +345,16 @@ impl Conn {
         // whose ACK is newer than the one that last set it (as Linux takes it): a peer's
         // retransmission carries an old sequence number but its current ACK and window, and
         // SND.UNA moved by that ACK with the older, larger window kept would put the right edge
-        // past what the peer offered.
+        // past what the peer offered. A segment with the same sequence number and ACK as the
+        // one that set it carries nothing newer: it may be an older window update overtaken on
+        // the path, so it may open the window (or close it to zero) but never shrink it (as
+        // Linux's `tcp_may_update_window`); taken as it came, a stale small window after the
+        // peer's update left the sender waiting for the override timer with nothing lost.
+        let wnd = usize::from(seg.window_len) << self.snd_wscale;
         if self.snd_wl1.lt(seq)
-            || (self.snd_wl1 == seq && self.snd_wl2.le(ack))
             || self.snd_wl2.lt(ack)
+            || (self.snd_wl1 == seq && self.snd_wl2 == ack && (wnd > self.snd_wnd || wnd == 0))
         {
-            let wnd = usize::from(seg.window_len) << self.snd_wscale;
             if wnd > self.snd_wnd {
                 self.wake_tx();
             }

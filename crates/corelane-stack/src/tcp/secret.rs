@@ -11,7 +11,7 @@
 //! the last one.
 
 use smoltcp::time::Instant;
-use smoltcp::wire::IpEndpoint;
+use smoltcp::wire::{IpAddress, IpEndpoint};
 
 use super::seq::Seq;
 
@@ -183,9 +183,22 @@ impl Secret {
         self.tables
     }
 
-    /// The starting state of the ephemeral-port generator (never 0).
-    pub(crate) fn port_seed(&self) -> u64 {
-        siphash(self.ports, &[1]) | 1
+    /// RFC 6056's double-hash port selection (its algorithm 4), the two hashes of a
+    /// connection's addresses and remote port: where the search for a free port starts (F),
+    /// and which of the counters that move it on is this destination's (G, before the modulo).
+    /// Connections to one destination take ports one after the other from a start no one
+    /// can guess, so a port comes back to the same peer only after the whole range was used
+    /// (a peer may still hold the last incarnation in TIME-WAIT), while ports tell nothing
+    /// about the connections to other destinations. `draw`: a number used once, for a port
+    /// with no destination yet (a UDP socket bound to port 0), which then starts anywhere.
+    pub(crate) fn port_hashes(
+        &self,
+        local: IpAddress,
+        remote: IpEndpoint,
+        draw: u64,
+    ) -> (u32, u32) {
+        let h = siphash(self.ports, &words(IpEndpoint::new(local, 0), remote, draw));
+        (h as u32, (h >> 32) as u32)
     }
 
     /// The generator of the identifications of datagrams that may be fragmented.

@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::reorder::Stage;
+use crate::reorder::{Mode, Stage};
 use crate::{End, Error, Netns, Result, SEQ, up_with_addrs, veth};
 
 /// A fraction of frames, in units of 1/100 000 (so 0.001% steps).
@@ -323,17 +323,40 @@ impl LossyPath {
     /// the client on a detour that holds each for `delay`, so frames sent after it overtake
     /// it (at 1 Gbit/s, 100 us is about 8 full-size frames). Resets the counters.
     pub fn set_reorder(&self, to_server: Loss, to_client: Loss, delay: Duration) -> Result<()> {
-        {
-            let mut stage = self.stage.lock().unwrap_or_else(|p| p.into_inner());
-            match stage.as_ref() {
-                Some(s) => s.set_delay(delay),
-                None if to_server != Loss::NONE || to_client != Loss::NONE => {
-                    *stage = Some(Stage::start(&self.router_ns, &self.ri, delay)?);
-                }
-                None => {}
-            }
-        }
+        self.set_stage(
+            to_server != Loss::NONE || to_client != Loss::NONE,
+            Mode::Delay(delay),
+        )?;
         self.update(|s| s.reorder = (to_server, to_client))
+    }
+
+    /// Reorders by depth, both ways: holds `share` of the IP frames, each until `depth` later
+    /// frames to the same destination passed it (or 2 ms when fewer follow: the tail of a
+    /// transfer), and passes the others at once, as a path whose frames take parallel routes
+    /// reorders however fast they come. Every frame then crosses the reordering stage (a
+    /// thread of the router). Replaces [`set_reorder`](Self::set_reorder)'s setting, as that
+    /// replaces this one. Resets the counters.
+    pub fn set_reorder_depth(&self, share: Loss, depth: u32) -> Result<()> {
+        let on = share != Loss::NONE;
+        self.set_stage(
+            on,
+            Mode::Depth {
+                share: share.0,
+                depth,
+            },
+        )?;
+        let all = if on { Loss::ALL } else { Loss::NONE };
+        self.update(|s| s.reorder = (all, all))
+    }
+
+    fn set_stage(&self, needed: bool, mode: Mode) -> Result<()> {
+        let mut stage = self.stage.lock().unwrap_or_else(|p| p.into_inner());
+        match stage.as_ref() {
+            Some(s) => s.set_mode(mode),
+            None if needed => *stage = Some(Stage::start(&self.router_ns, &self.ri, mode)?),
+            None => {}
+        }
+        Ok(())
     }
 
     /// Marks Congestion Experienced (RFC 3168) on `to_server` of the ECN-capable (ECT(0))

@@ -77,6 +77,25 @@ impl PacketSocket {
             if rc != 0 {
                 return Err(io::Error::last_os_error());
             }
+            // A stage that every frame crosses takes bursts of thousands while its thread
+            // waits for a core: the default buffer (a few hundred frames) would drop them
+            // unseen. Root may pass the system's limit; otherwise the limit is what it gets.
+            let bytes: libc::c_int = 32 << 20;
+            for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+                // SAFETY: a valid socket, a c_int option and its size.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        fd.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        opt,
+                        (&bytes as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                if rc == 0 {
+                    break;
+                }
+            }
         }
         Ok(PacketSocket { fd })
     }

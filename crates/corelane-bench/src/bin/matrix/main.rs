@@ -84,6 +84,9 @@ struct Impairment {
     loss: (f64, f64),
     dup: (f64, f64),
     reorder: (f64, f64),
+    /// Reordering by depth: each reordered frame held behind this many later ones (0: held
+    /// for a time, `REORDER_HOLD`).
+    depth: u32,
 }
 
 const fn imp(
@@ -97,12 +100,16 @@ const fn imp(
         loss,
         dup,
         reorder,
+        depth: 0,
     }
 }
 
-const IMPAIRMENTS: [Impairment; 12] = [
+const IMPAIRMENTS: [Impairment; 14] = [
     imp("clean", (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)),
     imp("loss-1-to-client", (0.0, 1.0), (0.0, 0.0), (0.0, 0.0)),
+    // Nothing toward the server is lost: every segment the client resends is spurious,
+    // prompted by the server's ACKs lost on their way (or by their pattern).
+    imp("loss-5-to-client", (0.0, 5.0), (0.0, 0.0), (0.0, 0.0)),
     imp("loss-5-to-server", (5.0, 0.0), (0.0, 0.0), (0.0, 0.0)),
     imp("loss-0.1", (0.1, 0.1), (0.0, 0.0), (0.0, 0.0)),
     imp("loss-1", (1.0, 1.0), (0.0, 0.0), (0.0, 0.0)),
@@ -111,6 +118,10 @@ const IMPAIRMENTS: [Impairment; 12] = [
     imp("reorder-1", (0.0, 0.0), (0.0, 0.0), (1.0, 1.0)),
     imp("reorder-5", (0.0, 0.0), (0.0, 0.0), (5.0, 5.0)),
     imp("reorder-20", (0.0, 0.0), (0.0, 0.0), (20.0, 20.0)),
+    Impairment {
+        depth: 8,
+        ..imp("reorder-deep", (0.0, 0.0), (0.0, 0.0), (20.0, 20.0))
+    },
     imp("dup-5", (0.0, 0.0), (5.0, 5.0), (0.0, 0.0)),
     imp("mix", (1.0, 1.0), (10.0, 10.0), (10.0, 10.0)),
 ];
@@ -137,6 +148,12 @@ impl Impairment {
             if v != (0.0, 0.0) {
                 parts.push(format!("{} {what}", two(v)));
             }
+        }
+        if self.depth > 0 {
+            parts.push(format!(
+                "each held behind {} later frames (every frame through the relay)",
+                self.depth
+            ));
         }
         if parts.is_empty() {
             "nothing".into()
@@ -194,6 +211,7 @@ impl Path {
             .and_then(|()| net.set_duplicate(pct(im.dup.0), pct(im.dup.1)))
             .and_then(|()| match self {
                 Path::Delay5ms => net.set_reorder(Loss::ALL, Loss::NONE, Duration::from_millis(5)),
+                _ if im.depth > 0 => net.set_reorder_depth(pct(im.reorder.0), im.depth),
                 _ => net.set_reorder(pct(im.reorder.0), pct(im.reorder.1), REORDER_HOLD),
             })
             .map_err(|e| e.to_string())

@@ -208,8 +208,10 @@ pub(crate) fn drop_capabilities(granted: bool) -> Result<(), Error> {
     } else {
         &[Cap::NetAdmin, Cap::Bpf]
     };
-    corelane_xsk::retain_caps(keep)
-        .map_err(|e| Error::Config(format!("dropping capabilities: {e}")))
+    corelane_xsk::retain_caps(keep).map_err(|e| Error::Os {
+        what: "dropping capabilities".into(),
+        source: e,
+    })
 }
 
 /// Sizes the frames for `mtu` when the application left it to the runtime (`frame_size` 0):
@@ -247,6 +249,8 @@ pub(crate) fn fit_frames(
 /// thread that parses frames from the wire, or runs the application's tasks, holds none. What
 /// needs `CAP_NET_ADMIN` or `CAP_BPF` after start is done by the thread that built the runtime.
 pub(crate) fn drop_thread_capabilities() -> Result<(), Error> {
-    corelane_xsk::retain_caps(&[])
-        .map_err(|e| Error::Config(format!("dropping this thread's capabilities: {e}")))
+    corelane_xsk::retain_caps(&[]).map_err(|e| Error::Os {
+        what: "dropping this thread's capabilities".into(),
+        source: e,
+    })
 }

@@ -51,7 +51,7 @@ impl AddrHandle {
     ///
     /// # Errors
     /// Not a unicast address, already owned, more than [`corelane_stack::MAX_ADDRS`], or the
-    /// XDP program's map refused it.
+    /// XDP program's map refused it; [`Error::Ended`] once the runtime has ended.
     pub fn add(&self, cidr: impl IntoCidr) -> Result<(), Error> {
         let cidr = cidr.into_cidr()?.to_smoltcp();
         let shared = self.shared()?;
@@ -81,8 +81,35 @@ impl AddrHandle {
     }
 
     fn shared(&self) -> Result<Arc<Shared>, Error> {
-        self.0.upgrade().ok_or_else(|| {
-            Error::Config("the runtime has ended: its addresses can no longer change".into())
-        })
+        self.0
+            .upgrade()
+            .ok_or_else(|| Error::Ended("its addresses can no longer change".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_outliving_its_runtime_says_the_runtime_ended() -> Result<(), Error> {
+        let gone = AddrHandle(Weak::new());
+        assert!(gone.list().is_empty());
+        match gone.add(crate::parse_cidr("10.0.0.6/24")?) {
+            Err(Error::Ended(m)) => assert!(m.contains("addresses"), "{m}"),
+            other => panic!("expected Error::Ended, got {other:?}"),
+        }
+        let e = gone.remove(
+            "10.0.0.6"
+                .parse()
+                .map_err(|_| Error::Config("address".into()))?,
+        );
+        assert!(matches!(e, Err(Error::Ended(_))), "{e:?}");
+        assert!(
+            e.map_err(|e| e.to_string())
+                .err()
+                .is_some_and(|m| m.starts_with("the runtime has ended: ")),
+        );
+        Ok(())
     }
 }

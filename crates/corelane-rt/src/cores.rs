@@ -146,9 +146,9 @@ impl Runtime {
                 .into_iter()
                 .enumerate()
                 .map(|(i, (h, app))| {
-                    let r = h
-                        .join()
-                        .unwrap_or_else(|_| Err(Error::Config("a core panicked".into())));
+                    let r = h.join().unwrap_or_else(|_| {
+                        Err(Error::Internal("a core's thread panicked".into()))
+                    });
                     let Some(app) = app else { return r };
                     let end = app.join().unwrap_or_else(|_| AppEnd {
                         panicked: Some("the application thread panicked".into()),

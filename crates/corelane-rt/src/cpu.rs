@@ -38,10 +38,10 @@ pub(crate) fn set_allowed(cpus: &[usize]) -> Result<(), Error> {
     if r == 0 {
         Ok(())
     } else {
-        Err(Error::Config(format!(
-            "cannot let a thread run on CPUs {cpus:?}: {}",
-            std::io::Error::last_os_error()
-        )))
+        Err(Error::Os {
+            what: format!("letting a thread run on CPUs {cpus:?}"),
+            source: std::io::Error::last_os_error(),
+        })
     }
 }
 
@@ -49,7 +49,10 @@ pub(crate) fn pin(cpu: usize) -> Result<(), Error> {
     if core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
         Ok(())
     } else {
-        Err(Error::Config(format!("cannot pin a thread to CPU {cpu}")))
+        Err(Error::Os {
+            what: format!("pinning a thread to CPU {cpu}"),
+            source: std::io::Error::other("the OS refused the affinity"),
+        })
     }
 }
 

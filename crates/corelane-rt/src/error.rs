@@ -50,6 +50,24 @@ pub enum Error {
         /// The error, as it displays.
         message: String,
     },
+    /// The runtime has ended (or its privileged thread has): what was asked of it can no
+    /// longer be done.
+    #[error("the runtime has ended: {0}")]
+    Ended(String),
+    /// A thread of the runtime failed where it cannot go on (a core's thread or its driver
+    /// task panicked); a bug in corelane, to be reported with the log.
+    #[error("runtime failure: {0}")]
+    Internal(String),
+    /// The OS refused a call the runtime needs (dropping capabilities, CPU affinity, binding
+    /// the metrics endpoint, a lab's memory); what was being done is said, then the OS's
+    /// error.
+    #[error("{what}: {source}")]
+    Os {
+        /// What the runtime was doing.
+        what: String,
+        /// The OS's error.
+        source: io::Error,
+    },
     /// An upgrade could not be made: the old process kept (or takes back) its queues and
     /// serves on; what failed is said.
     #[error("upgrade: {0}")]
@@ -109,5 +127,20 @@ mod tests {
         assert!(!debug.contains("Core {"), "{debug}");
         let plain = format!("{:?}", Error::Config("no address".into()));
         assert_eq!(plain, "invalid configuration: no address");
+        // An OS refusal reads as what was being done, then the OS's words; a caller can
+        // branch on the kind.
+        let os = Error::Os {
+            what: "pinning a thread to CPU 7".into(),
+            source: io::Error::from_raw_os_error(libc::EINVAL),
+        };
+        assert_eq!(
+            os.to_string(),
+            format!(
+                "pinning a thread to CPU 7: {}",
+                io::Error::from_raw_os_error(libc::EINVAL)
+            )
+        );
+        assert!(!os.to_string().contains("invalid configuration"));
+        assert_eq!(io::Error::from(os).kind(), io::ErrorKind::Other);
     }
 }

@@ -23,11 +23,12 @@ pub(crate) struct Metrics {
 impl Metrics {
     /// Binds `addr` and serves the statistics at `path` from a thread.
     pub(crate) fn serve(addr: SocketAddr, path: &Path) -> Result<Metrics, Error> {
-        let listener = TcpListener::bind(addr).map_err(|e| {
-            Error::Config(format!(
-                "metrics endpoint {addr}: {e} (give a free address on the kernel's stack, e.g. \
+        let listener = TcpListener::bind(addr).map_err(|source| Error::Os {
+            what: format!(
+                "metrics endpoint {addr} (give a free address on the kernel's stack, e.g. \
                  127.0.0.1:9464)"
-            ))
+            ),
+            source,
         })?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -207,6 +208,20 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
         drop(hogs);
         drop(m);
+        Ok(())
+    }
+
+    #[test]
+    fn an_address_in_use_is_the_os_s_error_with_the_fix() -> io::Result<()> {
+        let taken = TcpListener::bind("127.0.0.1:0")?;
+        let addr = taken.local_addr()?;
+        match Metrics::serve(addr, Path::new("/nonexistent/corelane-stats")) {
+            Err(Error::Os { what, source }) => {
+                assert_eq!(source.kind(), io::ErrorKind::AddrInUse);
+                assert!(what.contains(&addr.to_string()) && what.contains("free address"));
+            }
+            other => panic!("{other:?}"),
+        }
         Ok(())
     }
 }

@@ -62,9 +62,7 @@ pub(crate) fn resolve(
                 list(addrs)
             )));
         }
-        table
-            .add(w.dst, Some(via))
-            .map_err(|e| Error::Config(e.to_string()))?;
+        table.add(w.dst, Some(via))?;
     }
     Ok(table)
 }

@@ -67,9 +67,9 @@ impl Steward {
             }
             None => job(),
         }
-        done_rx.recv().map_err(|_| {
-            Error::Config("the runtime's privileged thread ended during a change".into())
-        })
+        done_rx
+            .recv()
+            .map_err(|_| Error::Ended("its privileged thread ended during a change".into()))
     }
 
     /// Runs `f` on the calling thread when `works_here` says the thread can do the job itself
@@ -201,7 +201,7 @@ mod tests {
         steward.close();
         served
             .join()
-            .map_err(|_| Error::Config("the steward panicked".into()))?;
+            .map_err(|_| Error::Internal("the steward panicked".into()))?;
         assert_eq!(steward.run(thread_name)?, here, "after the cores end");
         Ok(())
     }
@@ -232,7 +232,7 @@ mod tests {
                 })
                 .map_err(Error::Io)?
                 .join()
-                .map_err(|_| Error::Config("a test thread panicked".into()))?
+                .map_err(|_| Error::Internal("a test thread panicked".into()))?
         };
         assert_eq!(on("core-able", true)?, ["core-able", "core-able"]);
         assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
@@ -242,7 +242,7 @@ mod tests {
         steward.close();
         served
             .join()
-            .map_err(|_| Error::Config("the steward panicked".into()))?;
+            .map_err(|_| Error::Internal("the steward panicked".into()))?;
         Ok(())
     }
 }

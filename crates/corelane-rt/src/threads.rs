@@ -188,7 +188,7 @@ impl Runtime {
                 }
                 Err(e) => {
                     tracing::error!("core {}: the driver task failed: {e}", info.index);
-                    Err(Error::Config(format!("the driver task failed: {e}")))
+                    Err(Error::Internal(format!("the driver task failed: {e}")))
                 }
             }
         });
@@ -218,7 +218,7 @@ impl Runtime {
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(info.index)
             .and_then(Option::take)
-            .ok_or_else(|| Error::Config(format!("core {}: no socket", info.index)))?
+            .ok_or_else(|| Error::Internal(format!("core {}: no socket", info.index)))?
             // Joining an upgrade: the rings are taken over here, on the core that turns them
             // from now on.
             .ready()?;
@@ -241,9 +241,7 @@ impl Runtime {
         );
         for r in self.routes.routes() {
             // Checked when the runtime was built; the stack's table has the same size.
-            stack
-                .add_route(r.dst, r.via)
-                .map_err(|e| Error::Config(e.to_string()))?;
+            stack.add_route(r.dst, r.via)?;
         }
         let exec = tokio::runtime::Builder::new_current_thread()
             .enable_all()

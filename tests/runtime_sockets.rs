@@ -422,3 +422,58 @@ fn runtime_congestion_is_chosen_on_the_builder_and_per_stream() {
     served.thread.join().unwrap().unwrap();
     peer.join().unwrap();
 }
+
+#[test]
+fn runtime_tasks_reach_the_runtime_s_own_address_on_every_core_without_the_wire() {
+    if !require_root("runtime_own_address") {
+        return;
+    }
+    let net = net(2);
+    let server = serve(&net, 256, |core| async move {
+        // Each core's listener and UDP echo; each core's client connects to the runtime's own
+        // address, as a service calling itself does.
+        let l = TcpListener::bind(7200).await.unwrap();
+        tokio::task::spawn_local(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::task::spawn_local(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let data = payload(256 * 1024, core.index as u64);
+        let s = TcpStream::connect("10.77.0.3:7200").await.unwrap();
+        assert_eq!(s.peer_addr().unwrap().ip().to_string(), "10.77.0.3");
+        let (mut r, mut w) = s.into_split();
+        let sent = data.clone();
+        let writer = tokio::task::spawn_local(async move {
+            w.write_all(&sent).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let mut back = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), r.read_to_end(&mut back))
+            .await
+            .expect("the echo in time")
+            .unwrap();
+        writer.await.unwrap();
+        assert!(back == data, "core {}: the echo differs", core.index);
+        let u = corelane::net::UdpSocket::bind(7300 + core.index as u16)
+            .await
+            .unwrap();
+        let to = format!("10.77.0.3:{}", 7300 + core.index);
+        u.send_to(b"to myself", to.parse::<SocketAddr>().unwrap())
+            .await
+            .unwrap();
+        let mut b = [0u8; 64];
+        let (n, from) = tokio::time::timeout(Duration::from_secs(5), u.recv_from(&mut b))
+            .await
+            .expect("the datagram in time")
+            .unwrap();
+        assert_eq!((&b[..n], from.to_string()), (&b"to myself"[..], to));
+    });
+    let report = server.join().expect("server");
+    assert!(report.frames_balanced());
+    for c in &report.cores {
+        assert!(c.stats.device.looped > 100, "{:?}", c.stats.device);
+    }
+}

@@ -329,7 +329,10 @@ impl Driver {
             }
             // Sleep: on the XSK fd, the doorbell, a task's output, or the next protocol timer.
             bell.arm();
-            if self.peers.inbound_waiting() || self.core.stack().egress_pending() {
+            if self.peers.inbound_waiting()
+                || self.pipe.dev.rx_waiting()
+                || self.core.stack().egress_pending()
+            {
                 bell.disarm();
                 continue;
             }

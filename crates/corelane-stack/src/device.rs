@@ -9,42 +9,10 @@ use smoltcp::phy::{Checksum, ChecksumCapabilities, Device, DeviceCapabilities, M
 use smoltcp::time::Instant;
 
 use crate::classify::{Class, classify};
+pub use crate::device_stats::DeviceStats;
 
 /// Bytes of Ethernet header before the IP packet (the MTU counts from the IP header).
 const ETH_HEADER: usize = 14;
-
-/// Counters of a [`XdpDevice`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceStats {
-    /// Frames taken from the RX ring.
-    pub rx_frames: u64,
-    /// Frames handed to the protocol stage.
-    pub rx_delivered: u64,
-    /// Frames dropped for a bad checksum.
-    pub rx_bad_checksum: u64,
-    /// Frames dropped for truncated or inconsistent headers.
-    pub rx_malformed: u64,
-    /// Frames copied in from another core (see [`XdpDevice::inject`]).
-    pub rx_injected: u64,
-    /// Frames from another core dropped because no frame was free to copy them into.
-    pub rx_inject_dropped: u64,
-    /// Frames written and queued for transmit.
-    pub tx_frames: u64,
-    /// Frames the protocol stage wanted to send but no transmit frame was free.
-    pub tx_no_frame: u64,
-    /// Transmit batches (one kick each).
-    pub tx_batches: u64,
-    /// Frames the stack built longer than the link's MTU allows, dropped instead of sent. A
-    /// bug counter: it stays 0 (a strict device, as in every test, panics instead).
-    pub tx_oversize: u64,
-    /// Frames received longer than the link's MTU allows (processed all the same; a peer or
-    /// a link configured with a larger MTU than this side's).
-    pub rx_oversize: u64,
-    /// Frames the kernel dropped before this side saw them, for want of room in the receive
-    /// ring or of a free frame in the fill ring (AF_XDP's `rx_dropped + rx_ring_full`), as
-    /// last read (every few thousand turns, and at the end of a run).
-    pub rx_ring_drops: u64,
-}
 
 /// Sees the frames a device takes from its queue and the frames it sends, while set (a packet
 /// capture: see [`XdpDevice::set_tap`]). Frames handed over from another core are not seen
@@ -75,29 +43,15 @@ pub struct XdpDevice<P: FrameIo> {
     tap: Option<Box<dyn Tap>>,
     /// A received VLAN frame with its tags put back, for the tap.
     tap_buf: Vec<u8>,
+    /// This device's hardware address: a frame sent to it comes back as received.
+    own_mac: Option<[u8; 6]>,
+    /// Frames sent to `own_mac` this batch, on their way back.
+    looped: Vec<P::Frame>,
 }
 
 impl std::fmt::Debug for dyn Tap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Tap")
-    }
-}
-
-impl std::ops::AddAssign for DeviceStats {
-    /// Adds another device's counters (for totals over several cores).
-    fn add_assign(&mut self, o: DeviceStats) {
-        self.rx_frames += o.rx_frames;
-        self.rx_delivered += o.rx_delivered;
-        self.rx_bad_checksum += o.rx_bad_checksum;
-        self.rx_malformed += o.rx_malformed;
-        self.rx_injected += o.rx_injected;
-        self.rx_inject_dropped += o.rx_inject_dropped;
-        self.tx_frames += o.tx_frames;
-        self.tx_no_frame += o.tx_no_frame;
-        self.tx_batches += o.tx_batches;
-        self.tx_oversize += o.tx_oversize;
-        self.rx_oversize += o.rx_oversize;
-        self.rx_ring_drops += o.rx_ring_drops;
     }
 }
 
@@ -120,7 +74,23 @@ impl<P: FrameIo> XdpDevice<P> {
             stats: DeviceStats::default(),
             tap: None,
             tap_buf: Vec::new(),
+            own_mac: None,
+            looped: Vec::new(),
         }
+    }
+
+    /// Frames sent to `mac` from now on come back to this device as received, never reaching
+    /// the wire (a NIC does not send a frame back to the port it left): what makes a
+    /// connection from the stack to one of its own addresses work. [`crate::Stack::new`] sets
+    /// the stack's address.
+    pub fn set_own_mac(&mut self, mac: [u8; 6]) {
+        self.own_mac = Some(mac);
+    }
+
+    /// True when frames wait for the protocol stage (received, handed over, or looped back
+    /// to this device by the last flush).
+    pub fn rx_waiting(&self) -> bool {
+        !self.rx_ready.is_empty()
     }
 
     /// Tags every frame sent from now on with 802.1Q VLAN `vid` (0: untagged). The frames the
@@ -333,13 +303,47 @@ impl<P: FrameIo> XdpDevice<P> {
 
     /// Sends the queued frames with one kick (the tap sees them first).
     fn send_out(&mut self) -> io::Result<usize> {
-        self.stats.tx_batches += 1;
         if let Some(tap) = &mut self.tap {
             for f in &self.tx_out {
                 tap.frame(true, self.io.bytes(f));
             }
         }
+        if let Some(mac) = self.own_mac {
+            self.loop_back(mac);
+            if self.tx_out.is_empty() {
+                return Ok(0);
+            }
+        }
+        self.stats.tx_batches += 1;
         self.io.send(&mut self.tx_out)
+    }
+
+    /// Takes the frames addressed to `mac` out of the transmit batch (the others keep their
+    /// order) and queues them for the protocol stage, their VLAN tags taken off as the XDP
+    /// program takes them off a received frame.
+    fn loop_back(&mut self, mac: [u8; 6]) {
+        let io = &self.io;
+        let ours = |f: &P::Frame| io.bytes(f).get(..6) == Some(&mac[..]);
+        if !self.tx_out.iter().any(ours) {
+            return;
+        }
+        self.looped.extend(self.tx_out.extract_if(.., |f| ours(f)));
+        let mut looped = std::mem::take(&mut self.looped);
+        for mut frame in looped.drain(..) {
+            let tag = self.tags.len;
+            if tag > 0 {
+                let bytes = self.io.bytes(&frame);
+                let mut plain = Vec::with_capacity(bytes.len().saturating_sub(tag));
+                plain.extend_from_slice(&bytes[..12.min(bytes.len())]);
+                plain.extend_from_slice(bytes.get(12 + tag..).unwrap_or_default());
+                self.io
+                    .bytes_mut(&mut frame, plain.len())
+                    .copy_from_slice(&plain);
+            }
+            self.stats.looped += 1;
+            self.admit(frame, 0);
+        }
+        self.looped = looped;
     }
 
     fn ensure_tx_frame(&mut self) -> bool {

@@ -25,6 +25,7 @@
 pub mod classify;
 mod config;
 mod device;
+mod device_stats;
 #[cfg(test)]
 mod device_tests;
 pub mod flows;

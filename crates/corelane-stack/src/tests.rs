@@ -574,3 +574,60 @@ fn a_memory_cap_holds_writers_back_and_wakes_them_when_memory_is_given_back() {
     p.drive_for(Duration::from_secs(2), |_| {}).unwrap();
     assert_eq!(p.b.stack.stats().tcp_mem, 0);
 }
+
+/// Connections and datagrams from a stack to its own address never reach the wire: their
+/// frames come back through the device (as the kernel's loopback), on a VLAN too, and the
+/// bytes echo whole.
+#[test]
+fn a_stack_reaches_its_own_address_through_the_device_not_the_wire() {
+    for vid in [0u16, 10] {
+        let mut p = pair();
+        p.a.dev_mut().set_vlan(vid);
+        let data = pattern(300_000);
+        p.a.stack.listen_tcp(7, None).unwrap();
+        let (c, _) = p.a.stack.connect_tcp(server_ep()).unwrap();
+        let (u, uport) = p.a.stack.bind_udp(9).unwrap();
+        let mut conns = Vec::new();
+        let (mut sent, mut back) = (0usize, Vec::new());
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut datagram = None;
+        let to_self: std::net::SocketAddr = "10.9.0.1:9".parse().unwrap();
+        assert!(matches!(
+            p.a.stack.udp_send_to(u, b"to myself", to_self, None),
+            Poll::Ready(Ok(9))
+        ));
+        let done = p
+            .drive(Duration::from_secs(30), |p| {
+                while let Some(h) = p.a.stack.accept(7) {
+                    conns.push(h);
+                }
+                echo_pass(p, &conns, &mut buf);
+                let s = &mut p.a.stack;
+                if s.tcp_state(c) == Some(TcpState::Established) && sent < data.len() {
+                    sent += ready(s.tcp_write(c, &data[sent..], None)).unwrap_or(0);
+                }
+                while let Some(n @ 1..) = ready(s.tcp_read(c, &mut buf, None)) {
+                    back.extend_from_slice(&buf[..n]);
+                }
+                if let Poll::Ready(Ok((n, from))) = s.udp_recv_from(u, &mut buf, None) {
+                    datagram = Some((buf[..n].to_vec(), from));
+                }
+                back.len() == data.len() && datagram.is_some()
+            })
+            .unwrap();
+        assert!(done, "vlan {vid}: echoed {} of {}", back.len(), data.len());
+        assert!(back == data, "vlan {vid}: the bytes came back changed");
+        assert_eq!(
+            datagram,
+            Some((b"to myself".to_vec(), ([10, 9, 0, 1], uport).into()))
+        );
+        let (a, b) = (p.a.dev().stats(), p.b.dev().stats());
+        assert_eq!(b.rx_frames, 0, "vlan {vid}: the other node saw {b:?}");
+        assert_eq!(
+            a.tx_batches, 0,
+            "vlan {vid}: nothing left for the wire: {a:?}"
+        );
+        assert!(a.looped > 200, "vlan {vid}: {a:?}");
+        assert_eq!(a.rx_bad_checksum + a.rx_malformed, 0, "vlan {vid}: {a:?}");
+    }
+}

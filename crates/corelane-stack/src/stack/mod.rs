@@ -50,7 +50,7 @@ use corelane_frame::{FrameIo, Proto};
 use rustc_hash::FxBuildHasher;
 use smoltcp::phy::Device;
 use smoltcp::time::Instant;
-use smoltcp::wire::{IpAddress, IpCidr};
+use smoltcp::wire::IpCidr;
 
 use crate::classify::FlowKey;
 use crate::config::StackConfig;
@@ -225,6 +225,8 @@ impl Stack {
             }),
         };
         let mtu = dev.capabilities().max_transmission_unit.saturating_sub(14);
+        // A frame to an owned address comes back through the device, never the wire.
+        dev.set_own_mac(mac);
         let mut owned = Vec::new();
         for c in addrs {
             if owned.len() >= crate::MAX_ADDRS {
@@ -488,7 +490,7 @@ impl Stack {
         };
         // A route removed since the connection opened: ask on the link.
         let hop = self.next_hop(key.remote.addr).unwrap_or(key.remote.addr);
-        if let Some((mac, fresh)) = self.neigh.lookup(hop, now) {
+        if let Some((mac, fresh)) = self.neighbor(hop, now) {
             if let Some(f) = self.slots[index as usize].flow.as_mut() {
                 f.mac = Some(mac);
                 f.resolving_since = None;
@@ -516,24 +518,6 @@ impl Stack {
         }
         self.ask(now, dev, key.local.addr, hop);
         false
-    }
-
-    /// Sends an ARP request or a neighbour solicitation for `hop` from `from`, unless one went
-    /// out lately.
-    fn ask<P: FrameIo>(
-        &mut self,
-        now: Instant,
-        dev: &mut XdpDevice<P>,
-        from: IpAddress,
-        hop: IpAddress,
-    ) {
-        if !neigh::unspecified(from)
-            && self.neigh.may_ask(hop, now)
-            && let Some(frame) = neigh::request(self.mac, from, hop)
-            && let Some(tx) = dev.transmit(now)
-        {
-            smoltcp::phy::TxToken::consume(tx, frame.len(), |buf| buf.copy_from_slice(&frame));
-        }
     }
 
     /// After a flow was polled: promote a finished handshake to the accept queue, free what is

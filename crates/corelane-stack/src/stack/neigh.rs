@@ -14,7 +14,10 @@ use smoltcp::wire::{
     Ipv4Address, Ipv6Address, Ipv6Packet,
 };
 
+use crate::device::XdpDevice;
 use crate::tcp::wire::checksum;
+use corelane_frame::FrameIo;
+use smoltcp::phy::Device as _;
 
 /// Most entries kept.
 const MAX: usize = 16 * 1024;
@@ -234,6 +237,37 @@ pub(super) fn unspecified(a: IpAddress) -> bool {
     match a {
         IpAddress::Ipv4(v) => v == Ipv4Address::UNSPECIFIED,
         IpAddress::Ipv6(v) => v.is_unspecified(),
+    }
+}
+
+/// How the stack finds, and asks for, its next hops' hardware addresses.
+impl super::Stack {
+    /// The hardware address of next hop `hop` and whether it is fresh, if known: an owned
+    /// address is this stack's own (its frames come back through the device's loopback, see
+    /// [`crate::XdpDevice::set_own_mac`]).
+    pub(super) fn neighbor(&self, hop: IpAddress, now: Instant) -> Option<([u8; 6], bool)> {
+        if self.owns(hop) {
+            return Some((self.mac, true));
+        }
+        self.neigh.lookup(hop, now)
+    }
+
+    /// Sends an ARP request or a neighbour solicitation for `hop` from `from`, unless one went
+    /// out lately.
+    pub(super) fn ask<P: FrameIo>(
+        &mut self,
+        now: Instant,
+        dev: &mut XdpDevice<P>,
+        from: IpAddress,
+        hop: IpAddress,
+    ) {
+        if !unspecified(from)
+            && self.neigh.may_ask(hop, now)
+            && let Some(frame) = request(self.mac, from, hop)
+            && let Some(tx) = dev.transmit(now)
+        {
+            smoltcp::phy::TxToken::consume(tx, frame.len(), |buf| buf.copy_from_slice(&frame));
+        }
     }
 }
 

@@ -267,7 +267,7 @@ impl Stack {
                 self.udp_sock_at(index)?.drop_out();
                 continue;
             };
-            let Some((mac, fresh)) = self.neigh.lookup(hop, now) else {
+            let Some((mac, fresh)) = self.neighbor(hop, now) else {
                 self.ask(now, dev, local, hop);
                 if !self.unresolved.contains(&index) {
                     self.unresolved.push(index);

@@ -33,7 +33,10 @@ result() {
 diagnose() {
   echo "corelane-vm: diagnostics, $(cut -d' ' -f1 /proc/uptime) s after boot"
   ip neigh show dev eth1
-  ip -s link show eth0
+  # busybox's ip has no -s: the interface's counters from sysfs.
+  for c in rx_packets rx_dropped tx_packets tx_dropped; do
+    echo "eth0 $c $(cat /sys/class/net/eth0/statistics/$c)"
+  done
   ethtool -S eth0 2>/dev/null | grep -v ': 0$'
 }
 

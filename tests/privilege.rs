@@ -376,11 +376,22 @@ fn a_server_that_attaches_needs_four_capabilities_and_its_wire_threads_keep_none
     // The threads that parse the wire and run the application's tasks keep nothing; the
     // privileged thread, corelane-priv (the XDP program's maps, IPv6 groups), and the thread
     // that built the runtime (it puts the queues back and detaches) keep the two they need.
-    let threads = thread_caps(server.pid());
     let is_core = |name: &str| {
         name.strip_prefix("corelane-")
             .map(|r| r.trim_end_matches("-app"))
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    // A thread names itself once it first runs: on a busy machine the privileged thread may
+    // not have run yet when the server says it is ready (it still shows the process's name).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let threads = loop {
+        let threads = thread_caps(server.pid());
+        let named = threads.iter().any(|(n, _)| is_core(n))
+            && threads.iter().any(|(n, _)| n == "corelane-priv");
+        if named || Instant::now() >= deadline {
+            break threads;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     };
     assert!(threads.iter().any(|(n, _)| is_core(n)), "{threads:?}");
     assert!(

@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
-# corelane-rt's own tests as an ordinary user: the runtime's host seam, the two sides of an
-# upgrade and the whole-runtime simulation need neither root nor a device. Under the `checked`
+# What needs neither root nor a device, run as an ordinary user: corelane-rt's own tests (the
+# runtime's host seam, the two sides of an upgrade, the whole-runtime simulation, the lab) and
+# a ported service's tests in `corelane::lab` (tests/lab_service.rs). Under the `checked`
 # profile (debug assertions and overflow checks on) unless another is named; as root, the test
-# binary runs as user nobody.
+# binaries run as user nobody.
 #
 #   bash scripts/test-unprivileged.sh [PROFILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${1:-checked}
-exe=$(cargo test --locked --profile "$profile" -p corelane-rt --lib --no-run \
-  --message-format=json 2>/dev/null | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d'"' -f4)
-if [ -z "$exe" ]; then
-  echo "test-unprivileged: no test binary of corelane-rt was built" >&2
+# The executable cargo builds for the tests named by the arguments.
+test_exe() {
+  cargo test --locked --profile "$profile" "$@" --no-run --message-format=json 2>/dev/null \
+    | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d'"' -f4
+}
+rt=$(test_exe -p corelane-rt --lib)
+service=$(test_exe -p corelane --test lab_service)
+if [ -z "$rt" ] || [ -z "$service" ]; then
+  echo "test-unprivileged: the test binaries were not built" >&2
   exit 1
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  exec "$exe"
+  "$rt"
+  exec "$service" lab_
 fi
-# Root: a copy nobody can read and run, wherever the checkout is.
+# Root: copies nobody can read and run, wherever the checkout is.
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-cp "$exe" "$dir/corelane-rt-tests"
-chmod 755 "$dir" "$dir/corelane-rt-tests"
+cp "$rt" "$dir/corelane-rt-tests"
+cp "$service" "$dir/lab-service-tests"
+chmod 755 "$dir" "$dir/corelane-rt-tests" "$dir/lab-service-tests"
 cd "$dir"
-setpriv --reuid 65534 --regid 65534 --clear-groups env -i PATH=/usr/bin:/bin HOME="$dir" \
-  CORELANE_RUNTIME_SIM_SEEDS="${CORELANE_RUNTIME_SIM_SEEDS:-10000}" ./corelane-rt-tests
+# The service's lab tests only (its last test serves on a veth, as root).
+for t in corelane-rt-tests "lab-service-tests lab_"; do
+  # shellcheck disable=SC2086 # the binary and its filter
+  setpriv --reuid 65534 --regid 65534 --clear-groups env -i PATH=/usr/bin:/bin HOME="$dir" \
+    CORELANE_RUNTIME_SIM_SEEDS="${CORELANE_RUNTIME_SIM_SEEDS:-10000}" ./$t
+done

@@ -65,6 +65,7 @@
 
 #![forbid(unsafe_code)]
 
+pub use corelane_rt::lab;
 pub use corelane_rt::{
     AddrHandle, BatchStats, Builder, Cidr, CoreInfo, CoreReport, CoreStats, Error, IntoCidr, Lane,
     Machine, OnPanic, Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle,

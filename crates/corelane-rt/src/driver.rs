@@ -376,6 +376,36 @@ impl Driver {
         }
     }
 
+    /// The pipeline over an in-memory queue (a lab's, `crate::lab`): there is no descriptor to
+    /// wait on and nothing arrives from outside, so an idle core sleeps until a task gives it
+    /// work or the stack's next deadline. `after_turn` runs after each turn (the lab takes
+    /// what was sent to its link).
+    pub(crate) async fn run_in_memory(mut self, mut after_turn: impl FnMut()) -> Self {
+        let mut freed = Vec::new();
+        loop {
+            if self.core.stopping() {
+                return self;
+            }
+            let busy = self.turn(&mut freed);
+            after_turn();
+            self.release_ports(&mut freed);
+            if busy || self.pipe.dev.rx_waiting() || self.core.stack().egress_pending() {
+                self.yield_to_tasks().await;
+                continue;
+            }
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            let deadline = self.core.stack().next_deadline().map(|d| {
+                let at = Duration::from_micros(d.total_micros().max(0) as u64);
+                tokio::time::Instant::from_std(self.epoch + at)
+            });
+            tokio::select! {
+                biased;
+                _ = self.core.kick.notified() => {},
+                _ = tokio::time::sleep_until(deadline.unwrap_or(far).min(far)) => {},
+            }
+        }
+    }
+
     async fn run_busy(mut self) -> Self {
         let mut freed = Vec::new();
         while !self.core.stopping() {

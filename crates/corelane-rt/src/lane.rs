@@ -180,7 +180,10 @@ pub(crate) fn set_current(core: Option<Arc<Core>>) {
 /// The core the calling task runs on.
 pub(crate) fn current() -> io::Result<Arc<Core>> {
     CURRENT.with(|c| c.borrow().clone()).ok_or_else(|| {
-        io::Error::other("not on a corelane core: call this from a task inside Runtime::run")
+        io::Error::other(
+            "not on a corelane core: call this from a task inside Runtime::run \
+             (in a test: inside corelane::lab::run)",
+        )
     })
 }
 

@@ -53,6 +53,9 @@ mod driver;
 mod error;
 pub mod handoff;
 mod host;
+pub mod lab;
+#[cfg(test)]
+mod lab_tests;
 mod lane;
 mod launch;
 mod life;

@@ -3,26 +3,19 @@
 //! echo server driven on the core's stack between the driver's turns.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Instant;
 
 use corelane_stack::smoltcp::wire::IpCidr;
 use corelane_stack::{FlowId, Pipeline, Proto, Stack, StackConfig, XdpDevice};
-use corelane_xsk::{MemProgram, Steering, XskQueue};
+use corelane_xsk::{MemProgram, XskQueue};
 
-use crate::addrbook::AddrBook;
 use crate::clock::Clock;
 use crate::control::Shared;
-use crate::cookies::XdpCookies;
 use crate::driver::Driver;
 use crate::lane::{Core, CoreStats};
-use crate::life::Life;
 use crate::peers::CorePeers;
-use crate::routing::RouteBook;
-use crate::steward::Steer;
-use crate::telemetry::Telemetry;
 use crate::upgrade_core::Leave;
 
 /// The port the echo server listens on.
@@ -36,26 +29,7 @@ pub(crate) fn shared(
     addr: IpCidr,
     clock: &Clock,
 ) -> std::io::Result<Arc<Shared>> {
-    let mut steering: Steering = program.steering("sim0");
-    if let Err(e) = steering.own_addr(addr.address().into()) {
-        return Err(std::io::Error::other(e.to_string()));
-    }
-    let shared = Arc::new(Shared {
-        cookies: XdpCookies::new(Some(false), &steering),
-        steer: Steer::new(steering),
-        addrs: AddrBook::new(vec![addr]),
-        routes: RouteBook::new(Default::default()),
-        life: Life::default(),
-        telemetry: Telemetry::new(None, None),
-        auto_ports: Mutex::new(Vec::new()),
-        bells: vec![crate::handoff::Doorbell::new()?],
-        upgrades: Default::default(),
-        clock: clock.clone(),
-        no_socket_open: Default::default(),
-    });
-    // The application's future runs until the process drains.
-    shared.life.apps_running.store(1, Ordering::SeqCst);
-    Ok(shared)
+    Shared::in_memory(program, &[addr], clock)
 }
 
 /// The echo server's side of one connection.

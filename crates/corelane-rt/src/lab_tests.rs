@@ -1,0 +1,188 @@
+//! The lab: a service and its own client on corelane's sockets, without root or a device.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::lab::{self, Lab};
+use crate::net::{TcpListener, TcpStream, UdpSocket};
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// An echo listener on `addr` (port 0: one the lab picks); its address.
+async fn echo_server(addr: &str) -> SocketAddr {
+    let listener = TcpListener::bind(addr).await.unwrap();
+    let at = listener.local_addr().unwrap();
+    tokio::task::spawn_local(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::task::spawn_local(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    at
+}
+
+/// Sends `data` on a new connection to `to` and reads the echo to its end.
+async fn echo(to: SocketAddr, data: Vec<u8>) -> Vec<u8> {
+    let s = TcpStream::connect(to).await.unwrap();
+    let (mut r, mut w) = s.into_split();
+    let writer = tokio::task::spawn_local(async move {
+        w.write_all(&data).await.unwrap();
+        w.shutdown().await.unwrap();
+    });
+    let mut back = Vec::new();
+    r.read_to_end(&mut back).await.unwrap();
+    writer.await.unwrap();
+    back
+}
+
+#[test]
+fn a_service_and_its_client_meet_on_the_loopback_addresses_of_both_families() {
+    let out = lab::run(async {
+        let mut ends = Vec::new();
+        for addr in ["127.0.0.1:0", "[::1]:0"] {
+            let at = echo_server(addr).await;
+            assert_ne!(at.port(), 0, "{addr}: a port was picked");
+            assert_eq!(at.ip(), addr.parse::<SocketAddr>().unwrap().ip());
+            let data = pattern(1 << 20, at.port() as u8);
+            let back = echo(at, data.clone()).await;
+            ends.push(back == data);
+        }
+        ends
+    })
+    .unwrap();
+    assert_eq!(out, [true, true], "each family's 1 MiB echoed whole");
+}
+
+#[test]
+fn many_connections_at_once_each_echo_whole() {
+    lab::run(async {
+        let at = echo_server("127.0.0.1:7").await;
+        let tasks: Vec<_> = (0..64u8)
+            .map(|i| {
+                let data = pattern(64 * 1024 + usize::from(i), i);
+                tokio::task::spawn_local(async move { echo(at, data.clone()).await == data })
+            })
+            .collect();
+        for (i, t) in tasks.into_iter().enumerate() {
+            assert!(t.await.unwrap(), "connection {i}");
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn datagrams_to_the_lab_s_own_address_arrive_and_timers_run() {
+    lab::run(async {
+        let a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let to = b.local_addr().unwrap();
+        a.send_to(b"to the lab", to).await.unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = b.recv_from(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"to the lab");
+        assert_eq!(from, a.local_addr().unwrap());
+        let t = tokio::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(t.elapsed() >= Duration::from_millis(20));
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_lab_with_its_own_addresses_serves_them_and_no_others() {
+    let lab = Lab::new().addr("10.1.0.1/24").unwrap().seed(5);
+    lab.run(async {
+        let at = echo_server("10.1.0.1:80").await;
+        assert_eq!(echo(at, b"hello".to_vec()).await, b"hello");
+        assert!(
+            TcpListener::bind("127.0.0.1:81").await.is_err(),
+            "127.0.0.1 is not the lab's once it was given addresses"
+        );
+    })
+    .unwrap();
+    assert!(Lab::new().addr("224.0.0.1/4").is_err(), "multicast refused");
+}
+
+#[test]
+fn a_closed_port_is_refused_and_an_address_no_one_answers_fails_instead_of_hanging() {
+    let (closed, silent, unrouted) = lab::run(async {
+        let within = |f| tokio::time::timeout(Duration::from_secs(60), f);
+        (
+            within(TcpStream::connect("127.0.0.1:9")).await,
+            within(TcpStream::connect("127.0.0.2:9")).await,
+            within(TcpStream::connect("10.250.0.1:9")).await,
+        )
+    })
+    .unwrap();
+    let kind = |r: Result<std::io::Result<TcpStream>, _>| {
+        r.expect("an answer before the timeout")
+            .err()
+            .map(|e| e.kind())
+    };
+    // A closed port of the lab's own address: reset at once, as the kernel's are.
+    assert_eq!(kind(closed), Some(std::io::ErrorKind::ConnectionRefused));
+    // An address on the lab's link that no one holds: the neighbour never answers.
+    assert!(kind(silent).is_some());
+    // No route at all.
+    assert!(kind(unrouted).is_some());
+}
+
+#[test]
+fn tasks_still_running_when_the_future_ends_are_dropped_and_the_lab_runs_again() {
+    for _ in 0..2 {
+        let held = Rc::new(());
+        let h = held.clone();
+        lab::run(async move {
+            let at = echo_server("127.0.0.1:0").await;
+            tokio::task::spawn_local(async move {
+                let _h = h;
+                let _s = TcpStream::connect(at).await;
+                std::future::pending::<()>().await;
+            });
+            tokio::task::yield_now().await;
+        })
+        .unwrap();
+        assert_eq!(Rc::strong_count(&held), 1, "the task was dropped");
+    }
+}
+
+#[test]
+#[should_panic(expected = "the test's own assertion")]
+fn a_panic_in_the_future_fails_the_test() {
+    let _ = lab::run(async { panic!("the test's own assertion") });
+}
+
+#[test]
+fn after_a_panic_in_a_lab_the_thread_is_no_core_s() {
+    let r = std::panic::catch_unwind(|| lab::run(async { panic!("inside") }));
+    assert!(r.is_err());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let e = rt.block_on(TcpListener::bind("127.0.0.1:0")).err();
+    assert!(
+        e.is_some(),
+        "a socket off the lab, after its panic, is refused"
+    );
+    // And a lab runs again on the thread.
+    assert_eq!(lab::run(async { 7 }).unwrap(), 7);
+}
+
+#[test]
+fn off_the_lab_the_sockets_still_say_where_they_belong() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let e = rt.block_on(TcpListener::bind("127.0.0.1:0")).err().unwrap();
+    assert!(e.to_string().contains("corelane::lab::run"), "{e}");
+}

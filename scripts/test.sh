@@ -7,6 +7,9 @@ bash scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
+# The facade's public API against its record: a change shows as a diff (record a meant one
+# with --write).
+python3 scripts/public-api.py --check docs/public-api.txt
 # Release mode: the end-to-end tests push 64 MiB through the stack. `cargo test` on the whole
 # workspace also builds the examples the privileged tests run.
 # CORELANE_STRICT=1: a frame any runtime builds over its MTU panics (a bug) instead of being

@@ -78,12 +78,21 @@ pub use corelane_stack::{
     Congestion, DeviceStats, EcnMode, PipelineStats, StackConfig, StackError, StackStats,
     TcpConfig, TcpInfo, TcpState, TcpStats,
 };
-/// Machine topology and the placement planner (hwloc): plan against this machine or a
-/// described one.
-pub use corelane_topo as topo;
+/// The machine could not be read, or a placement does not fit it ([`Error::Topology`]).
+pub use corelane_topo::Error as TopologyError;
+/// What the AF_XDP layer refused: privileges, interface, XDP mode, socket binding
+/// ([`Error::Xsk`]).
+pub use corelane_xsk::Error as XskError;
 pub use corelane_xsk::{
     AttachMode, AttachedMode, BindMode, FrameCounts, XdpCounters, XskConfig, ZeroCopy,
 };
+
+/// The rest of the machine's topology and the placement planner (hwloc), to plan against
+/// this machine or a described one: [`Machine`], [`Placement`], [`Plan`], [`Lane`] and
+/// [`Sharing`] are at the crate's root.
+pub mod topo {
+    pub use corelane_topo::{Cache, Cpu, DEFAULT_PER_CORE_BITS, Nic, Request, plan};
+}
 
 /// TCP and UDP sockets of the current core, with tokio's `AsyncRead` and `AsyncWrite`, laid
 /// out as `tokio::net`: the sockets here, the halves of a split stream in [`net::tcp`].

@@ -19,7 +19,8 @@ mod common;
 use std::process::ExitCode;
 
 use clap::Parser;
-use corelane::topo::{Machine, Nic, Placement, Plan, Request};
+use corelane::topo::{Nic, Request};
+use corelane::{Machine, Placement, Plan};
 
 #[derive(Parser, Debug)]
 #[command(about = "Print corelane's placement plan for this machine (or a described one)")]

@@ -179,7 +179,7 @@ impl Machine {
     }
 
     /// Reads what the planner needs out of an hwloc topology.
-    pub fn from_topology(topo: &Topology, source: String) -> Result<Machine, Error> {
+    fn from_topology(topo: &Topology, source: String) -> Result<Machine, Error> {
         let numa: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::NUMANode).collect();
         let node_os: Vec<usize> = numa
             .iter()

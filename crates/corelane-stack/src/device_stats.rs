@@ -11,7 +11,7 @@ pub struct DeviceStats {
     pub rx_bad_checksum: u64,
     /// Frames dropped for truncated or inconsistent headers.
     pub rx_malformed: u64,
-    /// Frames copied in from another core (see [`XdpDevice::inject`]).
+    /// Frames copied in from another core (see [`XdpDevice::inject`](crate::XdpDevice::inject)).
     pub rx_injected: u64,
     /// Frames from another core dropped because no frame was free to copy them into.
     pub rx_inject_dropped: u64,

@@ -315,7 +315,7 @@ impl Stack {
         let mut udp = self.udp_done;
         for slot in &self.slots {
             match slot.flow.as_ref().map(|f| &f.sock) {
-                Some(Sock::Tcp(c)) => tcp += c.stats,
+                Some(Sock::Tcp(c)) => tcp += c.stats.get(),
                 Some(Sock::Udp(u)) => udp += u.stats,
                 None => {}
             }
@@ -404,7 +404,7 @@ impl Stack {
         slot.generation = slot.generation.wrapping_add(1);
         match &flow.sock {
             Sock::Tcp(c) => {
-                self.tcp_done += c.stats;
+                self.tcp_done += c.stats.get();
                 self.tcp_conns -= 1;
             }
             Sock::Udp(u) => self.udp_done += u.stats,

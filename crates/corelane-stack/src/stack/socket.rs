@@ -543,7 +543,7 @@ fn info_of(c: &Conn) -> TcpInfo {
         rcv_window: c.rcv_window(),
         congestion: c.congestion(),
         mss: c.mss(),
-        stats: c.stats,
+        stats: c.stats.get(),
     }
 }
 

@@ -6,6 +6,7 @@ use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::TcpRepr;
 
 use super::conn::{Conn, TcpState};
+use super::due::Due;
 use super::seq::Seq;
 
 /// At most one ACK per this long answers segments without data outside the window.
@@ -36,7 +37,7 @@ impl Conn {
     /// Linux's `tcp_invalid_ratelimit`).
     pub(super) fn ack_out_of_window(&mut self, now: Instant, len: usize) {
         if len > 0 || self.oow_ack_at.is_none_or(|t| now - t >= OOW_ACK_GAP) {
-            self.oow_ack_at = Some(now);
+            self.oow_ack_at = Due::from(Some(now));
             self.ack_now = true;
         }
     }
@@ -52,7 +53,7 @@ impl Conn {
         if self.challenges < 10 {
             self.challenges += 1;
             self.ack_now = true;
-            self.stats.challenge_acks += 1;
+            self.stats.rare().challenge_acks += 1;
         }
     }
 

@@ -95,23 +95,22 @@ pub(crate) struct Board {
 }
 
 impl Board {
-    /// Whether the board keeps heap memory (its deque or its walk list).
-    pub(crate) fn holds_heap(&self) -> bool {
-        self.segs.capacity() > 0 || self.walked.capacity() > 0
+    /// An empty board (const: what a connection with nothing in flight reads, see
+    /// `BoardBox`).
+    pub(crate) const fn new() -> Board {
+        Board {
+            segs: VecDeque::new(),
+            in_flight: 0,
+            lost: 0,
+            sacked: 0,
+            lost_hint: 0,
+            order: TimeOrder::new(),
+            sends: 0,
+            walked: Vec::new(),
+            ops: 0,
+        }
     }
 
-    /// Gives back the heap an empty board keeps from its last flight (an idle connection
-    /// holds none).
-    pub(crate) fn release_if_empty(&mut self) {
-        if self.segs.is_empty() && self.segs.capacity() > 0 {
-            self.segs = VecDeque::new();
-        }
-        if self.walked.capacity() > 0 {
-            self.walked = Vec::new();
-        }
-    }
-
-    /// Bytes in flight: sent (or resent) and neither acknowledged nor deemed lost.
     #[inline]
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight
@@ -144,11 +143,6 @@ impl Board {
     /// The newest segment.
     pub(crate) fn back(&self) -> Option<&TxSeg> {
         self.segs.back()
-    }
-
-    /// Forgets everything (the connection ended).
-    pub(crate) fn clear(&mut self) {
-        *self = Board::default();
     }
 
     fn account(&mut self, s: SegState, len: usize, add: bool) {

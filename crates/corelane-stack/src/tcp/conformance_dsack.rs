@@ -86,7 +86,7 @@ fn a_first_block_inside_the_second_counts_as_a_dsack() {
         None,
     ];
     s.input(ack);
-    assert_eq!(s.c.stats.dsacks, 1);
+    assert_eq!(s.c.stats.get().dsacks, 1);
     // A block below the cumulative ACK: the other form.
     let mut ack = seg(PEER_ISN + 1, una + 1000);
     ack.sack = [
@@ -95,7 +95,7 @@ fn a_first_block_inside_the_second_counts_as_a_dsack() {
         None,
     ];
     s.input(ack);
-    assert_eq!(s.c.stats.dsacks, 2);
+    assert_eq!(s.c.stats.get().dsacks, 2);
     // Two ordinary blocks are no D-SACK.
     let mut ack = seg(PEER_ISN + 1, una + 1000);
     ack.sack = [
@@ -104,7 +104,7 @@ fn a_first_block_inside_the_second_counts_as_a_dsack() {
         None,
     ];
     s.input(ack);
-    assert_eq!(s.c.stats.dsacks, 2);
+    assert_eq!(s.c.stats.get().dsacks, 2);
 }
 
 #[test]
@@ -119,7 +119,7 @@ fn paws_lets_a_segment_one_tick_behind_through() {
     b.len = 100;
     b.ts = Some((49, 0));
     s.input(b);
-    assert_eq!(s.c.stats.paws_dropped, 0);
+    assert_eq!(s.c.stats.get().paws_dropped, 0);
     assert_eq!(s.c.ooo.len(), 1, "taken, out of order");
     // Two ticks behind is an old duplicate still, and is reported as one.
     s.out();
@@ -127,7 +127,7 @@ fn paws_lets_a_segment_one_tick_behind_through() {
     old.len = 100;
     old.ts = Some((48, 0));
     s.input(old);
-    assert_eq!(s.c.stats.paws_dropped, 1);
+    assert_eq!(s.c.stats.get().paws_dropped, 1);
     assert_eq!(s.c.readable(), 100);
     let out = s.out();
     assert_eq!(out.len(), 1);
@@ -154,17 +154,17 @@ fn an_original_delivered_late_is_reordering_and_slows_the_reordering_timer()
     ack.sack[0] = Some((una + 1000, una + 2000));
     s.input(ack);
     assert!(!s.c.reordering);
-    let first = s.c.reo_at.ok_or("the reordering timer")? - s.now;
+    let first = s.c.reo_at.get().ok_or("the reordering timer")? - s.now;
     assert!(first < REO_TIMER_FLOOR, "{first}");
     // The first arrives (it was never resent): the path reorders (RFC 8985 section 6.2).
     s.input(seg(PEER_ISN + 1, una + 2000));
     assert!(s.c.reordering);
-    assert_eq!(s.c.stats.retrans_segs, 0);
+    assert_eq!(s.c.stats.get().retrans_segs, 0);
     // A later hole: the timer now waits at least the floor.
     let mut ack = seg(PEER_ISN + 1, una + 2000);
     ack.sack[0] = Some((una + 3000, una + 4000));
     s.input(ack);
-    let later = s.c.reo_at.ok_or("the reordering timer")? - s.now;
+    let later = s.c.reo_at.get().ok_or("the reordering timer")? - s.now;
     assert!(later >= REO_TIMER_FLOOR, "{later}");
     // When it fires with nothing heard, the hole is resent.
     let d = s.jump();

@@ -107,7 +107,7 @@ fn a_ce_mark_is_echoed_at_once_and_on_every_ack_until_cwr() {
     let mut d = seg(PEER_ISN + 1, una);
     d.len = 100;
     input(&mut s, d, EcnIn { ce: true, ..NONE });
-    assert_eq!(s.c.stats.ecn_ce, 1);
+    assert_eq!(s.c.stats.get().ecn_ce, 1);
     let ack = s.out();
     assert_eq!(ack.len(), 1, "ACKed at once, not delayed");
     assert_eq!(ack[0].flags & ECE, ECE);
@@ -144,7 +144,7 @@ fn an_ece_reduces_the_window_once_per_window_and_cwr_goes_on_the_next_new_data()
         seg(PEER_ISN + 1, acked),
         EcnIn { ece: true, ..NONE },
     );
-    assert_eq!(s.c.stats.ecn_reductions, 1);
+    assert_eq!(s.c.stats.get().ecn_reductions, 1);
     assert!(
         s.c.cc.ssthresh < cwnd,
         "ssthresh {} cwnd was {cwnd}",
@@ -157,10 +157,10 @@ fn an_ece_reduces_the_window_once_per_window_and_cwr_goes_on_the_next_new_data()
         seg(PEER_ISN + 1, acked.wrapping_add(1000)),
         EcnIn { ece: true, ..NONE },
     );
-    assert_eq!(s.c.stats.ecn_reductions, 1);
+    assert_eq!(s.c.stats.get().ecn_reductions, 1);
     assert_eq!(s.c.cc.ssthresh, ssthresh);
     // Nothing is resent for a mark.
-    assert_eq!(s.c.stats.retrans_segs, 0);
+    assert_eq!(s.c.stats.get().retrans_segs, 0);
     // The window acknowledged in full, new data goes out: the first carries CWR, once.
     let end = una.wrapping_add(flight as u32);
     input(&mut s, seg(PEER_ISN + 1, end), NONE);
@@ -176,7 +176,7 @@ fn an_ece_reduces_the_window_once_per_window_and_cwr_goes_on_the_next_new_data()
         seg(PEER_ISN + 1, end.wrapping_add(more as u32)),
         EcnIn { ece: true, ..NONE },
     );
-    assert_eq!(s.c.stats.ecn_reductions, 2);
+    assert_eq!(s.c.stats.get().ecn_reductions, 2);
 }
 
 #[test]

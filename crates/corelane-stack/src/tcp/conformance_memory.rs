@@ -36,6 +36,7 @@ fn an_exchange_leaves_no_buffer_behind() -> Result<(), &'static str> {
     assert!(s.c.board.holds_heap());
     let at =
         s.c.trim_at
+            .get()
             .ok_or("no trim timer for the flight's bookkeeping")?;
     assert_eq!(at - s.now, TRIM_AFTER);
     s.advance(TRIM_AFTER);
@@ -46,6 +47,43 @@ fn an_exchange_leaves_no_buffer_behind() -> Result<(), &'static str> {
     );
     assert_eq!((s.c.snd.capacity(), s.c.rcv.capacity()), (0, 0));
     assert!(s.c.trim_at.is_none(), "nothing left to trim later");
+    assert!(
+        !s.c.stats.holds_rare(),
+        "no loss, probe or reset: the rarer counters were never made"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_idle_connection_s_state_fits_in_a_kilobyte() -> Result<(), &'static str> {
+    // What each connection costs at the least (`StackConfig::max_tcp` of them per core): the
+    // scoreboard on the heap only while a flight is on it, the rarer counters made at their
+    // first event, each timer's deadline in 8 bytes.
+    let size = crate::Stack::conn_size();
+    assert!(size <= 1024, "{size} bytes per connection");
+    // The scoreboard a flight made is read as before, and its end is still a flight's end:
+    // the next write makes a new one.
+    let (mut s, una) = Script::established(false);
+    assert!(!s.c.board.holds_heap() && s.c.board.is_empty());
+    assert_eq!(s.c.write(&[1u8; 100]), 100);
+    s.out();
+    assert_eq!(s.c.board.in_flight(), 100);
+    s.input(seg(PEER_ISN + 1, una + 100));
+    assert!(s.c.board.is_empty());
+    s.advance(TRIM_AFTER);
+    s.out();
+    assert!(!s.c.board.holds_heap());
+    assert_eq!(s.c.write(&[2u8; 50]), 50);
+    assert_eq!(s.out().iter().map(|o| o.len).sum::<usize>(), 50);
+    assert_eq!(s.c.board.in_flight(), 50);
+    // A retransmission timeout on it makes the rarer counters and is counted there.
+    let rto = s.c.rto_at.get().ok_or("no retransmission timer")?;
+    s.advance(rto - s.now);
+    assert_eq!(s.out().iter().map(|o| o.len).sum::<usize>(), 50, "resent");
+    assert!(s.c.stats.holds_rare());
+    let st = s.c.stats.get();
+    assert_eq!((st.rto_expiries, st.retrans_segs), (1, 1));
+    assert_eq!((st.bytes_out, st.retrans_bytes), (150, 50), "{st:?}");
     Ok(())
 }
 
@@ -61,7 +99,10 @@ fn a_large_buffer_is_kept_while_it_may_refill_and_given_back_when_it_stays_empty
     assert_eq!(sent, n, "the initial window takes it all");
     s.input(seg(PEER_ISN + 1, una + n as u32));
     assert_eq!(s.c.snd.capacity(), cap, "kept: the writer may go on");
-    let at = s.c.trim_at.ok_or("no trim timer after the ring emptied")?;
+    let at =
+        s.c.trim_at
+            .get()
+            .ok_or("no trim timer after the ring emptied")?;
     assert_eq!(at - s.now, TRIM_AFTER);
     // Written again before the timer: the buffer is in use when it fires and stays.
     assert_eq!(s.c.write(&[3u8; 10]), 10);

@@ -5,6 +5,7 @@
 use smoltcp::time::Duration;
 
 use super::conformance::{PEER_ISN, Script, seg};
+use super::due::Due;
 use super::{IcmpError, Seq, TcpState};
 
 /// Ten full segments sent from an established connection; returns the script and SND.UNA.
@@ -29,8 +30,8 @@ fn sack_recovery_resends_only_the_holes() {
     let out = s.out();
     let resent: Vec<(u32, usize)> = out.iter().map(|o| (o.seq, o.len)).collect();
     assert_eq!(resent, vec![(una, 1000), (una + 1000, 1000)]);
-    assert_eq!(s.c.stats.fast_recoveries, 1);
-    assert_eq!(s.c.stats.retrans_segs, 2);
+    assert_eq!(s.c.stats.get().fast_recoveries, 1);
+    assert_eq!(s.c.stats.get().retrans_segs, 2);
     // Both arrive: everything is acknowledged, recovery ends, nothing else is sent.
     s.advance(Duration::from_millis(10));
     s.input(seg(PEER_ISN + 1, una + 10_000));
@@ -55,7 +56,7 @@ fn a_tail_loss_is_probed_before_the_retransmission_timer() {
         (una + 9000, 1000),
         "the last segment again"
     );
-    assert_eq!(s.c.stats.tail_probes, 1);
+    assert_eq!(s.c.stats.get().tail_probes, 1);
     assert!(d < s.c.rtt.rto(), "the probe ({d}) came before the RTO");
 }
 
@@ -67,7 +68,7 @@ fn the_retransmission_timer_backs_off_from_a_200_ms_floor() {
     // A fast path: SRTT far below the floor.
     s.c.rtt.sample(Duration::from_micros(50));
     s.c.probe.exhaust();
-    s.c.rto_at = Some(s.now + s.c.rtt.rto());
+    s.c.rto_at = Due::from(Some(s.now + s.c.rtt.rto()));
     let mut gaps = Vec::new();
     for _ in 0..4 {
         let d = s.jump();
@@ -77,7 +78,7 @@ fn the_retransmission_timer_backs_off_from_a_200_ms_floor() {
     }
     assert_eq!(gaps, vec![200, 400, 800, 1600]);
     assert_eq!(s.c.cwnd(), 1000, "one segment after a timeout");
-    assert_eq!(s.c.stats.rto_expiries, 4);
+    assert_eq!(s.c.stats.get().rto_expiries, 4);
 }
 
 #[test]
@@ -98,11 +99,11 @@ fn a_d_sack_widens_the_reordering_window_and_undoes_the_spurious_reduction() {
         dup.sack[0] = Some((una, una + 1000));
         s.input(dup);
     }
-    assert_eq!(s.c.stats.dsacks, 2);
+    assert_eq!(s.c.stats.get().dsacks, 2);
     assert!(s.c.reordering);
     assert_eq!(s.c.reo_mult, 2, "widened once for the round");
     // The one retransmission was reported as a duplicate: the reduction is undone, once.
-    assert_eq!(s.c.stats.undos, 1);
+    assert_eq!(s.c.stats.get().undos, 1);
     assert!(s.c.cwnd() >= cwnd, "{} < {cwnd}", s.c.cwnd());
 }
 
@@ -127,8 +128,8 @@ fn a_packet_too_big_cuts_what_is_in_flight_and_resends_it_without_a_congestion_r
         assert_eq!(o.seq, next, "the cut pieces go out in order from SND.UNA");
         next = next.wrapping_add(o.len as u32);
     }
-    assert_eq!(s.c.stats.pmtu_updates, 1);
-    assert_eq!(s.c.stats.fast_recoveries, 0, "not a congestion loss");
+    assert_eq!(s.c.stats.get().pmtu_updates, 1);
+    assert_eq!(s.c.stats.get().fast_recoveries, 0, "not a congestion loss");
     assert_eq!(s.c.cc.ssthresh, ssthresh);
     // An MTU under the floor is raised to it (552 bytes: 512-byte segments).
     assert!(s.c.on_icmp(s.now, IcmpError::TooBig(68), Seq(una + 1000)));
@@ -187,8 +188,8 @@ fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_time
     let out = s.out();
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!(out[0].seq, una + 12_000);
-    assert_eq!(s.c.stats.recovery_probes, 1);
-    assert_eq!(s.c.stats.tail_probes, 0);
+    assert_eq!(s.c.stats.get().recovery_probes, 1);
+    assert_eq!(s.c.stats.get().tail_probes, 0);
     // If that brings nothing either, a second probe twice as late.
     assert_eq!(s.c.probe.deadline(), Some(s.now + d * 2));
     // The probe arrives: its SACK tells RACK that everything sent before it is lost, the
@@ -200,7 +201,7 @@ fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_time
     s.input(ack);
     let out = s.out();
     assert_eq!(out.first().map(|o| o.seq), Some(una), "{out:?}");
-    assert_eq!(s.c.stats.rto_expiries, 0);
+    assert_eq!(s.c.stats.get().rto_expiries, 0);
     // Without the probe the timer would have been the only way out.
     let (mut s, una) = ten_in_flight_1ms();
     std::sync::Arc::make_mut(&mut s.c.cfg).recovery_probe = false;
@@ -213,8 +214,8 @@ fn a_silent_recovery_is_probed_and_the_lost_retransmission_found_before_the_time
     // Armed when the flight went out, 2 ms before the SACK.
     assert_eq!(d, Duration::from_millis(198));
     assert_eq!(s.out()[0].seq, una);
-    assert_eq!(s.c.stats.rto_expiries, 1);
-    assert_eq!(s.c.stats.recovery_probes, 0);
+    assert_eq!(s.c.stats.get().rto_expiries, 1);
+    assert_eq!(s.c.stats.get().recovery_probes, 0);
 }
 
 #[test]
@@ -235,7 +236,7 @@ fn after_a_timeout_probes_send_the_next_holes_and_a_lost_retransmission_waits_no
         let out = s.out();
         let seqs: Vec<u32> = out.iter().map(|o| o.seq).collect();
         assert_eq!(seqs, vec![una + 1000 * i]);
-        assert_eq!(s.c.stats.recovery_probes, u64::from(i));
+        assert_eq!(s.c.stats.get().recovery_probes, u64::from(i));
     }
     // No third: the timer is next, a backed-off RTO after the last probe.
     assert!(s.c.probe.deadline().is_none());
@@ -248,7 +249,7 @@ fn after_a_timeout_probes_send_the_next_holes_and_a_lost_retransmission_waits_no
     s.input(ack);
     let out = s.out();
     assert_eq!(out.first().map(|o| o.seq), Some(una), "{out:?}");
-    assert_eq!(s.c.stats.rto_expiries, 1);
+    assert_eq!(s.c.stats.get().rto_expiries, 1);
 }
 
 #[test]

@@ -217,7 +217,7 @@ fn acks_for_out_of_window_segments_without_data_are_rate_limited() {
     s.advance(super::admit::OOW_ACK_GAP);
     s.input(seg(far, una));
     assert_eq!(s.out().len(), 1, "half a second later: answered again");
-    assert!(s.c.stats.out_of_window >= 24);
+    assert!(s.c.stats.get().out_of_window >= 24);
 }
 
 /// A batch of out-of-order segments handled in one turn and answered together: every block

@@ -7,13 +7,15 @@ use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{IpAddress, IpEndpoint, TcpRepr};
 
 use super::TcpConfig;
-use super::board::Board;
+use super::board_box::BoardBox;
 use super::cc::{Cc, Congestion};
+use super::due::Due;
 use super::probe::LossProbe;
 use super::ring::Ring;
 use super::rtt::Rtt;
 use super::secret::{CookieInfo, Secret};
 use super::seq::Seq;
+pub(crate) use super::types::ConnStats;
 pub use super::types::{TcpState, TcpStats};
 
 /// Loss recovery in progress.
@@ -146,18 +148,18 @@ pub(crate) struct Conn {
     pub(super) keep_probe_due: bool,
     // Timers.
     pub(super) rtt: Rtt,
-    pub(super) rto_at: Option<Instant>,
+    pub(super) rto_at: Due,
     /// The loss probe's timer and count.
     pub(super) probe: LossProbe,
-    pub(super) reo_at: Option<Instant>,
-    pub(super) ack_at: Option<Instant>,
-    pub(super) keep_at: Option<Instant>,
-    pub(super) end_at: Option<Instant>,
+    pub(super) reo_at: Due,
+    pub(super) ack_at: Due,
+    pub(super) keep_at: Due,
+    pub(super) end_at: Due,
     /// When emptied buffers larger than the pool's unit are given back.
-    pub(super) trim_at: Option<Instant>,
+    pub(super) trim_at: Due,
     /// The pacing clock.
     pub(super) pacer: super::pacing::Pacer,
-    pub(super) syn_sent_at: Option<Instant>,
+    pub(super) syn_sent_at: Due,
     pub(super) syn_tries: u32,
     pub(super) last_progress: Instant,
     pub(super) keepalive: Option<Duration>,
@@ -171,10 +173,10 @@ pub(crate) struct Conn {
     pub(super) challenge_at: Instant,
     /// When an ACK last answered a segment without data that was outside the window or
     /// failed PAWS (at most one per `OOW_ACK_GAP`).
-    pub(super) oow_ack_at: Option<Instant>,
+    pub(super) oow_ack_at: Due,
     pub(super) challenges: u32,
     // Congestion and loss recovery.
-    pub(super) board: Board,
+    pub(super) board: BoardBox,
     pub(super) cc: Cc,
     pub(super) recovery: Option<Recovery>,
     pub(super) rack: Option<(Instant, Seq)>,
@@ -203,7 +205,7 @@ pub(crate) struct Conn {
     pub(super) error: Option<io::ErrorKind>,
     pub(super) rx_waker: Option<Waker>,
     pub(super) tx_waker: Option<Waker>,
-    pub(crate) stats: TcpStats,
+    pub(crate) stats: ConnStats,
 }
 
 impl std::fmt::Debug for Conn {
@@ -296,15 +298,15 @@ impl Conn {
             win_probe_due: false,
             keep_probe_due: false,
             rtt,
-            rto_at: None,
+            rto_at: Due::NONE,
             probe: LossProbe::default(),
-            reo_at: None,
-            ack_at: None,
-            keep_at: None,
-            end_at: None,
-            trim_at: None,
+            reo_at: Due::NONE,
+            ack_at: Due::NONE,
+            keep_at: Due::NONE,
+            end_at: Due::NONE,
+            trim_at: Due::NONE,
             pacer: Default::default(),
-            syn_sent_at: None,
+            syn_sent_at: Due::NONE,
             syn_tries: 0,
             last_progress: now,
             keepalive: None,
@@ -312,9 +314,9 @@ impl Conn {
             soft_error: None,
             keep_probes: 0,
             challenge_at: now,
-            oow_ack_at: None,
+            oow_ack_at: Due::NONE,
             challenges: 0,
-            board: Board::default(),
+            board: BoardBox::default(),
             cc: Cc::new(cfg.congestion, usize::from(default_mss(remote.addr))),
             recovery: None,
             rack: None,
@@ -336,7 +338,7 @@ impl Conn {
             error: None,
             rx_waker: None,
             tx_waker: None,
-            stats: TcpStats::default(),
+            stats: ConnStats::default(),
             // Last: the fields above read it.
             cfg,
         }

@@ -9,6 +9,7 @@ use std::io;
 use smoltcp::time::Instant;
 
 use super::conn::{Conn, TcpState};
+use super::due::Due;
 
 impl Conn {
     /// Ends the connection with `error` (None: an orderly end).
@@ -28,18 +29,18 @@ impl Conn {
     pub(super) fn enter_time_wait(&mut self, now: Instant) {
         self.state = TcpState::TimeWait;
         self.free_all_but_unread();
-        self.rto_at = None;
+        self.rto_at = Due::NONE;
         self.probe.disarm();
-        self.reo_at = None;
-        self.keep_at = None;
+        self.reo_at = Due::NONE;
+        self.keep_at = Due::NONE;
         // Every buffer is gone: nothing is left for the trim timer.
-        self.trim_at = None;
+        self.trim_at = Due::NONE;
         let wait = if self.ts_ok {
             self.cfg.time_wait.into()
         } else {
             self.cfg.time_wait_no_ts.into()
         };
-        self.end_at = Some(now + wait);
+        self.end_at = Due::from(Some(now + wait));
         self.wake_rx();
         self.wake_tx();
     }
@@ -65,13 +66,13 @@ impl Conn {
     }
 
     fn clear_timers(&mut self) {
-        self.rto_at = None;
+        self.rto_at = Due::NONE;
         self.probe.clear();
-        self.reo_at = None;
-        self.ack_at = None;
-        self.keep_at = None;
-        self.end_at = None;
-        self.trim_at = None;
+        self.reo_at = Due::NONE;
+        self.ack_at = Due::NONE;
+        self.keep_at = Due::NONE;
+        self.end_at = Due::NONE;
+        self.trim_at = Due::NONE;
         self.syn_due = false;
         self.win_probe_due = false;
         self.keep_probe_due = false;

@@ -11,6 +11,7 @@ use smoltcp::time::Instant;
 use smoltcp::wire::IpAddress;
 
 use super::conn::{Conn, Recovery, TcpState};
+use super::due::Due;
 use super::seq::Seq;
 
 /// The smallest MTU an IPv4 message may set (Linux's `min_pmtu`; RFC 1191 allows 68, which
@@ -56,7 +57,7 @@ impl Conn {
             }
         };
         if taken {
-            self.stats.icmp_errors += 1;
+            self.stats.rare().icmp_errors += 1;
         }
         taken
     }
@@ -92,12 +93,12 @@ impl Conn {
         self.seg_room = room;
         self.smss = mss;
         self.cc.set_mss(mss);
-        self.stats.pmtu_updates += 1;
+        self.stats.rare().pmtu_updates += 1;
         if self.board.shrink(mss) > 0 && self.recovery.is_none() {
             // A recovery episode that reduces nothing: it keeps RACK and the duplicate-ACK
             // count from calling the cut segments a congestion loss.
             self.recovery = Some(Recovery::without_prr(self.snd_nxt));
-            self.rto_at = Some(now + self.rtt.rto());
+            self.rto_at = Due::from(Some(now + self.rtt.rto()));
         }
         true
     }

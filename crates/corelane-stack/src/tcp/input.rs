@@ -8,6 +8,7 @@ use smoltcp::wire::{TcpControl, TcpRepr};
 
 use super::board::Delivered;
 use super::conn::{Conn, Peer, Recovery, TcpState, Undo};
+use super::due::Due;
 use super::ecn::EcnIn;
 use super::probe::Arming;
 use super::seq::Seq;
@@ -65,7 +66,7 @@ impl Conn {
             && Seq(ts.tsval).lt(Seq(self.ts_recent.wrapping_sub(1)))
             && now - self.ts_recent_at < PAWS_IDLE
         {
-            self.stats.paws_dropped += 1;
+            self.stats.rare().paws_dropped += 1;
             let end = seq.plus(seg.payload.len()).min(self.rcv_nxt);
             if !seg.payload.is_empty() && seq.lt(end) {
                 self.note_duplicate(seq, end);
@@ -91,7 +92,7 @@ impl Conn {
             if rst {
                 return false;
             }
-            self.stats.out_of_window += 1;
+            self.stats.rare().out_of_window += 1;
             let end = seq.plus(seg.payload.len());
             if !seg.payload.is_empty() && end.le(self.rcv_nxt) {
                 self.note_duplicate(seq, end);
@@ -112,7 +113,7 @@ impl Conn {
         // earns a challenge ACK.
         if rst {
             if seq == self.rcv_nxt {
-                self.stats.resets_in += 1;
+                self.stats.rare().resets_in += 1;
                 let kind = if self.state == TcpState::SynReceived {
                     io::ErrorKind::ConnectionRefused
                 } else {
@@ -153,7 +154,7 @@ impl Conn {
                 if let Some(r) = self.handshake_rtt(now, seg) {
                     self.rtt.sample_handshake(r);
                 }
-                self.rto_at = None;
+                self.rto_at = Due::NONE;
                 self.last_progress = now;
                 self.snd_wl1 = seq;
                 self.snd_wl2 = ack;
@@ -184,10 +185,10 @@ impl Conn {
             // A D-SACK proves nothing about a mark: no undo of this reduction.
             self.undo = None;
             self.enter_recovery();
-            self.stats.ecn_reductions += 1;
+            self.stats.rare().ecn_reductions += 1;
         }
         if self.ecn.on_segment(ecn, !seg.payload.is_empty()) {
-            self.stats.ecn_ce += 1;
+            self.stats.rare().ecn_ce += 1;
             // Tell the sender at once rather than with a delayed ACK.
             self.ack_now = true;
         }
@@ -221,7 +222,7 @@ impl Conn {
         self.take_fin(now);
         if let Some(i) = self.keepalive {
             self.keep_probes = 0;
-            self.keep_at = Some(now + i);
+            self.keep_at = Due::from(Some(now + i));
         }
         true
     }
@@ -246,7 +247,7 @@ impl Conn {
         }
         if seg.control == TcpControl::Rst {
             if ack.is_some() {
-                self.stats.resets_in += 1;
+                self.stats.rare().resets_in += 1;
                 self.set_closed(Some(io::ErrorKind::ConnectionRefused));
             }
             return;
@@ -270,7 +271,7 @@ impl Conn {
                 if let Some(r) = self.handshake_rtt(now, seg) {
                     self.rtt.sample_handshake(r);
                 }
-                self.rto_at = None;
+                self.rto_at = Due::NONE;
                 self.last_progress = now;
                 self.state = TcpState::Established;
                 self.ack_now = true;
@@ -294,7 +295,7 @@ impl Conn {
     /// path, and leave a timeout of seconds for the first data; with no sample the timer
     /// keeps its initial value until the data gives one.
     fn handshake_rtt(&self, now: Instant, seg: &TcpRepr<'_>) -> Option<Duration> {
-        let sent = self.syn_sent_at?;
+        let sent = self.syn_sent_at.get()?;
         if self.syn_tries <= 1 {
             return Some(now - sent);
         }
@@ -460,11 +461,11 @@ impl Conn {
 
         // Timers (RFC 6298 section 5.2 and 5.3).
         if self.board.is_empty() {
-            self.rto_at = None;
+            self.rto_at = Due::NONE;
             self.probe.disarm();
-            self.reo_at = None;
+            self.reo_at = Due::NONE;
         } else if acked > 0 {
-            self.rto_at = Some(now + self.rtt.rto());
+            self.rto_at = Due::from(Some(now + self.rtt.rto()));
             self.arm_tlp(now);
         } else if d.bytes > 0 && self.recovery.is_some() {
             // In recovery a SACK is the progress the recovery probe waits for.
@@ -481,7 +482,7 @@ impl Conn {
                 let (_, timer) = self
                     .board
                     .rack_detect(rack, self.rack_rtt, self.reo_wnd(), now);
-                self.reo_at = self.reo_timer(timer, now);
+                self.reo_at = Due::from(self.reo_timer(timer, now));
             }
         } else if self.dupacks >= 3 || (self.recovery.is_some() && self.dupacks == 0) {
             // RFC 5681's third duplicate ACK, or RFC 6582's partial ACK: the first hole.
@@ -497,7 +498,7 @@ impl Conn {
                 from: self.snd_una,
             }));
             self.enter_recovery();
-            self.stats.fast_recoveries += 1;
+            self.stats.rare().fast_recoveries += 1;
             self.probe.disarm();
             self.reo_quiet += 1;
             if self.reo_quiet >= 16 {
@@ -541,14 +542,14 @@ impl Conn {
             TcpState::FinWait1 => {
                 self.state = TcpState::FinWait2;
                 if self.orphan {
-                    self.end_at = Some(now + self.cfg.fin_wait_2.into());
+                    self.end_at = Due::from(Some(now + self.cfg.fin_wait_2.into()));
                 }
             }
             TcpState::Closing => self.enter_time_wait(now),
             TcpState::LastAck => self.set_closed(None),
             _ => {}
         }
-        self.rto_at = None;
+        self.rto_at = Due::NONE;
         self.probe.disarm();
     }
 }
@@ -560,6 +561,6 @@ impl Conn {
         let cwnd = self.cc.cwnd;
         self.cc = u.prior;
         self.cc.cwnd = self.cc.cwnd.max(cwnd);
-        self.stats.undos += 1;
+        self.stats.rare().undos += 1;
     }
 }

@@ -20,6 +20,7 @@ mod admit;
 mod board;
 #[cfg(test)]
 mod board_bounds;
+mod board_box;
 #[cfg(test)]
 mod board_tests;
 mod cc;
@@ -42,6 +43,7 @@ mod conformance_window;
 #[cfg(test)]
 mod conformance_wrap;
 mod conn;
+mod due;
 mod ecn;
 mod end;
 #[cfg(test)]

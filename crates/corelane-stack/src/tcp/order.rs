@@ -21,6 +21,14 @@ pub(crate) struct TimeOrder {
 }
 
 impl TimeOrder {
+    /// An empty order (const: the empty scoreboard is a static).
+    pub(crate) const fn new() -> TimeOrder {
+        TimeOrder {
+            run: VecDeque::new(),
+            late: BinaryHeap::new(),
+        }
+    }
+
     pub(crate) fn push(&mut self, e: Entry) {
         if self.run.back().is_none_or(|b| *b <= e) {
             self.run.push_back(e);

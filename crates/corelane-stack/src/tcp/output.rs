@@ -8,6 +8,7 @@ use smoltcp::wire::{IpEndpoint, TcpRepr};
 use super::TcpConfig;
 use super::board::TxSeg;
 use super::conn::{Conn, Sizes, TcpState, default_mss, scale_for};
+use super::due::Due;
 use super::pacing::Rate;
 use super::probe;
 use super::secret::Secret;
@@ -31,7 +32,7 @@ impl Conn {
         self.rcv_adv = self.rcv_adv.max(self.rcv_nxt.plus(field << ws));
         self.last_ack_sent = self.rcv_nxt;
         self.ack_now = false;
-        self.ack_at = None;
+        self.ack_at = Due::NONE;
         self.unacked_segs = 0;
         self.ack_point = None;
         let mut o = Out {
@@ -201,9 +202,9 @@ impl Conn {
         }
         self.syn_due = false;
         self.syn_tries += 1;
-        self.syn_sent_at = Some(now);
+        self.syn_sent_at = Due::from(Some(now));
         self.snd_nxt = self.iss.plus(1);
-        self.rto_at = Some(now + self.rtt.rto());
+        self.rto_at = Due::from(Some(now + self.rtt.rto()));
         true
     }
 
@@ -225,7 +226,7 @@ impl Conn {
             };
             if emit(&o) {
                 n += 1;
-                self.stats.resets_out += 1;
+                self.stats.rare().resets_out += 1;
             }
         }
         if self.rst_due {
@@ -238,7 +239,7 @@ impl Conn {
             };
             if emit(&o) {
                 n += 1;
-                self.stats.resets_out += 1;
+                self.stats.rare().resets_out += 1;
             }
             return n;
         }
@@ -282,7 +283,7 @@ impl Conn {
             self.board.resent(i, now);
             self.sent_again(s.len() - usize::from(s.fin));
             if self.rto_at.is_none() {
-                self.rto_at = Some(now + self.rtt.rto());
+                self.rto_at = Due::from(Some(now + self.rtt.rto()));
             }
             self.arm_tlp(now);
             n += 1;
@@ -295,10 +296,10 @@ impl Conn {
         if n < budget && self.probe.take() {
             let recovering = self.recovery.is_some();
             let hole = if recovering {
-                self.stats.recovery_probes += 1;
+                self.stats.rare().recovery_probes += 1;
                 self.board.next_lost()
             } else {
-                self.stats.tail_probes += 1;
+                self.stats.rare().tail_probes += 1;
                 None
             };
             let new_data = self.unsent() > 0 && self.snd_una.plus(self.snd_wnd).gt(self.snd_nxt);
@@ -321,7 +322,7 @@ impl Conn {
                 self.sent_again(s.len() - usize::from(s.fin));
                 n += 1;
             }
-            self.rto_at = Some(now + self.rtt.rto());
+            self.rto_at = Due::from(Some(now + self.rtt.rto()));
             // In recovery, a second probe if this one brings nothing either.
             self.arm_tlp(now);
         }
@@ -361,7 +362,7 @@ impl Conn {
                     // Sender silly window avoidance (RFC 9293 section 3.8.6.2.1): wait for
                     // the window to open; the persist timer probes a closed one.
                     if self.board.is_empty() && self.rto_at.is_none() {
-                        self.rto_at = Some(now + self.rtt.rto());
+                        self.rto_at = Due::from(Some(now + self.rtt.rto()));
                     }
                     break;
                 }
@@ -401,7 +402,7 @@ impl Conn {
                 };
             }
             if self.rto_at.is_none() {
-                self.rto_at = Some(now + self.rtt.rto());
+                self.rto_at = Due::from(Some(now + self.rtt.rto()));
             }
             if !force {
                 self.arm_tlp(now);
@@ -506,8 +507,8 @@ impl Conn {
     }
 
     fn sent_again(&mut self, bytes: usize) {
-        self.stats.retrans_segs += 1;
-        self.stats.retrans_bytes += bytes as u64;
+        self.stats.rare().retrans_segs += 1;
+        self.stats.rare().retrans_bytes += bytes as u64;
         if let Some(rec) = &mut self.recovery {
             rec.prr_out += bytes;
         }

@@ -5,6 +5,7 @@
 use smoltcp::time::{Duration, Instant};
 
 use super::conn::{Conn, TcpState};
+use super::due::Due;
 use super::seq::Seq;
 
 /// At most this many out-of-order ranges are remembered; a segment that would make another is
@@ -97,7 +98,7 @@ impl Conn {
                         self.ack_point = Some(self.rcv_nxt);
                     }
                 } else if self.ack_at.is_none() {
-                    self.ack_at = Some(now + self.cfg.ack_delay.into());
+                    self.ack_at = Due::from(Some(now + self.cfg.ack_delay.into()));
                 }
             }
             self.wake_rx();
@@ -258,7 +259,7 @@ impl Conn {
         let o = self.header(now);
         self.rcv_nxt = nxt;
         self.unacked_segs = 1;
-        self.ack_at = Some(now + HELD_ACK_DELAY);
+        self.ack_at = Due::from(Some(now + HELD_ACK_DELAY));
         o
     }
 }

@@ -22,7 +22,7 @@ impl Conn {
     /// of microseconds, and 64 quarters of it were shorter than a frame held behind eight
     /// others at a few hundred Mbit/s.
     pub(super) fn on_dsack(&mut self, left_edge: Seq) {
-        self.stats.dsacks += 1;
+        self.stats.rare().dsacks += 1;
         self.reordering = true;
         if let Some(u) = &mut self.undo
             && u.left > 0

@@ -7,24 +7,22 @@ use std::io;
 use smoltcp::time::Instant;
 
 use super::conn::{Conn, Recovery, TcpState};
+use super::due::Due;
 
 impl Conn {
     /// The earliest time this connection needs the clock.
     pub(crate) fn poll_at(&self) -> Option<Instant> {
-        let mut t: Option<Instant> = None;
-        for x in [
-            self.rto_at,
-            self.probe.deadline(),
-            self.reo_at,
-            self.ack_at,
-            self.keep_at,
-            self.end_at,
-            self.trim_at,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            t = Some(t.map_or(x, |t| t.min(x)));
+        // The connection's own deadlines are a minimum (none is the end of time).
+        let own = self
+            .rto_at
+            .min(self.reo_at)
+            .min(self.ack_at)
+            .min(self.keep_at)
+            .min(self.end_at)
+            .min(self.trim_at);
+        let mut t = own.get();
+        if let Some(p) = self.probe.deadline() {
+            t = Some(t.map_or(p, |t| t.min(p)));
         }
         if let Some(u) = self.user_deadline() {
             t = Some(t.map_or(u, |t| t.min(u)));
@@ -55,33 +53,33 @@ impl Conn {
         if self.user_deadline().is_some_and(|t| t <= now) {
             // The peer acknowledged nothing for the user timeout, however far the
             // retransmission timer has backed off.
-            self.stats.timeouts += 1;
+            self.stats.rare().timeouts += 1;
             self.set_closed(Some(self.soft_error.unwrap_or(io::ErrorKind::TimedOut)));
             self.rst_due = true;
             return;
         }
         if self.rto_at.is_some_and(|t| t <= now) {
-            self.rto_at = None;
+            self.rto_at = Due::NONE;
             self.on_rto(now);
         }
         self.probe.on_time(now, !self.board.is_empty());
         if self.reo_at.is_some_and(|t| t <= now) {
-            self.reo_at = None;
+            self.reo_at = Due::NONE;
             self.detect_losses(now);
         }
         if self.ack_at.is_some_and(|t| t <= now) {
-            self.ack_at = None;
+            self.ack_at = Due::NONE;
             self.ack_now = true;
         }
         if self.keep_at.is_some_and(|t| t <= now) {
-            self.keep_at = None;
+            self.keep_at = Due::NONE;
             self.on_keepalive(now);
         }
         if self.trim_at.is_some_and(|t| t <= now) {
             self.on_trim();
         }
         if self.end_at.is_some_and(|t| t <= now) {
-            self.end_at = None;
+            self.end_at = Due::NONE;
             if matches!(self.state, TcpState::TimeWait | TcpState::FinWait2) {
                 self.set_closed(None);
             }
@@ -92,7 +90,7 @@ impl Conn {
         match self.state {
             TcpState::SynSent | TcpState::SynReceived => {
                 if self.syn_tries > self.cfg.syn_retries {
-                    self.stats.timeouts += 1;
+                    self.stats.rare().timeouts += 1;
                     let synsent = self.state == TcpState::SynSent;
                     self.set_closed(Some(self.soft_error.unwrap_or(io::ErrorKind::TimedOut)));
                     self.rst_due = !synsent;
@@ -113,12 +111,12 @@ impl Conn {
                     return;
                 }
                 if now - self.last_progress >= self.user_timeout {
-                    self.stats.timeouts += 1;
+                    self.stats.rare().timeouts += 1;
                     self.set_closed(Some(io::ErrorKind::TimedOut));
                     self.rst_due = true;
                     return;
                 }
-                self.stats.rto_expiries += 1;
+                self.stats.rare().rto_expiries += 1;
                 self.rtt.back_off();
                 self.cc.on_rto(self.board.in_flight() + self.board.lost());
                 // After a timeout nothing is undone.
@@ -140,17 +138,17 @@ impl Conn {
         }
         if !self.board.is_empty() {
             // Data in flight: the retransmission timer watches the peer.
-            self.keep_at = Some(now + interval);
+            self.keep_at = Due::from(Some(now + interval));
             return;
         }
         if self.keep_probes >= self.cfg.keepalive_probes {
-            self.stats.timeouts += 1;
+            self.stats.rare().timeouts += 1;
             self.set_closed(Some(io::ErrorKind::TimedOut));
             self.rst_due = true;
             return;
         }
         self.keep_probes += 1;
         self.keep_probe_due = true;
-        self.keep_at = Some(now + interval);
+        self.keep_at = Due::from(Some(now + interval));
     }
 }

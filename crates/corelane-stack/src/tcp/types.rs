@@ -129,3 +129,40 @@ impl std::ops::AddAssign for TcpStats {
         self.ecn_reductions += o.ecn_reductions;
     }
 }
+
+/// A connection's counters as it keeps them: the four that every segment moves inline, the
+/// counters of rarer events (losses, probes, resets, ECN) in a box made when the first of
+/// them happens, so an idle connection that never met one holds 40 bytes of counters, not
+/// the 192 of a whole [`TcpStats`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnStats {
+    pub(crate) segs_out: u64,
+    pub(crate) segs_in: u64,
+    pub(crate) bytes_out: u64,
+    pub(crate) bytes_in: u64,
+    rare: Option<Box<TcpStats>>,
+}
+
+impl ConnStats {
+    /// The rarer counters, to move one (made on the first call).
+    #[inline]
+    pub(crate) fn rare(&mut self) -> &mut TcpStats {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// Whether the rarer counters were made (one of their events happened).
+    #[cfg(test)]
+    pub(crate) fn holds_rare(&self) -> bool {
+        self.rare.is_some()
+    }
+
+    /// Every counter as a [`TcpStats`].
+    pub(crate) fn get(&self) -> TcpStats {
+        let mut s = self.rare.as_deref().copied().unwrap_or_default();
+        s.segs_out = self.segs_out;
+        s.segs_in = self.segs_in;
+        s.bytes_out = self.bytes_out;
+        s.bytes_in = self.bytes_in;
+        s
+    }
+}

@@ -6,6 +6,7 @@ use std::task::Waker;
 use smoltcp::time::{Duration, Instant};
 
 use super::conn::{Conn, TcpState};
+use super::due::Due;
 use super::ring::SMALL;
 
 /// How long a large emptied buffer is kept before it is given back.
@@ -81,7 +82,7 @@ impl Conn {
             }
         }
         if later && self.trim_at.is_none() {
-            self.trim_at = Some(now + TRIM_AFTER);
+            self.trim_at = Due::from(Some(now + TRIM_AFTER));
             return true;
         }
         false
@@ -89,7 +90,7 @@ impl Conn {
 
     /// The trim timer: every ring still empty is given back, whatever its size.
     pub(super) fn on_trim(&mut self) {
-        self.trim_at = None;
+        self.trim_at = Due::NONE;
         if self.snd.is_empty() {
             self.snd.free();
             self.board.release_if_empty();
@@ -198,7 +199,7 @@ impl Conn {
         }
         self.close();
         if self.state == TcpState::FinWait2 {
-            self.end_at = Some(now + self.cfg.fin_wait_2.into());
+            self.end_at = Due::from(Some(now + self.cfg.fin_wait_2.into()));
         }
     }
 
@@ -258,7 +259,7 @@ impl Conn {
     pub(crate) fn set_keepalive(&mut self, interval: Option<Duration>, now: Instant) {
         self.keepalive = interval;
         self.keep_probes = 0;
-        self.keep_at = interval.map(|i| now + i);
+        self.keep_at = Due::from(interval.map(|i| now + i));
     }
 
     /// Sets how long sent data may go unacknowledged before the connection is reset

@@ -6,12 +6,19 @@
 //! as the open-file limit asks (`--per-process` sockets each; SO_REUSEPORT spreads the kernel
 //! server's connections), all counted. Reports per connection:
 //! - the server process's resident memory (VmRSS) and virtual size (VmSize) growth;
-//! - the machine's slab growth, which holds the kernel's socket memory: for the kernel server
-//!   it counts both ends; for corelane, only the kernel clients. The kernel server's own socket
-//!   memory is the difference of the two (same clients, same run).
+//! - the machine's kernel socket memory growth (its slab, and the pages of TCP's buffers that
+//!   `/proc/net/sockstat` counts: queued data lives there, not in the slab): for the kernel
+//!   server it counts both ends; for corelane, only the kernel clients. The kernel server's own
+//!   socket memory is the difference of the two (same clients, same run). Each run first waits
+//!   for the last one's orphaned sockets to go.
+//!
+//! With `--inflight BYTES` each client then sends that many bytes more, which the server's
+//! application never reads: the memory of a connection holding data (16 KiB in flight), not an
+//! idle one.
 //!
 //! ```text
 //! cargo run --release -p corelane-bench --bin idle -- --conns 10000
+//! cargo run --release -p corelane-bench --bin idle -- --conns 10000 --inflight 16384
 //! ```
 //!
 //! Needs root (network namespaces, XDP, AF_XDP).
@@ -56,7 +63,11 @@ struct Args {
     /// The server's CPU.
     #[arg(long, default_value_t = 0)]
     cpu: usize,
-    /// Where idle.md goes.
+    /// Bytes each client sends after the first exchange, which the server never reads (0:
+    /// idle connections).
+    #[arg(long, default_value_t = 0)]
+    inflight: usize,
+    /// Where idle.md (idle-inflight.md with `--inflight`) goes.
     #[arg(long, default_value = "target/idle")]
     out: PathBuf,
 }
@@ -75,6 +86,8 @@ enum Serve {
         conns: usize,
         #[arg(long)]
         cpu: usize,
+        #[arg(long, default_value_t = 0)]
+        inflight: usize,
     },
     /// (internal) Opens connections and holds them until its standard input closes.
     Hold {
@@ -86,6 +99,8 @@ enum Serve {
         count: usize,
         #[arg(long)]
         parallel: usize,
+        #[arg(long, default_value_t = 0)]
+        inflight: usize,
     },
 }
 
@@ -98,13 +113,15 @@ fn main() {
             ports,
             conns,
             cpu,
-        }) => serve(stack, ifname, *ports, *conns, *cpu),
+            inflight,
+        }) => serve(stack, ifname, *ports, *conns, *cpu, *inflight > 0),
         Some(Serve::Hold {
             ip,
             first,
             count,
             parallel,
-        }) => hold(ip, *first, *count, *parallel),
+            inflight,
+        }) => hold(ip, *first, *count, *parallel, *inflight),
         None => run(&args),
     };
     if let Err(e) = r {
@@ -115,10 +132,23 @@ fn main() {
 
 // ----- the servers (child processes) --------------------------------------------------------
 
-async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
+/// Echoes; with `once`, echoes the first message only and then holds the connection without
+/// reading (what arrives after stays in the server's receive buffer).
+async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, once: bool) {
     let mut buf = [0u8; 64];
-    while let Ok(n @ 1..) = s.read(&mut buf).await {
-        if s.write_all(&buf[..n]).await.is_err() {
+    let mut got = 0;
+    while let Ok(n @ 1..) = s.read(&mut buf[got..]).await {
+        if !once {
+            if s.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        got += n;
+        if got == buf.len() {
+            if s.write_all(&buf).await.is_ok() {
+                std::future::pending::<()>().await;
+            }
             return;
         }
     }
@@ -134,7 +164,14 @@ fn ready_then_wait() {
     }
 }
 
-fn serve(stack: &str, ifname: &str, ports: u16, conns: usize, cpu: usize) -> Result<(), String> {
+fn serve(
+    stack: &str,
+    ifname: &str,
+    ports: u16,
+    conns: usize,
+    cpu: usize,
+    once: bool,
+) -> Result<(), String> {
     corelane_bench::pin(cpu);
     match stack {
         "kernel" => {
@@ -153,7 +190,7 @@ fn serve(stack: &str, ifname: &str, ports: u16, conns: usize, cpu: usize) -> Res
                     let l = s.listen(4096).map_err(|e| e.to_string())?;
                     tokio::task::spawn_local(async move {
                         while let Ok((s, _)) = l.accept().await {
-                            tokio::task::spawn_local(echo(s));
+                            tokio::task::spawn_local(echo(s, once));
                         }
                     });
                 }
@@ -186,7 +223,7 @@ fn serve(stack: &str, ifname: &str, ports: u16, conns: usize, cpu: usize) -> Res
                     };
                     tokio::task::spawn_local(async move {
                         while let Ok((s, _)) = l.accept().await {
-                            tokio::task::spawn_local(echo(s));
+                            tokio::task::spawn_local(echo(s, once));
                         }
                     });
                 }
@@ -226,6 +263,7 @@ async fn connect_all(
     first: usize,
     count: usize,
     parallel: usize,
+    inflight: usize,
 ) -> Result<Vec<tokio::net::TcpStream>, String> {
     let mut out = Vec::with_capacity(count);
     let mut set = tokio::task::JoinSet::new();
@@ -254,6 +292,14 @@ async fn connect_all(
                 if back != msg {
                     return Err("echo differs".to_string());
                 }
+                if inflight > 0 {
+                    // Left unread by the server: the connection holds it.
+                    let more = vec![0xa5u8; inflight];
+                    tokio::time::timeout(Duration::from_secs(10), s.write_all(&more))
+                        .await
+                        .map_err(|_| format!("sending {inflight} bytes to {addr} timed out"))?
+                        .map_err(|e| e.to_string())?;
+                }
                 Ok::<_, String>(s)
             });
         }
@@ -268,14 +314,20 @@ async fn connect_all(
 }
 
 /// The client process: opens its connections, says `open`, holds them until stdin closes.
-fn hold(ip: &str, first: usize, count: usize, parallel: usize) -> Result<(), String> {
+fn hold(
+    ip: &str,
+    first: usize,
+    count: usize,
+    parallel: usize,
+    inflight: usize,
+) -> Result<(), String> {
     corelane_bench::sys::raise_nofile(count as u64 + 64)
         .map_err(|e| format!("RLIMIT_NOFILE to {}: {e}", count + 64))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let streams = rt.block_on(connect_all(ip, first, count, parallel))?;
+    let streams = rt.block_on(connect_all(ip, first, count, parallel, inflight))?;
     ready_then_wait();
     drop(streams);
     Ok(())
@@ -331,12 +383,21 @@ struct Row {
     slab: f64,
 }
 
-/// The memory of the servers' processes, summed, and the machine's slab.
+/// The kernel's TCP buffer memory in KiB: `/proc/net/sockstat`'s TCP `mem`, in pages. Data
+/// queued on a socket lives in pages the slab does not count.
+fn tcp_mem_kib() -> Result<i64, String> {
+    let pages = sockstat_tcp("mem").ok_or("no TCP mem in /proc/net/sockstat")?;
+    // The kernel counts these in 4 KiB pages on the machines the bench runs on (x86-64).
+    Ok(pages * 4)
+}
+
+/// The memory of the servers' processes, summed, and the machine's kernel memory for sockets:
+/// its slab and the TCP buffers' pages.
 fn mem_of(pids: &[u32]) -> Result<Mem, String> {
     let mut m = Mem {
         rss: 0,
         virt: 0,
-        slab: kib("/proc/meminfo", "Slab:")?,
+        slab: kib("/proc/meminfo", "Slab:")? + tcp_mem_kib()?,
     };
     for &pid in pids {
         let status = format!("/proc/{pid}/status");
@@ -346,7 +407,30 @@ fn mem_of(pids: &[u32]) -> Result<Mem, String> {
     Ok(m)
 }
 
+/// `/proc/net/sockstat`'s TCP counter `what`.
+fn sockstat_tcp(what: &str) -> Option<i64> {
+    let text = std::fs::read_to_string("/proc/net/sockstat").ok()?;
+    let l = text.lines().find_map(|l| l.strip_prefix("TCP:"))?;
+    let w: Vec<&str> = l.split_whitespace().collect();
+    w.windows(2)
+        .find(|p| p[0] == what)
+        .and_then(|p| p[1].parse().ok())
+}
+
+/// Waits (up to three minutes) until the last run's orphaned kernel sockets are gone: their
+/// memory going back during a run would be counted against it.
+fn wait_for_orphans() {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while sockstat_tcp("orphan").is_some_and(|n| n > 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    if let Some(n) = sockstat_tcp("orphan").filter(|&n| n > 0) {
+        eprintln!("idle: {n} orphaned TCP sockets remain; the kernel figures may be off");
+    }
+}
+
 fn one(net: &VethPair, args: &Args, setup: &str, ports: u16) -> Result<Row, String> {
+    wait_for_orphans();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let exe = exe.to_string_lossy();
     let n = args.conns;
@@ -361,7 +445,8 @@ fn one(net: &VethPair, args: &Args, setup: &str, ports: u16) -> Result<Row, Stri
         let mut cmd = net.server_ns().command(&exe);
         cmd.args(["serve", "--stack", setup, "--ifname", net.server_if()])
             .args(["--ports", &ports.to_string(), "--conns", &n.to_string()])
-            .args(["--cpu", &args.cpu.to_string()]);
+            .args(["--cpu", &args.cpu.to_string()])
+            .args(["--inflight", &args.inflight.to_string()]);
         let mut c = Proc::spawn(cmd, &format!("the {setup} server"))?;
         c.ready(&format!("the {setup} server"))?;
         procs.push(c);
@@ -371,7 +456,8 @@ fn one(net: &VethPair, args: &Args, setup: &str, ports: u16) -> Result<Row, Stri
     // One connection first, so the servers' one-time allocations are in the baseline.
     let mut warm = net.client_ns().command(&exe);
     warm.args(["hold", "--ip", ip, "--first", "0", "--count", "1"])
-        .args(["--parallel", "1"]);
+        .args(["--parallel", "1"])
+        .args(["--inflight", &args.inflight.to_string()]);
     Proc::spawn(warm, "a client")?.ready("a client")?;
     std::thread::sleep(Duration::from_millis(300));
     let before = mem_of(&pids)?;
@@ -381,7 +467,8 @@ fn one(net: &VethPair, args: &Args, setup: &str, ports: u16) -> Result<Row, Stri
         let mut cmd = net.client_ns().command(&exe);
         cmd.args(["hold", "--ip", ip, "--first", &first.to_string()])
             .args(["--count", &per.min(n - first).to_string()])
-            .args(["--parallel", &args.parallel.to_string()]);
+            .args(["--parallel", &args.parallel.to_string()])
+            .args(["--inflight", &args.inflight.to_string()]);
         // One client process at a time: its connections are open before the next starts.
         let mut c = Proc::spawn(cmd, "a client")?;
         c.ready("a client")?;
@@ -450,11 +537,32 @@ fn run(args: &Args) -> Result<(), String> {
             format!("{:.1}", r.open_s),
         ]);
     }
+    let (title, what, flag) = if args.inflight > 0 {
+        (
+            format!(
+                "Memory per connection with {} bytes in flight",
+                args.inflight
+            ),
+            format!(
+                "each connection exchanged one 64-byte message, then the client sent {} bytes \
+                 more that the server's application never reads (they stay in its receive \
+                 buffer, acknowledged)",
+                args.inflight
+            ),
+            format!(" --inflight {}", args.inflight),
+        )
+    } else {
+        (
+            "Memory per idle connection".to_string(),
+            "each connection exchanged one 64-byte message and went quiet".to_string(),
+            String::new(),
+        )
+    };
     let md = format!(
-        "# Memory per idle connection\n\n`cargo run --release -p corelane-bench --bin idle -- \
-         --conns {}`: each connection exchanged one 64-byte message and went quiet; the server \
+        "# {title}\n\n`cargo run --release -p corelane-bench --bin idle -- \
+         --conns {}{flag}`: {what}; the server \
          runs one task per connection (a 64-byte buffer). Bytes per connection: the server \
-         process's RSS growth, the server's kernel socket memory (slab growth with the kernel \
+         process's RSS growth, the server's kernel socket memory (slab and TCP page growth with the kernel \
          server less the clients' own, from the corelane run), their sum, and the process's \
          virtual size growth.\n\n{}",
         args.conns,
@@ -472,7 +580,11 @@ fn run(args: &Args) -> Result<(), String> {
         )
     );
     std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;
-    let path = args.out.join("idle.md");
+    let path = args.out.join(if args.inflight > 0 {
+        "idle-inflight.md"
+    } else {
+        "idle.md"
+    });
     std::fs::write(&path, &md).map_err(|e| e.to_string())?;
     println!("{md}");
     eprintln!("idle: wrote {}", path.display());

@@ -108,6 +108,36 @@ fn a_first_block_inside_the_second_counts_as_a_dsack() {
 }
 
 #[test]
+fn an_older_ack_overtaken_on_the_path_is_not_a_dsack() {
+    // The peer SACKed 2000..3000, then acknowledged everything to 4000; the older ACK
+    // arrives last. Its block lies below SND.UNA now, but not below its own ACK field: stale
+    // SACK information, not a duplicate (RFC 2883 section 4: a D-SACK block is the first
+    // one, below the cumulative ACK of the same segment or inside the second block).
+    let (mut s, una) = Script::established(false);
+    s.c.write(&[9u8; 5000]);
+    assert_eq!(s.out().len(), 5);
+    let newer = seg(PEER_ISN + 1, una + 4000);
+    let mut older = seg(PEER_ISN + 1, una + 1000);
+    older.sack = [Some((una + 2000, una + 3000)), None, None];
+    s.input(newer);
+    s.input(older);
+    assert_eq!(s.c.stats.get().dsacks, 0, "{:?}", s.c.stats.get());
+    assert!(
+        !s.c.reordering,
+        "no evidence of reordering from a stale block"
+    );
+    // Nor is any block but the first, whatever it covers.
+    let mut late = seg(PEER_ISN + 1, una + 4000);
+    late.sack = [
+        Some((una + 4000, una + 4500)),
+        Some((una + 1000, una + 2000)),
+        None,
+    ];
+    s.input(late);
+    assert_eq!(s.c.stats.get().dsacks, 0);
+}
+
+#[test]
 fn paws_lets_a_segment_one_tick_behind_through() {
     let (mut s, una) = Script::established(true);
     let mut a = seg(PEER_ISN + 1, una);

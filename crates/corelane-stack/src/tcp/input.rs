@@ -377,13 +377,16 @@ impl Conn {
             };
             for (i, &(l, r)) in seg.sack_ranges.iter().flatten().enumerate() {
                 let (l, r) = (Seq(l), Seq(r));
-                if i == 0 && inner && r.gt(l) {
+                // A D-SACK (RFC 2883): the first block, below this segment's own cumulative
+                // ACK or inside the second block: a retransmission was not needed. A block
+                // below SND.UNA but not below the segment's ACK is an older ACK overtaken on
+                // the path, whose SACK information a newer ACK already carried: not a D-SACK
+                // (taken as one, it undid recoveries and widened the reordering window on
+                // paths that reorder ACKs).
+                if i == 0 && r.gt(l) && (inner || r.le(ack)) {
                     self.on_dsack(l);
                 } else if l.gt(self.snd_una) && r.gt(l) && r.le(self.snd_nxt) {
                     self.board.sack(l, r, self.snd_una, now, &mut d);
-                } else if r.le(self.snd_una) {
-                    // A D-SACK (RFC 2883): a retransmission was not needed; reordering.
-                    self.on_dsack(l);
                 }
             }
         }

@@ -65,6 +65,9 @@ pub(crate) struct Delivered {
     pub(crate) rtt: Option<Duration>,
     /// The newest transmit time and end among what was delivered (for RACK).
     pub(crate) newest: Option<(Instant, Seq)>,
+    /// Whether that newest one was a retransmission (its ACK may answer the first
+    /// transmission: RFC 8985 section 6.2, step 2).
+    pub(crate) newest_retx: bool,
     /// Segments retransmitted (not sacked) among what was cumulatively acknowledged.
     pub(crate) retx_acked: usize,
     /// The lowest end among the segments delivered that were sent once.
@@ -532,5 +535,6 @@ fn note(out: &mut Delivered, s: &TxSeg, now: Instant) {
         .is_none_or(|(t, e)| s.xmit > t || (s.xmit == t && s.end.gt(e)));
     if newer {
         out.newest = Some((s.xmit, s.end));
+        out.newest_retx = s.retx > 0;
     }
 }

@@ -290,3 +290,43 @@ fn a_lower_block_changed_in_a_batch_is_reported_beside_the_growing_highest_one()
         "the grown second block was not reported: {blocks:?}"
     );
 }
+
+#[test]
+fn an_ack_for_a_first_transmission_in_the_same_tick_is_no_rtt_sample() -> Result<(), &'static str> {
+    // Timestamps tick in milliseconds: a segment sent again within the tick of its first
+    // transmission carries the same value, so the ACK of the first (which was only late)
+    // echoes the retransmission's too. Its time since the retransmission is no round trip
+    // (RFC 8985 section 6.2, step 2): neither the RTT estimator nor RACK may take it.
+    let (mut s, una) = Script::established(true);
+    s.c.rtt = Rtt::new(
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    s.c.rtt.sample(Duration::from_micros(300));
+    let into_tick = (s.now.total_micros() % 1000) as u64;
+    s.advance(Duration::from_micros((1000 - into_tick) % 1000));
+    let m = s.c.smss as u32;
+    s.c.write(&vec![9u8; 5 * m as usize]);
+    assert_eq!(s.out().len(), 5);
+    let tick = s.c.ts_now(s.now);
+    s.advance(Duration::from_micros(300));
+    // The last four are SACKed: the first is deemed lost and sent again, in the same tick.
+    let mut sack = seg(PEER_ISN + 1, una);
+    sack.ts = Some((3, tick));
+    sack.sack = [Some((una + m, una + 5 * m)), None, None];
+    s.input(sack);
+    let again = s.out();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!((again[0].seq, again[0].len), (una, m as usize));
+    assert_eq!(s.c.ts_now(s.now), tick, "still the same tick");
+    assert_eq!(s.c.rtt.min_rtt(), Some(Duration::from_micros(300)));
+    // 50 us later the first transmission's ACK: the same echo.
+    s.advance(Duration::from_micros(50));
+    let mut late = seg(PEER_ISN + 1, una + 5 * m);
+    late.ts = Some((4, tick));
+    s.input(late);
+    assert_eq!(s.c.rtt.min_rtt(), Some(Duration::from_micros(300)));
+    assert_eq!(s.c.rack_rtt, Duration::from_micros(300));
+    Ok(())
+}

@@ -398,14 +398,29 @@ impl Conn {
             && self.ts_ok
             && let Some((xmit, _)) = d.newest
             && seg.timestamp.is_some_and(|t| t.tsecr == self.ts_now(xmit))
+            && self.rtt.min_rtt().is_none_or(|m| now - xmit >= m)
         {
             // Only retransmissions were acknowledged, and the ACK echoes the timestamp of the
             // newest: it answers that transmission, not the first, so its time is a sample
             // Karn's rule need not refuse (RFC 7323 section 4; RFC 3522 tells the two apart
-            // the same way), and the timer's backoff ends with it.
+            // the same way), and the timer's backoff ends with it. The echo is in
+            // milliseconds: a first transmission in the same tick echoes the same value, so a
+            // time shorter than any round trip seen answers that one and is no sample (taken,
+            // it made a veth's minimum RTT 4 us, and RACK's reordering window with it).
             self.rtt.sample(now - xmit);
         }
-        if let Some(n) = d.newest {
+        // RACK's newest delivery (RFC 8985 section 6.2, step 2), unless it was a
+        // retransmission whose ACK may answer the first transmission: one echoing an older
+        // timestamp, or one sooner than any round trip seen.
+        let ambiguous = d.newest_retx
+            && d.newest.is_some_and(|(xmit, _)| {
+                self.rtt.min_rtt().is_some_and(|m| now - xmit < m)
+                    || (self.ts_ok
+                        && seg
+                            .timestamp
+                            .is_some_and(|t| (self.ts_now(xmit).wrapping_sub(t.tsecr) as i32) > 0))
+            });
+        if let Some(n) = d.newest.filter(|_| !ambiguous) {
             let newer = self
                 .rack
                 .is_none_or(|(t, e)| n.0 > t || (n.0 == t && n.1.gt(e)));

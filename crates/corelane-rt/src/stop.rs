@@ -68,11 +68,15 @@ impl StopHandle {
         };
         let life = &shared.life;
         {
+            // The deadline and the flag change together, under the deadline's lock: an
+            // upgrade called off at this moment takes back the deadline it set itself only if
+            // no shutdown has begun (`upgrade_old.rs` `call_off`), and must not see the
+            // shutdown's deadline without its flag (taken, the drain would have no end).
             let mut until = lock(&life.drain_until);
             let t = shared.clock.now() + grace;
             *until = Some(until.map_or(t, |u| u.min(t)));
+            life.draining.store(true, Ordering::SeqCst);
         }
-        life.draining.store(true, Ordering::SeqCst);
         shared.announce_shutdown();
         shared.ring_all();
     }

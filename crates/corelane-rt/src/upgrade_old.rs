@@ -295,8 +295,14 @@ fn call_off(shared: &Arc<Shared>, talk: &mut impl Talk, now: Instant, why: Strin
     if let Err(e) = shared.steer.run(|s| s.hand_back()) {
         tracing::warn!("upgrade: taking the program back: {e}");
     }
-    if !shared.life.draining() {
-        lock(&shared.life.drain_until).take();
+    {
+        // The drain's end this process set for the switch, unless a shutdown began (its
+        // deadline is then the shutdown's): read with the flag under the lock `shutdown`
+        // holds while it sets both.
+        let mut until = lock(&shared.life.drain_until);
+        if !shared.life.draining() {
+            until.take();
+        }
     }
     shared.upgrades.ask(Stage::Reclaim);
     shared.ring_all();

@@ -164,6 +164,12 @@ impl Runtime {
                     }
                 })
                 .collect();
+            // A call-off still waiting for the cores to take their queues back ends now: the
+            // upgrade thread is joined with this scope.
+            self.shared
+                .upgrades
+                .cores_ended
+                .store(true, std::sync::atomic::Ordering::Release);
             self.shared.steer.steward().close();
             ended
         });

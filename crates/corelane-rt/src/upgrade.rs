@@ -116,6 +116,9 @@ pub(crate) struct Upgrades {
     pub(crate) stage: AtomicU8,
     /// Cores that have done the current stage.
     pub(crate) done: AtomicUsize,
+    /// Every core's thread has ended (a graceful shutdown's cores end once their futures and
+    /// connections are done): no core will do a stage any more, and their queues are closed.
+    pub(crate) cores_ended: std::sync::atomic::AtomicBool,
     /// Each core's offer, or why it could not make one.
     pub(crate) offers: Mutex<Vec<Option<Result<UpgradeOffer, String>>>>,
     /// The generation of this process's sockets.

@@ -89,6 +89,21 @@ impl OldSide {
         let shared = run.shared;
         let cores = shared.bells.len();
         let up = &shared.upgrades;
+        if up.cores_ended.load(Ordering::Acquire)
+            && matches!(
+                self,
+                OldSide::Offering { .. } | OldSide::AwaitingJoin { .. } | OldSide::Recording { .. }
+            )
+        {
+            // The cores ended (a shutdown) before the switch: their queues are closed, so
+            // there is nothing left to hand over, and the run waits for this machine.
+            *self = call_off(
+                shared,
+                talk,
+                now,
+                "this process's cores ended (it was shut down) before the switch".into(),
+            );
+        }
         let next = match self {
             OldSide::Offering { since, new_gen } => {
                 if up.done.load(Ordering::Acquire) >= cores {
@@ -181,7 +196,13 @@ impl OldSide {
             }
             OldSide::CallingOff { since, said, why } => {
                 let back = up.done.load(Ordering::Acquire);
-                if back >= cores || shared.life.stop.load(Ordering::Acquire) {
+                // Over once every core has its queue back, or none is left to take it (a
+                // shutdown ended them first: their queues closed with them). Waiting on would
+                // keep the run from ending.
+                if back >= cores
+                    || shared.life.stop.load(Ordering::Acquire)
+                    || up.cores_ended.load(Ordering::Acquire)
+                {
                     up.stop_listing();
                     up.stage.store(Stage::Idle as u8, Ordering::Release);
                     lock(&up.partner_process).take();

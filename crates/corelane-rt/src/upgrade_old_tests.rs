@@ -164,3 +164,46 @@ fn a_joined_new_process_is_switched_to_once_the_cores_recorded_their_connections
     assert_eq!(s.new.hear(), Heard::Word("switched".into()));
     assert!(s.shared.life.draining(), "this process drains");
 }
+
+#[test]
+fn a_call_off_ends_when_the_cores_ended_before_taking_their_queues_back() {
+    // A graceful shutdown whose cores finished (futures returned, no connection left) before
+    // the call-off reached them: no core will take its queue back, and the run waits for
+    // this machine to end.
+    let mut s = setup();
+    let mut side = s.start();
+    s.core_turn(&[7]);
+    s.poll(&mut side);
+    assert!(matches!(side, OldSide::AwaitingJoin { .. }), "{side:?}");
+    s.clock.advance(JOIN_WAIT + Duration::from_millis(1));
+    s.poll(&mut side);
+    assert!(matches!(side, OldSide::CallingOff { .. }), "{side:?}");
+    s.clock.advance(Duration::from_secs(30));
+    s.poll(&mut side);
+    assert!(matches!(side, OldSide::CallingOff { .. }), "{side:?}");
+    s.shared.upgrades.cores_ended.store(true, Ordering::Release);
+    s.poll(&mut side);
+    assert!(matches!(side.over(), Some(Err(_))), "{side:?}");
+    assert_eq!(s.shared.upgrades.stage(), Stage::Idle);
+}
+
+#[test]
+fn a_shutdown_that_ended_the_cores_while_waiting_for_the_join_calls_the_upgrade_off_at_once() {
+    let mut s = setup();
+    let mut side = s.start();
+    s.core_turn(&[7]);
+    s.poll(&mut side);
+    assert!(matches!(side, OldSide::AwaitingJoin { .. }), "{side:?}");
+    s.shared.upgrades.cores_ended.store(true, Ordering::Release);
+    s.poll(&mut side);
+    // Called off and over in the same poll, the new process told why.
+    assert!(
+        matches!(side.over(), Some(Err(w)) if w.contains("cores ended")),
+        "{side:?}"
+    );
+    let _ = s.new.take_handover();
+    match s.new.hear() {
+        Heard::Word(w) => assert!(w.starts_with("error") && w.contains("shut down"), "{w}"),
+        other => panic!("the new process heard {other:?}"),
+    }
+}

@@ -429,11 +429,20 @@ fn the_old_process_takes_its_queue_back_from_a_new_one_that_died() {
 
 /// A flood of `n` datagrams from the client, as fast as its kernel sends them (the answers
 /// are not read).
-fn flood(net: &VethPair, n: usize) -> NsThread<()> {
+/// Datagrams to the queue until `stop` is set, `n` at most: a flood that lasts as long as
+/// the test needs it, however slow the build under test turns.
+fn flood(
+    net: &VethPair,
+    n: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> NsThread<()> {
     net.client_ns()
         .spawn(move || {
             let s = UdpSocket::bind("0.0.0.0:0").unwrap();
             for k in 0..n {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
                 let _ = s.send_to(&(k as u32).to_be_bytes(), (SERVER, PORT));
             }
         })
@@ -447,7 +456,8 @@ fn a_hand_over_in_the_middle_of_a_flood_loses_no_frame() {
     }
     let (lab, mut a) = lab();
     let (net, mut steering) = (&lab.net, lab.steering);
-    let f = flood(net, 60_000);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = flood(net, 5_000_000, stop.clone());
     // Frames fly both ways while the queue is offered, joined, handed over, and steered to
     // the new socket, back to the old one, and to the new one again.
     let turn = |qs: &mut [&mut XskQueue]| {
@@ -463,17 +473,31 @@ fn a_hand_over_in_the_middle_of_a_flood_loses_no_frame() {
     let mut b = join_turning(net, &mut a, |a| turn(&mut [a]));
     let mut steps = [b.fd(), a.fd(), b.fd()].into_iter();
     let mut next_at = 0;
+    let mut done_at = None;
     while !f.is_finished() && std::time::Instant::now() < deadline {
         let seen = a.stats().rx_frames + b.stats().rx_frames;
-        if seen >= next_at
-            && let Some(fd) = steps.next()
-        {
-            steering.register(0, fd).unwrap();
-            next_at = seen + 300;
+        if seen >= next_at {
+            match steps.next() {
+                Some(fd) => {
+                    steering.register(0, fd).unwrap();
+                    next_at = seen + 300;
+                }
+                // The last change made: 300 frames more under it, then the flood ends.
+                None if done_at.is_none() => done_at = Some(seen + 300),
+                None => {}
+            }
+        }
+        if done_at.is_some_and(|d| seen >= d) {
+            break;
         }
         turn(&mut [&mut a, &mut b]);
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     f.join().unwrap();
+    // What was still on its way is received before the frames are counted.
+    for _ in 0..200 {
+        turn(&mut [&mut a, &mut b]);
+    }
     assert_eq!(
         steps.count(),
         0,

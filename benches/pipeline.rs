@@ -4,11 +4,17 @@
 //! sockets of one interface as the baseline. Same MTU (1500), same socket buffers, checksums
 //! computed and verified on both. Each iteration moves 256 KiB; criterion reports bytes/s and
 //! data segments/s (ns per segment is its inverse).
+//!
+//! corelane's rows run over the zero-copy in-memory link (a sent frame's buffer becomes the
+//! peer's received frame, as on a zero-copy NIC), so they measure the stacks' own work; the
+//! `corelane_copy_link` row runs over the copying link (AF_XDP copy mode's extra copy per frame
+//! included). smoltcp's `Loopback` hands its frame buffers over without a copy too (a fresh
+//! allocation per frame).
 
 use std::hint::black_box;
 use std::task::Poll;
 
-use corelane_frame::{MemLink, MemPort};
+use corelane_frame::{FrameIo, MemLink, MemPort};
 use corelane_stack::smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use corelane_stack::smoltcp::phy::{Device, DeviceCapabilities, Loopback, Medium};
 use corelane_stack::smoltcp::socket::tcp;
@@ -35,14 +41,18 @@ struct Corelane {
     now: Instant,
 }
 
-fn corelane(batch: usize) -> Corelane {
+fn corelane(batch: usize, zero_copy: bool) -> Corelane {
     let cfg = StackConfig {
         tcp_rx_buffer: BUFFER,
         tcp_tx_buffer: BUFFER,
         batch,
         ..StackConfig::default()
     };
-    let (pa, pb) = MemLink::default().pair();
+    let (pa, pb) = if zero_copy {
+        MemLink::default().pair_zero_copy()
+    } else {
+        MemLink::default().pair()
+    };
     let ip = |x: u8| {
         [IpCidr::new(
             format!("10.9.0.{x}").parse().expect("address"),
@@ -51,6 +61,11 @@ fn corelane(batch: usize) -> Corelane {
     };
     let mut a = Node::new(pa, [2, 0, 0, 0, 0, 1], &ip(1), MTU, cfg);
     let mut b = Node::new(pb, [2, 0, 0, 0, 0, 2], &ip(2), MTU, cfg);
+    if let Ok(v) = std::env::var("FILL") {
+        let v: usize = v.parse().unwrap();
+        a.dev_mut().io_mut().set_fill_target(v);
+        b.dev_mut().io_mut().set_fill_target(v);
+    }
     b.stack.listen_tcp(9, None).expect("listen");
     let tx = a
         .stack
@@ -220,8 +235,17 @@ fn bench(c: &mut Criterion) {
     g.bench_function("smoltcp_loopback", |b| {
         b.iter(|| q.transfer(black_box(&data), &mut sink))
     });
+    let mut p = corelane(64, false);
+    let segs = segments_per_chunk(&mut p, &data, &mut sink);
+    g.throughput(Throughput::ElementsAndBytes {
+        elements: segs,
+        bytes: CHUNK as u64,
+    });
+    g.bench_function("corelane_copy_link/64", |b| {
+        b.iter(|| p.transfer(black_box(&data), &mut sink))
+    });
     for batch in [4usize, 16, 64, 256] {
-        let mut p = corelane(batch);
+        let mut p = corelane(batch, true);
         let segs = segments_per_chunk(&mut p, &data, &mut sink);
         g.throughput(Throughput::ElementsAndBytes {
             elements: segs,
@@ -234,7 +258,7 @@ fn bench(c: &mut Criterion) {
         );
     }
     // Model-T: the batch adapts on both sides; where it settles and what each size cost.
-    let mut p = corelane(256);
+    let mut p = corelane(256, true);
     let tune = TuneConfig {
         l2_bytes: corelane_rt::l2_bytes(0).unwrap_or(1 << 20),
         frame_bytes: 2048,

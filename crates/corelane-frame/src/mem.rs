@@ -1,10 +1,13 @@
-//! An in-memory link between two [`MemPort`]s that behaves like the kernel's AF_XDP copy mode:
-//! each port has its own frame memory and rings, and a sent frame's bytes are copied into a
-//! receive frame the peer posted in its fill ring.
+//! An in-memory link between two [`MemPort`]s that behaves like the kernel's AF_XDP copy mode
+//! ([`MemLink::pair`]: each port has its own frame memory and rings, and a sent frame's bytes are
+//! copied into a receive frame the peer posted in its fill ring) or like a zero-copy device
+//! ([`MemLink::pair_zero_copy`]: the sent frame's buffer itself becomes the peer's received frame,
+//! and the peer's posted buffer goes to the sender in exchange, so nothing is copied and what a
+//! bench measures over it is the stacks' own work).
 
 #![allow(unsafe_code)] // The frame memory is shared with the simulated kernel, as a UMEM is.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::rc::Rc;
@@ -33,33 +36,57 @@ impl Frame for MemFrame {
     }
 }
 
-/// Frame memory owned by one port, read and written through raw slices the way a UMEM is.
+/// The frame memory of both ports, read and written through raw slices the way a UMEM is. Each
+/// port sees its frames through a map from its frame index to a buffer of the arena; the maps
+/// together name every buffer exactly once (a zero-copy delivery swaps two entries).
 #[derive(Debug)]
-struct Region {
+struct Arena {
     ptr: *mut u8,
     frame_size: usize,
-    frames: usize,
+    buffers: usize,
     _buf: Box<[u8]>,
 }
 
-impl Region {
-    fn new(frames: usize, frame_size: usize) -> Self {
-        let mut buf = vec![0u8; frames * frame_size].into_boxed_slice();
-        Region {
+impl Arena {
+    fn new(buffers: usize, frame_size: usize) -> Self {
+        let mut buf = vec![0u8; buffers * frame_size].into_boxed_slice();
+        Arena {
             ptr: buf.as_mut_ptr(),
             frame_size,
-            frames,
+            buffers,
             _buf: buf,
         }
     }
 
     /// # Safety
-    /// The caller holds the unique handle for frame `index` (or is the simulated kernel acting on
-    /// a frame the ledger gives it), so no other reference to these bytes exists.
-    unsafe fn slice_mut<'a>(&self, index: usize, len: usize) -> &'a mut [u8] {
-        assert!(index < self.frames && len <= self.frame_size);
+    /// The caller holds the unique handle for the frame mapped to `buffer` (or is the simulated
+    /// kernel acting on a frame the ledger gives it), so no other reference to these bytes exists.
+    unsafe fn slice_mut<'a>(&self, buffer: u32, len: usize) -> &'a mut [u8] {
+        let buffer = buffer as usize;
+        assert!(buffer < self.buffers && len <= self.frame_size);
         // SAFETY: in bounds (asserted); exclusivity is the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(index * self.frame_size), len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(buffer * self.frame_size), len) }
+    }
+}
+
+/// One port's view of the arena: its frame `i` is the arena's buffer `map[i]`.
+#[derive(Debug)]
+struct Region {
+    arena: Rc<Arena>,
+    map: Box<[Cell<u32>]>,
+}
+
+impl Region {
+    fn frame_size(&self) -> usize {
+        self.arena.frame_size
+    }
+
+    /// # Safety
+    /// As [`Arena::slice_mut`], for this port's frame `index`.
+    unsafe fn slice_mut<'a>(&self, index: usize, len: usize) -> &'a mut [u8] {
+        let buffer = self.map[index].get();
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.arena.slice_mut(buffer, len) }
     }
 }
 
@@ -101,6 +128,8 @@ pub struct MemPort {
     /// When set, sent frames are kept here for the caller (a simulated wire) instead of being
     /// delivered to the peer.
     captured: Option<VecDeque<Vec<u8>>>,
+    /// Delivery hands the sent buffer over instead of copying its bytes.
+    zero_copy: bool,
 }
 
 /// Builds a connected pair of [`MemPort`]s.
@@ -125,12 +154,30 @@ impl Default for MemLink {
 }
 
 impl MemLink {
-    /// Two ports joined back to back, each with its fill ring stocked.
+    /// Two ports joined back to back, each with its fill ring stocked. A sent frame's bytes are
+    /// copied into the peer's receive frame, as AF_XDP copy mode does.
     pub fn pair(self) -> (MemPort, MemPort) {
-        let regions = [
-            Rc::new(Region::new(self.frames, self.frame_size)),
-            Rc::new(Region::new(self.frames, self.frame_size)),
-        ];
+        self.build(false)
+    }
+
+    /// Two ports joined back to back that deliver without a copy: a sent frame's buffer becomes
+    /// the receive frame the peer posted, and the buffer the peer had posted takes its place on
+    /// the sender's side, as a zero-copy device leaves the copy to nobody. The frame accounting
+    /// is the same as [`MemLink::pair`]'s; a captured frame ([`MemPort::set_capture`]) or an
+    /// injected one is still copied.
+    pub fn pair_zero_copy(self) -> (MemPort, MemPort) {
+        self.build(true)
+    }
+
+    fn build(self, zero_copy: bool) -> (MemPort, MemPort) {
+        let arena = Rc::new(Arena::new(2 * self.frames, self.frame_size));
+        let regions = [0u32, 1].map(|side| {
+            let first = side * self.frames as u32;
+            Rc::new(Region {
+                arena: arena.clone(),
+                map: (first..first + self.frames as u32).map(Cell::new).collect(),
+            })
+        });
         let rings = [(); 2].map(|_| {
             Rc::new(RefCell::new(Rings {
                 ring_size: self.ring_size,
@@ -149,6 +196,7 @@ impl MemLink {
                 stats: MemStats::default(),
                 loss_every: 0,
                 captured: None,
+                zero_copy,
             };
             p.top_up_fill();
             p
@@ -201,14 +249,22 @@ impl MemPort {
     }
 }
 
+/// Takes a frame of the peer's fill ring for a delivery of `len` bytes, or counts a drop.
+fn take_fill(k: &mut Rings, region: &Region, len: usize) -> Option<u32> {
+    if k.rx.len() >= k.ring_size || len > region.frame_size() {
+        k.rx_dropped += 1;
+        return None;
+    }
+    let i = k.fill.pop_front();
+    if i.is_none() {
+        k.rx_dropped += 1;
+    }
+    i
+}
+
 fn deliver(peer: &RefCell<Rings>, region: &Region, bytes: &[u8]) -> bool {
     let mut k = peer.borrow_mut();
-    if k.rx.len() >= k.ring_size || bytes.len() > region.frame_size {
-        k.rx_dropped += 1;
-        return false;
-    }
-    let Some(i) = k.fill.pop_front() else {
-        k.rx_dropped += 1;
+    let Some(i) = take_fill(&mut k, region, bytes.len()) else {
         return false;
     };
     // SAFETY: frame `i` was in the peer's fill ring, so only the simulated kernel refers to it.
@@ -218,11 +274,31 @@ fn deliver(peer: &RefCell<Rings>, region: &Region, bytes: &[u8]) -> bool {
     true
 }
 
+/// Delivers the sender's frame `index` of `len` bytes by swapping its buffer with the one behind
+/// the peer's next fill frame: no byte moves.
+fn hand_over(
+    peer: &RefCell<Rings>,
+    peer_region: &Region,
+    mine: &Region,
+    index: u32,
+    len: usize,
+) -> bool {
+    let mut k = peer.borrow_mut();
+    let Some(i) = take_fill(&mut k, peer_region, len) else {
+        return false;
+    };
+    // Both frames are the simulated kernel's now (one in transmit, one taken from the fill
+    // ring): swapping the buffers behind them touches nothing a handle can see.
+    mine.map[index as usize].swap(&peer_region.map[i as usize]);
+    k.rx.push_back((i, len as u32));
+    true
+}
+
 impl FrameIo for MemPort {
     type Frame = MemFrame;
 
     fn frame_capacity(&self) -> usize {
-        self.region.frame_size
+        self.region.frame_size()
     }
 
     fn bytes<'a>(&'a self, frame: &'a MemFrame) -> &'a [u8] {
@@ -234,7 +310,7 @@ impl FrameIo for MemPort {
 
     fn bytes_mut<'a>(&'a self, frame: &'a mut MemFrame, len: usize) -> &'a mut [u8] {
         self.id.check(frame);
-        let len = len.min(self.region.frame_size);
+        let len = len.min(self.region.frame_size());
         frame.len = len as u32;
         // SAFETY: the handle is unique, of this UMEM (checked) and mutably borrowed for 'a.
         unsafe { self.region.slice_mut(frame.index(), len) }
@@ -303,6 +379,16 @@ impl FrameIo for MemPort {
             let lose = self.loss_every > 0 && self.stats.sent.is_multiple_of(self.loss_every);
             if lose {
                 self.stats.lost += 1;
+            } else if self.zero_copy && self.captured.is_none() {
+                if !hand_over(
+                    &self.peer,
+                    &self.peer_region,
+                    &self.region,
+                    f.index,
+                    f.len(),
+                ) {
+                    self.stats.peer_dropped += 1;
+                }
             } else {
                 // SAFETY: the frame is in Transmit state: only the simulated kernel reads it.
                 let bytes = unsafe { self.region.slice_mut(f.index(), f.len()) };
@@ -443,5 +529,87 @@ mod tests {
         a.alloc(&mut tx, 1);
         // Same frame size, index in range: only the brand tells them apart.
         let _ = b.bytes(&tx[0]);
+    }
+
+    /// Every buffer of the arena, as the two ports' maps name them, sorted.
+    fn buffers(a: &MemPort, b: &MemPort) -> Vec<u32> {
+        let mut all: Vec<u32> = [&a.region, &b.region]
+            .iter()
+            .flat_map(|r| r.map.iter().map(Cell::get))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// Sends `n` frames from `tx_port` holding `tag`, with the round in their first bytes.
+    fn send_tagged(p: &mut MemPort, n: usize, tag: u8, round: u32) {
+        let mut tx = Vec::new();
+        p.alloc(&mut tx, n);
+        for (k, f) in tx.iter_mut().enumerate() {
+            let b = p.bytes_mut(f, 8 + k);
+            b[..4].copy_from_slice(&round.to_le_bytes());
+            b[4..].fill(tag);
+        }
+        p.send(&mut tx).unwrap();
+    }
+
+    #[test]
+    fn zero_copy_hands_buffers_over_and_the_arena_stays_a_permutation() {
+        let link = MemLink {
+            frames: 32,
+            ..small()
+        };
+        let (mut a, mut b) = link.pair_zero_copy();
+        a.set_loss_every(7);
+        let mut rx = VecDeque::new();
+        let mut moved = 0;
+        for round in 0..500u32 {
+            let before = a.region.map[0].get();
+            // Both ways, sometimes more than the peer has fill frames for (drops).
+            send_tagged(&mut a, 1 + (round % 7) as usize, 0xa, round);
+            a.complete().unwrap();
+            send_tagged(&mut a, 1 + (round % 5) as usize, 0xa, round);
+            send_tagged(&mut b, 1 + (round % 5) as usize, 0xb, round);
+            for (p, tag) in [(&mut a, 0xb), (&mut b, 0xa)] {
+                p.recv(&mut rx, 64);
+                for f in &rx {
+                    let got = p.bytes(f);
+                    assert_eq!(got[..4], round.to_le_bytes(), "round {round}");
+                    assert!(got[4..].iter().all(|&x| x == tag), "round {round}");
+                }
+                let mut done: Vec<_> = rx.drain(..).collect();
+                p.release(&mut done);
+                p.complete().unwrap();
+            }
+            moved += usize::from(a.region.map[0].get() != before);
+            assert_eq!(
+                buffers(&a, &b),
+                (0..64).collect::<Vec<u32>>(),
+                "round {round}"
+            );
+        }
+        assert!(moved > 0, "a zero-copy delivery never moved a buffer");
+        assert!(a.stats().lost > 0 && a.stats().peer_dropped > 0);
+        for p in [&mut a, &mut b] {
+            let c = p.counts();
+            assert_eq!(c.in_use + c.rx + c.tx + c.completion, 0);
+            assert_eq!(c.sum(), 32);
+        }
+    }
+
+    #[test]
+    fn copy_mode_never_moves_a_buffer() {
+        let (mut a, mut b) = small().pair();
+        let mut rx = VecDeque::new();
+        for round in 0..50u32 {
+            send_tagged(&mut a, 3, 1, round);
+            b.recv(&mut rx, 64);
+            let mut done: Vec<_> = rx.drain(..).collect();
+            b.release(&mut done);
+            a.complete().unwrap();
+        }
+        let ids = |p: &MemPort| p.region.map.iter().map(Cell::get).collect::<Vec<_>>();
+        assert_eq!(ids(&a), (0..16).collect::<Vec<u32>>());
+        assert_eq!(ids(&b), (16..32).collect::<Vec<u32>>());
     }
 }

@@ -116,6 +116,18 @@ impl Pair<MemPort> {
     /// Two nodes over `link`, `a` with `a_cfg` and `b` with `b_cfg`.
     pub fn with(link: MemLink, a_cfg: StackConfig, b_cfg: StackConfig) -> Self {
         let (x, y) = link.pair();
+        Pair::over(x, y, a_cfg, b_cfg)
+    }
+
+    /// As [`Pair::with`], over a link that hands frames over without copying them
+    /// ([`MemLink::pair_zero_copy`]): what runs is the two stacks' own work, as over a zero-copy
+    /// device.
+    pub fn zero_copy(link: MemLink, a_cfg: StackConfig, b_cfg: StackConfig) -> Self {
+        let (x, y) = link.pair_zero_copy();
+        Pair::over(x, y, a_cfg, b_cfg)
+    }
+
+    fn over(x: MemPort, y: MemPort, a_cfg: StackConfig, b_cfg: StackConfig) -> Self {
         let node = |io, last: u8, cfg: StackConfig| {
             let addr = smoltcp::wire::Ipv4Address::new(10, 9, 0, last);
             Node::new(

@@ -117,6 +117,23 @@ fn tcp_echo_survives_loss() {
 }
 
 #[test]
+fn tcp_echo_over_a_zero_copy_link_survives_loss_both_ways() {
+    let mut p = Pair::zero_copy(corelane_frame::MemLink::default(), cfg(), cfg());
+    p.a.dev_mut().io_mut().set_loss_every(97);
+    p.b.dev_mut().io_mut().set_loss_every(89);
+    let data = pattern(2 << 20);
+    let back = echo_through(&mut p, &data);
+    assert!(back == data, "echoed bytes differ");
+    assert!(p.a.dev().io().stats().lost > 0 && p.b.dev().io().stats().lost > 0);
+    let now = p.now();
+    for n in [&mut p.a, &mut p.b] {
+        let c = n.shutdown(now).unwrap();
+        assert_eq!(c.in_use, 0, "{c:?}");
+        assert_eq!(c.sum(), c.total);
+    }
+}
+
+#[test]
 fn the_same_seed_gives_the_same_run() {
     let run = || {
         let mut p = pair();

@@ -11,8 +11,9 @@
 //! cargo run --release -p corelane-bench --bin reqresp -- --profile 16 1 corelane # one row, for perf
 //! ```
 //!
-//! The in-memory link copies each frame once between the two rings, which a zero-copy NIC
-//! does not: that copy is in the figure (smoltcp's Loopback copies too).
+//! corelane's stacks are joined by the zero-copy in-memory link (`MemLink::pair_zero_copy`: a
+//! sent frame's buffer becomes the peer's received frame, as on a zero-copy NIC), so the figure
+//! is the stacks' own work; smoltcp's `Loopback` hands its frames over without a copy too.
 
 use std::task::Poll;
 use std::time::Instant as Wall;
@@ -55,7 +56,7 @@ fn corelane(n: usize) -> Result<Corelane> {
         seed: Some(7),
         ..StackConfig::default()
     };
-    let (pa, pb) = MemLink::default().pair();
+    let (pa, pb) = MemLink::default().pair_zero_copy();
     let ip = |x: u8| [IpCidr::new(Ipv4Address::new(10, 9, 0, x).into(), 24)];
     let mut a = Node::new(pa, [2, 0, 0, 0, 0, 1], &ip(1), MTU, cfg);
     let mut b = Node::new(pb, [2, 0, 0, 0, 0, 2], &ip(2), MTU, cfg);

@@ -125,12 +125,24 @@ fn sum(data: &[u8]) -> u64 {
     for w in words {
         acc += u64::from(u32::from_ne_bytes(*w));
     }
-    if !rest.is_empty() {
-        let mut last = [0u8; 4];
-        last[..rest.len()].copy_from_slice(rest);
-        acc += u64::from(u32::from_ne_bytes(last));
+    acc + tail_word(rest)
+}
+
+/// The last 1-3 bytes of a sum as the native-order word they start, zero-padded, built in a
+/// register: bytes copied into a stack word and read back as one stall store forwarding, which
+/// cost a third of the time of writing a one-byte segment.
+#[inline]
+fn tail_word(rest: &[u8]) -> u64 {
+    let mut v = 0u32;
+    for (k, &b) in rest.iter().enumerate().take(3) {
+        let shift = if cfg!(target_endian = "little") {
+            8 * k
+        } else {
+            24 - 8 * k
+        };
+        v |= u32::from(b) << shift;
     }
-    acc
+    u64::from(v)
 }
 
 /// Copies `src` into `dst` (same length) and returns the sum of the bytes copied, in one pass
@@ -174,26 +186,52 @@ pub(crate) fn checksum(src: &[u8], dst: &[u8], proto: u8, data: &[u8]) -> u16 {
     !fold(sum(src) + sum(dst) + sum(&tail) + sum(data))
 }
 
+/// A native-order word's share of a sum.
+#[inline(always)]
+fn word(w: [u8; 4]) -> u64 {
+    u64::from(u32::from_ne_bytes(w))
+}
+
+/// The TCP pseudo-header's sum (RFC 9293 3.1, RFC 8200 8.1), from registers.
+#[inline]
 fn pseudo_sum(path: &Path, tcp_len: usize) -> u64 {
-    let mut p = [0u8; 40];
-    let n = match (path.local.addr, path.remote.addr) {
-        (IpAddress::Ipv4(l), IpAddress::Ipv4(r)) => {
-            p[..4].copy_from_slice(&l.octets());
-            p[4..8].copy_from_slice(&r.octets());
-            8
-        }
+    let addrs = match (path.local.addr, path.remote.addr) {
+        (IpAddress::Ipv4(l), IpAddress::Ipv4(r)) => word(l.octets()) + word(r.octets()),
         (IpAddress::Ipv6(l), IpAddress::Ipv6(r)) => {
-            p[..16].copy_from_slice(&l.octets());
-            p[16..32].copy_from_slice(&r.octets());
-            32
+            let (l, r) = (l.octets(), r.octets());
+            let (lw, rw) = (l.as_chunks::<4>().0, r.as_chunks::<4>().0);
+            lw.iter().chain(rw).map(|w| word(*w)).sum()
         }
         // Mixed families never make a path.
         _ => 0,
     };
-    let mut tail = [0u8; 8];
-    tail[..4].copy_from_slice(&(tcp_len as u32).to_be_bytes());
-    tail[7] = 6;
-    sum(&p[..n]) + sum(&tail)
+    addrs + word((tcp_len as u32).to_be_bytes()) + word(6u32.to_be_bytes())
+}
+
+/// Stores a header as whole 4-byte words and sums each from the register it was stored from:
+/// a header written a byte at a time and read back for its sum stalls store forwarding.
+struct Words<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+    sum: u64,
+}
+
+impl<'a> Words<'a> {
+    fn new(buf: &'a mut [u8]) -> Self {
+        Words { buf, at: 0, sum: 0 }
+    }
+
+    #[inline(always)]
+    fn put(&mut self, w: [u8; 4]) {
+        self.buf[self.at..self.at + 4].copy_from_slice(&w);
+        self.sum += word(w);
+        self.at += 4;
+    }
+
+    #[inline(always)]
+    fn be(&mut self, v: u32) {
+        self.put(v.to_be_bytes());
+    }
 }
 
 /// Writes the frame of `seg` on `path` into `buf` (exactly [`Out::frame_len`] bytes).
@@ -201,84 +239,75 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, seg: &Out<'_>) {
     buf[..6].copy_from_slice(&path.dst_mac);
     buf[6..12].copy_from_slice(&path.src_mac);
     let ip_len = ip_header_len(path);
-    let tcp_len = seg.header_len() + seg.payload_len();
+    let hl = seg.header_len();
+    let tcp_len = hl + seg.payload_len();
     match (path.local.addr, path.remote.addr) {
         (IpAddress::Ipv4(l), IpAddress::Ipv4(r)) => {
             buf[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-            let ip = &mut buf[ETH..ETH + 20];
-            ip[0] = 0x45;
-            ip[1] = if seg.ect { ECT0 } else { 0 };
-            ip[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
+            let tos = if seg.ect { u32::from(ECT0) } else { 0 };
+            let mut ip = Words::new(&mut buf[ETH..ETH + 20]);
+            ip.be(0x4500_0000 | tos << 16 | (20 + tcp_len) as u32);
             // An atomic datagram (DF set): identification 0 (RFC 6864 section 4.1), so the
-            // field says nothing about this stack's other traffic.
-            ip[4..6].copy_from_slice(&[0, 0]);
-            // Don't fragment: path MTU discovery (RFC 1191).
-            ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes());
-            ip[8] = path.ttl;
-            ip[9] = 6;
-            ip[10..12].copy_from_slice(&[0, 0]);
-            ip[12..16].copy_from_slice(&l.octets());
-            ip[16..20].copy_from_slice(&r.octets());
-            let c = !fold(sum(ip));
-            ip[10..12].copy_from_slice(&c.to_ne_bytes());
+            // field says nothing about this stack's other traffic; DF for path MTU discovery
+            // (RFC 1191).
+            ip.be(0x0000_4000);
+            // TTL, protocol, and the checksum (zero while summing).
+            ip.be(u32::from(path.ttl) << 24 | 6 << 16);
+            ip.put(l.octets());
+            ip.put(r.octets());
+            let c = !fold(ip.sum);
+            buf[ETH + 10..ETH + 12].copy_from_slice(&c.to_ne_bytes());
         }
         (IpAddress::Ipv6(l), IpAddress::Ipv6(r)) => {
             buf[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
             let ip = &mut buf[ETH..ETH + 40];
             let ecn = if seg.ect { u32::from(ECT0) << 20 } else { 0 };
             ip[..4].copy_from_slice(&(0x6000_0000u32 | ecn).to_be_bytes());
-            ip[4..6].copy_from_slice(&(tcp_len as u16).to_be_bytes());
-            ip[6] = 6;
-            ip[7] = path.ttl;
+            ip[4..8].copy_from_slice(
+                &((tcp_len as u32) << 16 | 6 << 8 | u32::from(path.ttl)).to_be_bytes(),
+            );
             ip[8..24].copy_from_slice(&l.octets());
             ip[24..40].copy_from_slice(&r.octets());
         }
         _ => {}
     }
     let t = &mut buf[ETH + ip_len..];
-    let hl = seg.header_len();
     let (hdr, body) = t.split_at_mut(hl);
-    hdr[..2].copy_from_slice(&path.local.port.to_be_bytes());
-    hdr[2..4].copy_from_slice(&path.remote.port.to_be_bytes());
-    hdr[4..8].copy_from_slice(&seg.seq.0.to_be_bytes());
-    hdr[8..12].copy_from_slice(&seg.ack.map_or(0, |a| a.0).to_be_bytes());
-    hdr[12] = ((hl / 4) as u8) << 4;
-    hdr[13] = seg.flags | if seg.ack.is_some() { ACK } else { 0 };
-    hdr[14..16].copy_from_slice(&seg.window.to_be_bytes());
-    hdr[16..20].copy_from_slice(&[0, 0, 0, 0]);
-    let mut o = 20;
+    let mut h = Words::new(hdr);
+    h.be(u32::from(path.local.port) << 16 | u32::from(path.remote.port));
+    h.be(seg.seq.0);
+    h.be(seg.ack.map_or(0, |a| a.0));
+    let flags = seg.flags | if seg.ack.is_some() { ACK } else { 0 };
+    h.be(((hl / 4) as u32) << 28 | u32::from(flags) << 16 | u32::from(seg.window));
+    // Checksum (zero while summing) and urgent pointer.
+    h.be(0);
     if let Some(m) = seg.mss {
-        hdr[o..o + 4].copy_from_slice(&[2, 4, (m >> 8) as u8, m as u8]);
-        o += 4;
+        h.be(0x0204_0000 | u32::from(m));
     }
     if let Some((val, ecr)) = seg.ts {
-        if seg.sack_perm {
-            hdr[o..o + 2].copy_from_slice(&[4, 2]);
+        // SACK-permitted rides in the two NOPs before the timestamps.
+        h.be(if seg.sack_perm {
+            0x0402_080a
         } else {
-            hdr[o..o + 2].copy_from_slice(&[1, 1]);
-        }
-        hdr[o + 2..o + 4].copy_from_slice(&[8, 10]);
-        hdr[o + 4..o + 8].copy_from_slice(&val.to_be_bytes());
-        hdr[o + 8..o + 12].copy_from_slice(&ecr.to_be_bytes());
-        o += 12;
+            0x0101_080a
+        });
+        h.be(val);
+        h.be(ecr);
     } else if seg.sack_perm {
-        hdr[o..o + 4].copy_from_slice(&[1, 1, 4, 2]);
-        o += 4;
+        h.be(0x0101_0402);
     }
     if let Some(w) = seg.wscale {
-        hdr[o..o + 4].copy_from_slice(&[1, 3, 3, w]);
-        o += 4;
+        h.be(0x0103_0300 | u32::from(w));
     }
     if seg.nsack > 0 {
-        hdr[o..o + 4].copy_from_slice(&[1, 1, 5, (2 + 8 * seg.nsack) as u8]);
-        o += 4;
+        h.be(0x0101_0500 | (2 + 8 * seg.nsack) as u32);
         for &(l, r) in &seg.sack[..seg.nsack] {
-            hdr[o..o + 4].copy_from_slice(&l.0.to_be_bytes());
-            hdr[o + 4..o + 8].copy_from_slice(&r.0.to_be_bytes());
-            o += 8;
+            h.be(l.0);
+            h.be(r.0);
         }
     }
-    debug_assert_eq!(o, hl);
+    debug_assert_eq!(h.at, hl);
+    let hsum = h.sum;
     let (a, b) = seg.payload;
     let (da, db) = body.split_at_mut(a.len());
     let sa = fold(copy_sum(da, a));
@@ -287,7 +316,7 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, seg: &Out<'_>) {
         // The second half starts in the middle of a 16-bit word.
         sb = sb.swap_bytes();
     }
-    let total = pseudo_sum(path, tcp_len) + sum(hdr) + u64::from(sa) + u64::from(sb);
+    let total = pseudo_sum(path, tcp_len) + hsum + u64::from(sa) + u64::from(sb);
     let c = !fold(total);
     hdr[16..18].copy_from_slice(&c.to_ne_bytes());
 }
@@ -454,6 +483,47 @@ mod tests {
                 );
                 assert_eq!(inn.seg.sack_ranges[1], Some((30, 40)));
                 assert_eq!(inn.seg.window_len, 4321);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_payload_length_and_split_sums_right_in_both_families() -> Result {
+        let data: Vec<u8> = (0..70u32).map(|i| (i * 97 + 13) as u8 | 0x80).collect();
+        for v6 in [false, true] {
+            let p = path(v6)?;
+            for len in 0..data.len() {
+                for split in [0, len / 2, len.saturating_sub(1), len] {
+                    let payload = &data[..len];
+                    let seg = Out {
+                        seq: Seq(len as u32 * 1_000_003),
+                        ack: Some(Seq(!(split as u32))),
+                        flags: PSH,
+                        ect: len % 2 == 0,
+                        window: 0xfff0 + len as u16 % 16,
+                        ts: (len % 3 != 0).then_some((len as u32, u32::MAX - len as u32)),
+                        nsack: len % 4,
+                        sack: [
+                            (Seq(1), Seq(2)),
+                            (Seq(3), Seq(0xffff_fff4)),
+                            (Seq(5), Seq(6)),
+                        ],
+                        payload: (&payload[..split], &payload[split..]),
+                        ..Out::default()
+                    };
+                    let mut buf = vec![0xa5u8; seg.frame_len(&p)];
+                    write(&mut buf, &p, &seg);
+                    assert!(
+                        matches!(classify(&buf), Class::Tcp { syn: false, .. }),
+                        "v6 {v6} len {len} split {split}: {:?}",
+                        classify(&buf)
+                    );
+                    let inn = parse(&buf).ok_or("does not parse")?;
+                    assert_eq!(inn.seg.payload, payload);
+                    assert_eq!(inn.seg.seq_number.0 as u32, seg.seq.0);
+                    assert_eq!(inn.seg.sack_ranges.iter().flatten().count(), seg.nsack);
+                }
             }
         }
         Ok(())

@@ -4,7 +4,7 @@
 
 use super::conformance::{PEER_ISN, Script, seg};
 use super::ring::SMALL;
-use super::user::{SEND_MIN, TRIM_AFTER};
+use super::user::{SEND_MIN, SMALL_KEEP, TRIM_AFTER};
 
 #[test]
 fn an_exchange_leaves_no_buffer_behind() -> Result<(), &'static str> {
@@ -16,23 +16,31 @@ fn an_exchange_leaves_no_buffer_behind() -> Result<(), &'static str> {
     let mut buf = [0u8; 64];
     let now = s.now;
     assert_eq!(s.c.read(now, &mut buf).0, 64);
-    assert_eq!(
-        s.c.rcv.capacity(),
-        0,
-        "read: the receive buffer is given back"
-    );
+    // An emptied small buffer is kept a little: the next request of a request/response
+    // connection comes soon, and reuses it.
+    assert_eq!(s.c.rcv.capacity(), SMALL, "read: kept for the next request");
+    let at = s.c.trim_at.get().ok_or("no timer for the emptied buffer")?;
+    assert_eq!(at - s.now, SMALL_KEEP);
     assert_eq!(s.c.write(&[1u8; 64]), 64);
     assert_eq!(s.c.snd.capacity(), SMALL);
     let out = s.out();
     assert_eq!(out.iter().map(|o| o.len).sum::<usize>(), 64);
     s.input(seg(PEER_ISN + 65, una + 64));
+    assert_eq!(s.c.snd.capacity(), SMALL, "acknowledged: kept a little too");
+    // A second request in time reuses both buffers.
+    let mut req = seg(PEER_ISN + 65, una + 64);
+    req.len = 10;
+    s.input(req);
+    assert_eq!(s.c.read(s.now, &mut buf).0, 10);
+    s.advance(SMALL_KEEP);
+    s.out();
     assert_eq!(
-        s.c.snd.capacity(),
-        0,
-        "acknowledged: the send buffer is given back"
+        (s.c.snd.capacity(), s.c.rcv.capacity()),
+        (0, 0),
+        "still empty when the timer fired: both given back"
     );
-    // The scoreboard's deque from that flight goes with the trim timer: a connection that
-    // sends again at once keeps it, an idle one holds no heap at all.
+    // The scoreboard's deque from that flight goes with the longer timer: a connection that
+    // sends again soon keeps it, an idle one holds no heap at all.
     assert!(s.c.board.holds_heap());
     let at =
         s.c.trim_at
@@ -55,6 +63,42 @@ fn an_exchange_leaves_no_buffer_behind() -> Result<(), &'static str> {
 }
 
 #[test]
+fn a_short_timer_never_gives_a_large_buffer_back_early() -> Result<(), &'static str> {
+    let (mut s, una) = Script::established(false);
+    // A large send buffer empties: the long timer.
+    let n = 2 * SMALL + 1000;
+    assert_eq!(s.c.write(&vec![2u8; n]), n);
+    let cap = s.c.snd.capacity();
+    s.out();
+    s.input(seg(PEER_ISN + 1, una + n as u32));
+    let long = s.c.trim_at.get().ok_or("no long timer")?;
+    assert_eq!(long - s.now, TRIM_AFTER);
+    // A request read a little later empties a small receive buffer: the short timer comes
+    // first, gives back only that one, and the large one keeps its full time.
+    s.advance(SMALL_KEEP);
+    let mut req = seg(PEER_ISN + 1, una + n as u32);
+    req.len = 5;
+    s.input(req);
+    let mut buf = [0u8; 8];
+    assert_eq!(s.c.read(s.now, &mut buf).0, 5);
+    let short = s.c.trim_at.get().ok_or("no short timer")?;
+    assert_eq!(short - s.now, SMALL_KEEP);
+    s.advance(SMALL_KEEP);
+    s.out();
+    assert_eq!(s.c.rcv.capacity(), 0, "the small buffer is given back");
+    assert_eq!(s.c.snd.capacity(), cap, "the large one is kept");
+    let again =
+        s.c.trim_at
+            .get()
+            .ok_or("no long timer after the short one")?;
+    assert!(again >= long, "{again:?} before {long:?}");
+    s.advance(again - s.now);
+    s.out();
+    assert_eq!(s.c.snd.capacity(), 0, "given back when its own timer fired");
+    Ok(())
+}
+
+#[test]
 fn an_idle_connection_s_state_fits_in_a_kilobyte() -> Result<(), &'static str> {
     // What each connection costs at the least (`StackConfig::max_tcp` of them per core): the
     // scoreboard on the heap only while a flight is on it, the rarer counters made at their
@@ -70,6 +114,8 @@ fn an_idle_connection_s_state_fits_in_a_kilobyte() -> Result<(), &'static str> {
     assert_eq!(s.c.board.in_flight(), 100);
     s.input(seg(PEER_ISN + 1, una + 100));
     assert!(s.c.board.is_empty());
+    s.advance(SMALL_KEEP);
+    s.out();
     s.advance(TRIM_AFTER);
     s.out();
     assert!(!s.c.board.holds_heap());

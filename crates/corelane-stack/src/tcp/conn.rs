@@ -155,8 +155,10 @@ pub(crate) struct Conn {
     pub(super) ack_at: Due,
     pub(super) keep_at: Due,
     pub(super) end_at: Due,
-    /// When emptied buffers larger than the pool's unit are given back.
+    /// When emptied buffers are given back (see `Conn::trim`).
     pub(super) trim_at: Due,
+    /// The trim timer is the short one, for small buffers only.
+    pub(super) trim_short: bool,
     /// The pacing clock.
     pub(super) pacer: super::pacing::Pacer,
     pub(super) syn_sent_at: Due,
@@ -305,6 +307,7 @@ impl Conn {
             keep_at: Due::NONE,
             end_at: Due::NONE,
             trim_at: Due::NONE,
+            trim_short: false,
             pacer: Default::default(),
             syn_sent_at: Due::NONE,
             syn_tries: 0,

@@ -76,7 +76,7 @@ impl Conn {
             self.on_keepalive(now);
         }
         if self.trim_at.is_some_and(|t| t <= now) {
-            self.on_trim();
+            self.on_trim(now);
         }
         if self.end_at.is_some_and(|t| t <= now) {
             self.end_at = Due::NONE;

@@ -12,6 +12,11 @@ use super::ring::SMALL;
 /// How long a large emptied buffer is kept before it is given back.
 pub(super) const TRIM_AFTER: Duration = Duration::from_millis(500);
 
+/// How long an emptied small buffer is kept: a request/response connection empties its rings
+/// after every exchange, and taking a buffer from the pool and giving it back on each was a
+/// tenth of a request's cost; an idle connection still holds none once this passed.
+pub(super) const SMALL_KEEP: Duration = Duration::from_millis(10);
+
 /// The least a send buffer may hold, however small the window (64 KiB).
 pub(crate) const SEND_MIN: usize = 64 * 1024;
 
@@ -55,42 +60,74 @@ impl Conn {
         (n, update || armed)
     }
 
-    /// Gives back the buffers that emptied: a small one at once (to the core's pool), a larger
-    /// one only if it is still empty [`TRIM_AFTER`] later (a bulk transfer whose ring drains
-    /// between writes keeps its buffer). Returns true when it set that timer.
+    /// Arms the trim timer for the buffers that emptied: a small one is given back
+    /// [`SMALL_KEEP`] later, a larger one (and the flight's bookkeeping) [`TRIM_AFTER`] later at
+    /// the soonest, each only if still empty then (a connection that goes on keeps them).
+    /// Returns true when it set the timer or moved it earlier.
     pub(super) fn trim(&mut self, now: Instant) -> bool {
-        let mut later = false;
+        let small = |r: &super::ring::Ring| r.capacity() <= SMALL;
+        if matches!(self.state(), TcpState::TimeWait | TcpState::Closed) {
+            // No exchange follows: an emptied small buffer is given back at once.
+            if self.snd.is_empty() && small(&self.snd) {
+                self.snd.free();
+            }
+            if self.rcv.is_empty() && self.ooo.is_empty() && small(&self.rcv) {
+                self.rcv.free();
+            }
+        }
+        let (mut short, mut long) = (false, false);
         // The flight's bookkeeping (the scoreboard's deque, the SACK lists) goes with the
-        // timer: a connection that sends again soon keeps it, an idle one holds none.
+        // long timer: a connection that sends again soon keeps it, an idle one holds none.
         if (self.snd.is_empty() && self.board.holds_heap())
             || (self.ooo.is_empty() && self.sack_fresh.capacity() > 0)
         {
-            later = true;
+            long = true;
         }
         if self.snd.is_empty() && self.snd.capacity() > 0 {
-            if self.snd.capacity() <= SMALL {
-                self.snd.free();
+            *if small(&self.snd) {
+                &mut short
             } else {
-                later = true;
-            }
+                &mut long
+            } = true;
         }
         if self.rcv.is_empty() && self.ooo.is_empty() && self.rcv.capacity() > 0 {
-            if self.rcv.capacity() <= SMALL {
-                self.rcv.free();
+            *if small(&self.rcv) {
+                &mut short
             } else {
-                later = true;
-            }
+                &mut long
+            } = true;
         }
-        if later && self.trim_at.is_none() {
-            self.trim_at = Due::from(Some(now + TRIM_AFTER));
+        let (at, is_short) = if short {
+            (now + SMALL_KEEP, true)
+        } else if long {
+            (now + TRIM_AFTER, false)
+        } else {
+            return false;
+        };
+        // A short timer set while a long one waits fires first; what needs the long keep is
+        // given its own timer then (see `on_trim`), so it is never given back sooner.
+        if self.trim_at.get().is_none_or(|t| t > at) {
+            self.trim_at = Due::from(Some(at));
+            self.trim_short = is_short;
             return true;
         }
         false
     }
 
-    /// The trim timer: every ring still empty is given back, whatever its size.
-    pub(super) fn on_trim(&mut self) {
+    /// The trim timer: every ring still empty is given back (a small one only, when it was the
+    /// short timer; what needs the long keep then gets the long timer).
+    pub(super) fn on_trim(&mut self, now: Instant) {
         self.trim_at = Due::NONE;
+        if std::mem::take(&mut self.trim_short) {
+            if self.snd.is_empty() && self.snd.capacity() <= SMALL {
+                self.snd.free();
+            }
+            if self.rcv.is_empty() && self.ooo.is_empty() && self.rcv.capacity() <= SMALL {
+                self.rcv.free();
+            }
+            self.trim(now);
+            return;
+        }
         if self.snd.is_empty() {
             self.snd.free();
             self.board.release_if_empty();

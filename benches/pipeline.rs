@@ -14,7 +14,7 @@
 use std::hint::black_box;
 use std::task::Poll;
 
-use corelane_frame::{FrameIo, MemLink, MemPort};
+use corelane_frame::{MemLink, MemPort};
 use corelane_stack::smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use corelane_stack::smoltcp::phy::{Device, DeviceCapabilities, Loopback, Medium};
 use corelane_stack::smoltcp::socket::tcp;
@@ -61,11 +61,6 @@ fn corelane(batch: usize, zero_copy: bool) -> Corelane {
     };
     let mut a = Node::new(pa, [2, 0, 0, 0, 0, 1], &ip(1), MTU, cfg);
     let mut b = Node::new(pb, [2, 0, 0, 0, 0, 2], &ip(2), MTU, cfg);
-    if let Ok(v) = std::env::var("FILL") {
-        let v: usize = v.parse().unwrap();
-        a.dev_mut().io_mut().set_fill_target(v);
-        b.dev_mut().io_mut().set_fill_target(v);
-    }
     b.stack.listen_tcp(9, None).expect("listen");
     let tx = a
         .stack

@@ -314,8 +314,9 @@ fn main() -> Result<()> {
     let text = format!(
         "# Request/response in memory: corelane's own cost per request\n\n\
          Measured at commit `{commit}` on one core of {cpu}, {requests} requests per row.\n\n\
-         Two corelane stacks on one core over the in-memory link (every stage of the pipeline, \
-         checksums computed and verified, one copy per frame between the rings), each \
+         Two corelane stacks on one core over the zero-copy in-memory link (every stage of the \
+         pipeline, checksums computed and verified; a sent frame's buffer becomes the peer's \
+         received frame, as on a zero-copy NIC, so no copy between the rings), each \
          connection sending a request and reading the response, all connections at once; \
          smoltcp's two sockets of one interface on its `Loopback` carry the same exchange in \
          the same run. The figure is the run's time over the requests answered, halved (each \

@@ -1,8 +1,11 @@
 //! The flow table of a [`Stack`](crate::Stack): a connection's addresses to the slot that holds
 //! its socket. One hash lookup per frame (SipHash-1-3 over the two endpoints under a secret
 //! key), so the cost of finding a flow does not grow with the number of open connections, and
-//! a peer that cannot know the key cannot choose addresses and ports that collide.
+//! a peer that cannot know the key cannot choose addresses and ports that collide. The last
+//! flow found is remembered: a burst of one flow's frames (a bulk transfer's segments, the ACKs
+//! coming back) is found by one comparison, without hashing.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use crate::keyed::KeyedState;
@@ -13,6 +16,8 @@ use crate::classify::FlowKey;
 #[derive(Debug, Default, Clone)]
 pub struct FlowTable {
     map: HashMap<FlowKey, u32, KeyedState>,
+    /// The last flow found and its slot; cleared when that key is inserted or removed.
+    last: Cell<Option<(FlowKey, u32)>>,
 }
 
 impl FlowTable {
@@ -26,24 +31,40 @@ impl FlowTable {
     pub fn keyed(flows: usize, key: KeyedState) -> Self {
         FlowTable {
             map: HashMap::with_capacity_and_hasher(flows, key),
+            last: Cell::new(None),
         }
     }
 
     /// The slot of `key`'s flow, if the table has it.
     #[inline]
     pub fn get(&self, key: &FlowKey) -> Option<u32> {
-        self.map.get(key).copied()
+        if let Some((k, slot)) = self.last.get()
+            && k == *key
+        {
+            return Some(slot);
+        }
+        let slot = self.map.get(key).copied()?;
+        self.last.set(Some((*key, slot)));
+        Some(slot)
+    }
+
+    fn forget_last(&self, key: &FlowKey) {
+        if self.last.get().is_some_and(|(k, _)| k == *key) {
+            self.last.set(None);
+        }
     }
 
     /// Records `key` at `slot`; returns the slot it replaced, if any.
     #[inline]
     pub fn insert(&mut self, key: FlowKey, slot: u32) -> Option<u32> {
+        self.forget_last(&key);
         self.map.insert(key, slot)
     }
 
     /// Forgets `key`; returns its slot, if it was there.
     #[inline]
     pub fn remove(&mut self, key: &FlowKey) -> Option<u32> {
+        self.forget_last(key);
         self.map.remove(key)
     }
 
@@ -81,9 +102,15 @@ mod tests {
         }
         assert_eq!(t.len(), 1000);
         assert_eq!(t.get(&key(417)), Some(417));
+        // Found again (remembered), then moved and removed: the remembered slot never outlives
+        // its entry.
+        assert_eq!(t.get(&key(417)), Some(417));
         assert_eq!(t.insert(key(417), 5), Some(417));
+        assert_eq!(t.get(&key(417)), Some(5));
+        assert_eq!(t.get(&key(417)), Some(5));
         assert_eq!(t.remove(&key(417)), Some(5));
         assert_eq!(t.get(&key(417)), None);
+        assert_eq!(t.get(&key(418)), Some(418));
         assert_eq!(t.len(), 999);
         // Same remote, other local port: a different flow.
         let mut k = key(1);

@@ -239,7 +239,7 @@ fn core_line(s: &corelane::CoreStats) -> String {
     let st =
         |name: &str, x: &corelane::Stage| format!("{name} {}/{:.0}ns", x.items, x.ns_per_item());
     format!(
-        "core {} (CPU {}{}, queue {}): {} turns ({} busy, {} sleeps); stages: {}, {}, {}, {}, {}, {}; \
+        "core {} (CPU {}{}, queue {}): {} turns ({} busy, {} sleeps); {}; stages: {}, {}, {}, {}, {}, {}; \
          {} connections accepted, handed off {} out; accept wake-ups {} ({} spurious); batch {}",
         s.core,
         s.cpu,
@@ -252,6 +252,7 @@ fn core_line(s: &corelane::CoreStats) -> String {
         s.pipeline.turns,
         s.pipeline.busy_turns,
         s.parks,
+        wait_line(s),
         st("rx", &s.pipeline.rx),
         st("classify", &s.pipeline.classify),
         st("handoff-in", &s.pipeline.handoff_in),
@@ -263,6 +264,22 @@ fn core_line(s: &corelane::CoreStats) -> String {
         s.stack.accept_wakeups,
         s.accept_spurious,
         batch_line(&s.batch),
+    )
+}
+
+/// How long frames waited for the core: after waking it from a sleep, and when it was awake.
+fn wait_line(s: &corelane::CoreStats) -> String {
+    let us = |x: &corelane::Stage| x.ns_per_item() / 1000.0;
+    let (w, a) = (&s.rx_wait_woken, &s.rx_wait_awake);
+    if w.items + a.items == 0 {
+        return "frame waits: none measured (no receive stamps)".into();
+    }
+    format!(
+        "frame waits: {:.1} us after a sleep ({} measured), {:.1} us awake ({} sampled)",
+        us(w),
+        w.items,
+        us(a),
+        a.items
     )
 }
 

@@ -64,6 +64,17 @@ pub(crate) struct Driver {
     pub(crate) yields: u64,
     /// This core's part in an upgrade.
     pub(crate) upgrade: crate::upgrade_core::CoreUpgrade,
+    /// The next turn reads its first frame's receive stamp, for the wait it measures.
+    pub(crate) stamp: Option<Wait>,
+}
+
+/// Which wait a frame's receive stamp measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// The core slept until the frame came.
+    Woken,
+    /// The core was awake (spinning or working).
+    Awake,
 }
 
 impl Driver {
@@ -94,6 +105,7 @@ impl Driver {
             routes_seen: 0,
             yields: 0,
             upgrade: Default::default(),
+            stamp: None,
         }
     }
 
@@ -184,7 +196,23 @@ impl Driver {
             );
             self.cookie_check_at = Some(clock + crate::cookies::CHECK_EVERY / 4);
         }
+        let waited = self.stamp.take().and_then(|kind| {
+            let at = self.pipe.dev.io_mut().take_rx_stamp()?;
+            // From the steering program to this turn's start (a frame stamped after the clock
+            // was read waited for nothing measurable).
+            let wait = corelane_xsk::monotonic_ns(clock).saturating_sub(at);
+            // A stamp from another boot of the clock or a stale one reads as ages: not a wait.
+            (wait < 10_000_000_000).then_some((kind, wait))
+        });
         let mut st = core.stats();
+        if let Some((kind, ns)) = waited {
+            let w = match kind {
+                Wait::Woken => &mut st.rx_wait_woken,
+                Wait::Awake => &mut st.rx_wait_awake,
+            };
+            w.items += 1;
+            w.nanos += ns;
+        }
         st.pipeline = self.pipe.stats();
         if let Some(tu) = &self.pipe.tuner {
             st.batch.current = tu.batch();
@@ -287,9 +315,15 @@ impl Driver {
         let mut spin_for = Duration::ZERO;
         // Moving average of the idle gaps: how long work took to come once the core went idle.
         let mut gap_ns = 0.0f64;
+        let mut turns = 0u64;
         loop {
             if self.core.stopping() {
                 return self;
+            }
+            turns += 1;
+            if self.stamp.is_none() && turns.is_multiple_of(crate::lane::RX_WAIT_SAMPLE_EVERY) {
+                self.stamp = Some(Wait::Awake);
+                self.pipe.dev.io_mut().want_rx_stamp();
             }
             if self.turn(&mut freed) {
                 if let Some(idle) = idle_since.take() {
@@ -370,6 +404,9 @@ impl Driver {
                 _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {},
             }
             bell.disarm();
+            // The first frame of the next turn tells how long waking up took.
+            self.stamp = Some(Wait::Woken);
+            self.pipe.dev.io_mut().want_rx_stamp();
             // idle_since stays: the gap runs until the next turn that finds work.
             busy_since = None;
             spin_for = Duration::ZERO;

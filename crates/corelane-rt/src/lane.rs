@@ -28,6 +28,13 @@ pub struct CoreStats {
     pub pipeline: PipelineStats,
     /// Times the core went to sleep (adaptive poll mode).
     pub parks: u64,
+    /// Frames that woke the core from a sleep: how long each waited, from the steering
+    /// program's receive stamp to the turn that read it (what sleeping costs in latency;
+    /// items: wake-ups measured).
+    pub rx_wait_woken: Stage,
+    /// The same wait for frames that found the core awake (one turn in
+    /// [`RX_WAIT_SAMPLE_EVERY`] is measured): the part of the wait sleeping does not add.
+    pub rx_wait_awake: Stage,
     /// Application tasks: time between the driver yielding and running again.
     pub tasks: Stage,
     /// Accept polls that found nothing after being woken (should stay 0: wake-one).
@@ -48,6 +55,10 @@ pub struct CoreStats {
     /// Protocol counters.
     pub stack: StackStats,
 }
+
+/// One turn in this many, the first frame a core reads while awake has its wait measured
+/// ([`CoreStats::rx_wait_awake`]).
+pub const RX_WAIT_SAMPLE_EVERY: u64 = 64;
 
 /// Where a core's batching stands (see [`crate::Builder::adaptive_batch`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

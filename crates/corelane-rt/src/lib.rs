@@ -93,7 +93,7 @@ pub use corelane_stack::PipelineStats;
 pub use corelane_topo::{Lane, Machine, Placement, Plan, Sharing};
 pub use cpu::{allowed_cpus, l2_bytes};
 pub use error::Error;
-pub use lane::{BatchStats, CoreStats, Stage};
+pub use lane::{BatchStats, CoreStats, RX_WAIT_SAMPLE_EVERY, Stage};
 pub use launch::{CoreInfo, Runtime};
 pub use life::OnPanic;
 pub use outcome::shutdown_requested;

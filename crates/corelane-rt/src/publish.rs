@@ -95,6 +95,10 @@ pub(crate) const NAMES: &[&str] = &[
     "tcp_mem_dropped",
     "tcp_conn_limited",
     "tcp_ooo_pruned",
+    "rx_wait_woken_items",
+    "rx_wait_woken_ns",
+    "rx_wait_awake_items",
+    "rx_wait_awake_ns",
 ];
 
 fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<u64> {
@@ -183,6 +187,10 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         s.tcp_mem_dropped,
         s.tcp_conn_limited,
         s.tcp_ooo_pruned,
+        st.rx_wait_woken.items,
+        st.rx_wait_woken.nanos,
+        st.rx_wait_awake.items,
+        st.rx_wait_awake.nanos,
     ]
 }
 

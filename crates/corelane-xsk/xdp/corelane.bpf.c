@@ -271,6 +271,31 @@ static __always_inline __u32 current_gen(void)
 	return c ? c->current & 1 : 0;
 }
 
+// The receive stamp in front of a steered frame (its XDP metadata, which the kernel copies into
+// the AF_XDP frame's headroom right before the packet): when this program ran, on the clock
+// `CLOCK_MONOTONIC` reads, so that the runtime can tell how long the frame waited for it (after
+// a sleep: what waking up costs). corelane-xsk's `RX_STAMP_MAGIC` and `rx_stamp` read it.
+#define RX_STAMP_MAGIC 0x636c7374 // "clst"
+struct rx_stamp {
+	__u32 magic;
+	__u32 pad;
+	__u64 ns;
+};
+
+static __always_inline void stamp(struct xdp_md *ctx)
+{
+	// A driver without metadata refuses the adjustment: the frame goes unstamped.
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct rx_stamp)))
+		return;
+	void *data = (void *)(long)ctx->data;
+	struct rx_stamp *m = (void *)(long)ctx->data_meta;
+	if ((void *)(m + 1) > data)
+		return;
+	m->magic = RX_STAMP_MAGIC;
+	m->pad = 0;
+	m->ns = bpf_ktime_get_ns();
+}
+
 // The socket of generation `gen` on the queue the frame arrived on.
 static __always_inline int steer_to(struct xdp_md *ctx, __u32 gen)
 {
@@ -278,6 +303,8 @@ static __always_inline int steer_to(struct xdp_md *ctx, __u32 gen)
 	int action = q < MAX_QUEUES ? bpf_redirect_map(&xsks, gen * MAX_QUEUES + q, XDP_PASS)
 				    : XDP_PASS;
 	count(action == XDP_REDIRECT ? STAT_STEERED : STAT_NO_SOCKET);
+	if (action == XDP_REDIRECT)
+		stamp(ctx);
 	return action;
 }
 

@@ -33,6 +33,11 @@ use ring::{Consumer, Desc, Producer, Region};
 /// The kernel's headroom in front of every received packet (`XDP_PACKET_HEADROOM`).
 const HEADROOM: u64 = 256;
 
+/// The steering program's receive stamp (`struct rx_stamp`), the XDP metadata right before a
+/// steered packet: this magic, 4 bytes of padding, then `bpf_ktime_get_ns` when it ran.
+const RX_STAMP_MAGIC: u32 = 0x636c_7374;
+const RX_STAMP_LEN: u64 = 16;
+
 /// A frame of an [`XskQueue`].
 #[derive(Debug)]
 pub struct XskFrame {
@@ -98,6 +103,10 @@ pub struct XskQueue {
     max_packet: usize,
     /// A chained packet whose last piece has not been read yet.
     partial: Option<XskFrame>,
+    /// The next batch received is to have its first frame's receive stamp read
+    /// ([`XskQueue::want_rx_stamp`]), and what was read.
+    stamp_wanted: bool,
+    stamp: Option<u64>,
     /// Gather buffers of chained packets done with, for the next ones. Boxed as a frame holds
     /// them, so that reusing one allocates nothing.
     #[allow(clippy::vec_box)]
@@ -195,6 +204,43 @@ impl XskQueue {
         } else {
             u32::MAX
         }
+    }
+
+    /// Reads the next received batch's first receive stamp: when the steering program saw that
+    /// frame ([`XskQueue::take_rx_stamp`]).
+    pub fn want_rx_stamp(&mut self) {
+        self.stamp_wanted = true;
+        self.stamp = None;
+    }
+
+    /// The receive stamp read since [`XskQueue::want_rx_stamp`]: when the steering program
+    /// steered the first frame of the batch received after it, in nanoseconds of
+    /// `CLOCK_MONOTONIC` (the clock `bpf_ktime_get_ns` and [`crate::monotonic_ns`] read). None
+    /// when no batch came, or its frame carried no stamp (a driver without XDP metadata). The
+    /// request ends here either way.
+    pub fn take_rx_stamp(&mut self) -> Option<u64> {
+        self.stamp_wanted = false;
+        self.stamp.take()
+    }
+
+    /// The stamp in front of the packet at `addr` of a frame user space now holds, taken off so
+    /// that the frame's next use cannot read it again.
+    fn read_stamp(&self, addr: u64) -> Option<u64> {
+        let at = addr.checked_sub(RX_STAMP_LEN)?;
+        if addr % (self.frame_size as u64) < RX_STAMP_LEN {
+            return None;
+        }
+        // SAFETY: the frame at `addr` came off this socket's RX ring and its handle was just
+        // made (take_rx): user space holds it and no slice of its bytes exists yet. The stamp
+        // lies in the same frame, in the kernel's headroom before the packet.
+        let m = unsafe { self.umem.bytes_mut(at, RX_STAMP_LEN as usize) };
+        let magic = u32::from_ne_bytes(m[..4].try_into().ok()?);
+        let ns = u64::from_ne_bytes(m[8..16].try_into().ok()?);
+        if magic != RX_STAMP_MAGIC {
+            return None;
+        }
+        m[..4].fill(0);
+        Some(ns)
     }
 
     fn top_up_fill(&mut self) -> io::Result<()> {
@@ -300,7 +346,11 @@ impl FrameIo for XskQueue {
         let n = self.rx.pop(&mut self.scratch[..max]);
         let mut got = 0;
         for k in 0..n {
-            got += usize::from(self.take_rx(self.scratch[k], out));
+            let took = self.take_rx(self.scratch[k], out);
+            if took && std::mem::take(&mut self.stamp_wanted) {
+                self.stamp = self.read_stamp(self.scratch[k].addr);
+            }
+            got += usize::from(took);
         }
         // The kernel publishes a chained packet whole: finish one this batch cut short.
         while self.partial.is_some() {

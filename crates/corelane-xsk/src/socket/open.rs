@@ -190,6 +190,8 @@ impl XskQueue {
             frame_size: c.frame_bytes() as usize,
             max_packet: (c.max_packet.max(c.frame_capacity())) as usize,
             partial: None,
+            stamp_wanted: false,
+            stamp: None,
             spare_chains: Vec::new(),
             ring_size: c.ring_size,
             mode,

@@ -68,9 +68,9 @@
 pub use corelane_rt::lab;
 pub use corelane_rt::{
     AddrHandle, BatchStats, Builder, Cidr, CoreInfo, CoreReport, CoreStats, Error, IntoCidr, Lane,
-    Machine, OnPanic, Placement, Plan, PollMode, RunReport, Runtime, Sharing, Stage, StopHandle,
-    Xdp, allowed_cpus, bandwidth_delay_product, core_index, core_stats, parse_cidr,
-    shutdown_requested,
+    Machine, OnPanic, Placement, Plan, PollMode, RX_WAIT_SAMPLE_EVERY, RunReport, Runtime, Sharing,
+    Stage, StopHandle, Xdp, allowed_cpus, bandwidth_delay_product, core_index, core_stats,
+    parse_cidr, shutdown_requested,
 };
 pub use corelane_stack::frag::{FragLimits, FragStats};
 pub use corelane_stack::udp::UdpStats;

@@ -59,5 +59,5 @@ fn a_sleeping_core_measures_what_waking_up_costs() {
         woken > 0.0 && woken < 20_000.0,
         "{woken} us after a sleep: {out}"
     );
-    assert!(awake >= 0.0 && awake < 20_000.0, "{awake} us awake: {out}");
+    assert!((0.0..20_000.0).contains(&awake), "{awake} us awake: {out}");
 }

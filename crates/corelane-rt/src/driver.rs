@@ -396,6 +396,12 @@ impl Driver {
                 let soon = tokio::time::Instant::now() + crate::upgrade::SHARED_NAP;
                 deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
             }
+            if self.pipe.dev.io().tx_in_flight() {
+                // Frames in transmit: their completion wakes nothing here, and a driver that
+                // stopped sending without asking for a wakeup is kicked only from a turn.
+                let soon = tokio::time::Instant::now() + corelane_xsk::TX_NUDGE_AFTER;
+                deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
+            }
             tokio::select! {
                 biased;
                 r = xsk.readable() => if let Ok(mut g) = r { g.clear_ready() },

@@ -61,8 +61,8 @@ pub use handover::{Handover, recv_handover, send_handover};
 pub use netdev::{check_interface, mac_address, mtu};
 pub use routes::{KernelRoute, RouteWatch, kernel_addrs, kernel_addrs_with_prefix, kernel_routes};
 pub use socket::{
-    BindMode, CallOff, KernelStats, MAX_PIECES, PendingJoin, UpgradeOffer, UpgradePhase, XskConfig,
-    XskFrame, XskQueue, XskStats, ZeroCopy, frames_in_two_hands,
+    BindMode, CallOff, KernelStats, MAX_PIECES, PendingJoin, TX_NUDGE_AFTER, UpgradeOffer,
+    UpgradePhase, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy, frames_in_two_hands,
 };
 pub use steering::{
     AttachMode, AttachedMode, GENERATIONS, MAPS, MAX_ADDRS, MAX_OLD_FLOWS, MAX_QUEUES, MemProgram,

@@ -77,7 +77,17 @@ pub struct XskStats {
     pub tx_ring_full: u64,
     /// Fill-ring wakeups.
     pub fill_wakeups: u64,
+    /// Kicks given to a driver that held frames to send for [`TX_NUDGE_AFTER`] without
+    /// completing any or asking for a wakeup.
+    pub tx_nudges: u64,
 }
+
+/// How long frames may sit in the TX ring with nothing completed before the driver is kicked
+/// whether or not it asked for a wakeup. A zero-copy driver that stopped sending without
+/// setting the ring's need-wakeup flag (virtio_net on a starved guest: its watchdog said the
+/// transmit queue timed out, and nothing went out until the socket closed) would otherwise
+/// hold them until the socket closes.
+pub const TX_NUDGE_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// An AF_XDP socket on one queue of one interface, owning its UMEM.
 ///
@@ -107,6 +117,8 @@ pub struct XskQueue {
     /// ([`XskQueue::want_rx_stamp`]), and what was read.
     stamp_wanted: bool,
     stamp: Option<u64>,
+    /// Since when frames were in transmit with nothing completed (None: progress).
+    tx_stalled_since: Option<std::time::Instant>,
     /// Gather buffers of chained packets done with, for the next ones. Boxed as a frame holds
     /// them, so that reusing one allocates nothing.
     #[allow(clippy::vec_box)]
@@ -280,6 +292,25 @@ impl XskQueue {
             self.socket.poll_readable(0)?;
         }
         Ok(())
+    }
+
+    /// Frames are in transmit and none completed: once that has lasted [`TX_NUDGE_AFTER`],
+    /// the driver is kicked even though it did not ask for a wakeup (and again after as long).
+    fn nudge_stalled_tx(&mut self) -> io::Result<()> {
+        let now = std::time::Instant::now();
+        let since = *self.tx_stalled_since.get_or_insert(now);
+        if now.duration_since(since) >= TX_NUDGE_AFTER && !self.tx.needs_wakeup() {
+            self.stats.tx_nudges += 1;
+            self.tx_stalled_since = Some(now);
+            self.socket.kick_tx()?;
+        }
+        Ok(())
+    }
+
+    /// Frames are in transmit, not yet completed: a core should not sleep long (nothing it
+    /// waits on says when they complete).
+    pub fn tx_in_flight(&self) -> bool {
+        self.pool.count(FrameState::Transmit) > 0
     }
 
     fn kick_tx(&mut self) -> io::Result<()> {
@@ -498,6 +529,9 @@ impl FrameIo for XskQueue {
         if self.pool.count(FrameState::Transmit) > 0 && n == 0 {
             // Copy mode completes frames during the kick; nudge frames still in the TX ring.
             self.kick_tx()?;
+            self.nudge_stalled_tx()?;
+        } else {
+            self.tx_stalled_since = None;
         }
         self.top_up_fill()?;
         Ok(n)

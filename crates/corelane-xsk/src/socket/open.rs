@@ -192,6 +192,7 @@ impl XskQueue {
             partial: None,
             stamp_wanted: false,
             stamp: None,
+            tx_stalled_since: None,
             spare_chains: Vec::new(),
             ring_size: c.ring_size,
             mode,

@@ -173,6 +173,16 @@ impl SimKernel {
         self.kernel().fill_needs_wakeup = true;
     }
 
+    /// From now on the driver stops sending without asking for a wakeup: the TX rings'
+    /// need-wakeup flags are cleared and what they hold goes out only when a kick comes anyway
+    /// (as a zero-copy virtio_net did on a starved guest, its transmit queue timed out).
+    pub fn tx_stalls_silently(&self) {
+        let k = self.kernel();
+        for s in k.sockets.iter().filter(|s| s.open) {
+            s.tx.set_flags(0);
+        }
+    }
+
     /// The driver found the fill ring empty just before user space posted to it, and set the
     /// need-wakeup flag just after user space last looked at it: the race every zero-copy
     /// receive must survive, at a moment a test chooses (see [`SimKernel::fill_like_zero_copy`]).

@@ -188,3 +188,33 @@ fn a_new_process_outlives_an_old_one_killed_after_the_hand_over_and_gets_every_f
     assert_eq!(k.take_wire(), vec![vec![7u8; 60]]);
     assert!(new.outlive_partner().is_err(), "nothing left to outlive");
 }
+
+#[test]
+fn a_driver_that_stops_sending_without_asking_for_a_wakeup_is_kicked_anyway() {
+    let (k, mut q) = SimKernel::open(&config()).unwrap();
+    k.tx_stalls_silently();
+    let mut out = Vec::new();
+    assert_eq!(q.alloc(&mut out, 3), 3);
+    for (n, f) in out.iter_mut().enumerate() {
+        q.bytes_mut(f, 60).fill(n as u8 + 1);
+    }
+    assert_eq!(q.send(&mut out).unwrap(), 3);
+    assert!(k.take_wire().is_empty(), "a stalled driver sent nothing");
+    // Turns go on (each completes what it can); nothing completes, and no flag asks for a
+    // kick: the queue kicks once the stall has lasted long enough.
+    let mut wire = Vec::new();
+    for _ in 0..500 {
+        q.complete().unwrap();
+        wire = k.take_wire();
+        if !wire.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    assert_eq!(wire.len(), 3, "the frames went out");
+    assert_eq!(wire[2], vec![3u8; 60]);
+    assert!(q.stats().tx_nudges >= 1);
+    q.complete().unwrap();
+    let c = q.counts();
+    assert_eq!((c.tx, c.completion), (0, 0), "{c:?}");
+}

@@ -113,7 +113,7 @@ fn l4(proto: IpProtocol, src: IpAddress, dst: IpAddress, payload: &[u8]) -> Clas
             let Ok(tcp) = TcpPacket::new_checked(payload) else {
                 return Class::Malformed;
             };
-            if !tcp.verify_checksum(&src, &dst) {
+            if !crate::tcp::verify_checksum(&src, &dst, 6, payload) {
                 return Class::BadChecksum;
             }
             Class::Tcp {
@@ -130,7 +130,9 @@ fn l4(proto: IpProtocol, src: IpAddress, dst: IpAddress, payload: &[u8]) -> Clas
             };
             // A zero UDP checksum over IPv4 means "not computed".
             let unchecked = matches!(src, IpAddress::Ipv4(_)) && udp.checksum() == 0;
-            if !unchecked && !udp.verify_checksum(&src, &dst) {
+            // Over the datagram's own length (new_checked made sure the buffer holds it).
+            let datagram = &payload[..usize::from(udp.len())];
+            if !unchecked && !crate::tcp::verify_checksum(&src, &dst, 17, datagram) {
                 return Class::BadChecksum;
             }
             Class::Udp {
@@ -157,6 +159,66 @@ pub(crate) mod tests {
 
     pub(crate) fn tcp_frame(syn: bool, payload: &[u8]) -> Vec<u8> {
         crate::frames::tcp_v4(syn, payload)
+    }
+
+    #[test]
+    fn the_checksum_check_agrees_with_smoltcp_s_on_every_length_and_flipped_bit() {
+        use smoltcp::wire::{Ipv6Address, TcpPacket, UdpPacket};
+        let v4 = (
+            IpAddress::Ipv4(Ipv4Address::new(10, 0, 0, 1)),
+            IpAddress::Ipv4(Ipv4Address::new(10, 0, 0, 2)),
+        );
+        let v6 = (
+            IpAddress::Ipv6(Ipv6Address::new(0xfd00, 0, 0, 0, 0, 0, 0, 1)),
+            IpAddress::Ipv6(Ipv6Address::new(0xfd00, 0, 0, 0, 0, 0, 0, 2)),
+        );
+        let mut checked = 0;
+        for (src, dst) in [v4, v6] {
+            for len in 20..120usize {
+                let mut seg: Vec<u8> = (0..len).map(|i| (i * 37 + len) as u8).collect();
+                seg[12] = 5 << 4;
+                // A UDP header's length field: the datagram's own length.
+                let mut dgram = seg.clone();
+                dgram[4..6].copy_from_slice(&(len as u16).to_be_bytes());
+                for flip in [None, Some(len / 3), Some(len - 1)] {
+                    let (mut t, mut u) = (seg.clone(), dgram.clone());
+                    if let Some(at) = flip {
+                        t[at] ^= 0x10;
+                        u[at.max(8)] ^= 0x10;
+                    }
+                    // Right checksums first (the field set so that the sum is all ones).
+                    for (buf, proto) in [(&mut t, 6u8), (&mut u, 17u8)] {
+                        let at = if proto == 6 { 16 } else { 6 };
+                        if flip.is_none() {
+                            buf[at..at + 2].fill(0);
+                            let c = crate::tcp::wire::checksum(
+                                &addr_bytes(&src),
+                                &addr_bytes(&dst),
+                                proto,
+                                buf,
+                            );
+                            buf[at..at + 2].copy_from_slice(&c.to_ne_bytes());
+                        }
+                        let ours = crate::tcp::verify_checksum(&src, &dst, proto, buf);
+                        let theirs = if proto == 6 {
+                            TcpPacket::new_unchecked(&buf[..]).verify_checksum(&src, &dst)
+                        } else {
+                            UdpPacket::new_unchecked(&buf[..]).verify_checksum(&src, &dst)
+                        };
+                        assert_eq!(ours, theirs, "proto {proto} len {len} flip {flip:?}");
+                        checked += usize::from(ours);
+                    }
+                }
+            }
+        }
+        assert!(checked >= 400, "{checked} right checksums among the cases");
+    }
+
+    fn addr_bytes(a: &IpAddress) -> Vec<u8> {
+        match a {
+            IpAddress::Ipv4(a) => a.octets().to_vec(),
+            IpAddress::Ipv6(a) => a.octets().to_vec(),
+        }
     }
 
     #[test]

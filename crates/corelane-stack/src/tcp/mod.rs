@@ -74,6 +74,7 @@ pub(crate) use output::{cookie_syn_ack, cookie_window};
 pub(crate) use ring::{MemBudget, SMALL as SMALL_BUFFER};
 pub(crate) use secret::{IdGen, Secret};
 pub use seq::Seq;
+pub(crate) use wire::verify as verify_checksum;
 
 use std::time::Duration;
 

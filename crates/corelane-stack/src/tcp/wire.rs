@@ -208,6 +208,22 @@ fn pseudo_sum(path: &Path, tcp_len: usize) -> u64 {
     addrs + word((tcp_len as u32).to_be_bytes()) + word(6u32.to_be_bytes())
 }
 
+/// True when `data` (a TCP or UDP header and payload, its checksum field as received) and the
+/// pseudo-header of `src`, `dst` and `proto` sum to all ones: the checksum is right.
+pub(crate) fn verify(src: &IpAddress, dst: &IpAddress, proto: u8, data: &[u8]) -> bool {
+    let addrs = match (src, dst) {
+        (IpAddress::Ipv4(s), IpAddress::Ipv4(d)) => word(s.octets()) + word(d.octets()),
+        (IpAddress::Ipv6(s), IpAddress::Ipv6(d)) => {
+            let (s, d) = (s.octets(), d.octets());
+            let (sw, dw) = (s.as_chunks::<4>().0, d.as_chunks::<4>().0);
+            sw.iter().chain(dw).map(|w| word(*w)).sum()
+        }
+        _ => return false,
+    };
+    let len = word((data.len() as u32).to_be_bytes());
+    fold(addrs + len + word(u32::from(proto).to_be_bytes()) + sum(data)) == 0xffff
+}
+
 /// Stores a header as whole 4-byte words and sums each from the register it was stored from:
 /// a header written a byte at a time and read back for its sum stalls store forwarding.
 struct Words<'a> {

@@ -195,22 +195,14 @@ fn word(w: [u8; 4]) -> u64 {
 /// The TCP pseudo-header's sum (RFC 9293 3.1, RFC 8200 8.1), from registers.
 #[inline]
 fn pseudo_sum(path: &Path, tcp_len: usize) -> u64 {
-    let addrs = match (path.local.addr, path.remote.addr) {
-        (IpAddress::Ipv4(l), IpAddress::Ipv4(r)) => word(l.octets()) + word(r.octets()),
-        (IpAddress::Ipv6(l), IpAddress::Ipv6(r)) => {
-            let (l, r) = (l.octets(), r.octets());
-            let (lw, rw) = (l.as_chunks::<4>().0, r.as_chunks::<4>().0);
-            lw.iter().chain(rw).map(|w| word(*w)).sum()
-        }
-        // Mixed families never make a path.
-        _ => 0,
-    };
-    addrs + word((tcp_len as u32).to_be_bytes()) + word(6u32.to_be_bytes())
+    // Mixed families never make a path.
+    pseudo_header(&path.local.addr, &path.remote.addr, 6, tcp_len).unwrap_or(0)
 }
 
-/// True when `data` (a TCP or UDP header and payload, its checksum field as received) and the
-/// pseudo-header of `src`, `dst` and `proto` sum to all ones: the checksum is right.
-pub(crate) fn verify(src: &IpAddress, dst: &IpAddress, proto: u8, data: &[u8]) -> bool {
+/// The sum of the pseudo-header of `len` bytes of protocol `proto` between `src` and `dst`
+/// (RFC 9293 3.1, RFC 8200 8.1), from registers; None for addresses of two families.
+#[inline]
+fn pseudo_header(src: &IpAddress, dst: &IpAddress, proto: u8, len: usize) -> Option<u64> {
     let addrs = match (src, dst) {
         (IpAddress::Ipv4(s), IpAddress::Ipv4(d)) => word(s.octets()) + word(d.octets()),
         (IpAddress::Ipv6(s), IpAddress::Ipv6(d)) => {
@@ -218,10 +210,15 @@ pub(crate) fn verify(src: &IpAddress, dst: &IpAddress, proto: u8, data: &[u8]) -
             let (sw, dw) = (s.as_chunks::<4>().0, d.as_chunks::<4>().0);
             sw.iter().chain(dw).map(|w| word(*w)).sum()
         }
-        _ => return false,
+        _ => return None,
     };
-    let len = word((data.len() as u32).to_be_bytes());
-    fold(addrs + len + word(u32::from(proto).to_be_bytes()) + sum(data)) == 0xffff
+    Some(addrs + word((len as u32).to_be_bytes()) + word(u32::from(proto).to_be_bytes()))
+}
+
+/// True when `data` (a TCP or UDP header and payload, its checksum field as received) and the
+/// pseudo-header of `src`, `dst` and `proto` sum to all ones: the checksum is right.
+pub(crate) fn verify(src: &IpAddress, dst: &IpAddress, proto: u8, data: &[u8]) -> bool {
+    pseudo_header(src, dst, proto, data.len()).is_some_and(|p| fold(p + sum(data)) == 0xffff)
 }
 
 /// Stores a header as whole 4-byte words and sums each from the register it was stored from:

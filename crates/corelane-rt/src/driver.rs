@@ -66,6 +66,8 @@ pub(crate) struct Driver {
     pub(crate) upgrade: crate::upgrade_core::CoreUpgrade,
     /// The next turn reads its first frame's receive stamp, for the wait it measures.
     pub(crate) stamp: Option<Wait>,
+    /// When the last turn began (its clock).
+    pub(crate) last_turn: StdInstant,
 }
 
 /// Which wait a frame's receive stamp measures.
@@ -106,7 +108,17 @@ impl Driver {
             yields: 0,
             upgrade: Default::default(),
             stamp: None,
+            last_turn: StdInstant::now(),
         }
+    }
+
+    /// The next turn reads its first frame's receive stamp, for `kind` of wait. A frame the
+    /// next turn reads arrived after the last turn began (that turn read the RX ring), so an
+    /// older stamp is a stale one from the frame's earlier use.
+    fn want_stamp(&mut self, kind: Wait) {
+        self.stamp = Some(kind);
+        let not_before = corelane_xsk::monotonic_ns(self.last_turn);
+        self.pipe.dev.io_mut().want_rx_stamp(not_before);
     }
 
     /// The clock read once per turn: as the stack counts time (since the run's epoch) and as
@@ -122,6 +134,7 @@ impl Driver {
     pub(crate) fn turn(&mut self, freed: &mut Vec<(Proto, u16)>) -> bool {
         let core = self.core.clone();
         let (now, clock) = self.now();
+        self.last_turn = clock;
         let mut stack = core.stack();
         let life = &core.shared.life;
         if life.draining() {
@@ -322,8 +335,7 @@ impl Driver {
             }
             turns += 1;
             if self.stamp.is_none() && turns.is_multiple_of(crate::lane::RX_WAIT_SAMPLE_EVERY) {
-                self.stamp = Some(Wait::Awake);
-                self.pipe.dev.io_mut().want_rx_stamp();
+                self.want_stamp(Wait::Awake);
             }
             if self.turn(&mut freed) {
                 if let Some(idle) = idle_since.take() {
@@ -411,8 +423,7 @@ impl Driver {
             }
             bell.disarm();
             // The first frame of the next turn tells how long waking up took.
-            self.stamp = Some(Wait::Woken);
-            self.pipe.dev.io_mut().want_rx_stamp();
+            self.want_stamp(Wait::Woken);
             // idle_since stays: the gap runs until the next turn that finds work.
             busy_since = None;
             spin_for = Duration::ZERO;

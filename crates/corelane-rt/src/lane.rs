@@ -33,7 +33,9 @@ pub struct CoreStats {
     /// items: wake-ups measured).
     pub rx_wait_woken: Stage,
     /// The same wait for frames that found the core awake (one turn in
-    /// [`RX_WAIT_SAMPLE_EVERY`] is measured): the part of the wait sleeping does not add.
+    /// [`RX_WAIT_SAMPLE_EVERY`] is measured): the part of the wait sleeping does not add. Only
+    /// frames that arrived since the turn before are sampled (an older stamp cannot be told
+    /// from a stale one), so a frame a full batch left in the ring is not.
     pub rx_wait_awake: Stage,
     /// Application tasks: time between the driver yielding and running again.
     pub tasks: Stage,

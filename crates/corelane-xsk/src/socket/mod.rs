@@ -115,7 +115,7 @@ pub struct XskQueue {
     partial: Option<XskFrame>,
     /// The next batch received is to have its first frame's receive stamp read
     /// ([`XskQueue::want_rx_stamp`]), and what was read.
-    stamp_wanted: bool,
+    stamp_wanted: Option<u64>,
     stamp: Option<u64>,
     /// Since when frames were in transmit with nothing completed (None: progress).
     tx_stalled_since: Option<std::time::Instant>,
@@ -219,9 +219,13 @@ impl XskQueue {
     }
 
     /// Reads the next received batch's first receive stamp: when the steering program saw that
-    /// frame ([`XskQueue::take_rx_stamp`]).
-    pub fn want_rx_stamp(&mut self) {
-        self.stamp_wanted = true;
+    /// frame ([`XskQueue::take_rx_stamp`]). A stamp older than `not_before` (nanoseconds of
+    /// `CLOCK_MONOTONIC`: a moment the frame cannot have arrived before, such as the start of
+    /// the last turn that found the RX ring empty) is not this use's: a frame that carried a
+    /// stamp once and comes back without one (a driver or path without metadata) still holds
+    /// it in its headroom.
+    pub fn want_rx_stamp(&mut self, not_before: u64) {
+        self.stamp_wanted = Some(not_before);
         self.stamp = None;
     }
 
@@ -231,12 +235,13 @@ impl XskQueue {
     /// when no batch came, or its frame carried no stamp (a driver without XDP metadata). The
     /// request ends here either way.
     pub fn take_rx_stamp(&mut self) -> Option<u64> {
-        self.stamp_wanted = false;
+        self.stamp_wanted = None;
         self.stamp.take()
     }
 
-    /// The stamp in front of the packet at `addr` of a frame user space now holds, taken off so
-    /// that the frame's next use cannot read it again.
+    /// The stamp in front of the packet at `addr` of a frame user space now holds (its magic
+    /// cleared, so that no later read takes it; the frames not read keep theirs, which
+    /// `not_before` tells from a fresh one).
     fn read_stamp(&self, addr: u64) -> Option<u64> {
         let at = addr.checked_sub(RX_STAMP_LEN)?;
         if addr % (self.frame_size as u64) < RX_STAMP_LEN {
@@ -378,8 +383,10 @@ impl FrameIo for XskQueue {
         let mut got = 0;
         for k in 0..n {
             let took = self.take_rx(self.scratch[k], out);
-            if took && std::mem::take(&mut self.stamp_wanted) {
-                self.stamp = self.read_stamp(self.scratch[k].addr);
+            if took && let Some(not_before) = self.stamp_wanted.take() {
+                self.stamp = self
+                    .read_stamp(self.scratch[k].addr)
+                    .filter(|&ns| ns >= not_before);
             }
             got += usize::from(took);
         }

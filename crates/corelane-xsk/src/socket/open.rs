@@ -190,7 +190,7 @@ impl XskQueue {
             frame_size: c.frame_bytes() as usize,
             max_packet: (c.max_packet.max(c.frame_capacity())) as usize,
             partial: None,
-            stamp_wanted: false,
+            stamp_wanted: None,
             stamp: None,
             tx_stalled_since: None,
             spare_chains: Vec::new(),

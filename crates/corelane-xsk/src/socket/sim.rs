@@ -114,7 +114,14 @@ impl SimKernel {
     /// ring full, no fill-ring entry, or longer than a frame.
     pub fn deliver(&self, bytes: &[u8]) -> bool {
         let target = self.kernel().target;
-        self.deliver_to(target, bytes)
+        self.deliver_to(target, bytes, None)
+    }
+
+    /// As [`SimKernel::deliver`], with the steering program's receive stamp (`ns` of
+    /// `CLOCK_MONOTONIC`) in the XDP metadata right before the packet, as the kernel copies it.
+    pub fn deliver_stamped(&self, bytes: &[u8], ns: u64) -> bool {
+        let target = self.kernel().target;
+        self.deliver_to(target, bytes, Some(ns))
     }
 
     /// Receives `bytes` on the open socket whose owner holds descriptor `fd` (what the
@@ -125,10 +132,10 @@ impl SimKernel {
             .sockets
             .iter()
             .position(|s| s.open && s.fd == fd);
-        self.deliver_to(id, bytes)
+        self.deliver_to(id, bytes, None)
     }
 
-    fn deliver_to(&self, target: Option<usize>, bytes: &[u8]) -> bool {
+    fn deliver_to(&self, target: Option<usize>, bytes: &[u8], stamp: Option<u64>) -> bool {
         let mut k = self.kernel();
         let k = &mut *k;
         let Some(id) = target else {
@@ -156,6 +163,18 @@ impl SimKernel {
         if k.umem.write_all_at(bytes, addr).is_err() {
             k.dropped += 1;
             return false;
+        }
+        if let Some(ns) = stamp {
+            let mut meta = [0u8; super::RX_STAMP_LEN as usize];
+            meta[..4].copy_from_slice(&super::RX_STAMP_MAGIC.to_ne_bytes());
+            meta[8..].copy_from_slice(&ns.to_ne_bytes());
+            if k.umem
+                .write_all_at(&meta, addr - super::RX_STAMP_LEN)
+                .is_err()
+            {
+                k.dropped += 1;
+                return false;
+            }
         }
         let d = Desc {
             addr,

@@ -218,3 +218,48 @@ fn a_driver_that_stops_sending_without_asking_for_a_wakeup_is_kicked_anyway() {
     let c = q.counts();
     assert_eq!((c.tx, c.completion), (0, 0), "{c:?}");
 }
+
+#[test]
+fn a_receive_stamp_is_read_once_and_never_again_from_the_frame_s_next_use() {
+    let (k, mut q) = SimKernel::open(&config()).unwrap();
+    let mut got = std::collections::VecDeque::new();
+    // Not asked for: nothing is read.
+    assert!(k.deliver_stamped(&[1; 60], 111));
+    assert_eq!(q.recv(&mut got, 64), 1);
+    assert_eq!(q.take_rx_stamp(), None);
+    // Asked for: the first frame of the next batch gives its stamp, the second none.
+    q.want_rx_stamp(200);
+    assert!(k.deliver_stamped(&[2; 60], 222));
+    assert!(k.deliver_stamped(&[3; 60], 333));
+    assert_eq!(q.recv(&mut got, 64), 2);
+    assert_eq!(q.take_rx_stamp(), Some(222));
+    assert_eq!(q.take_rx_stamp(), None, "taken once");
+    // Every frame goes round the fill ring and comes back unstamped (a driver without
+    // metadata): the stamps the frames carried before are not read again.
+    let mut done: Vec<XskFrame> = got.drain(..).collect();
+    q.release(&mut done);
+    for round in 0..40u8 {
+        q.want_rx_stamp(1000);
+        assert!(k.deliver(&[round; 60]));
+        assert_eq!(q.recv(&mut got, 64), 1);
+        assert_eq!(
+            q.take_rx_stamp(),
+            None,
+            "round {round}: a stale stamp was read"
+        );
+        let mut done: Vec<XskFrame> = got.drain(..).collect();
+        assert_eq!(q.bytes(&done[0]), &[round; 60][..]);
+        q.release(&mut done);
+    }
+    // A stamp older than the moment given is refused; a request no batch answered ends with
+    // the next take, so a later batch is not read.
+    q.want_rx_stamp(1000);
+    assert!(k.deliver_stamped(&[5; 60], 999));
+    assert_eq!(q.recv(&mut got, 64), 1);
+    assert_eq!(q.take_rx_stamp(), None);
+    q.want_rx_stamp(1000);
+    assert_eq!(q.take_rx_stamp(), None);
+    assert!(k.deliver_stamped(&[4; 60], 4444));
+    assert_eq!(q.recv(&mut got, 64), 1);
+    assert_eq!(q.take_rx_stamp(), None);
+}

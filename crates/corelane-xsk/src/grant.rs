@@ -436,6 +436,12 @@ impl GrantClient {
         self.request(&format!("addr {addr}"), None).map(drop)
     }
 
+    /// Asks the broker to steer `addr`'s owned ports to this server, the kernel keeping the
+    /// rest of the address.
+    pub(crate) fn own_shared_addr(&self, addr: IpAddr) -> Result<(), Error> {
+        self.request(&format!("addr {addr} shared"), None).map(drop)
+    }
+
     /// Asks the broker to stop steering `addr`.
     pub(crate) fn disown_addr(&self, addr: IpAddr) -> Result<(), Error> {
         self.request(&format!("unaddr {addr}"), None).map(drop)

@@ -36,6 +36,7 @@ mod program;
 mod routes;
 mod socket;
 pub use socket::sim;
+mod shared;
 mod steering;
 mod sys;
 mod vlan;

@@ -98,6 +98,8 @@ pub struct Steering {
     mode: AttachedMode,
     fallback_reason: Option<String>,
     port_refs: StdHashMap<(Proto, u16), u32>,
+    /// The addresses the kernel holds too, and the ports held on them.
+    shared: crate::shared::SharedPorts,
     /// The program was handed on to a new process ([`Steering::hand_on`]): ports and
     /// addresses this process gives up stay steered, for the new one.
     handed_on: bool,
@@ -289,6 +291,7 @@ impl Steering {
             mode,
             fallback_reason,
             port_refs: StdHashMap::new(),
+            shared: Default::default(),
             handed_on: false,
             vlan_filter,
             via: Via::Program(Box::new(program)),
@@ -303,6 +306,7 @@ impl Steering {
             mode: client.mode(),
             fallback_reason: client.fallback_reason().map(str::to_string),
             port_refs: StdHashMap::new(),
+            shared: Default::default(),
             handed_on: false,
             vlan_filter: None,
             via: Via::Grant(client),
@@ -413,8 +417,39 @@ impl Steering {
         }
     }
 
+    /// Steers the frames for `addr`'s owned ports (and the ICMP errors about them) to the
+    /// stack, where the kernel holds `addr` too and keeps the rest: its ARP or NDP, ping, its
+    /// other ports (see `crates/corelane-xsk/src/shared.rs`). Each owned port is held in the
+    /// kernel by a placeholder socket on `addr`, so that no kernel socket takes it.
+    ///
+    /// # Errors
+    /// [`Error::InUse`] naming the kernel socket that holds an owned port already.
+    pub fn own_shared_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        if !matches!(self.via, Via::Mem(_)) {
+            self.shared.add(addr, self.port_refs.keys().copied())?;
+        }
+        let done = match &mut self.via {
+            Via::Program(p) => p.own_addr_as(addr, true),
+            Via::Grant(g) => g.own_shared_addr(addr),
+            Via::Mem(m) => {
+                m.own_addr_as(addr, true, true);
+                Ok(())
+            }
+        };
+        if done.is_err() {
+            self.shared.remove(addr);
+        }
+        done
+    }
+
+    /// True when `addr` was owned as a shared address.
+    pub fn is_shared(&self, addr: IpAddr) -> bool {
+        self.shared.is_shared(addr)
+    }
+
     /// Stops steering frames for `addr`.
     pub fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        self.shared.remove(addr);
         if self.handed_on {
             return Ok(());
         }
@@ -433,7 +468,11 @@ impl Steering {
     pub fn own_port(&mut self, proto: Proto, port: u16) -> Result<(), Error> {
         let refs = self.port_refs.get(&(proto, port)).copied().unwrap_or(0);
         if refs == 0 {
-            self.set_port(proto, port, true)?;
+            self.shared.hold(proto, port)?;
+            if let Err(e) = self.set_port(proto, port, true) {
+                self.shared.release(proto, port);
+                return Err(e);
+            }
         }
         self.port_refs.insert((proto, port), refs + 1);
         Ok(())
@@ -447,6 +486,7 @@ impl Steering {
         *refs -= 1;
         if *refs == 0 {
             self.port_refs.remove(&(proto, port));
+            self.shared.release(proto, port);
             if self.handed_on {
                 return Ok(());
             }

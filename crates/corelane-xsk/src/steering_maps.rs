@@ -8,17 +8,36 @@ use corelane_frame::Proto;
 use super::{Program, STAT_SLOTS, XdpCounters, map_err, solicited_node_mac};
 use crate::error::Error;
 
+/// An owned address's bits in `owned_v4` and `owned_v6` (`ADDR_OWNED`, `ADDR_SHARED`).
+const ADDR_OWNED: u8 = 1;
+const ADDR_SHARED: u8 = 2;
+
 impl Program {
     pub(super) fn own_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        self.own_addr_as(addr, false)
+    }
+
+    /// Owns `addr`, `shared` with the kernel or not (`ADDR_OWNED`, `ADDR_SHARED`).
+    pub(super) fn own_addr_as(&mut self, addr: IpAddr, shared: bool) -> Result<(), Error> {
+        let v = if shared {
+            ADDR_OWNED | ADDR_SHARED
+        } else {
+            ADDR_OWNED
+        };
         match addr {
             IpAddr::V4(a) => self
                 .owned_v4
-                .insert(u32::from_ne_bytes(a.octets()), 1, 0)
+                .insert(u32::from_ne_bytes(a.octets()), v, 0)
                 .map_err(map_err("owned_v4")),
             IpAddr::V6(a) => {
                 self.owned_v6
-                    .insert(a.octets(), 1, 0)
+                    .insert(a.octets(), v, 0)
                     .map_err(map_err("owned_v6"))?;
+                if shared {
+                    // The kernel has joined the address's solicited-node group and answers
+                    // its neighbour solicitations.
+                    return Ok(());
+                }
                 // A physical NIC filters multicast: neighbour solicitations for the address go
                 // to its solicited-node group, which the interface must accept.
                 let mac = solicited_node_mac(a.octets());
@@ -50,9 +69,16 @@ impl Program {
                 .remove(&u32::from_ne_bytes(a.octets()))
                 .map_err(map_err("owned_v4")),
             IpAddr::V6(a) => {
+                let shared = self
+                    .owned_v6
+                    .get(&a.octets(), 0)
+                    .is_ok_and(|v| v & ADDR_SHARED != 0);
                 self.owned_v6
                     .remove(&a.octets())
                     .map_err(map_err("owned_v6"))?;
+                if shared {
+                    return Ok(());
+                }
                 let mac = solicited_node_mac(a.octets());
                 if let Some(refs) = self.groups.get_mut(&mac) {
                     *refs -= 1;

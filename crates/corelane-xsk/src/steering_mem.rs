@@ -27,7 +27,8 @@ pub struct MemProgram {
 
 #[derive(Debug, Default)]
 struct Maps {
-    owned: HashSet<IpAddr>,
+    /// Owned addresses -> shared with the kernel.
+    owned: HashMap<IpAddr, bool>,
     tcp_ports: HashSet<u16>,
     udp_ports: HashSet<u16>,
     /// (generation, queue) -> the socket's descriptor.
@@ -70,6 +71,7 @@ impl MemProgram {
             mode: AttachedMode::Generic,
             fallback_reason: None,
             port_refs: std::collections::HashMap::new(),
+            shared: Default::default(),
             handed_on: false,
             vlan_filter: None,
             via: Via::Mem(self.clone()),
@@ -129,20 +131,32 @@ impl Maps {
                 // ARP: the target protocol address.
                 let t = f.get(ETH + 24..ETH + 28)?;
                 let target = IpAddr::V4(Ipv4Addr::new(t[0], t[1], t[2], t[3]));
-                self.owned.contains(&target).then_some(current)
+                (self.owned.get(&target) == Some(&false)).then_some(current)
             }
             0x0800 => {
                 let ip = f.get(ETH..ETH + 20)?;
                 let ihl = usize::from(ip[0] & 0x0f) * 4;
                 let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
                 let dst = IpAddr::V4(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]));
-                if !self.owned.contains(&dst) {
-                    return None;
-                }
+                let shared = *self.owned.get(&dst)?;
                 let l4 = f.get(ETH + ihl..ETH + ihl + 4)?;
                 let sport = u16::from_be_bytes([l4[0], l4[1]]);
                 let dport = u16::from_be_bytes([l4[2], l4[3]]);
                 match ip[9] {
+                    // A shared address's ICMP is the kernel's but for errors quoting a
+                    // segment or datagram from an owned port.
+                    1 if shared => {
+                        let q = f.get(ETH + ihl + 8..ETH + ihl + 8 + 24)?;
+                        let qihl = usize::from(q[0] & 0x0f) * 4;
+                        let sport = f.get(ETH + ihl + 8 + qihl..ETH + ihl + 8 + qihl + 2)?;
+                        let sport = u16::from_be_bytes([sport[0], sport[1]]);
+                        let owned = match q[9] {
+                            6 => self.tcp_ports.contains(&sport),
+                            17 => self.udp_ports.contains(&sport),
+                            _ => false,
+                        };
+                        (matches!(l4[0], 3 | 11) && owned).then_some(current)
+                    }
                     6 if self.tcp_ports.contains(&dport) => {
                         let peer = SocketAddr::new(IpAddr::V4(src), sport);
                         match self.old_flows.get(&(peer, dport)) {
@@ -163,9 +177,13 @@ impl Maps {
 
 impl MemProgram {
     pub(super) fn own_addr(&self, addr: IpAddr, on: bool) {
+        self.own_addr_as(addr, on, false);
+    }
+
+    pub(super) fn own_addr_as(&self, addr: IpAddr, on: bool, shared: bool) {
         let mut m = self.maps();
         if on {
-            m.owned.insert(addr);
+            m.owned.insert(addr, shared);
         } else {
             m.owned.remove(&addr);
         }

@@ -286,6 +286,7 @@ impl Steering {
             mode: share.mode,
             fallback_reason: None,
             port_refs: StdHashMap::new(),
+            shared: Default::default(),
             handed_on: false,
             vlan_filter: None,
             via: Via::Program(Box::new(program)),

@@ -90,6 +90,35 @@ fn tcp_options(r: &mut Rng) -> Vec<u8> {
     o
 }
 
+/// The start of an IPv4 or IPv6 packet sent from here, as an ICMP error quotes it: its header
+/// and the ports (from an owned port or another), sometimes cut short.
+fn quote(r: &mut Rng, v4: bool) -> Vec<u8> {
+    let any = r.next() as u8;
+    let proto = r.pick(&[6, 6, 17, 17, 1, any]);
+    let mut q = if v4 {
+        let mut h = vec![0u8; 20];
+        h[0] = if r.chance(90) { 0x45 } else { 0x46 };
+        h[9] = proto;
+        h[12..16].copy_from_slice(&SERVER);
+        h[16..20].copy_from_slice(&CLIENT);
+        h
+    } else {
+        let mut h = vec![0u8; 40];
+        h[0] = 0x60;
+        h[6] = proto;
+        h[8..24].copy_from_slice(&SHARED6);
+        h[24..40].copy_from_slice(&CLIENT6);
+        h
+    };
+    let any = r.next() as u16;
+    let sport = r.pick(&[COOKIE_PORT, TCP_PORT, UDP_PORT, 9, any]);
+    q.extend_from_slice(&sport.to_be_bytes());
+    q.extend(r.bytes(6));
+    let n = q.len();
+    q.truncate(n - r.pick(&[0, 0, 0, 3, 8]));
+    q
+}
+
 fn l4_segment(r: &mut Rng, proto: u8) -> Vec<u8> {
     let any = r.next() as u16;
     let port = r.pick(&[COOKIE_PORT, COOKIE_PORT, TCP_PORT, UDP_PORT, 9, 7777, any]);
@@ -134,6 +163,12 @@ fn l4_segment(r: &mut Rng, proto: u8) -> Vec<u8> {
             u.extend(r.bytes(payload));
             u
         }
+        1 if r.chance(40) => {
+            // An error quoting a segment or datagram sent from here.
+            let mut i = vec![r.pick(&[3, 11, 0, 8]), 0, 0, 0, 0, 0, 0, 0];
+            i.extend(quote(r, true));
+            i
+        }
         _ => {
             let n = r.below(64);
             r.bytes(n)
@@ -167,7 +202,7 @@ fn frame(r: &mut Rng) -> Vec<u8> {
             a.extend_from_slice(&CLIENT_MAC);
             a.extend_from_slice(&CLIENT);
             a.extend_from_slice(&[0; 6]);
-            a.extend_from_slice(&r.pick(&[SERVER, SERVER, [10, 88, 0, 7]]));
+            a.extend_from_slice(&r.pick(&[SERVER, SERVER, SHARED, [10, 88, 0, 7]]));
             f.extend(a);
         }
         1..=5 => {
@@ -203,7 +238,7 @@ fn frame(r: &mut Rng) -> Vec<u8> {
                 [255; 4],
                 [224, 0, 0, 1],
             ]));
-            ip[16..20].copy_from_slice(&r.pick(&[SERVER, SERVER, SERVER, [10, 88, 0, 7]]));
+            ip[16..20].copy_from_slice(&r.pick(&[SERVER, SERVER, SHARED, SHARED, [10, 88, 0, 7]]));
             let c = !fold(sum(&ip));
             ip[10..12].copy_from_slice(&c.to_be_bytes());
             ip.extend(r.bytes(opts));
@@ -218,9 +253,15 @@ fn frame(r: &mut Rng) -> Vec<u8> {
                 let any = r.next() as u8;
                 let mut i = vec![r.pick(&[135, 136, 128, 129, 1, 2, any]), 0, 0, 0];
                 i.extend(r.bytes(4));
-                i.extend_from_slice(&r.pick(&[SERVER6, SERVER6, CLIENT6]));
+                i.extend_from_slice(&r.pick(&[SERVER6, SERVER6, SHARED6, CLIENT6]));
                 let n = r.below(16);
                 i.extend(r.bytes(n));
+                if r.chance(30) {
+                    // An error quoting a segment or datagram sent from here.
+                    i.truncate(8);
+                    i[0] = r.pick(&[1, 2, 3, 4]);
+                    i.extend(quote(r, false));
+                }
                 i
             } else {
                 l4_segment(r, next)
@@ -242,7 +283,7 @@ fn frame(r: &mut Rng) -> Vec<u8> {
                 [0; 16],
                 [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
             ]));
-            ip[24..40].copy_from_slice(&r.pick(&[SERVER6, SERVER6, CLIENT6]));
+            ip[24..40].copy_from_slice(&r.pick(&[SERVER6, SERVER6, SHARED6, SHARED6, CLIENT6]));
             f.extend(ip);
             f.extend(body);
         }

@@ -7,7 +7,8 @@
 // IPv6 addresses go there too, and so do ICMP, ICMPv6 and IPv4 and IPv6 fragments addressed to an
 // owned address (the stack answers echo requests, acts on errors and reassembles fragments).
 // Everything else passes to the kernel untouched, so ping, ssh and kernel listeners on the
-// kernel's own addresses keep working. A TCP segment to an owned address and a port nothing here
+// kernel's own addresses keep working. An address the kernel holds too (a shared address, see
+// "Shared addresses") is corelane's only for the ports it owns there. A TCP segment to an owned address and a port nothing here
 // serves is answered with a reset, as the host that owns the address owes it (see "Resets for
 // closed ports"), and a UDP datagram to such a port with ICMP port unreachable, rate-limited
 // (see "ICMP port unreachable for closed UDP ports"): by the stack while the queue has a socket
@@ -78,11 +79,19 @@ struct cookie_cfg {
 	__u16 mss6;      // this side's MSS over IPv6 (0: IPv6 SYNs are the stack's to answer)
 };
 
+// An owned address's bits. A shared address is the kernel's too: corelane takes only the TCP and
+// UDP ports it owns there (and the ICMP errors about them); ARP, NDP, ping, fragments and every
+// other port stay the kernel's, and a frame to an owned port with no socket to take it is passed
+// to the kernel (which answers it as a closed port) rather than answered from here.
+#define ADDR_OWNED 1
+#define ADDR_SHARED 2
+
 struct in6_key {
 	__u8 addr[16];
 };
 
-// Owned IPv4 addresses (network byte order) -> 1.
+// Owned IPv4 addresses (network byte order) -> ADDR_OWNED, with ADDR_SHARED when the kernel
+// holds the address too (see "Shared addresses").
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_ADDRS);
@@ -90,7 +99,7 @@ struct {
 	__type(value, __u8);
 } owned_v4 SEC(".maps");
 
-// Owned IPv6 addresses -> 1.
+// Owned IPv6 addresses -> ADDR_OWNED, with ADDR_SHARED as for IPv4.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_ADDRS);
@@ -372,10 +381,11 @@ static __always_inline int port_owned(void *map, __u16 port_be)
 	return v && *v;
 }
 
+// The address's bits (0: not owned).
 static __always_inline int v4_owned(__u32 addr)
 {
 	__u8 *v = bpf_map_lookup_elem(&owned_v4, &addr);
-	return v && *v;
+	return v && (*v & ADDR_OWNED) ? *v : 0;
 }
 
 static __always_inline int v6_owned(const __u8 *addr)
@@ -383,7 +393,7 @@ static __always_inline int v6_owned(const __u8 *addr)
 	struct in6_key key;
 	__builtin_memcpy(key.addr, addr, 16);
 	__u8 *v = bpf_map_lookup_elem(&owned_v6, &key);
-	return v && *v;
+	return v && (*v & ADDR_OWNED) ? *v : 0;
 }
 
 // ICMP and ICMPv6: to the current generation, but while an upgrade splits the frames, an error
@@ -428,6 +438,44 @@ static __always_inline int steer_icmp(struct xdp_md *ctx, __u8 proto, void *l4, 
 	k.port = ports[0];
 	__u32 *g = bpf_map_lookup_elem(&old_flows, &k);
 	return steer_to(ctx, g ? *g & 1 : c->current & 1);
+}
+
+// ---- Shared addresses ---------------------------------------------------------------------------
+//
+// An ICMP or ICMPv6 error to a shared address is corelane's when the segment or datagram it quotes
+// left from a port corelane owns (its source port, the quote being what was sent); everything
+// else ICMP (echo requests, errors about the kernel's flows, neighbour discovery) is passed.
+static __always_inline int shared_icmp(struct xdp_md *ctx, __u8 proto, void *l4, void *end)
+{
+	__u8 *icmp = l4;
+	if ((void *)(icmp + 8) > end)
+		return pass();
+	__u8 qproto;
+	__be16 *ports;
+	if (proto == IPPROTO_ICMP) {
+		if (icmp[0] != 3 && icmp[0] != 11)
+			return pass();
+		struct iphdr *q = (void *)(icmp + 8);
+		if ((void *)(q + 1) > end || q->ihl != 5)
+			return pass();
+		qproto = q->protocol;
+		ports = (void *)(q + 1);
+	} else {
+		if (icmp[0] < 1 || icmp[0] > 3)
+			return pass();
+		struct ipv6hdr *q = (void *)(icmp + 8);
+		if ((void *)(q + 1) > end)
+			return pass();
+		qproto = q->nexthdr;
+		ports = (void *)(q + 1);
+	}
+	if ((void *)(ports + 2) > end)
+		return pass();
+	if (qproto == IPPROTO_TCP && port_owned(&tcp_ports, ports[0]))
+		return steer_icmp(ctx, proto, l4, end);
+	if (qproto == IPPROTO_UDP && port_owned(&udp_ports, ports[0]))
+		return steer(ctx);
+	return pass();
 }
 
 // Steer a TCP or UDP segment whose destination port is owned, and ICMP (echo requests, and the
@@ -1214,7 +1262,8 @@ static __always_inline int unreachable_v6(struct xdp_md *ctx)
 }
 
 // A TCP segment in an IPv4 frame with a 20-byte header, from the frame's current bounds.
-static __always_inline int tcp_steer(struct xdp_md *ctx)
+// `shared`: the address is the kernel's too, which answers for ports corelane does not take.
+static __always_inline int tcp_steer(struct xdp_md *ctx, int shared)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -1223,16 +1272,18 @@ static __always_inline int tcp_steer(struct xdp_md *ctx)
 	if ((void *)(th + 1) > end)
 		return malformed();
 	if (!port_owned(&tcp_ports, th->dest))
-		return reset_v4(ctx);
+		return shared ? pass() : reset_v4(ctx);
 	struct flow_key k = {};
 	v4_peer(&k, ip->saddr);
 	int action = steer_tcp(ctx, &k, th->source, th->dest);
-	return steered_or_closed(action) ? XDP_REDIRECT : reset_v4(ctx);
+	if (steered_or_closed(action))
+		return XDP_REDIRECT;
+	return shared ? XDP_PASS : reset_v4(ctx);
 }
 
 // A TCP segment right after the IPv6 header, from fresh pointers (the frame may have been
 // resized by a SYN cookie's attempt): steered, or answered as for a closed port.
-static __always_inline int tcp6_steer(struct xdp_md *ctx)
+static __always_inline int tcp6_steer(struct xdp_md *ctx, int shared)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -1241,11 +1292,13 @@ static __always_inline int tcp6_steer(struct xdp_md *ctx)
 	if ((void *)(th + 1) > end)
 		return malformed();
 	if (!port_owned(&tcp_ports, th->dest))
-		return reset_v6(ctx);
+		return shared ? pass() : reset_v6(ctx);
 	struct flow_key k = {};
 	__builtin_memcpy(k.addr, ip6->saddr.in6_u.u6_addr8, 16);
 	int action = steer_tcp(ctx, &k, th->source, th->dest);
-	return steered_or_closed(action) ? XDP_REDIRECT : reset_v6(ctx);
+	if (steered_or_closed(action))
+		return XDP_REDIRECT;
+	return shared ? XDP_PASS : reset_v6(ctx);
 }
 
 // ARP for IPv4 over Ethernet: hardware type, protocol type, lengths, opcode, then sender
@@ -1272,7 +1325,8 @@ static __always_inline int handle_arp(struct xdp_md *ctx, void *l3, void *end)
 		return pass();
 	__u32 tpa;
 	__builtin_memcpy(&tpa, arp->tpa, 4);
-	return v4_owned(tpa) ? steer(ctx) : pass();
+	int owned = v4_owned(tpa);
+	return owned && !(owned & ADDR_SHARED) ? steer(ctx) : pass();
 }
 
 static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
@@ -1282,11 +1336,14 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 		return malformed();
 	if (ip->version != 4 || ip->ihl < 5)
 		return malformed();
-	if (!v4_owned(ip->daddr))
+	int owned = v4_owned(ip->daddr);
+	if (!owned)
 		return pass();
-	// Fragments of datagrams to owned addresses: the stack reassembles them.
+	int shared = owned & ADDR_SHARED;
+	// Fragments of datagrams to owned addresses: the stack reassembles them (the kernel, for
+	// a shared address: a fragment does not say its port).
 	if (ip->frag_off & bpf_htons(0x3fff))
-		return steer(ctx);
+		return shared ? pass() : steer(ctx);
 	void *l4 = l3 + ip->ihl * 4;
 	if (l4 > end)
 		return malformed();
@@ -1295,16 +1352,23 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
 		if ((void *)(uh + 1) > end)
 			return malformed();
 		if (!port_owned(&udp_ports, uh->dest))
-			return unreachable_v4(ctx);
-		return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : unreachable_v4(ctx);
+			return shared ? pass() : unreachable_v4(ctx);
+		if (steered_or_closed(steer(ctx)))
+			return XDP_REDIRECT;
+		return shared ? XDP_PASS : unreachable_v4(ctx);
 	}
 	if (ip->protocol == IPPROTO_TCP && ip->ihl == 5) {
 		if (syn_cookie(ctx) == XDP_TX)
 			return XDP_TX;
 		// Not answered here: steered as any segment (from fresh pointers, as the frame may
 		// have been resized).
-		return tcp_steer(ctx);
+		return tcp_steer(ctx, shared);
 	}
+	if (shared && ip->protocol == IPPROTO_ICMP)
+		return shared_icmp(ctx, IPPROTO_ICMP, l4, end);
+	// A shared address's other protocols are the kernel's.
+	if (shared && ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return pass();
 	struct flow_key k = {};
 	v4_peer(&k, ip->saddr);
 	return l4_steer(ctx, ip->protocol, l4, end, &k);
@@ -1329,31 +1393,44 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 		if ((void *)(icmp + 1) > end)
 			return malformed();
 		// 135: neighbour solicitation, 136: neighbour advertisement. The rest (echo,
-		// errors) is the stack's when addressed to an owned address.
-		if (icmp->icmp6_type != 135 && icmp->icmp6_type != 136)
-			return v6_owned(ip6->daddr.in6_u.u6_addr8) ? steer(ctx) : pass();
+		// errors) is the stack's when addressed to an owned address. A shared address's
+		// neighbour discovery and ping are the kernel's.
+		int dst = v6_owned(ip6->daddr.in6_u.u6_addr8);
+		if (icmp->icmp6_type != 135 && icmp->icmp6_type != 136) {
+			if (dst & ADDR_SHARED)
+				return shared_icmp(ctx, IPPROTO_ICMPV6, l4, end);
+			return dst ? steer(ctx) : pass();
+		}
 		struct nd_target *nd = (void *)(icmp + 1);
 		if ((void *)(nd + 1) > end)
 			return malformed();
-		if (v6_owned(nd->addr) || v6_owned(ip6->daddr.in6_u.u6_addr8))
+		int target = v6_owned(nd->addr);
+		if ((target && !(target & ADDR_SHARED)) || (dst && !(dst & ADDR_SHARED)))
 			return steer(ctx);
 		return pass();
 	}
-	if (!v6_owned(ip6->daddr.in6_u.u6_addr8))
+	int owned = v6_owned(ip6->daddr.in6_u.u6_addr8);
+	if (!owned)
 		return pass();
+	int shared = owned & ADDR_SHARED;
 	if (ip6->nexthdr == IPPROTO_TCP) {
 		if (syn_cookie6(ctx) == XDP_TX)
 			return XDP_TX;
-		return tcp6_steer(ctx);
+		return tcp6_steer(ctx, shared);
 	}
 	if (ip6->nexthdr == IPPROTO_UDP) {
 		struct udphdr *uh = l4;
 		if ((void *)(uh + 1) > end)
 			return malformed();
 		if (!port_owned(&udp_ports, uh->dest))
-			return unreachable_v6(ctx);
-		return steered_or_closed(steer(ctx)) ? XDP_REDIRECT : unreachable_v6(ctx);
+			return shared ? pass() : unreachable_v6(ctx);
+		if (steered_or_closed(steer(ctx)))
+			return XDP_REDIRECT;
+		return shared ? XDP_PASS : unreachable_v6(ctx);
 	}
+	// A shared address's extension headers and fragments are the kernel's.
+	if (shared)
+		return pass();
 	struct flow_key k = {};
 	__builtin_memcpy(k.addr, ip6->saddr.in6_u.u6_addr8, 16);
 	return l4_steer(ctx, ip6->nexthdr, l4, end, &k);

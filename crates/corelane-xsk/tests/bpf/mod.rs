@@ -14,8 +14,11 @@ use corelane_xsk::{CookieParams, PROGRAM, STAT_SLOTS, XDP_OBJECT};
 
 pub const SERVER: [u8; 4] = [10, 88, 0, 3];
 pub const CLIENT: [u8; 4] = [10, 88, 0, 2];
+/// An address the program owns shared with the kernel (its value has `ADDR_SHARED`).
+pub const SHARED: [u8; 4] = [10, 88, 0, 9];
 pub const SERVER6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3];
 pub const CLIENT6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+pub const SHARED6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
 /// The interface's hardware address, in the program's `iface` entry and cookie parameters.
 pub const IFACE_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
 pub const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
@@ -103,7 +106,8 @@ pub fn counters(ebpf: &Ebpf) -> [u64; STAT_SLOTS] {
     out
 }
 
-/// The program loaded, owning SERVER and SERVER6 with the ports above, its interface's address
+/// The program loaded, owning SERVER and SERVER6 (and SHARED and SHARED6 shared with the
+/// kernel) with the ports above, its interface's address
 /// and cookie parameters set, and no AF_XDP socket (what it would steer comes back XDP_PASS,
 /// counted as "no socket").
 pub fn loaded() -> Ebpf {
@@ -130,11 +134,15 @@ pub fn loaded_tags(vlan: corelane_xsk::Vlan) -> Ebpf {
         owned
             .insert(u32::from_ne_bytes(SERVER), 1, 0)
             .expect("own the address");
+        owned
+            .insert(u32::from_ne_bytes(SHARED), 3, 0)
+            .expect("own the shared address");
     }
     {
         let mut owned: HashMap<_, [u8; 16], u8> =
             HashMap::try_from(ebpf.map_mut("owned_v6").expect("owned_v6")).expect("map");
         owned.insert(SERVER6, 1, 0).expect("own the address");
+        owned.insert(SHARED6, 3, 0).expect("own the shared address");
     }
     {
         let mut ports: Array<_, u8> =

@@ -43,6 +43,61 @@ fn owned6(a: &[u8]) -> bool {
     a == SERVER6
 }
 
+fn shared4(a: &[u8]) -> bool {
+    a == SHARED
+}
+
+fn shared6(a: &[u8]) -> bool {
+    a == SHARED6
+}
+
+/// A frame to a shared address: corelane's ports are steered (found with no socket here, so
+/// passed), the rest is the kernel's and is never answered from here. ICMP errors quoting a
+/// segment or datagram from an owned port are steered; other ICMP is the kernel's.
+fn shared(f: &[u8], proto: u8, l4: usize, v4: bool) -> Expect {
+    let n = f.len();
+    match proto {
+        6 if n < l4 + 20 => Expect::Malformed,
+        6 if cookie(f, l4) && (!v4 || f[14] & 0x0f == 5) => Expect::Cookie,
+        6 if tcp_served(be16(f, l4 + 2)) => Expect::Steer,
+        17 if n < l4 + 8 => Expect::Malformed,
+        17 if be16(f, l4 + 2) == usize::from(UDP_PORT) => Expect::Steer,
+        1 if v4 => shared_icmp(f, l4, true),
+        58 if !v4 => shared_icmp(f, l4, false),
+        _ => Expect::Pass,
+    }
+}
+
+fn shared_icmp(f: &[u8], l4: usize, v4: bool) -> Expect {
+    let n = f.len();
+    if n < l4 + 8 {
+        return Expect::Pass;
+    }
+    let ty = f[l4];
+    let q = l4 + 8;
+    let (error, qproto, ports) = if v4 {
+        if n < q + 20 || f[q] & 0x0f != 5 {
+            return Expect::Pass;
+        }
+        (ty == 3 || ty == 11, f[q + 9], q + 20)
+    } else {
+        if n < q + 40 {
+            return Expect::Pass;
+        }
+        ((1..=3).contains(&ty), f[q + 6], q + 40)
+    };
+    if !error || n < ports + 4 {
+        return Expect::Pass;
+    }
+    let sport = be16(f, ports);
+    let owned = match qproto {
+        6 => tcp_served(sport),
+        17 => sport == usize::from(UDP_PORT),
+        _ => false,
+    };
+    if owned { Expect::Steer } else { Expect::Pass }
+}
+
 fn tcp_served(port: usize) -> bool {
     port == usize::from(COOKIE_PORT) || port == usize::from(TCP_PORT)
 }
@@ -105,7 +160,7 @@ pub fn expect(f: &[u8]) -> Expect {
             if be16(a, 0) != 1 || be16(a, 2) != 0x0800 || a[4] != 6 || a[5] != 4 {
                 return Expect::Pass;
             }
-            if owned4(&a[24..28]) {
+            if owned4(&a[24..28]) && !shared4(&a[24..28]) {
                 Expect::Steer
             } else {
                 Expect::Pass
@@ -126,15 +181,23 @@ fn ipv4(f: &[u8]) -> Expect {
     if f[14] >> 4 != 4 || ihl < 5 {
         return Expect::Malformed;
     }
-    if !owned4(&f[30..34]) {
+    let is_shared = shared4(&f[30..34]);
+    if !owned4(&f[30..34]) && !is_shared {
         return Expect::Pass;
     }
     if be16(f, 20) & 0x3fff != 0 {
-        return Expect::Steer;
+        return if is_shared {
+            Expect::Pass
+        } else {
+            Expect::Steer
+        };
     }
     let l4 = 14 + ihl * 4;
     if l4 > n {
         return Expect::Malformed;
+    }
+    if is_shared {
+        return shared(f, f[23], l4, true);
     }
     let proto = f[23];
     if proto == 17 && ihl == 5 {
@@ -203,9 +266,13 @@ fn ipv6(f: &[u8]) -> Expect {
     }
     let next = f[20];
     let dst_owned = owned6(&f[38..54]);
+    let dst_shared = shared6(&f[38..54]);
     if next == 58 {
         if n < 62 {
             return Expect::Malformed;
+        }
+        if dst_shared && f[54] != 135 && f[54] != 136 {
+            return shared_icmp(f, 54, false);
         }
         if f[54] != 135 && f[54] != 136 {
             return if dst_owned {
@@ -221,6 +288,14 @@ fn ipv6(f: &[u8]) -> Expect {
             Expect::Steer
         } else {
             Expect::Pass
+        };
+    }
+    if dst_shared {
+        return match next {
+            6 if n < 74 => Expect::Malformed,
+            17 if n < 62 => Expect::Malformed,
+            6 | 17 => shared(f, next, 54, false),
+            _ => Expect::Pass,
         };
     }
     if !dst_owned {

@@ -1,0 +1,334 @@
+//! Ports of a shared address: one the kernel holds too, where corelane serves only the ports it
+//! owns and the kernel keeps the rest (its ARP and NDP, ping, ssh, its own connections).
+//!
+//! For each TCP or UDP port corelane steers on a shared address, a kernel socket of the same
+//! protocol is bound to that address and port and held (a placeholder): the kernel then hands
+//! the port to none of its own sockets, neither to a `bind` (a kernel server started later gets
+//! `EADDRINUSE`) nor as an ephemeral port for a connection of its own, so corelane's frames and
+//! the kernel's never share a port. A placeholder never listens and never receives: the
+//! steering program takes its frames first. It is an open descriptor of this process, so the
+//! kernel gives the port back when the process ends in any way, a `SIGKILL` included: nothing
+//! is left to clean up. Placeholders allow `SO_REUSEPORT` among themselves, so that the new
+//! process of an upgrade binds the ports the old one still holds.
+//!
+//! When the kernel already has a socket on the port (a listener, a connection that took it as
+//! its ephemeral port), the bind fails and the error names the socket's process and the fix.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+
+use corelane_frame::Proto;
+use nix::errno::Errno;
+use nix::sys::socket::{
+    AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6, bind, setsockopt, socket, sockopt,
+};
+
+use crate::error::Error;
+
+/// The shared addresses of a [`Steering`](crate::Steering) and the placeholders held for its
+/// ports on them.
+#[derive(Debug, Default)]
+pub(crate) struct SharedPorts {
+    addrs: Vec<IpAddr>,
+    held: HashMap<(Proto, u16), Vec<OwnedFd>>,
+}
+
+impl SharedPorts {
+    /// True when `addr` is shared.
+    pub(crate) fn is_shared(&self, addr: IpAddr) -> bool {
+        self.addrs.contains(&addr)
+    }
+
+    /// Shares `addr`: the `owned` ports get their placeholders on it at once.
+    pub(crate) fn add(
+        &mut self,
+        addr: IpAddr,
+        owned: impl Iterator<Item = (Proto, u16)>,
+    ) -> Result<(), Error> {
+        if self.is_shared(addr) {
+            return Ok(());
+        }
+        let mut got = Vec::new();
+        for (proto, port) in owned {
+            got.push(((proto, port), hold(&[addr], proto, port)?));
+        }
+        for (k, fds) in got {
+            self.held.entry(k).or_default().extend(fds);
+        }
+        self.addrs.push(addr);
+        Ok(())
+    }
+
+    /// Stops sharing `addr` (its placeholders go when their ports are released).
+    pub(crate) fn remove(&mut self, addr: IpAddr) {
+        self.addrs.retain(|a| *a != addr);
+    }
+
+    /// Holds `proto` `port` on every shared address (nothing without one).
+    pub(crate) fn hold(&mut self, proto: Proto, port: u16) -> Result<(), Error> {
+        if self.addrs.is_empty() {
+            return Ok(());
+        }
+        let fds = hold(&self.addrs, proto, port)?;
+        self.held.insert((proto, port), fds);
+        Ok(())
+    }
+
+    /// Gives `proto` `port` back to the kernel.
+    pub(crate) fn release(&mut self, proto: Proto, port: u16) {
+        self.held.remove(&(proto, port));
+    }
+}
+
+/// Binds a placeholder for `proto` `port` on each address of `addrs`; all or none.
+pub(crate) fn hold(addrs: &[IpAddr], proto: Proto, port: u16) -> Result<Vec<OwnedFd>, Error> {
+    addrs
+        .iter()
+        .map(|&a| hold_one(SocketAddr::new(a, port), proto))
+        .collect()
+}
+
+fn hold_one(at: SocketAddr, proto: Proto) -> Result<OwnedFd, Error> {
+    let family = match at {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let kind = match proto {
+        Proto::Tcp => SockType::Stream,
+        Proto::Udp => SockType::Datagram,
+    };
+    let os = |what: &str, e: Errno| Error::Io(std::io::Error::other(format!("{what}: {e}")));
+    let fd = socket(family, kind, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(|e| os("a placeholder socket", e))?;
+    setsockopt(&fd, sockopt::ReusePort, &true).map_err(|e| os("SO_REUSEPORT", e))?;
+    let bound = match at {
+        SocketAddr::V4(a) => bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(a)),
+        SocketAddr::V6(a) => {
+            setsockopt(&fd, sockopt::Ipv6V6Only, &true).map_err(|e| os("IPV6_V6ONLY", e))?;
+            bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn6::from(a))
+        }
+    };
+    match bound {
+        Ok(()) => Ok(fd),
+        Err(Errno::EADDRINUSE) => Err(Error::InUse(held_by(at, proto))),
+        Err(Errno::EACCES) => Err(Error::Privilege(format!(
+            "holding {} port {} of {} (shared with the kernel) needs CAP_NET_BIND_SERVICE, as \
+             a kernel server's bind would; keep that capability or serve a port from \
+             net.ipv4.ip_unprivileged_port_start up",
+            name(proto),
+            at.port(),
+            at.ip()
+        ))),
+        Err(Errno::EADDRNOTAVAIL) => Err(Error::Config(format!(
+            "{} is not the kernel's address (any more): a shared address must be one the kernel \
+             holds (ip addr show)",
+            at.ip()
+        ))),
+        Err(e) => Err(os(&format!("binding a placeholder to {at}"), e)),
+    }
+}
+
+fn name(proto: Proto) -> &'static str {
+    match proto {
+        Proto::Tcp => "TCP",
+        Proto::Udp => "UDP",
+    }
+}
+
+/// The message for a port the kernel holds: which of its sockets, whose, and what to do.
+pub(crate) fn held_by(at: SocketAddr, proto: Proto) -> String {
+    let holders = kernel_sockets(proto, at.port())
+        .into_iter()
+        .filter(|s| s.local.ip().is_unspecified() || s.local.ip() == at.ip())
+        .collect::<Vec<_>>();
+    let mut msg = format!(
+        "{} port {} of {} is the kernel's: ",
+        name(proto),
+        at.port(),
+        at.ip()
+    );
+    if holders.is_empty() {
+        msg.push_str("a kernel socket holds it");
+    }
+    for (i, s) in holders.iter().take(3).enumerate() {
+        if i > 0 {
+            msg.push_str(", ");
+        }
+        let _ = write!(msg, "{} {} {}", s.owner(), s.what(proto), s.local);
+    }
+    let _ = write!(
+        msg,
+        "; corelane and the kernel cannot split one port's traffic: stop that socket or serve \
+         another port (ss -{}anp 'sport = :{}' lists them)",
+        if proto == Proto::Tcp { "t" } else { "u" },
+        at.port()
+    );
+    msg
+}
+
+/// One socket of the kernel's tables (`/proc/net/tcp` and the like).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KernelSocket {
+    pub(crate) local: SocketAddr,
+    pub(crate) listening: bool,
+    pub(crate) inode: u64,
+}
+
+impl KernelSocket {
+    fn what(&self, proto: Proto) -> &'static str {
+        match (proto, self.listening) {
+            (Proto::Tcp, true) => "listens on",
+            (Proto::Tcp, false) => "has a connection from",
+            (Proto::Udp, _) => "is bound to",
+        }
+    }
+
+    /// "name (pid N)" of a process holding the socket, or "a kernel socket".
+    fn owner(&self) -> String {
+        owner_of(self.inode).unwrap_or_else(|| "a kernel socket".to_string())
+    }
+}
+
+/// The kernel's sockets of `proto` on local port `port`, both families.
+pub(crate) fn kernel_sockets(proto: Proto, port: u16) -> Vec<KernelSocket> {
+    let files: &[&str] = match proto {
+        Proto::Tcp => &["/proc/net/tcp", "/proc/net/tcp6"],
+        Proto::Udp => &["/proc/net/udp", "/proc/net/udp6"],
+    };
+    files
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|t| parse_table(&t, proto))
+        .filter(|s| s.local.port() == port)
+        .collect()
+}
+
+/// The sockets of one `/proc/net/{tcp,udp}{,6}` table.
+pub(crate) fn parse_table(text: &str, proto: Proto) -> Vec<KernelSocket> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local = parse_addr(f.get(1)?)?;
+            let state = u8::from_str_radix(f.get(3)?, 16).ok()?;
+            let inode = f.get(9)?.parse().ok()?;
+            Some(KernelSocket {
+                local,
+                listening: proto == Proto::Tcp && state == 0x0a,
+                inode,
+            })
+        })
+        .collect()
+}
+
+/// "0100007F:1F90" (IPv4, the address's 32-bit word in native order) or 32 hex digits
+/// (IPv6, four such words) and a port in hex.
+fn parse_addr(s: &str) -> Option<SocketAddr> {
+    let (a, p) = s.split_once(':')?;
+    let port = u16::from_str_radix(p, 16).ok()?;
+    let word = |i: usize| -> Option<[u8; 4]> {
+        let w = u32::from_str_radix(a.get(i * 8..i * 8 + 8)?, 16).ok()?;
+        Some(w.to_ne_bytes())
+    };
+    let ip = match a.len() {
+        8 => IpAddr::from(word(0)?),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            IpAddr::from(b)
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// "name (pid N)" of the first process with a descriptor for socket `inode`.
+fn owner_of(inode: u64) -> Option<String> {
+    if inode == 0 {
+        return None;
+    }
+    let want = format!("socket:[{inode}]");
+    for p in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()) {
+                let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+                return Some(format!("{} (pid {pid})", comm.trim()));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, UdpSocket};
+
+    #[test]
+    fn the_kernel_s_tables_are_read_in_both_families() {
+        let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   \
+                 uid  timeout inode\n   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 \
+                 00:00000000 00000000     0        0 12345 1 0 100 0 0 10 0\n   1: \
+                 0100007F:C350 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0 \
+                 0 777 1\n";
+        let v = parse_table(t, Proto::Tcp);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].local, "127.0.0.1:8080".parse().unwrap());
+        assert!(v[0].listening);
+        assert_eq!(v[0].inode, 12345);
+        assert_eq!(v[1].local, "127.0.0.1:50000".parse().unwrap());
+        assert!(!v[1].listening);
+        let t6 = "header\n 0: 00000000000000000000000001000000:0016 \
+                  00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 \
+                  00000000 0 0 99 1\n";
+        let v = parse_table(t6, Proto::Tcp);
+        assert_eq!(v[0].local, SocketAddr::new(Ipv6Addr::LOCALHOST.into(), 22));
+        assert!(parse_table("header\n 0: nonsense\n", Proto::Udp).is_empty());
+    }
+
+    #[test]
+    fn a_port_a_kernel_socket_holds_is_refused_naming_its_process() {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let at = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        let e = hold(&at, Proto::Tcp, port).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::InUse(_)), "{msg}");
+        assert!(
+            msg.contains(&format!("pid {}", std::process::id())),
+            "{msg}"
+        );
+        assert!(msg.contains("listens on"), "{msg}");
+        drop(l);
+        // Freed: held now, and the kernel cannot hand the port out while it is.
+        let held = hold(&at, Proto::Tcp, port).unwrap();
+        assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err());
+        // Another placeholder (an upgrade's new process) binds it too.
+        let again = hold(&at, Proto::Tcp, port).unwrap();
+        drop((held, again));
+        assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok());
+    }
+
+    #[test]
+    fn a_udp_placeholder_keeps_a_kernel_socket_off_its_port() {
+        let u = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = u.local_addr().unwrap().port();
+        let at = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        let msg = hold(&at, Proto::Udp, port).unwrap_err().to_string();
+        assert!(msg.contains("is bound to"), "{msg}");
+        drop(u);
+        let held = hold(&at, Proto::Udp, port).unwrap();
+        assert!(UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).is_err());
+        drop(held);
+    }
+}

@@ -18,9 +18,14 @@ pub(crate) struct Common {
     #[arg(long)]
     pub(crate) iface: Option<String>,
     /// Address the server owns, with prefix (IPv4 or IPv6); may repeat. Use one the kernel does
-    /// not hold on the interface.
+    /// not hold on the interface, or give `--shared`.
     #[arg(long = "addr", value_parser = parse_cidr)]
     pub(crate) addrs: Vec<Cidr>,
+    /// Serve on addresses the kernel holds too: corelane takes only the ports it serves there,
+    /// the kernel keeps the rest (ssh, ping, ARP, its own connections;
+    /// `Builder::share_kernel_addrs`).
+    #[arg(long)]
+    pub(crate) shared: bool,
     /// Default gateway (IPv4 or IPv6, on an owned subnet); may repeat, once per family.
     /// Replaces the kernel's default route of that family.
     #[arg(long = "gateway")]
@@ -184,7 +189,8 @@ impl Common {
             })
             .backlog(self.backlog)
             .poll_mode(poll)
-            .linger_on_death(Duration::from_secs(self.linger_on_death));
+            .linger_on_death(Duration::from_secs(self.linger_on_death))
+            .share_kernel_addrs(self.shared);
         if self.bdp_gbit.is_some() || self.rtt_us.is_some() {
             b = b.bdp(
                 (self.bdp_gbit.unwrap_or(10.0) * 1e9) as u64,
@@ -391,7 +397,8 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
 }
 
 /// The skeleton every server example shares: the runtime from the common flags, its plan
-/// printed, `bind` run on every core (a core whose bind fails reports it and serves nothing),
+/// printed, `bind` run on every core (a core whose bind fails serves nothing, and the first
+/// such failure is the run's error once it ends),
 /// one "NAME: serving WHAT on N core(s)" line once every core has bound, the periodic stats,
 /// then `serve` on every core, and the report when the run ends.
 pub(crate) fn serve<T, B, BF, S, Fut>(
@@ -417,9 +424,10 @@ where
     let cores = rt.cores();
     let every = c.stats_every;
     let ready = std::sync::Arc::new(Ready::new(cores));
+    let failed = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
     let report = rt.run(|core| {
         let bound = bind();
-        let (ready, serve) = (ready.clone(), serve.clone());
+        let (ready, serve, failed) = (ready.clone(), serve.clone(), failed.clone());
         let what = what.to_string();
         async move {
             let bound = bound.await;
@@ -434,7 +442,11 @@ where
                     tokio::task::spawn_local(stats_task(every));
                     serve(core, t).await;
                 }
-                Err(e) => eprintln!("{name}: error: core {}: {what}: {e}", core.index),
+                // The first core's failure ends the run with an error; the others serve on.
+                Err(e) => {
+                    let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                    f.get_or_insert_with(|| format!("core {}: {what}: {e}", core.index));
+                }
             }
         }
     })?;
@@ -442,7 +454,11 @@ where
         println!("{name}: stopping");
     }
     print_report(name, &report)?;
-    Ok(())
+    let failed = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match failed {
+        Some(why) => Err(why.into()),
+        None => Ok(()),
+    }
 }
 
 /// Runs an example's body and turns its outcome into the exit code, with one error line.

@@ -181,7 +181,9 @@ fn handle(
     let e = |e: Error| e.to_string();
     let ok = || Ok((String::new(), None));
     match words[..] {
-        [verb @ ("addr" | "unaddr"), a] => {
+        // "addr A shared": A is the kernel's too, corelane's only for its ports.
+        [verb @ ("addr" | "unaddr"), a] | [verb @ "addr", a, "shared"] => {
+            let share = words.len() == 3;
             let a: IpAddr = a.parse().map_err(|_| format!("`{a}` is not an address"))?;
             if verb == "unaddr" {
                 if let Some(i) = session.addrs.iter().position(|x| *x == a) {
@@ -208,7 +210,11 @@ fn handle(
                 ));
             }
             if !session.addrs.contains(&a) {
-                steering.own_addr(a).map_err(e)?;
+                if share {
+                    steering.own_shared_addr(a).map_err(e)?;
+                } else {
+                    steering.own_addr(a).map_err(e)?;
+                }
                 session.addrs.push(a);
             }
             ok()

@@ -201,12 +201,15 @@ pub(crate) fn open_sockets(
 
 /// Drops the capabilities the runtime no longer needs, in the calling thread (the one that
 /// builds the runtime, before it starts any other): none under a grant; `CAP_NET_ADMIN` and
-/// `CAP_BPF` when it holds the program (to change addresses and put the queues back).
-pub(crate) fn drop_capabilities(granted: bool) -> Result<(), Error> {
-    let keep: &[Cap] = if granted {
-        &[]
-    } else {
-        &[Cap::NetAdmin, Cap::Bpf]
+/// `CAP_BPF` when it holds the program (to change addresses and put the queues back), and
+/// `CAP_NET_BIND_SERVICE` with a shared address.
+pub(crate) fn drop_capabilities(granted: bool, shared: bool) -> Result<(), Error> {
+    // A shared address's ports are held by placeholder sockets bound as ports are served
+    // (`crates/corelane-xsk/src/shared.rs`); under a grant the broker binds them.
+    let keep: &[Cap] = match (granted, shared) {
+        (true, _) => &[],
+        (false, false) => &[Cap::NetAdmin, Cap::Bpf],
+        (false, true) => &[Cap::NetAdmin, Cap::Bpf, Cap::NetBindService],
     };
     corelane_xsk::retain_caps(keep).map_err(|e| Error::Os {
         what: "dropping capabilities".into(),

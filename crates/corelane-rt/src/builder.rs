@@ -34,6 +34,8 @@ pub struct Builder {
     pub(crate) adaptive_batch: bool,
     pub(crate) routes: Vec<crate::routing::Wanted>,
     pub(crate) kernel_routes: bool,
+    /// Addresses the kernel holds are shared with it rather than refused.
+    pub(crate) share_kernel_addrs: bool,
     pub(crate) on_panic: crate::OnPanic,
     pub(crate) publish_stats: bool,
     pub(crate) metrics: Option<std::net::SocketAddr>,
@@ -113,6 +115,35 @@ impl Builder {
     /// prints the routes in use at the start.
     pub fn kernel_routes(mut self, on: bool) -> Self {
         self.kernel_routes = on;
+        self
+    }
+
+    /// Whether an owned address the kernel holds too is shared with it (default off: refused,
+    /// as both would answer for it). Shared, corelane takes only the TCP and UDP ports it
+    /// serves there, on the interface's own MAC, and the kernel keeps everything else of the
+    /// address: ARP and NDP, ping, ssh and its other listeners, its own connections, and the
+    /// answers for closed ports. This is how a host with one address (a cloud VM's NIC) has
+    /// corelane serve port 443 while ssh keeps port 22.
+    ///
+    /// Each port corelane serves on a shared address is held in the kernel by a socket bound
+    /// to it that never listens, so no kernel socket can take the port, by `bind` or as an
+    /// ephemeral port; the kernel gets it back when the port closes or the process ends in
+    /// any way. A port a kernel socket holds already is refused (`AddrInUse`), naming the
+    /// socket's process. Ports below 1024 keep `CAP_NET_BIND_SERVICE` for the run (under a
+    /// grant the broker holds them). Fragmented datagrams to a shared address are the
+    /// kernel's: a fragment does not say its port.
+    ///
+    /// ```no_run
+    /// # use corelane_rt as corelane;
+    /// // 10.0.0.5/24 is eth0's only address; sshd keeps port 22, corelane serves 443.
+    /// let rt = corelane::Runtime::builder("eth0")
+    ///     .addr("10.0.0.5/24")
+    ///     .share_kernel_addrs(true)
+    ///     .build()?;
+    /// # Ok::<(), corelane::Error>(())
+    /// ```
+    pub fn share_kernel_addrs(mut self, on: bool) -> Self {
+        self.share_kernel_addrs = on;
         self
     }
 

@@ -228,7 +228,7 @@ impl Core {
     pub(crate) fn own_port(&self, proto: Proto, port: u16) -> io::Result<()> {
         self.shared
             .steer
-            .run_port_change(move |s| s.own_port(proto, port))
+            .run_port_change(Some(port), move |s| s.own_port(proto, port))
             .map_err(|e| io::Error::other(e.to_string()))?
             .map_err(io::Error::from)
     }
@@ -254,7 +254,7 @@ impl Core {
         let done = self
             .shared
             .steer
-            .run_port_change(move |s| s.release_port(proto, port));
+            .run_port_change(None, move |s| s.release_port(proto, port));
         if let Err(e) = done
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string()))

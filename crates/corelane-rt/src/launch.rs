@@ -81,6 +81,7 @@ impl Runtime {
             adaptive_batch: true,
             routes: Vec::new(),
             kernel_routes: true,
+            share_kernel_addrs: false,
             on_panic: crate::OnPanic::RestartCore,
             publish_stats: true,
             metrics: None,

@@ -102,16 +102,23 @@ impl Builder {
             ));
         }
         // An address the kernel holds too would be answered twice (ARP, TCP resets from the
-        // kernel for corelane's connections): refused.
+        // kernel for corelane's connections): refused, unless shared (corelane then takes only
+        // its ports there).
         let held = corelane_xsk::kernel_addrs_with_prefix(&self.ifname)?;
-        if let Some((a, prefix)) = self.addrs.iter().find_map(|c| {
-            let a = std::net::IpAddr::from(c.address());
-            held.iter().find(|(h, _)| *h == a).copied()
-        }) {
+        let shared: Vec<std::net::IpAddr> = self
+            .addrs
+            .iter()
+            .map(|c| std::net::IpAddr::from(c.address()))
+            .filter(|a| held.iter().any(|(h, _)| h == a))
+            .collect();
+        if let (Some(&a), false) = (shared.first(), self.share_kernel_addrs) {
+            let prefix = held.iter().find(|(h, _)| *h == a).map_or(0, |(_, p)| *p);
             return Err(Error::Config(format!(
                 "{a} is the kernel's address on {}: the kernel and corelane would both answer for \
-                 it; give corelane an address the kernel does not hold (or remove it from the \
-                 kernel: ip addr del {a}/{prefix} dev {})",
+                 it; share it (Builder::share_kernel_addrs(true), `--shared` in the examples: \
+                 corelane takes only the ports it serves), or give corelane an address the \
+                 kernel does not hold (or remove it from the kernel: ip addr del {a}/{prefix} \
+                 dev {})",
                 self.ifname, self.ifname
             )));
         }
@@ -203,7 +210,22 @@ impl Builder {
         }
         crate::access::fit_frames(&self.ifname, mtu, self.vlan.tag_bytes(), &mut self.xsk)?;
         for a in &self.addrs {
-            steering.own_addr(a.address().into())?;
+            let a = std::net::IpAddr::from(a.address());
+            if shared.contains(&a) {
+                steering.own_shared_addr(a)?;
+            } else {
+                steering.own_addr(a)?;
+            }
+        }
+        if !shared.is_empty() {
+            plan.reasons.push(format!(
+                "shared with the kernel: {} (corelane serves only its ports there)",
+                shared
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
         }
         let lanes: Vec<(u32, usize)> = plan
             .lanes
@@ -226,7 +248,7 @@ impl Builder {
             None => None,
         };
         if !self.keep_capabilities {
-            crate::access::drop_capabilities(steering.is_granted())?;
+            crate::access::drop_capabilities(steering.is_granted(), !shared.is_empty())?;
         }
         let bells = plan
             .lanes

@@ -135,13 +135,21 @@ impl Steer {
     /// core thread does not have, so there the change waits for the steward. (A round trip to
     /// the steward per connection opened and per connection closed held corelane's connection
     /// rate with corelane on both ends to 30k/s from 79k/s.)
+    ///
+    /// `binds`: the change may bind this port in the kernel (a shared address's placeholder),
+    /// which below 1024 needs `CAP_NET_BIND_SERVICE`: the steward's, never a core's.
     pub(crate) fn run_port_change<T: Send + 'static>(
         self: &Arc<Self>,
+        binds: Option<u16>,
         f: impl FnOnce(&mut Steering) -> T + Send + 'static,
     ) -> Result<T, Error> {
         let this = Arc::clone(self);
         self.steward.run_here_if(
-            || self.read().counters().is_ok(),
+            || {
+                let s = self.read();
+                let privileged = binds.is_some_and(|p| p < 1024) && s.has_shared();
+                !privileged && s.counters().is_ok()
+            },
             move || f(&mut lock(&this.steering)),
         )
     }

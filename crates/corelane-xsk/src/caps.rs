@@ -26,12 +26,15 @@ pub enum Cap {
     Perfmon,
     /// The catch-all: stands in for `Bpf` and `Perfmon`.
     SysAdmin,
+    /// Bind ports below 1024 (a shared address's placeholder sockets).
+    NetBindService,
 }
 
 impl Cap {
     /// The capability's number in `linux/capability.h`.
     pub fn number(self) -> u32 {
         match self {
+            Cap::NetBindService => 10,
             Cap::NetAdmin => 12,
             Cap::NetRaw => 13,
             Cap::IpcLock => 14,
@@ -44,6 +47,7 @@ impl Cap {
     /// Its name as `capabilities(7)` and `setpriv` spell it (`CAP_NET_RAW`).
     pub fn name(self) -> &'static str {
         match self {
+            Cap::NetBindService => "CAP_NET_BIND_SERVICE",
             Cap::NetAdmin => "CAP_NET_ADMIN",
             Cap::NetRaw => "CAP_NET_RAW",
             Cap::IpcLock => "CAP_IPC_LOCK",

@@ -88,6 +88,9 @@ pub enum Error {
     /// An address or port is already owned.
     #[error("{0} is already in use by this corelane instance")]
     InUse(String),
+    /// A port of a shared address is held by a kernel socket (the message names it).
+    #[error("{0}")]
+    KernelPort(String),
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -126,7 +129,7 @@ impl From<Error> for io::Error {
         let kind = match &e {
             Error::Privilege(_) | Error::Grant(_) => io::ErrorKind::PermissionDenied,
             Error::NoInterface(_) => io::ErrorKind::NotFound,
-            Error::InUse(_) | Error::XdpBusy(_) => io::ErrorKind::AddrInUse,
+            Error::InUse(_) | Error::KernelPort(_) | Error::XdpBusy(_) => io::ErrorKind::AddrInUse,
             Error::Config(_) => io::ErrorKind::InvalidInput,
             Error::Io(io) => io.kind(),
             _ => io::ErrorKind::Other,

@@ -36,6 +36,11 @@ pub(crate) struct SharedPorts {
 }
 
 impl SharedPorts {
+    /// True when some address is shared.
+    pub(crate) fn any(&self) -> bool {
+        !self.addrs.is_empty()
+    }
+
     /// True when `addr` is shared.
     pub(crate) fn is_shared(&self, addr: IpAddr) -> bool {
         self.addrs.contains(&addr)
@@ -112,7 +117,7 @@ fn hold_one(at: SocketAddr, proto: Proto) -> Result<OwnedFd, Error> {
     };
     match bound {
         Ok(()) => Ok(fd),
-        Err(Errno::EADDRINUSE) => Err(Error::InUse(held_by(at, proto))),
+        Err(Errno::EADDRINUSE) => Err(Error::KernelPort(held_by(at, proto))),
         Err(Errno::EACCES) => Err(Error::Privilege(format!(
             "holding {} port {} of {} (shared with the kernel) needs CAP_NET_BIND_SERVICE, as \
              a kernel server's bind would; keep that capability or serve a port from \
@@ -185,7 +190,9 @@ impl KernelSocket {
         }
     }
 
-    /// "name (pid N)" of a process holding the socket, or "a kernel socket".
+    /// "name (pid N)" of a process holding the socket, or "a kernel socket" when no process
+    /// can be named (reading another process's descriptors takes privileges a running server
+    /// has dropped; `ss -p` names it).
     fn owner(&self) -> String {
         owner_of(self.inode).unwrap_or_else(|| "a kernel socket".to_string())
     }
@@ -303,7 +310,7 @@ mod tests {
         let at = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
         let e = hold(&at, Proto::Tcp, port).unwrap_err();
         let msg = e.to_string();
-        assert!(matches!(e, Error::InUse(_)), "{msg}");
+        assert!(matches!(e, Error::KernelPort(_)), "{msg}");
         assert!(
             msg.contains(&format!("pid {}", std::process::id())),
             "{msg}"

@@ -423,9 +423,10 @@ impl Steering {
     /// kernel by a placeholder socket on `addr`, so that no kernel socket takes it.
     ///
     /// # Errors
-    /// [`Error::InUse`] naming the kernel socket that holds an owned port already.
+    /// [`Error::KernelPort`] naming the kernel socket that holds an owned port already.
     pub fn own_shared_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
-        if !matches!(self.via, Via::Mem(_)) {
+        // Under a grant the broker holds the placeholders (its session's end gives them back).
+        if matches!(self.via, Via::Program(_)) {
             self.shared.add(addr, self.port_refs.keys().copied())?;
         }
         let done = match &mut self.via {
@@ -440,6 +441,12 @@ impl Steering {
             self.shared.remove(addr);
         }
         done
+    }
+
+    /// True when a shared address has its ports held by this process (owning a port then
+    /// binds a placeholder socket).
+    pub fn has_shared(&self) -> bool {
+        self.shared.any()
     }
 
     /// True when `addr` was owned as a shared address.

@@ -1,0 +1,330 @@
+//! corelane serving on the kernel's own address (`--shared`, `Builder::share_kernel_addrs`):
+//! the server end of a veth pair has one IPv4 address, 10.77.0.1, which the kernel holds;
+//! corelane serves its ports there while the kernel keeps the rest: a kernel listener on another
+//! port of the same address, the kernel's own outbound connections, ping, ARP and closed ports,
+//! all at once and under load. A kernel socket on a port corelane wants is refused in one line
+//! naming it; a killed server gives its ports back to the kernel.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use corelane_testnet::{VethPair, require_root};
+
+/// The kernel's address on the server end (from `common::net`).
+const KERNEL: &str = "10.77.0.1";
+/// The kernel's address on the client end.
+const CLIENT: &str = "10.77.0.2";
+
+fn at(port: u16) -> SocketAddr {
+    SocketAddr::new(KERNEL.parse().unwrap(), port)
+}
+
+/// A kernel echo listener in namespace `ns` at `addr` (an sshd stands for it), serving until
+/// `stop`; counts the connections it served.
+struct KernelEcho {
+    served: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<corelane_testnet::NsThread<()>>,
+}
+
+impl KernelEcho {
+    fn start(ns: &corelane_testnet::Netns, addr: SocketAddr) -> KernelEcho {
+        let served = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (served.clone(), stop.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = ns
+            .spawn(move || {
+                let l = TcpListener::bind(addr).expect("kernel listener");
+                l.set_nonblocking(true).unwrap();
+                tx.send(()).unwrap();
+                while !st.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((mut c, _)) => {
+                            c.set_nonblocking(false).unwrap();
+                            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                            let s = s.clone();
+                            std::thread::spawn(move || {
+                                let mut b = [0u8; 4096];
+                                while let Ok(n @ 1..) = c.read(&mut b) {
+                                    if c.write_all(&b[..n]).is_err() {
+                                        return;
+                                    }
+                                }
+                                s.fetch_add(1, Ordering::Relaxed);
+                            });
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                    }
+                }
+            })
+            .expect("spawn in namespace");
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the kernel listener binds");
+        KernelEcho {
+            served,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The connections served, once `want` have been or 5 s have passed (a connection counts
+    /// once its client's end has closed, which may come after the client's last read).
+    fn served(&self, want: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.served.load(Ordering::Relaxed) < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.served.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for KernelEcho {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One echo exchange of `len` bytes through `addr`; Err says what failed.
+fn exchange(addr: SocketAddr, len: usize, seed: u64) -> Result<(), String> {
+    let data = payload(len, seed);
+    let (got, n) = tcp_echo(addr, &data).map_err(|e| format!("{addr}: {e}"))?;
+    if n != len || got != sha256(&data) {
+        return Err(format!("{addr}: echoed {n} of {len} bytes, or other bytes"));
+    }
+    Ok(())
+}
+
+/// `rounds` exchanges on each of `threads` threads in namespace `ns` to `addr`; the failures.
+fn load(
+    ns: &corelane_testnet::Netns,
+    addr: SocketAddr,
+    threads: u64,
+    rounds: u64,
+) -> Vec<corelane_testnet::NsThread<Vec<String>>> {
+    (0..threads)
+        .map(|t| {
+            ns.spawn(move || {
+                (0..rounds)
+                    .filter_map(|i| {
+                        exchange(addr, 1 + (i as usize * 997) % 20_000, t * 1000 + i).err()
+                    })
+                    .collect()
+            })
+            .expect("spawn load")
+        })
+        .collect()
+}
+
+fn failures(threads: Vec<corelane_testnet::NsThread<Vec<String>>>) -> Vec<String> {
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("load thread"))
+        .collect()
+}
+
+/// Serves `example` with `args` on the kernel's address, a kernel listener on port 2222 of the
+/// same address and a kernel listener on the client's end for the server's kernel to connect
+/// to; loads all three at once, and checks ping and a closed port on the way. Returns the
+/// example's output after a clean stop.
+fn shared_with_the_kernel(net: &VethPair, example: &str, port: u16, args: &[&str]) -> String {
+    let ssh = KernelEcho::start(net.server_ns(), at(2222));
+    let remote = KernelEcho::start(
+        net.client_ns(),
+        SocketAddr::new(CLIENT.parse().unwrap(), 3333),
+    );
+    let mut all = vec![
+        "--addr",
+        "10.77.0.1/24",
+        "--shared",
+        "--linger-on-death",
+        "0",
+    ];
+    all.extend_from_slice(args);
+    let server = Echo::start_example(net, example, &all);
+    let t = Instant::now();
+    // corelane's port, the kernel's listener on the same address and the kernel's own
+    // connections out of it, all at once.
+    let to_corelane = if example == "echo" {
+        load(net.client_ns(), at(port), 3, 40)
+    } else {
+        Vec::new()
+    };
+    let to_kernel = load(net.client_ns(), at(2222), 2, 40);
+    let from_kernel = load(
+        net.server_ns(),
+        SocketAddr::new(CLIENT.parse().unwrap(), 3333),
+        2,
+        40,
+    );
+    if example == "http" {
+        for i in 0..60 {
+            let body = net
+                .client_ns()
+                .run(move || http_get(at(port)))
+                .unwrap()
+                .unwrap_or_else(|e| panic!("GET {i} from corelane's http: {e}"));
+            assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        }
+    }
+    let mut failed = failures(to_corelane);
+    failed.extend(failures(to_kernel));
+    failed.extend(failures(from_kernel));
+    assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
+    // Ping and ARP are the kernel's: it answers for the address as before.
+    let ping = net
+        .client_ns()
+        .exec("ping", &["-c", "2", "-i", "0.2", "-W", "2", KERNEL])
+        .expect("ping the shared address");
+    assert!(ping.contains("2 received"), "{ping}");
+    // A port neither serves is the kernel's to refuse.
+    let closed = net
+        .client_ns()
+        .run(|| TcpStream::connect_timeout(&at(9), Duration::from_secs(3)).map(drop))
+        .unwrap();
+    assert_eq!(
+        closed.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "the kernel refuses a closed port of the shared address"
+    );
+    assert_eq!(
+        ssh.served(80),
+        80,
+        "the kernel's listener served every connection"
+    );
+    assert_eq!(
+        remote.served(80),
+        80,
+        "the kernel's own connections all finished"
+    );
+    eprintln!("{example}: shared load done in {:?}", t.elapsed());
+    let (status, out) = server.stop();
+    assert_clean_exit_of(example, status, &out);
+    assert!(out.contains("shared with the kernel: 10.77.0.1"), "{out}");
+    out
+}
+
+fn assert_clean_exit_of(name: &str, status: std::process::ExitStatus, out: &str) {
+    assert!(status.success(), "{name} failed ({status}):\n{out}");
+    assert!(out.contains("XDP program detached"), "{out}");
+}
+
+/// GET / over HTTP/1.1; the response's head and body.
+fn http_get(addr: SocketAddr) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn echo_serves_on_the_kernel_s_only_address_beside_its_listener_and_connections() {
+    if !require_root("shared address echo") {
+        return;
+    }
+    let net = net(2);
+    let out = shared_with_the_kernel(&net, "echo", 7, &["--port", "7"]);
+    assert!(xdp_counter(&out, "steered") > 0, "{out}");
+    assert!(xdp_counter(&out, "passed") > 0, "{out}");
+    assert_no_xdp(&net);
+    // The port is the kernel's again.
+    net.server_ns()
+        .run(|| TcpListener::bind(at(7)).map(drop))
+        .unwrap()
+        .expect("port 7 given back to the kernel at exit");
+}
+
+#[test]
+fn http_serves_on_the_kernel_s_only_address_beside_its_listener_and_connections() {
+    if !require_root("shared address http") {
+        return;
+    }
+    let net = net(1);
+    shared_with_the_kernel(&net, "http", 8080, &["--port", "8080"]);
+}
+
+#[test]
+fn a_port_a_kernel_socket_holds_is_refused_naming_it() {
+    if !require_root("shared address conflict") {
+        return;
+    }
+    let net = net(1);
+    let ssh = KernelEcho::start(net.server_ns(), at(7));
+    let (status, out) = run_echo(&net, &["--addr", "10.77.0.1/24", "--shared", "--port", "7"]);
+    assert!(!status.success(), "{out}");
+    let errors: Vec<&str> = out.lines().filter(|l| l.contains("error:")).collect();
+    assert_eq!(errors.len(), 1, "one error line:\n{out}");
+    for needle in [
+        "TCP port 7 of 10.77.0.1 is the kernel's",
+        "listens on 10.77.0.1:7",
+        "ss -tanp",
+    ] {
+        assert!(
+            errors[0].contains(needle),
+            "`{needle}` missing: {}",
+            errors[0]
+        );
+    }
+    assert_no_xdp(&net);
+    drop(ssh);
+    // Without --shared the kernel's address is refused, pointing at it.
+    let (status, out) = run_echo(&net, &["--addr", "10.77.0.1/24", "--port", "7"]);
+    assert_fails_with(&net, status, &out, &["is the kernel's address", "--shared"]);
+}
+
+#[test]
+fn a_killed_server_gives_the_kernel_its_ports_back() {
+    if !require_root("shared address kill") {
+        return;
+    }
+    let net = net(1);
+    let args = [
+        "--addr",
+        "10.77.0.1/24",
+        "--shared",
+        "--port",
+        "7",
+        "--linger-on-death",
+        "0",
+    ];
+    let server = Echo::start(&net, &args);
+    // While it serves, the kernel cannot take the port: a bind fails.
+    let taken = net
+        .server_ns()
+        .run(|| TcpListener::bind(at(7)).map(drop))
+        .unwrap();
+    assert_eq!(
+        taken.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::AddrInUse)
+    );
+    net.client_ns()
+        .run(|| exchange(at(7), 1000, 1))
+        .unwrap()
+        .expect("served");
+    server.signal(libc::SIGKILL);
+    let (status, _) = server.wait();
+    assert!(!status.success());
+    // Nothing to clean up: the port is the kernel's at once, and the next start serves.
+    net.server_ns()
+        .run(|| TcpListener::bind(at(7)).map(drop))
+        .unwrap()
+        .expect("port 7 given back to the kernel by the process's death");
+    let again = Echo::start(&net, &args);
+    net.client_ns()
+        .run(|| exchange(at(7), 5000, 2))
+        .unwrap()
+        .expect("served after the restart");
+    let (status, out) = again.stop();
+    assert!(status.success(), "{out}");
+}

@@ -136,7 +136,13 @@ fn failures(threads: Vec<corelane_testnet::NsThread<Vec<String>>>) -> Vec<String
 /// same address and a kernel listener on the client's end for the server's kernel to connect
 /// to; loads all three at once, and checks ping and a closed port on the way. Returns the
 /// example's output after a clean stop.
-fn shared_with_the_kernel(net: &VethPair, example: &str, port: u16, args: &[&str]) -> String {
+fn shared_with_the_kernel(
+    net: &VethPair,
+    example: &str,
+    port: u16,
+    args: &[&str],
+    also: impl FnOnce(&VethPair),
+) -> String {
     let ssh = KernelEcho::start(net.server_ns(), at(2222));
     let remote = KernelEcho::start(
         net.client_ns(),
@@ -176,6 +182,7 @@ fn shared_with_the_kernel(net: &VethPair, example: &str, port: u16, args: &[&str
             assert!(body.starts_with("HTTP/1.1 200"), "{body}");
         }
     }
+    also(net);
     let mut failed = failures(to_corelane);
     failed.extend(failures(to_kernel));
     failed.extend(failures(from_kernel));
@@ -234,7 +241,27 @@ fn echo_serves_on_the_kernel_s_only_address_beside_its_listener_and_connections(
         return;
     }
     let net = net(2);
-    let out = shared_with_the_kernel(&net, "echo", 7, &["--port", "7"]);
+    let out = shared_with_the_kernel(&net, "echo", 7, &["--port", "7"], |net| {
+        // UDP too: datagrams to corelane's port come back, from the shared address.
+        let got = net
+            .client_ns()
+            .run(|| -> std::io::Result<Vec<u8>> {
+                let u = std::net::UdpSocket::bind("10.77.0.2:0")?;
+                u.set_read_timeout(Some(Duration::from_secs(1)))?;
+                let mut b = [0u8; 64];
+                for i in 0..5u8 {
+                    u.send_to(&[b'u', i], at(7))?;
+                    if let Ok((n, from)) = u.recv_from(&mut b) {
+                        assert_eq!(from, at(7));
+                        return Ok(b[..n].to_vec());
+                    }
+                }
+                Err(std::io::ErrorKind::TimedOut.into())
+            })
+            .unwrap()
+            .expect("a UDP echo from the shared address");
+        assert_eq!(got[0], b'u');
+    });
     assert!(xdp_counter(&out, "steered") > 0, "{out}");
     assert!(xdp_counter(&out, "passed") > 0, "{out}");
     assert_no_xdp(&net);
@@ -251,7 +278,7 @@ fn http_serves_on_the_kernel_s_only_address_beside_its_listener_and_connections(
         return;
     }
     let net = net(1);
-    shared_with_the_kernel(&net, "http", 8080, &["--port", "8080"]);
+    shared_with_the_kernel(&net, "http", 8080, &["--port", "8080"], |_| {});
 }
 
 #[test]
@@ -327,4 +354,81 @@ fn a_killed_server_gives_the_kernel_its_ports_back() {
         .expect("served after the restart");
     let (status, out) = again.stop();
     assert!(status.success(), "{out}");
+}
+
+#[test]
+fn corelane_and_the_kernel_connect_out_of_one_address_without_sharing_a_port() {
+    if !require_root("shared address outbound") {
+        return;
+    }
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let net = net(1);
+    let remote_at = SocketAddr::new(CLIENT.parse().unwrap(), 3333);
+    let remote = KernelEcho::start(net.client_ns(), remote_at);
+    // The kernel's own connections out of the address, while corelane opens its own.
+    let from_kernel = load(net.server_ns(), remote_at, 2, 40);
+    let ifname = net.server_if().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runtime = net
+        .server_ns()
+        .spawn(move || {
+            let rt = corelane::Runtime::builder(&ifname)
+                .addr("10.77.0.1/24")
+                .share_kernel_addrs(true)
+                .cores(1)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let stop = rt.stop_handle();
+            rt.run(move |_| {
+                let (tx, stop) = (tx.clone(), stop.clone());
+                async move {
+                    let mut open = Vec::new();
+                    let mut ports = Vec::new();
+                    for i in 0..40u64 {
+                        let data = payload(1000, i);
+                        let mut s = corelane::net::TcpStream::connect(remote_at)
+                            .await
+                            .expect("corelane connects out of the shared address");
+                        s.write_all(&data).await.expect("write");
+                        let mut back = vec![0u8; data.len()];
+                        s.read_exact(&mut back).await.expect("read");
+                        assert_eq!(back, data);
+                        ports.push(s.local_addr().expect("local address").port());
+                        open.push(s);
+                    }
+                    let _ = tx.send(ports);
+                    // Held open while the test tries the kernel on those ports.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    drop(open);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    stop.stop();
+                }
+            })
+            .map_err(|e| e.to_string())
+        })
+        .expect("spawn the runtime");
+    let ports = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("corelane's 40 connections");
+    let mut unique = ports.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), 40, "{ports:?}");
+    // While corelane holds them, none of its ports is the kernel's to give.
+    for &p in &ports {
+        let taken = net
+            .server_ns()
+            .run(move || TcpListener::bind(at(p)).map(drop))
+            .unwrap();
+        assert_eq!(
+            taken.map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::AddrInUse),
+            "port {p} of corelane's connection"
+        );
+    }
+    let failed = failures(from_kernel);
+    assert!(failed.is_empty(), "the kernel's connections: {failed:?}");
+    let report = runtime.join().expect("runtime thread").expect("the run");
+    assert!(report.stopped, "{report:?}");
+    assert_eq!(remote.served(120), 120, "every connection of both finished");
 }

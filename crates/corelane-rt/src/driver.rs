@@ -68,7 +68,13 @@ pub(crate) struct Driver {
     pub(crate) stamp: Option<Wait>,
     /// When the last turn began (its clock).
     pub(crate) last_turn: StdInstant,
+    /// When this core next looks for the next hops its flows wait for (a shared address's).
+    pub(crate) neighbours_at: Option<StdInstant>,
 }
+
+/// How often a core with flows waiting for a next hop reads what the steering program noted
+/// of a shared address's neighbours.
+const NEIGHBOURS_EVERY: Duration = Duration::from_millis(1);
 
 /// Which wait a frame's receive stamp measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +115,7 @@ impl Driver {
             upgrade: Default::default(),
             stamp: None,
             last_turn: StdInstant::now(),
+            neighbours_at: None,
         }
     }
 
@@ -188,6 +195,10 @@ impl Driver {
         }
         stack.take_freed_ports(freed);
         stack.take_cookie_ports(&mut self.cookie_ports);
+        if self.neighbours_at.is_none_or(|t| clock >= t) {
+            self.neighbours_at = Some(clock + NEIGHBOURS_EVERY);
+            learn_shared_neighbours(&core, &mut stack);
+        }
         let cookies = &core.shared.cookies;
         if !self.cookie_ports.is_empty() {
             cookies.note_sent(&self.cookie_ports, now);
@@ -514,5 +525,26 @@ impl Driver {
             }
         }
         self
+    }
+}
+
+/// The next hops `stack`'s flows wait for, learnt from what the steering program noted of a
+/// shared address's neighbours: the kernel takes the ARP and NDP answers to the stack's
+/// requests sent from such an address, and the program notes what they said. A map read (a
+/// system call) per next hop waited for, at most every [`NEIGHBOURS_EVERY`]; nothing without a
+/// waiting flow or a shared address.
+fn learn_shared_neighbours(core: &Core, stack: &mut corelane_stack::Stack) {
+    let wanted = stack.neighbors_wanted();
+    if wanted.is_empty() {
+        return;
+    }
+    let steer = core.shared.steer.read();
+    if !steer.has_shared() {
+        return;
+    }
+    for ip in wanted {
+        if let Some(mac) = steer.shared_neighbour(ip) {
+            stack.learn_neighbor(ip, mac);
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! `recv_message`), each with a line saying what it is:
 //!
 //! ```text
-//! corelane-upgrade 1 mode native maps 11 queues 2     (mode granted maps 0: a broker's program)
+//! corelane-upgrade 1 mode native maps 12 queues 2     (mode granted maps 0: a broker's program)
 //! map owned_v4            + fd     (one per map; none when granted)
 //! link                    + fd     (none when granted)
 //! queue 0 frames 4096 frame-size 2048 ring 2048 max-packet 1792   + the socket

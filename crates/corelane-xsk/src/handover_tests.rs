@@ -108,7 +108,7 @@ fn a_hand_over_of_a_brokers_program_carries_only_the_queues() {
 fn a_hand_over_that_breaks_the_protocol_is_refused_with_what_was_wrong() {
     let cases: [(&[(&str, bool)], &str); 5] = [
         (
-            &[("corelane-upgrade 2 mode native maps 11 queues 0", false)],
+            &[("corelane-upgrade 2 mode native maps 12 queues 0", false)],
             "version 2",
         ),
         (&[("hello", false)], "expected `corelane-upgrade"),
@@ -122,7 +122,7 @@ fn a_hand_over_that_breaks_the_protocol_is_refused_with_what_was_wrong() {
         ),
         (
             &[
-                ("corelane-upgrade 1 mode native maps 11 queues 0", false),
+                ("corelane-upgrade 1 mode native maps 12 queues 0", false),
                 ("map owned_v4", false),
             ],
             "without a descriptor",
@@ -143,7 +143,7 @@ fn a_hand_over_that_breaks_the_protocol_is_refused_with_what_was_wrong() {
     let (a, b) = pair();
     send_message(
         a.as_raw_fd(),
-        "corelane-upgrade 1 mode native maps 11 queues 0",
+        "corelane-upgrade 1 mode native maps 12 queues 0",
         None,
     )
     .unwrap();

@@ -66,7 +66,8 @@ pub use socket::{
     UpgradePhase, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy, frames_in_two_hands,
 };
 pub use steering::{
-    AttachMode, AttachedMode, GENERATIONS, MAPS, MAX_ADDRS, MAX_OLD_FLOWS, MAX_QUEUES, MemProgram,
-    PROGRAM, STAT_SLOTS, Steering, SteeringShare, Verdict, XDP_OBJECT, XdpCounters, iface_entry,
+    AttachMode, AttachedMode, GENERATIONS, MAPS, MAX_ADDRS, MAX_NEIGHBOURS, MAX_OLD_FLOWS,
+    MAX_QUEUES, MemProgram, PROGRAM, STAT_SLOTS, Steering, SteeringShare, Verdict, XDP_OBJECT,
+    XdpCounters, iface_entry,
 };
 pub use vlan::{MAX_VLAN, Vlan};

@@ -48,7 +48,7 @@ pub const MAX_OLD_FLOWS: u32 = 65536;
 pub const STAT_SLOTS: usize = 9;
 /// The maps the loader takes from the object and the entries each has. A test reads the
 /// compiled object and checks every one, so the C program and this crate cannot drift apart.
-pub const MAPS: [(&str, u32); 11] = [
+pub const MAPS: [(&str, u32); 12] = [
     ("owned_v4", MAX_ADDRS),
     ("owned_v6", MAX_ADDRS),
     ("tcp_ports", 65536),
@@ -60,7 +60,10 @@ pub const MAPS: [(&str, u32); 11] = [
     ("cookie_cfg", 1),
     ("unreach_rate", 2),
     ("iface", 1),
+    ("neighbours", MAX_NEIGHBOURS),
 ];
+/// Most neighbours of shared addresses the program notes (`MAX_NEIGHBOURS`).
+pub const MAX_NEIGHBOURS: u32 = 4096;
 
 /// The program's `iface` entry (`struct iface_cfg`): the hardware address, 1 (set), the
 /// 802.1Q VLAN served and the 802.1ad service VLAN around it (0: none; native byte order).
@@ -130,6 +133,8 @@ struct Program {
     old_flows: HashMap<MapData, [u8; 20], u32>,
     stats: PerCpuArray<MapData, u64>,
     cookie_cfg: Array<MapData, CookieParams>,
+    /// What shared addresses' neighbours said of themselves (IPv4 mapped -> MAC, padded).
+    neighbours: HashMap<MapData, [u8; 16], u64>,
     /// Solicited-node multicast groups joined on the interface for owned IPv6 addresses, with
     /// how many addresses share each.
     groups: StdHashMap<[u8; 6], u32>,
@@ -278,6 +283,8 @@ impl Steering {
             stats: PerCpuArray::try_from(take(&mut ebpf, "stats")?).map_err(map_err("stats"))?,
             cookie_cfg: Array::try_from(take(&mut ebpf, "cookie_cfg")?)
                 .map_err(map_err("cookie_cfg"))?,
+            neighbours: HashMap::try_from(take(&mut ebpf, "neighbours")?)
+                .map_err(map_err("neighbours"))?,
             groups: StdHashMap::new(),
             claim: None,
             prog_id,

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use corelane_frame::Proto;
 
-use super::{Program, STAT_SLOTS, XdpCounters, map_err, solicited_node_mac};
+use super::{Program, STAT_SLOTS, Steering, Via, XdpCounters, map_err, solicited_node_mac};
 use crate::error::Error;
 
 /// An owned address's bits in `owned_v4` and `owned_v6` (`ADDR_OWNED`, `ADDR_SHARED`).
@@ -124,5 +124,23 @@ impl Program {
             unreachables_limited: sums[7],
             resets_limited: sums[8],
         })
+    }
+}
+
+impl Steering {
+    /// The hardware address a neighbour of a shared address gave for `ip` in its last ARP or
+    /// NDP frame to or about that address (frames the kernel answers; the program notes what
+    /// they say). None when none was seen, or when the program is a grant broker's.
+    pub fn shared_neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
+        let Via::Program(p) = &self.via else {
+            return None;
+        };
+        let key = match ip {
+            IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+            IpAddr::V6(a) => a.octets(),
+        };
+        let v = p.neighbours.get(&key, 0).ok()?;
+        let b = v.to_ne_bytes();
+        Some([b[0], b[1], b[2], b[3], b[4], b[5]])
     }
 }

@@ -28,7 +28,11 @@ pub struct SteeringShare {
 /// The map data of the kinds the program has.
 fn data(m: &Map) -> Option<&MapData> {
     match m {
-        Map::Array(d) | Map::HashMap(d) | Map::PerCpuArray(d) | Map::XskMap(d) => Some(d),
+        Map::Array(d)
+        | Map::HashMap(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::XskMap(d) => Some(d),
         _ => None,
     }
 }
@@ -45,6 +49,7 @@ impl Program {
             "old_flows" => self.old_flows.map(),
             "stats" => self.stats.map(),
             "cookie_cfg" => self.cookie_cfg.map(),
+            "neighbours" => self.neighbours.map(),
             "xsks" => data(&self.xsks)?,
             other => match &self._ebpf {
                 Some(e) => data(e.map(other)?)?,
@@ -269,6 +274,7 @@ impl Steering {
             old_flows: typed!("old_flows", HashMap, HashMap),
             stats: typed!("stats", PerCpuArray, PerCpuArray),
             cookie_cfg: typed!("cookie_cfg", Array, Array),
+            neighbours: typed!("neighbours", LruHashMap, HashMap),
             groups: StdHashMap::new(),
             claim: None,
             prog_id: None,

@@ -107,6 +107,20 @@ struct {
 	__type(value, __u8);
 } owned_v6 SEC(".maps");
 
+// What the neighbours of a shared address said in their ARP and NDP (the sender's protocol
+// address, IPv4 ones as ::ffff:a.b.c.d -> its hardware address, two bytes of padding). Those
+// frames are the kernel's (they pass), but corelane sends from the address too and needs its
+// next hops' hardware addresses: a core whose request for a neighbour went out, and whose answer
+// the kernel took, reads the answer here. LRU: a flood of made-up senders evicts old entries,
+// which a core then asks for again, and never fills the table for good.
+#define MAX_NEIGHBOURS 4096
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_NEIGHBOURS);
+	__type(key, struct in6_key);
+	__type(value, __u64);
+} neighbours SEC(".maps");
+
 // Owned TCP ports (host byte order index) -> 1 when owned.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -438,6 +452,18 @@ static __always_inline int steer_icmp(struct xdp_md *ctx, __u8 proto, void *l4, 
 	k.port = ports[0];
 	__u32 *g = bpf_map_lookup_elem(&old_flows, &k);
 	return steer_to(ctx, g ? *g & 1 : c->current & 1);
+}
+
+// Notes that `addr` (16 bytes, IPv4 mapped) is at `mac`, unless `mac` is a group's or zero.
+static __always_inline void note_neighbour(const __u8 *addr, const __u8 *mac)
+{
+	if ((mac[0] & 1) || !(mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5]))
+		return;
+	struct in6_key key;
+	__builtin_memcpy(key.addr, addr, 16);
+	__u64 v = 0;
+	__builtin_memcpy(&v, mac, 6);
+	bpf_map_update_elem(&neighbours, &key, &v, BPF_ANY);
 }
 
 // ---- Shared addresses ---------------------------------------------------------------------------
@@ -1326,7 +1352,16 @@ static __always_inline int handle_arp(struct xdp_md *ctx, void *l3, void *end)
 	__u32 tpa;
 	__builtin_memcpy(&tpa, arp->tpa, 4);
 	int owned = v4_owned(tpa);
-	return owned && !(owned & ADDR_SHARED) ? steer(ctx) : pass();
+	if (owned & ADDR_SHARED) {
+		// The kernel's to answer; what the sender says of itself is noted for corelane.
+		struct in6_key sender = {};
+		sender.addr[10] = 0xff;
+		sender.addr[11] = 0xff;
+		__builtin_memcpy(sender.addr + 12, arp->spa, 4);
+		note_neighbour(sender.addr, arp->sha);
+		return pass();
+	}
+	return owned ? steer(ctx) : pass();
 }
 
 static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *end)
@@ -1407,6 +1442,18 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 		int target = v6_owned(nd->addr);
 		if ((target && !(target & ADDR_SHARED)) || (dst && !(dst & ADDR_SHARED)))
 			return steer(ctx);
+		// To or about a shared address: the kernel's, and what the sender says of itself is
+		// noted for corelane (a solicitation's source link-layer option, an advertisement's
+		// target link-layer option, when it comes first).
+		if ((target | dst) & ADDR_SHARED) {
+			__u8 *opt = (void *)(nd + 1);
+			if ((void *)(opt + 8) > end || opt[1] != 1)
+				return pass();
+			if (icmp->icmp6_type == 135 && opt[0] == 1)
+				note_neighbour(ip6->saddr.in6_u.u6_addr8, opt + 2);
+			else if (icmp->icmp6_type == 136 && opt[0] == 2)
+				note_neighbour(nd->addr, opt + 2);
+		}
 		return pass();
 	}
 	int owned = v6_owned(ip6->daddr.in6_u.u6_addr8);

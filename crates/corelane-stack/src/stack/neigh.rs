@@ -31,7 +31,7 @@ const RETRY: Duration = Duration::from_millis(200);
 #[derive(Debug, Default)]
 pub(super) struct Neighbors {
     known: HashMap<IpAddress, ([u8; 6], Instant), KeyedState>,
-    asked: HashMap<IpAddress, Instant, KeyedState>,
+    pub(super) asked: HashMap<IpAddress, Instant, KeyedState>,
 }
 
 impl Neighbors {
@@ -250,6 +250,34 @@ impl super::Stack {
             return Some((self.mac, true));
         }
         self.neigh.lookup(hop, now)
+    }
+
+    /// The next hops a flow waits for (asked for, not yet known): none most of the time.
+    /// With an address shared with the kernel, the kernel takes the answers to the stack's
+    /// requests; the runtime reads what they said elsewhere and gives it back with
+    /// [`learn_neighbor`](Self::learn_neighbor).
+    pub fn neighbors_wanted(&self) -> Vec<std::net::IpAddr> {
+        if self.unresolved.is_empty() {
+            return Vec::new();
+        }
+        self.neigh
+            .asked
+            .keys()
+            .filter(|ip| self.neigh.lookup(**ip, self.clock).is_none())
+            .map(|ip| std::net::IpAddr::from(*ip))
+            .collect()
+    }
+
+    /// Learns that next hop `ip` is at `mac`, as from an ARP reply or neighbour advertisement;
+    /// flows waiting for it go out on the next poll. Returns true if this was news.
+    pub fn learn_neighbor(&mut self, ip: std::net::IpAddr, mac: [u8; 6]) -> bool {
+        let news = self.neigh.learn(ip.into(), mac, self.clock);
+        if news {
+            for i in std::mem::take(&mut self.unresolved) {
+                self.queue_egress(i);
+            }
+        }
+        news
     }
 
     /// Sends an ARP request or a neighbour solicitation for `hop` from `from`, unless one went

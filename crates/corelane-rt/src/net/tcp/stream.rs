@@ -96,13 +96,24 @@ impl TcpStream {
         opts: corelane_stack::ConnectOptions,
     ) -> io::Result<TcpStream> {
         let core = current()?;
-        let (id, port) = core.stack().connect_tcp_with(addr, opts)?;
-        // From here the flow is released if this future is dropped.
-        let stream = TcpStream::new(core.clone(), id);
-        if let Err(e) = core.own_port(Proto::Tcp, port) {
-            stream.abort();
-            return Err(e);
-        }
+        // On an address shared with the kernel, a port a kernel socket holds is refused
+        // (`AddrInUse`): the stack's next pick is another port.
+        let mut tries = 0;
+        let (stream, id) = loop {
+            let (id, port) = core.stack().connect_tcp_with(addr, opts)?;
+            // From here the flow is released if this future is dropped.
+            let stream = TcpStream::new(core.clone(), id);
+            match core.own_port(Proto::Tcp, port) {
+                Ok(()) => break (stream, id),
+                Err(e) => {
+                    stream.abort();
+                    tries += 1;
+                    if e.kind() != io::ErrorKind::AddrInUse || tries == 16 {
+                        return Err(e);
+                    }
+                }
+            }
+        };
         core.wake_driver();
         poll_fn(|cx| core.stack().tcp_connected(id, Some(cx.waker()))).await?;
         Ok(stream)

@@ -144,10 +144,14 @@ fn name(proto: Proto) -> &'static str {
 
 /// The message for a port the kernel holds: which of its sockets, whose, and what to do.
 pub(crate) fn held_by(at: SocketAddr, proto: Proto) -> String {
-    let holders = kernel_sockets(proto, at.port())
+    let mut holders = kernel_sockets(proto, at.port())
         .into_iter()
         .filter(|s| s.local.ip().is_unspecified() || s.local.ip() == at.ip())
         .collect::<Vec<_>>();
+    // A listener says it all; the connections it accepted only repeat it.
+    if holders.iter().any(|s| s.listening) {
+        holders.retain(|s| s.listening);
+    }
     let mut msg = format!(
         "{} port {} of {} is the kernel's: ",
         name(proto),

@@ -432,3 +432,92 @@ fn corelane_and_the_kernel_connect_out_of_one_address_without_sharing_a_port() {
     assert!(report.stopped, "{report:?}");
     assert_eq!(remote.served(120), 120, "every connection of both finished");
 }
+
+#[test]
+fn a_server_on_a_shared_address_is_replaced_under_load() {
+    if !require_root("shared address upgrade") {
+        return;
+    }
+    let net = net(2);
+    let ssh = KernelEcho::start(net.server_ns(), at(2222));
+    let sock = std::env::temp_dir().join(format!("corelane-shared-up-{}.sock", std::process::id()));
+    let sock = sock.to_str().unwrap().to_string();
+    let args = |from: &'static str| -> Vec<&str> {
+        vec![
+            "--addr",
+            "10.77.0.1/24",
+            "--shared",
+            "--cores",
+            "2",
+            "--port",
+            "7",
+            "--linger-on-death",
+            "0",
+            "--upgrades",
+            sock.as_str(),
+            from,
+            sock.as_str(),
+        ]
+    };
+    let old = Echo::start(&net, &args("--take-over"));
+    // Kept connections doing round trips across the switch, and the kernel's listener on the
+    // same address all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let kept: Vec<_> = (0..2u64)
+        .map(|t| {
+            let stop = stop.clone();
+            net.client_ns()
+                .spawn(move || -> Result<u64, String> {
+                    let mut s = connect(at(7)).map_err(|e| e.to_string())?;
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let mut buf = vec![0u8; 4096];
+                    let mut n = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let req = payload(1 + (n as usize * 131) % 4000, t * 100_000 + n);
+                        s.write_all(&req).map_err(|e| format!("write {n}: {e}"))?;
+                        s.read_exact(&mut buf[..req.len()])
+                            .map_err(|e| format!("read {n}: {e}"))?;
+                        if buf[..req.len()] != req[..] {
+                            return Err(format!("answer {n} differs"));
+                        }
+                        n += 1;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Ok(n)
+                })
+                .unwrap()
+        })
+        .collect();
+    let to_kernel = load(net.client_ns(), at(2222), 1, 30);
+    std::thread::sleep(Duration::from_millis(500));
+    let new = Echo::start(&net, &args("--upgrade-from"));
+    std::thread::sleep(Duration::from_millis(1000));
+    stop.store(true, Ordering::Relaxed);
+    for k in kept {
+        let n = k
+            .join()
+            .unwrap()
+            .expect("a kept connection across the switch");
+        assert!(n > 20, "{n} round trips");
+    }
+    assert!(failures(to_kernel).is_empty());
+    let (status, out) = old.wait();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("echo: upgraded"), "{out}");
+    // The new process alone serves new connections on the shared address.
+    net.client_ns()
+        .run(|| exchange(at(7), 100_000, 5))
+        .unwrap()
+        .expect("served by the new process");
+    assert_eq!(
+        ssh.served(30),
+        30,
+        "the kernel's listener served throughout"
+    );
+    let (status, out) = new.stop();
+    assert_clean_exit_of("echo", status, &out);
+    net.server_ns()
+        .run(|| TcpListener::bind(at(7)).map(drop))
+        .unwrap()
+        .expect("port 7 given back to the kernel after both processes");
+}

@@ -225,6 +225,23 @@ fn assert_clean_exit_of(name: &str, status: std::process::ExitStatus, out: &str)
     assert!(out.contains("XDP program detached"), "{out}");
 }
 
+/// A datagram to `to` and its echo, from `to`; up to five tries a second apart.
+fn udp_echo(to: SocketAddr) -> std::io::Result<()> {
+    let u = std::net::UdpSocket::bind((CLIENT, 0))?;
+    u.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let mut b = [0u8; 64];
+    for i in 0..5u8 {
+        u.send_to(&[b'u', i], to)?;
+        if let Ok((n, from)) = u.recv_from(&mut b) {
+            if from != to || b[..n] != [b'u', i] {
+                return Err(std::io::Error::other(format!("{n} bytes from {from}")));
+            }
+            return Ok(());
+        }
+    }
+    Err(std::io::ErrorKind::TimedOut.into())
+}
+
 /// GET / over HTTP/1.1; the response's head and body.
 fn http_get(addr: SocketAddr) -> std::io::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
@@ -243,24 +260,10 @@ fn echo_serves_on_the_kernel_s_only_address_beside_its_listener_and_connections(
     let net = net(2);
     let out = shared_with_the_kernel(&net, "echo", 7, &["--port", "7"], |net| {
         // UDP too: datagrams to corelane's port come back, from the shared address.
-        let got = net
-            .client_ns()
-            .run(|| -> std::io::Result<Vec<u8>> {
-                let u = std::net::UdpSocket::bind("10.77.0.2:0")?;
-                u.set_read_timeout(Some(Duration::from_secs(1)))?;
-                let mut b = [0u8; 64];
-                for i in 0..5u8 {
-                    u.send_to(&[b'u', i], at(7))?;
-                    if let Ok((n, from)) = u.recv_from(&mut b) {
-                        assert_eq!(from, at(7));
-                        return Ok(b[..n].to_vec());
-                    }
-                }
-                Err(std::io::ErrorKind::TimedOut.into())
-            })
+        net.client_ns()
+            .run(|| udp_echo(at(7)))
             .unwrap()
             .expect("a UDP echo from the shared address");
-        assert_eq!(got[0], b'u');
     });
     assert!(xdp_counter(&out, "steered") > 0, "{out}");
     assert!(xdp_counter(&out, "passed") > 0, "{out}");
@@ -520,4 +523,142 @@ fn a_server_on_a_shared_address_is_replaced_under_load() {
         .run(|| TcpListener::bind(at(7)).map(drop))
         .unwrap()
         .expect("port 7 given back to the kernel after both processes");
+}
+
+#[test]
+fn echo_serves_on_the_kernel_s_ipv6_address_while_the_kernel_keeps_its_neighbour_discovery() {
+    if !require_root("shared address ipv6") {
+        return;
+    }
+    let net = net(1);
+    let v6 = |port: u16| SocketAddr::new("fd00:77::1".parse().unwrap(), port);
+    let ssh = KernelEcho::start(net.server_ns(), v6(2222));
+    let server = Echo::start(
+        &net,
+        &[
+            "--addr",
+            "fd00:77::1/64",
+            "--shared",
+            "--port",
+            "7",
+            "--linger-on-death",
+            "0",
+        ],
+    );
+    let client = |to: SocketAddr, len: usize, seed: u64| {
+        net.client_ns()
+            .run(move || exchange(to, len, seed))
+            .unwrap()
+    };
+    client(v6(7), 200_000, 1).expect("TCP to corelane over IPv6");
+    client(v6(2222), 50_000, 2).expect("TCP to the kernel's listener over IPv6");
+    // A UDP reply needs the client's hardware address: its neighbour advertisement went to the
+    // kernel, and the program noted it for corelane.
+    let got = net
+        .client_ns()
+        .run(move || -> std::io::Result<usize> {
+            let u = std::net::UdpSocket::bind("[fd00:77::2]:0")?;
+            u.set_read_timeout(Some(Duration::from_secs(1)))?;
+            let mut b = [0u8; 64];
+            for i in 0..5u8 {
+                u.send_to(&[b'6', i], v6(7))?;
+                if let Ok((n, from)) = u.recv_from(&mut b) {
+                    assert_eq!(from, v6(7));
+                    return Ok(n);
+                }
+            }
+            Err(std::io::ErrorKind::TimedOut.into())
+        })
+        .unwrap()
+        .expect("a UDP echo from the shared IPv6 address");
+    assert_eq!(got, 2);
+    let ping = net
+        .client_ns()
+        .exec("ping", &["-6", "-c", "1", "-W", "2", "fd00:77::1"])
+        .expect("ping the shared address");
+    assert!(ping.contains("1 received"), "{ping}");
+    assert_eq!(ssh.served(1), 1);
+    let (status, out) = server.stop();
+    assert_clean_exit_of("echo", status, &out);
+}
+
+#[test]
+fn a_granted_server_serves_its_granted_port_of_a_shared_address() {
+    if !require_root("shared address under a grant") {
+        return;
+    }
+    let net = net(1);
+    let ssh = KernelEcho::start(net.server_ns(), at(2222));
+    let broker_bin = workspace_bin("corelane-broker").expect("corelane-broker built");
+    let mut cmd = net.server_ns().command(broker_bin.to_str().unwrap());
+    cmd.args([
+        "grant",
+        net.server_if(),
+        "--addr",
+        KERNEL,
+        "--tcp",
+        "7",
+        "--udp",
+        "7",
+    ]);
+    let broker = Echo::start_cmd(cmd, "corelane-broker");
+    let server = Echo::start(
+        &net,
+        &[
+            "--addr",
+            "10.77.0.1/24",
+            "--shared",
+            "--xdp",
+            "granted",
+            "--port",
+            "7",
+        ],
+    );
+    if let Err(e) = net.client_ns().run(|| exchange(at(7), 300_000, 3)).unwrap() {
+        panic!(
+            "the granted server does not answer on the shared address: {e}\nserver:\n{}\nbroker:\n{}",
+            server.output(),
+            broker.output()
+        );
+    }
+    net.client_ns()
+        .run(|| exchange(at(2222), 3000, 4))
+        .unwrap()
+        .expect("the kernel's listener answers beside it");
+    // A UDP reply: its next hop from what the broker's program noted, asked of the broker.
+    if let Err(e) = net.client_ns().run(|| udp_echo(at(7))).unwrap() {
+        panic!(
+            "no UDP echo from the shared address under the grant: {e}\nbroker:\n{}\nserver:\n{}",
+            broker.output(),
+            server.output()
+        );
+    }
+    // The broker holds the port in the kernel for its server.
+    let taken = net
+        .server_ns()
+        .run(|| TcpListener::bind(at(7)).map(drop))
+        .unwrap();
+    assert_eq!(
+        taken.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::AddrInUse)
+    );
+    let (status, out) = server.stop();
+    assert!(status.success(), "{out}");
+    // The session over, the broker gives the port back.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while net
+        .server_ns()
+        .run(|| TcpListener::bind(at(7)).map(drop))
+        .unwrap()
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "port 7 still held after the session"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ssh.served(1), 1);
+    let (_, out) = broker.stop();
+    assert!(!out.contains("refused"), "{out}");
 }

@@ -137,9 +137,11 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         signal_hook::flag::register(sig, stop.clone())?;
     }
     let broker = Broker::start(grant)?;
-    // Attached: what is left to do is map updates and queue changes. Dropped before any
-    // session thread starts, so none of them holds more.
-    corelane_xsk::retain_caps(&[Cap::NetAdmin, Cap::Bpf])?;
+    // Attached: what is left to do is map updates, queue changes and the kernel sockets that
+    // hold a shared address's ports for its servers (below 1024 they need
+    // CAP_NET_BIND_SERVICE). Dropped before any session thread starts, so none of them holds
+    // more.
+    corelane_xsk::retain_caps(&[Cap::NetAdmin, Cap::Bpf, Cap::NetBindService])?;
     println!("{}", broker.describe());
     println!("corelane-broker: serving");
     broker.serve(&stop)?;

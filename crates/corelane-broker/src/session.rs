@@ -279,6 +279,21 @@ fn handle(
             }
             ok()
         }
+        // What the program noted of a shared address's neighbour (`none`: nothing yet).
+        ["neigh", ip] => {
+            let ip: IpAddr = ip
+                .parse()
+                .map_err(|_| format!("`{ip}` is not an address"))?;
+            let mac = steering
+                .shared_neighbour(ip)
+                .map_or("none".to_string(), |m| {
+                    m.iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(":")
+                });
+            Ok((mac, None))
+        }
         ["counters"] => {
             let c = steering.counters().map_err(e)?;
             Ok((

@@ -181,3 +181,43 @@ fn connecting_to_an_on_link_address_nobody_holds_fails_once_arp_goes_unanswered(
     assert!(at.total_millis() < 4_000, "failed after {at}");
     Ok(())
 }
+
+/// A next hop learnt from outside the stack (the runtime reads what a shared address's
+/// neighbours told the kernel, whose ARP replies the stack never sees): the flows waiting for
+/// it go out at once.
+#[test]
+fn a_neighbour_told_from_outside_lets_the_flows_waiting_for_it_go()
+-> Result<(), Box<dyn std::error::Error>> {
+    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg(), cfg());
+    p.a.stack.listen_tcp(7, None)?;
+    // A's answers are all lost: its ARP reply never reaches B.
+    p.a.dev_mut().io_mut().set_loss_every(1);
+    let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
+    p.drive_for(Duration::from_millis(50), |_| {})?;
+    let a_ip: std::net::IpAddr = "10.9.0.1".parse()?;
+    assert_eq!(p.b.stack.neighbors_wanted(), vec![a_ip]);
+    assert!(
+        p.a.stack.neighbors_wanted().is_empty(),
+        "nothing waits on A"
+    );
+    let before = p.a.stack.flow_count();
+    assert!(p.b.stack.learn_neighbor(a_ip, [2, 0, 0, 0, 0, 1]));
+    assert!(
+        !p.b.stack.learn_neighbor(a_ip, [2, 0, 0, 0, 0, 1]),
+        "no news"
+    );
+    p.drive_for(Duration::from_millis(5), |_| {})?;
+    assert!(p.b.stack.neighbors_wanted().is_empty());
+    assert_eq!(
+        p.a.stack.flow_count(),
+        before + 1,
+        "B's SYN reached A as soon as B learnt where A is"
+    );
+    // With A's answers back, the connection opens.
+    p.a.dev_mut().io_mut().set_loss_every(0);
+    let open = p.drive(Duration::from_secs(5), |p| {
+        matches!(p.b.stack.tcp_connected(c, None), Poll::Ready(Ok(())))
+    })?;
+    assert!(open);
+    Ok(())
+}

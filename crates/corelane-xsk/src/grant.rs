@@ -442,6 +442,12 @@ impl GrantClient {
         self.request(&format!("addr {addr} shared"), None).map(drop)
     }
 
+    /// What the broker's program noted of a shared address's neighbour `ip`, if anything.
+    pub(crate) fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
+        let reply = self.request(&format!("neigh {ip}"), None).ok()?;
+        parse_mac(&reply)
+    }
+
     /// Asks the broker to stop steering `addr`.
     pub(crate) fn disown_addr(&self, addr: IpAddr) -> Result<(), Error> {
         self.request(&format!("unaddr {addr}"), None).map(drop)
@@ -540,3 +546,13 @@ pub fn proto_name(p: Proto) -> &'static str {
 #[cfg(test)]
 #[path = "grant_tests.rs"]
 mod tests;
+
+/// "aa:bb:cc:dd:ee:ff" as six bytes (None for anything else, the broker's "none" among them).
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}

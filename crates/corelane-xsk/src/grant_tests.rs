@@ -37,3 +37,20 @@ fn a_refusal_the_broker_sent_before_closing_is_read_whatever_the_order() {
         assert!(e.contains("uid 7 is not granted"), "{hello_first}: {e}");
     }
 }
+
+#[test]
+fn a_neighbour_s_address_reads_from_the_broker_s_words_or_not_at_all() {
+    assert_eq!(
+        parse_mac("02:00:0a:4d:00:ff"),
+        Some([2, 0, 0x0a, 0x4d, 0, 0xff])
+    );
+    for bad in [
+        "none",
+        "",
+        "02:00:0a:4d:00",
+        "02:00:0a:4d:00:ff:01",
+        "zz:00:00:00:00:00",
+    ] {
+        assert_eq!(parse_mac(bad), None, "{bad:?}");
+    }
+}

@@ -31,19 +31,29 @@ use crate::error::Error;
 /// ports on them.
 #[derive(Debug, Default)]
 pub(crate) struct SharedPorts {
+    /// Shared addresses whose ports this process holds.
     addrs: Vec<IpAddr>,
+    /// Shared addresses whose ports another process holds (a grant's broker).
+    elsewhere: Vec<IpAddr>,
     held: HashMap<(Proto, u16), Vec<OwnedFd>>,
 }
 
 impl SharedPorts {
     /// True when some address is shared.
     pub(crate) fn any(&self) -> bool {
-        !self.addrs.is_empty()
+        !self.addrs.is_empty() || !self.elsewhere.is_empty()
     }
 
     /// True when `addr` is shared.
     pub(crate) fn is_shared(&self, addr: IpAddr) -> bool {
-        self.addrs.contains(&addr)
+        self.addrs.contains(&addr) || self.elsewhere.contains(&addr)
+    }
+
+    /// Shares `addr`, its ports held by another process (a grant's broker).
+    pub(crate) fn add_elsewhere(&mut self, addr: IpAddr) {
+        if !self.is_shared(addr) {
+            self.elsewhere.push(addr);
+        }
     }
 
     /// Shares `addr`: the `owned` ports get their placeholders on it at once.
@@ -69,6 +79,7 @@ impl SharedPorts {
     /// Stops sharing `addr` (its placeholders go when their ports are released).
     pub(crate) fn remove(&mut self, addr: IpAddr) {
         self.addrs.retain(|a| *a != addr);
+        self.elsewhere.retain(|a| *a != addr);
     }
 
     /// Holds `proto` `port` on every shared address (nothing without one).

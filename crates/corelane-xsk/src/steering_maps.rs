@@ -130,10 +130,12 @@ impl Program {
 impl Steering {
     /// The hardware address a neighbour of a shared address gave for `ip` in its last ARP or
     /// NDP frame to or about that address (frames the kernel answers; the program notes what
-    /// they say). None when none was seen, or when the program is a grant broker's.
+    /// they say). None when none was seen. Under a grant the broker is asked.
     pub fn shared_neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
-        let Via::Program(p) = &self.via else {
-            return None;
+        let p = match &self.via {
+            Via::Program(p) => p,
+            Via::Grant(g) => return g.neighbour(ip),
+            Via::Mem(_) => return None,
         };
         let key = match ip {
             IpAddr::V4(a) => a.to_ipv6_mapped().octets(),

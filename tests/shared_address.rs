@@ -311,6 +311,18 @@ fn a_port_a_kernel_socket_holds_is_refused_naming_it() {
     // Without --shared the kernel's address is refused, pointing at it.
     let (status, out) = run_echo(&net, &["--addr", "10.77.0.1/24", "--port", "7"]);
     assert_fails_with(&net, status, &out, &["is the kernel's address", "--shared"]);
+    // Also one the kernel holds on another interface (a VLAN device over this one would be
+    // one): it answers for it on every interface.
+    net.server_ns()
+        .ip(&["addr", "add", "10.77.0.9/32", "dev", "lo"])
+        .expect("an address on lo");
+    let (status, out) = run_echo(&net, &["--addr", "10.77.0.9/24", "--port", "7"]);
+    assert_fails_with(
+        &net,
+        status,
+        &out,
+        &["10.77.0.9 is the kernel's address on lo", "dev lo"],
+    );
 }
 
 #[test]

@@ -104,22 +104,26 @@ impl Builder {
         // An address the kernel holds too would be answered twice (ARP, TCP resets from the
         // kernel for corelane's connections): refused, unless shared (corelane then takes only
         // its ports there).
-        let held = corelane_xsk::kernel_addrs_with_prefix(&self.ifname)?;
+        // On any of the kernel's interfaces: it answers for its addresses on all of them (a
+        // VLAN device's over this interface among them).
+        let held = corelane_xsk::kernel_addrs_anywhere()?;
         let shared: Vec<std::net::IpAddr> = self
             .addrs
             .iter()
             .map(|c| std::net::IpAddr::from(c.address()))
-            .filter(|a| held.iter().any(|(h, _)| h == a))
+            .filter(|a| held.iter().any(|(h, _, _)| h == a))
             .collect();
         if let (Some(&a), false) = (shared.first(), self.share_kernel_addrs) {
-            let prefix = held.iter().find(|(h, _)| *h == a).map_or(0, |(_, p)| *p);
+            let (prefix, dev) = held
+                .iter()
+                .find(|(h, _, _)| *h == a)
+                .map_or((0, self.ifname.as_str()), |(_, p, d)| (*p, d.as_str()));
             return Err(Error::Config(format!(
-                "{a} is the kernel's address on {}: the kernel and corelane would both answer for \
-                 it; share it (Builder::share_kernel_addrs(true), `--shared` in the examples: \
-                 corelane takes only the ports it serves), or give corelane an address the \
-                 kernel does not hold (or remove it from the kernel: ip addr del {a}/{prefix} \
-                 dev {})",
-                self.ifname, self.ifname
+                "{a} is the kernel's address on {dev}: the kernel and corelane would both answer \
+                 for it; share it (Builder::share_kernel_addrs(true), `--shared` in the \
+                 examples: corelane takes only the ports it serves), or give corelane an address \
+                 the kernel does not hold (or remove it from the kernel: ip addr del \
+                 {a}/{prefix} dev {dev})"
             )));
         }
         let routes =

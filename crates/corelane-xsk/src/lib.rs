@@ -60,7 +60,10 @@ pub use ethtool::{
 pub use grant::{GrantClient, effective_uid};
 pub use handover::{Handover, recv_handover, send_handover};
 pub use netdev::{check_interface, mac_address, mtu};
-pub use routes::{KernelRoute, RouteWatch, kernel_addrs, kernel_addrs_with_prefix, kernel_routes};
+pub use routes::{
+    KernelRoute, RouteWatch, kernel_addrs, kernel_addrs_anywhere, kernel_addrs_with_prefix,
+    kernel_routes,
+};
 pub use socket::{
     BindMode, CallOff, KernelStats, MAX_PIECES, PendingJoin, TX_NUDGE_AFTER, UpgradeOffer,
     UpgradePhase, XskConfig, XskFrame, XskQueue, XskStats, ZeroCopy, frames_in_two_hands,

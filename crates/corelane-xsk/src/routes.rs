@@ -97,12 +97,57 @@ pub fn kernel_addrs(ifname: &str) -> Result<Vec<IpAddr>, Error> {
 /// No such interface, or the netlink socket failed.
 pub fn kernel_addrs_with_prefix(ifname: &str) -> Result<Vec<(IpAddr, u8)>, Error> {
     let index = check_interface(ifname)?;
+    Ok(addrs_of(Some(index))?
+        .into_iter()
+        .map(|(ip, prefix, _)| (ip, prefix))
+        .collect())
+}
+
+/// Every address the kernel holds in this network namespace, with its prefix length and the
+/// name of the interface that holds it. The kernel answers for all of them on every interface
+/// (ARP, and TCP to any of its addresses: Linux is a weak host), so an address it holds on
+/// another interface (a VLAN device over the one corelane serves, a loopback) is its own there
+/// too.
+///
+/// # Errors
+/// The netlink socket failed.
+pub fn kernel_addrs_anywhere() -> Result<Vec<(IpAddr, u8, String)>, Error> {
+    let names = interface_names();
+    Ok(addrs_of(None)?
+        .into_iter()
+        .map(|(ip, prefix, index)| {
+            let name = names
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map_or_else(|| format!("interface {index}"), |(_, n)| n.clone());
+            (ip, prefix, name)
+        })
+        .collect())
+}
+
+/// (index, name) of every interface of this namespace, from /sys/class/net.
+fn interface_names() -> Vec<(u32, String)> {
+    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let index = std::fs::read_to_string(e.path().join("ifindex")).ok()?;
+            Some((index.trim().parse().ok()?, name))
+        })
+        .collect()
+}
+
+/// The addresses the kernel holds on interface `index` (every interface: None), with prefix
+/// length and interface index.
+fn addrs_of(index: Option<u32>) -> Result<Vec<(IpAddr, u8, u32)>, Error> {
     let mut addrs = Vec::new();
     for msg in dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()))? {
         let RouteNetlinkMessage::NewAddress(m) = msg else {
             continue;
         };
-        if m.header.index != index {
+        if index.is_some_and(|i| m.header.index != i) {
             continue;
         }
         // IPv4 names the local address in Local; IPv6 in Address.
@@ -115,7 +160,7 @@ pub fn kernel_addrs_with_prefix(ifname: &str) -> Result<Vec<(IpAddr, u8)>, Error
             _ => None,
         });
         if let Some(ip) = local.or(any) {
-            addrs.push((ip, m.header.prefix_len));
+            addrs.push((ip, m.header.prefix_len, m.header.index));
         }
     }
     Ok(addrs)

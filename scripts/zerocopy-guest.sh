@@ -302,6 +302,62 @@ fi
 ip link set eth0 mtu 1500
 ip link set eth1 mtu 1500
 
+# The kernel's own address, shared: eth0 gets the kernel's address 10.99.0.2 and a kernel
+# HTTP server on port 8000 of it, corelane serves port 7 there (--shared) in zero-copy, and the
+# peer (eth1, moved into a network namespace so that its traffic to 10.99.0.2 crosses the wire
+# rather than the guest's own loopback) reaches both; the kernel answers its ping and ARP. The
+# peer's ARP reply to corelane's request, which the kernel takes, is noted by the program, or
+# the UDP echoes would find no next hop. Last, as eth1 stays in the namespace.
+nsip netns add peer
+nsip link set eth1 netns peer
+nsip -n peer link set lo up
+nsip -n peer addr add 10.99.0.1/24 dev eth1
+nsip -n peer link set eth1 up
+ip addr add 10.99.0.2/24 dev eth0
+mkdir -p /tmp/www && echo kernel > /tmp/www/who
+httpd -p 10.99.0.2:8000 -h /tmp/www
+if serve echo-server --addr 10.99.0.2/24 --shared \
+  && nsip netns exec peer echo-check 10.99.0.2:7 --tcp 1000,2000000 --parallel 2 --udp 100 \
+  && [ "$(nsip netns exec peer wget -q -O - http://10.99.0.2:8000/who)" = kernel ] \
+  && nsip netns exec peer ping -c 1 -W 5 10.99.0.2 > /dev/null; then
+  kill -TERM $server
+  if wait $server && grep -q "shared with the kernel: 10.99.0.2" /tmp/server.log; then
+    result "ok shared: corelane's port 7 and the kernel's HTTP on the kernel's address, in zero-copy"
+  else
+    result "FAIL shared: did not stop cleanly"
+  fi
+else
+  cat /tmp/server.log
+  result "FAIL shared: the kernel's address not shared in zero-copy"
+  kill -KILL $server 2>/dev/null
+fi
+
+# The same on VLAN 10: the kernel's address 10.98.0.2 on its VLAN device eth0.10 (an address
+# the kernel holds on another interface than the one corelane serves is its own there too),
+# corelane serving VLAN 10 of eth0 with --shared.
+nsip -n peer link add link eth1 name eth1.10 type vlan id 10
+nsip -n peer addr add 10.98.0.1/24 dev eth1.10
+nsip -n peer link set eth1.10 up
+vconfig add eth0 10 > /dev/null
+ip addr add 10.98.0.2/24 dev eth0.10
+ip link set eth0.10 up
+httpd -p 10.98.0.2:8000 -h /tmp/www
+if serve echo-server --addr 10.98.0.2/24 --vlan 10 --shared \
+  && nsip netns exec peer echo-check 10.98.0.2:7 --tcp 1000000 --udp 50 \
+  && [ "$(nsip netns exec peer wget -q -O - http://10.98.0.2:8000/who)" = kernel ] \
+  && nsip netns exec peer ping -c 1 -W 5 10.98.0.2 > /dev/null; then
+  kill -TERM $server
+  if wait $server; then
+    result "ok shared vlan: corelane's port 7 and the kernel's HTTP on the kernel's VLAN address, in zero-copy"
+  else
+    result "FAIL shared vlan: did not stop cleanly"
+  fi
+else
+  cat /tmp/server.log
+  result "FAIL shared vlan: the kernel's VLAN address not shared in zero-copy"
+  kill -KILL $server 2>/dev/null
+fi
+
 if [ $fails -eq 0 ]; then
   echo "corelane-vm: PASS"
 else

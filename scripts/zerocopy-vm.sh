@@ -73,6 +73,9 @@ add() {
 add "$root/target/release/examples/echo" /bin/echo-server
 add "$root/target/release/examples/http" /bin/http-server
 add "$root/target/release/echo-check" /bin/echo-check
+# iproute2's ip for network namespaces (busybox's has none), the shared-address test moving
+# the kernel's peer NIC into one; not named ip* (iproute2 reads "ipr" as "ip route").
+add /usr/sbin/ip /usr/bin/nsip
 # The death keeper runs a real shell and sleep.
 add /bin/bash /bin/bash
 add /bin/sleep /usr/bin/sleep.real

@@ -242,3 +242,86 @@ impl MemProgram {
         self.maps().counters
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An Ethernet frame of `kind` carrying `body`.
+    fn eth(kind: u16, body: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&kind.to_be_bytes());
+        f.extend_from_slice(body);
+        f
+    }
+
+    /// An IPv4 packet from 10.0.0.2 to `dst` of `proto` carrying `l4`.
+    fn ip4(dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
+        let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0, 10, 0, 0, 2];
+        ip.extend_from_slice(&dst);
+        ip.extend_from_slice(l4);
+        eth(0x0800, &ip)
+    }
+
+    fn ports(src: u16, dst: u16) -> Vec<u8> {
+        let mut p = src.to_be_bytes().to_vec();
+        p.extend_from_slice(&dst.to_be_bytes());
+        p.extend_from_slice(&[0; 16]);
+        p
+    }
+
+    fn arp_for(target: [u8; 4]) -> Vec<u8> {
+        let mut a = vec![
+            0, 1, 8, 0, 6, 4, 0, 1, 2, 0, 0, 0, 0, 2, 10, 0, 0, 2, 0, 0, 0, 0, 0, 0,
+        ];
+        a.extend_from_slice(&target);
+        eth(0x0806, &a)
+    }
+
+    #[test]
+    fn a_shared_address_is_corelane_s_only_for_its_ports_and_the_errors_about_them() {
+        let p = MemProgram::new();
+        let (own, shared) = ([10, 0, 0, 3], [10, 0, 0, 1]);
+        p.own_addr(IpAddr::from(own), true);
+        p.own_addr_as(IpAddr::from(shared), true, true);
+        p.set_port(Proto::Tcp, 80, true);
+        p.set_port(Proto::Udp, 53, true);
+        // No socket here: what the program would steer comes back Dropped, the rest Passed.
+        let verdict = |f: &[u8]| p.receive(0, f);
+        assert_eq!(
+            verdict(&arp_for(own)),
+            Verdict::Dropped,
+            "ARP for an owned address"
+        );
+        assert_eq!(
+            verdict(&arp_for(shared)),
+            Verdict::Passed,
+            "the kernel's ARP"
+        );
+        assert_eq!(verdict(&ip4(shared, 6, &ports(5000, 80))), Verdict::Dropped);
+        assert_eq!(
+            verdict(&ip4(shared, 17, &ports(5000, 53))),
+            Verdict::Dropped
+        );
+        assert_eq!(
+            verdict(&ip4(shared, 6, &ports(5000, 22))),
+            Verdict::Passed,
+            "ssh"
+        );
+        // ICMP: an error quoting a segment from corelane's port is corelane's; ping and errors
+        // about the kernel's flows are the kernel's.
+        let error_about = |sport: u16| {
+            let mut icmp = vec![3, 4, 0, 0, 0, 0, 0, 0];
+            icmp.extend_from_slice(&ip4([10, 0, 0, 2], 6, &ports(sport, 443))[14..]);
+            ip4(shared, 1, &icmp)
+        };
+        assert_eq!(verdict(&error_about(80)), Verdict::Dropped);
+        assert_eq!(verdict(&error_about(22)), Verdict::Passed);
+        let ping = ip4(shared, 1, &[8, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(verdict(&ping), Verdict::Passed);
+        assert_eq!(
+            verdict(&ip4(own, 1, &[8, 0, 0, 0, 0, 1, 0, 1])),
+            Verdict::Dropped
+        );
+    }
+}

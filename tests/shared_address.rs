@@ -2,135 +2,23 @@
 //! the server end of a veth pair has one IPv4 address, 10.77.0.1, which the kernel holds;
 //! corelane serves its ports there while the kernel keeps the rest: a kernel listener on another
 //! port of the same address, the kernel's own outbound connections, ping, ARP and closed ports,
-//! all at once and under load. A kernel socket on a port corelane wants is refused in one line
-//! naming it; a killed server gives its ports back to the kernel.
+//! all at once and under load; the same over IPv6; corelane's own connections out of the
+//! address beside the kernel's. A kernel socket on a port corelane wants is refused in one line
+//! naming it; a killed server gives its ports back to the kernel; a replacement under load and
+//! a server under a grant broker keep all of it.
 
 mod common;
+mod shared;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use corelane_testnet::{VethPair, require_root};
-
-/// The kernel's address on the server end (from `common::net`).
-const KERNEL: &str = "10.77.0.1";
-/// The kernel's address on the client end.
-const CLIENT: &str = "10.77.0.2";
-
-fn at(port: u16) -> SocketAddr {
-    SocketAddr::new(KERNEL.parse().unwrap(), port)
-}
-
-/// A kernel echo listener in namespace `ns` at `addr` (an sshd stands for it), serving until
-/// `stop`; counts the connections it served.
-struct KernelEcho {
-    served: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<corelane_testnet::NsThread<()>>,
-}
-
-impl KernelEcho {
-    fn start(ns: &corelane_testnet::Netns, addr: SocketAddr) -> KernelEcho {
-        let served = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (served.clone(), stop.clone());
-        let (tx, rx) = std::sync::mpsc::channel();
-        let thread = ns
-            .spawn(move || {
-                let l = TcpListener::bind(addr).expect("kernel listener");
-                l.set_nonblocking(true).unwrap();
-                tx.send(()).unwrap();
-                while !st.load(Ordering::Relaxed) {
-                    match l.accept() {
-                        Ok((mut c, _)) => {
-                            c.set_nonblocking(false).unwrap();
-                            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                            let s = s.clone();
-                            std::thread::spawn(move || {
-                                let mut b = [0u8; 4096];
-                                while let Ok(n @ 1..) = c.read(&mut b) {
-                                    if c.write_all(&b[..n]).is_err() {
-                                        return;
-                                    }
-                                }
-                                s.fetch_add(1, Ordering::Relaxed);
-                            });
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                    }
-                }
-            })
-            .expect("spawn in namespace");
-        rx.recv_timeout(Duration::from_secs(5))
-            .expect("the kernel listener binds");
-        KernelEcho {
-            served,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    /// The connections served, once `want` have been or 5 s have passed (a connection counts
-    /// once its client's end has closed, which may come after the client's last read).
-    fn served(&self, want: u64) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.served.load(Ordering::Relaxed) < want && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.served.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for KernelEcho {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// One echo exchange of `len` bytes through `addr`; Err says what failed.
-fn exchange(addr: SocketAddr, len: usize, seed: u64) -> Result<(), String> {
-    let data = payload(len, seed);
-    let (got, n) = tcp_echo(addr, &data).map_err(|e| format!("{addr}: {e}"))?;
-    if n != len || got != sha256(&data) {
-        return Err(format!("{addr}: echoed {n} of {len} bytes, or other bytes"));
-    }
-    Ok(())
-}
-
-/// `rounds` exchanges on each of `threads` threads in namespace `ns` to `addr`; the failures.
-fn load(
-    ns: &corelane_testnet::Netns,
-    addr: SocketAddr,
-    threads: u64,
-    rounds: u64,
-) -> Vec<corelane_testnet::NsThread<Vec<String>>> {
-    (0..threads)
-        .map(|t| {
-            ns.spawn(move || {
-                (0..rounds)
-                    .filter_map(|i| {
-                        exchange(addr, 1 + (i as usize * 997) % 20_000, t * 1000 + i).err()
-                    })
-                    .collect()
-            })
-            .expect("spawn load")
-        })
-        .collect()
-}
-
-fn failures(threads: Vec<corelane_testnet::NsThread<Vec<String>>>) -> Vec<String> {
-    threads
-        .into_iter()
-        .flat_map(|t| t.join().expect("load thread"))
-        .collect()
-}
+use shared::*;
 
 /// Serves `example` with `args` on the kernel's address, a kernel listener on port 2222 of the
 /// same address and a kernel listener on the client's end for the server's kernel to connect
@@ -218,38 +106,6 @@ fn shared_with_the_kernel(
     assert_clean_exit_of(example, status, &out);
     assert!(out.contains("shared with the kernel: 10.77.0.1"), "{out}");
     out
-}
-
-fn assert_clean_exit_of(name: &str, status: std::process::ExitStatus, out: &str) {
-    assert!(status.success(), "{name} failed ({status}):\n{out}");
-    assert!(out.contains("XDP program detached"), "{out}");
-}
-
-/// A datagram to `to` and its echo, from `to`; up to five tries a second apart.
-fn udp_echo(to: SocketAddr) -> std::io::Result<()> {
-    let u = std::net::UdpSocket::bind((CLIENT, 0))?;
-    u.set_read_timeout(Some(Duration::from_secs(1)))?;
-    let mut b = [0u8; 64];
-    for i in 0..5u8 {
-        u.send_to(&[b'u', i], to)?;
-        if let Ok((n, from)) = u.recv_from(&mut b) {
-            if from != to || b[..n] != [b'u', i] {
-                return Err(std::io::Error::other(format!("{n} bytes from {from}")));
-            }
-            return Ok(());
-        }
-    }
-    Err(std::io::ErrorKind::TimedOut.into())
-}
-
-/// GET / over HTTP/1.1; the response's head and body.
-fn http_get(addr: SocketAddr) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
-    s.set_read_timeout(Some(Duration::from_secs(3)))?;
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
 }
 
 #[test]

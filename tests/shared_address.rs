@@ -11,7 +11,7 @@ mod common;
 mod shared;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -125,10 +125,7 @@ fn echo_serves_on_the_kernel_s_only_address_beside_its_listener_and_connections(
     assert!(xdp_counter(&out, "passed") > 0, "{out}");
     assert_no_xdp(&net);
     // The port is the kernel's again.
-    net.server_ns()
-        .run(|| TcpListener::bind(at(7)).map(drop))
-        .unwrap()
-        .expect("port 7 given back to the kernel at exit");
+    kernel_binds(&net, 7).expect("port 7 given back to the kernel at exit");
 }
 
 #[test]
@@ -198,14 +195,7 @@ fn a_killed_server_gives_the_kernel_its_ports_back() {
     ];
     let server = Echo::start(&net, &args);
     // While it serves, the kernel cannot take the port: a bind fails.
-    let taken = net
-        .server_ns()
-        .run(|| TcpListener::bind(at(7)).map(drop))
-        .unwrap();
-    assert_eq!(
-        taken.map_err(|e| e.kind()),
-        Err(std::io::ErrorKind::AddrInUse)
-    );
+    assert_eq!(kernel_binds(&net, 7), Err(std::io::ErrorKind::AddrInUse));
     net.client_ns()
         .run(|| exchange(at(7), 1000, 1))
         .unwrap()
@@ -214,10 +204,7 @@ fn a_killed_server_gives_the_kernel_its_ports_back() {
     let (status, _) = server.wait();
     assert!(!status.success());
     // Nothing to clean up: the port is the kernel's at once, and the next start serves.
-    net.server_ns()
-        .run(|| TcpListener::bind(at(7)).map(drop))
-        .unwrap()
-        .expect("port 7 given back to the kernel by the process's death");
+    kernel_binds(&net, 7).expect("port 7 given back to the kernel by the process's death");
     let again = Echo::start(&net, &args);
     net.client_ns()
         .run(|| exchange(at(7), 5000, 2))
@@ -287,12 +274,8 @@ fn corelane_and_the_kernel_connect_out_of_one_address_without_sharing_a_port() {
     assert_eq!(unique.len(), 40, "{ports:?}");
     // While corelane holds them, none of its ports is the kernel's to give.
     for &p in &ports {
-        let taken = net
-            .server_ns()
-            .run(move || TcpListener::bind(at(p)).map(drop))
-            .unwrap();
         assert_eq!(
-            taken.map_err(|e| e.kind()),
+            kernel_binds(&net, p),
             Err(std::io::ErrorKind::AddrInUse),
             "port {p} of corelane's connection"
         );
@@ -387,10 +370,7 @@ fn a_server_on_a_shared_address_is_replaced_under_load() {
     );
     let (status, out) = new.stop();
     assert_clean_exit_of("echo", status, &out);
-    net.server_ns()
-        .run(|| TcpListener::bind(at(7)).map(drop))
-        .unwrap()
-        .expect("port 7 given back to the kernel after both processes");
+    kernel_binds(&net, 7).expect("port 7 given back to the kernel after both processes");
 }
 
 #[test]
@@ -502,24 +482,12 @@ fn a_granted_server_serves_its_granted_port_of_a_shared_address() {
         );
     }
     // The broker holds the port in the kernel for its server.
-    let taken = net
-        .server_ns()
-        .run(|| TcpListener::bind(at(7)).map(drop))
-        .unwrap();
-    assert_eq!(
-        taken.map_err(|e| e.kind()),
-        Err(std::io::ErrorKind::AddrInUse)
-    );
+    assert_eq!(kernel_binds(&net, 7), Err(std::io::ErrorKind::AddrInUse));
     let (status, out) = server.stop();
     assert!(status.success(), "{out}");
     // The session over, the broker gives the port back.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while net
-        .server_ns()
-        .run(|| TcpListener::bind(at(7)).map(drop))
-        .unwrap()
-        .is_err()
-    {
+    while kernel_binds(&net, 7).is_err() {
         assert!(
             Instant::now() < deadline,
             "port 7 still held after the session"

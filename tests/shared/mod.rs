@@ -158,3 +158,12 @@ pub fn http_get(addr: SocketAddr) -> std::io::Result<String> {
     s.read_to_string(&mut out)?;
     Ok(out)
 }
+
+/// Whether the kernel of the server's namespace can bind TCP `port` of its address now (what
+/// a kernel server starting there would get).
+pub fn kernel_binds(net: &corelane_testnet::VethPair, port: u16) -> Result<(), std::io::ErrorKind> {
+    net.server_ns()
+        .run(move || TcpListener::bind(at(port)).map(drop))
+        .expect("the server namespace")
+        .map_err(|e| e.kind())
+}

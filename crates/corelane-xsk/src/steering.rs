@@ -432,11 +432,11 @@ impl Steering {
     /// # Errors
     /// [`Error::KernelPort`] naming the kernel socket that holds an owned port already.
     pub fn own_shared_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
-        // Under a grant the broker holds the placeholders (its session's end gives them back).
+        // Under a grant the broker holds the placeholders (its session's end gives them back);
+        // a simulation has no kernel to hold them in.
         match self.via {
             Via::Program(_) => self.shared.add(addr, self.port_refs.keys().copied())?,
-            Via::Grant(_) => self.shared.add_elsewhere(addr),
-            Via::Mem(_) => {}
+            Via::Grant(_) | Via::Mem(_) => self.shared.add_elsewhere(addr),
         }
         let done = match &mut self.via {
             Via::Program(p) => p.own_addr_as(addr, true),

@@ -135,7 +135,7 @@ impl Steering {
         let p = match &self.via {
             Via::Program(p) => p,
             Via::Grant(g) => return g.neighbour(ip),
-            Via::Mem(_) => return None,
+            Via::Mem(m) => return m.neighbour(ip),
         };
         let key = match ip {
             IpAddr::V4(a) => a.to_ipv6_mapped().octets(),

@@ -39,6 +39,8 @@ struct Maps {
     old_flows: HashMap<(SocketAddr, u16), u32>,
     /// Each queue's in-memory kernel.
     queues: HashMap<u32, SimKernel>,
+    /// What ARP frames to a shared address said of their senders (the `neighbours` map).
+    neighbours: HashMap<IpAddr, [u8; 6]>,
     counters: XdpCounters,
 }
 
@@ -99,6 +101,7 @@ impl MemProgram {
     /// is on; everything else is passed.
     pub fn receive(&self, queue: u32, frame: &[u8]) -> Verdict {
         let mut m = self.maps();
+        m.note_neighbour(frame);
         let Some(generation) = m.decide(frame) else {
             m.counters.passed += 1;
             return Verdict::Passed;
@@ -122,6 +125,22 @@ impl MemProgram {
 const ETH: usize = 14;
 
 impl Maps {
+    /// Notes what an ARP frame to a shared address says of its sender, as the program does.
+    fn note_neighbour(&mut self, f: &[u8]) {
+        let (Some(kind), Some(arp)) = (f.get(12..14), f.get(ETH..ETH + 28)) else {
+            return;
+        };
+        let target = IpAddr::V4(Ipv4Addr::new(arp[24], arp[25], arp[26], arp[27]));
+        if kind != [0x08, 0x06] || self.owned.get(&target) != Some(&true) {
+            return;
+        }
+        let mac: [u8; 6] = [arp[8], arp[9], arp[10], arp[11], arp[12], arp[13]];
+        if mac[0] & 1 == 0 && mac != [0; 6] {
+            let sender = IpAddr::V4(Ipv4Addr::new(arp[14], arp[15], arp[16], arp[17]));
+            self.neighbours.insert(sender, mac);
+        }
+    }
+
     /// The generation whose socket gets `frame`, or None (passed).
     fn decide(&self, f: &[u8]) -> Option<u32> {
         let current = self.upgrade.0;
@@ -238,6 +257,10 @@ impl MemProgram {
         n
     }
 
+    pub(super) fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
+        self.maps().neighbours.get(&ip).copied()
+    }
+
     pub(super) fn counters(&self) -> XdpCounters {
         self.maps().counters
     }
@@ -323,5 +346,30 @@ mod tests {
             verdict(&ip4(own, 1, &[8, 0, 0, 0, 0, 1, 0, 1])),
             Verdict::Dropped
         );
+    }
+
+    #[test]
+    fn a_steering_over_the_program_learns_a_shared_address_s_neighbours_from_the_kernel_s_arp() {
+        let p = MemProgram::new();
+        let mut steering = p.steering("sim0");
+        let (own, shared) = ([10, 0, 0, 3], [10, 0, 0, 1]);
+        steering.own_addr(IpAddr::from(own)).unwrap();
+        assert!(!steering.has_shared());
+        steering.own_shared_addr(IpAddr::from(shared)).unwrap();
+        assert!(steering.has_shared() && steering.is_shared(IpAddr::from(shared)));
+        let peer = IpAddr::from([10, 0, 0, 2]);
+        assert_eq!(steering.shared_neighbour(peer), None);
+        // ARP to the owned address is the stack's, and noted nowhere; to the shared address it
+        // is the kernel's, and what it says of its sender is noted.
+        assert_eq!(p.receive(0, &arp_for(own)), Verdict::Dropped);
+        assert_eq!(steering.shared_neighbour(peer), None);
+        assert_eq!(p.receive(0, &arp_for(shared)), Verdict::Passed);
+        assert_eq!(steering.shared_neighbour(peer), Some([2, 0, 0, 0, 0, 2]));
+        // A sender claiming a group address is not noted.
+        let mut group = arp_for(shared);
+        group[14 + 8] = 1;
+        group[14 + 17] = 9;
+        p.receive(0, &group);
+        assert_eq!(steering.shared_neighbour(IpAddr::from([10, 0, 0, 9])), None);
     }
 }

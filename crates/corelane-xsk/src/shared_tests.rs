@@ -1,0 +1,62 @@
+//! Tests of shared.rs: the kernel's socket tables read, and placeholders held and refused.
+
+use super::*;
+use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, UdpSocket};
+
+#[test]
+fn the_kernel_s_tables_are_read_in_both_families() {
+    let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   \
+             uid  timeout inode\n   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 \
+             00:00000000 00000000     0        0 12345 1 0 100 0 0 10 0\n   1: \
+             0100007F:C350 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0 \
+             0 777 1\n";
+    let v = parse_table(t, Proto::Tcp);
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[0].local, "127.0.0.1:8080".parse().unwrap());
+    assert!(v[0].listening);
+    assert_eq!(v[0].inode, 12345);
+    assert_eq!(v[1].local, "127.0.0.1:50000".parse().unwrap());
+    assert!(!v[1].listening);
+    let t6 = "header\n 0: 00000000000000000000000001000000:0016 \
+              00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 \
+              00000000 0 0 99 1\n";
+    let v = parse_table(t6, Proto::Tcp);
+    assert_eq!(v[0].local, SocketAddr::new(Ipv6Addr::LOCALHOST.into(), 22));
+    assert!(parse_table("header\n 0: nonsense\n", Proto::Udp).is_empty());
+}
+
+#[test]
+fn a_port_a_kernel_socket_holds_is_refused_naming_its_process() {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let at = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    let e = hold(&at, Proto::Tcp, port).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::KernelPort(_)), "{msg}");
+    assert!(
+        msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
+    );
+    assert!(msg.contains("listens on"), "{msg}");
+    drop(l);
+    // Freed: held now, and the kernel cannot hand the port out while it is.
+    let held = hold(&at, Proto::Tcp, port).unwrap();
+    assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err());
+    // Another placeholder (an upgrade's new process) binds it too.
+    let again = hold(&at, Proto::Tcp, port).unwrap();
+    drop((held, again));
+    assert!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok());
+}
+
+#[test]
+fn a_udp_placeholder_keeps_a_kernel_socket_off_its_port() {
+    let u = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = u.local_addr().unwrap().port();
+    let at = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    let msg = hold(&at, Proto::Udp, port).unwrap_err().to_string();
+    assert!(msg.contains("is bound to"), "{msg}");
+    drop(u);
+    let held = hold(&at, Proto::Udp, port).unwrap();
+    assert!(UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).is_err());
+    drop(held);
+}

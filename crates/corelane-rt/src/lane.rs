@@ -236,18 +236,45 @@ impl Core {
     /// The port for this core's next bind of port 0: the same on every core, picked by the
     /// first core to get there from the ports no socket holds (below the ephemeral range,
     /// which the cores share out for connections they open).
-    pub(crate) fn auto_port(&self, proto: Proto) -> io::Result<u16> {
+    /// Returns the bind's number (for [`Core::auto_port_instead`]) and its port.
+    pub(crate) fn auto_port(&self, proto: Proto) -> io::Result<(usize, u16)> {
         let n = self.auto_binds.fetch_add(1, Ordering::Relaxed) as usize;
         let mut picked = lock(&self.shared.auto_ports);
         if let Some(&p) = picked.get(n) {
-            return Ok(p);
+            return Ok((n, p));
         }
-        let steering = self.steering();
-        let free = (20_000..corelane_stack::EPHEMERAL_START)
-            .find(|p| !steering.port_owned(proto, *p) && !picked.contains(p))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::AddrNotAvailable, "no free port"))?;
+        let free = self.free_auto_port(proto, &picked, 20_000)?;
         picked.push(free);
-        Ok(free)
+        Ok((n, free))
+    }
+
+    /// Another port for bind `n` of port 0, whose port `refused` could not be steered (on an
+    /// address shared with the kernel, a kernel socket holds it): a port above it, the same
+    /// for every core that comes to bind `n` later (one that got there first keeps its pick).
+    pub(crate) fn auto_port_instead(
+        &self,
+        proto: Proto,
+        n: usize,
+        refused: u16,
+    ) -> io::Result<u16> {
+        let mut picked = lock(&self.shared.auto_ports);
+        match picked.get(n) {
+            Some(&p) if p != refused => Ok(p),
+            _ => {
+                let free = self.free_auto_port(proto, &picked, refused.saturating_add(1))?;
+                if let Some(p) = picked.get_mut(n) {
+                    *p = free;
+                }
+                Ok(free)
+            }
+        }
+    }
+
+    fn free_auto_port(&self, proto: Proto, picked: &[u16], from: u16) -> io::Result<u16> {
+        let steering = self.steering();
+        (from..corelane_stack::EPHEMERAL_START)
+            .find(|p| !steering.port_owned(proto, *p) && !picked.contains(p))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::AddrNotAvailable, "no free port"))
     }
 
     pub(crate) fn release_port(&self, proto: Proto, port: u16) {

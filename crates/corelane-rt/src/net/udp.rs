@@ -55,7 +55,9 @@ impl UdpSocket {
     /// # Errors
     /// `InvalidInput` for text that is not an address, `AddrNotAvailable` for an address the
     /// runtime does not own or when no ephemeral port is free, `AddrInUse` when this core
-    /// already has the port, and `Other` outside a corelane core.
+    /// already has the port or, on an address shared with the kernel, when a kernel socket
+    /// holds it (the message names the socket; port 0 picks past such ports), and `Other`
+    /// outside a corelane core.
     pub async fn bind(addr: impl ToSocketAddr) -> io::Result<UdpSocket> {
         let sa = addr.to_socket_addr()?;
         let core = current()?;
@@ -67,11 +69,20 @@ impl UdpSocket {
         if !sa.ip().is_unspecified() && !owned {
             return Err(corelane_stack::StackError::NotOwned(sa.ip()).into());
         }
-        let (id, port) = core.stack().bind_udp(sa.port())?;
-        if let Err(e) = core.own_port(Proto::Udp, port) {
+        // Port 0 on an address shared with the kernel: a port a kernel socket holds is
+        // refused (`AddrInUse`), and the stack's next pick is tried, up to 16.
+        let mut tries = 0;
+        let (id, port) = loop {
+            let (id, port) = core.stack().bind_udp(sa.port())?;
+            let Err(e) = core.own_port(Proto::Udp, port) else {
+                break (id, port);
+            };
             core.stack().release(id);
-            return Err(e);
-        }
+            tries += 1;
+            if sa.port() != 0 || e.kind() != io::ErrorKind::AddrInUse || tries == 16 {
+                return Err(e);
+            }
+        };
         Ok(UdpSocket {
             core,
             id,

@@ -61,9 +61,11 @@ impl TcpListener {
     ///
     /// # Errors
     /// `InvalidInput` for text that is not an address, `AddrNotAvailable` for an address the
-    /// runtime does not own, `AddrInUse` when this core already has the port, an error naming
-    /// the steering program when it cannot be told to steer the port, and `Other` outside a
-    /// corelane core.
+    /// runtime does not own, `AddrInUse` when this core already has the port or, on an address
+    /// shared with the kernel ([`Builder::share_kernel_addrs`](crate::Builder::share_kernel_addrs)),
+    /// when a kernel socket holds it (the message names the socket; port 0 picks past such
+    /// ports), an error naming the steering program when it cannot be told to steer the port,
+    /// and `Other` outside a corelane core.
     pub async fn bind(addr: impl ToSocketAddr) -> io::Result<TcpListener> {
         Self::bind_with_backlog(addr, None).await
     }
@@ -84,15 +86,30 @@ impl TcpListener {
     /// signature).
     pub(crate) fn bind_now(sa: SocketAddr, backlog: Option<usize>) -> io::Result<TcpListener> {
         let core = current()?;
-        let port = match sa.port() {
-            0 => core.auto_port(Proto::Tcp)?,
-            p => p,
+        let (auto, mut port) = match sa.port() {
+            0 => {
+                let (n, p) = core.auto_port(Proto::Tcp)?;
+                (Some(n), p)
+            }
+            p => (None, p),
         };
         let ip = (!sa.ip().is_unspecified()).then(|| sa.ip().into());
-        core.stack().listen_tcp_on(ip, port, backlog)?;
-        if let Err(e) = core.own_port(Proto::Tcp, port) {
+        // Port 0 on an address shared with the kernel: a port a kernel socket holds is
+        // refused (`AddrInUse`), and the next free one is tried, up to 16.
+        let mut tries = 0;
+        loop {
+            core.stack().listen_tcp_on(ip, port, backlog)?;
+            let Err(e) = core.own_port(Proto::Tcp, port) else {
+                break;
+            };
             core.stack().unlisten(port);
-            return Err(e);
+            tries += 1;
+            match auto {
+                Some(n) if e.kind() == io::ErrorKind::AddrInUse && tries < 16 => {
+                    port = core.auto_port_instead(Proto::Tcp, n, port)?;
+                }
+                _ => return Err(e),
+            }
         }
         let poll_waiter = core.next_waiter.fetch_add(1, Ordering::Relaxed);
         Ok(TcpListener {

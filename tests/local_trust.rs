@@ -4,7 +4,9 @@
 //! - root refuses a run directory another user can change, and never writes through a link
 //!   planted in one (the claim's `owner` linked to a file of root's is left as it was);
 //! - a process of the server's own user without the server's capabilities is not handed the
-//!   program, the queues and the UMEM over the upgrade socket;
+//!   program, the queues and the UMEM over the upgrade socket, nor one in a user namespace of
+//!   its own making (where it shows every capability), nor one that sent no proof;
+//! - a broker's `hello upgrade` takes the same rules;
 //! - users that keep connections to the broker open all the time (one not granted, one
 //!   granted) do not keep a granted server from starting.
 
@@ -96,6 +98,64 @@ fn hello_as(net: &VethPair, uid: u32, socket: &str, hello: &str) -> String {
     text
 }
 
+/// python3 in the server namespace as `uid` with exactly `caps` (ambient), run through
+/// `wrap` first (`unshare -U -r -n`: a user and network namespace of its own making).
+fn python_with(net: &VethPair, uid: u32, caps: &[&str], wrap: &[&str]) -> Command {
+    let set = std::iter::once("-all".to_string())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd = net.server_ns().command("setpriv");
+    cmd.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg(format!("--inh-caps={set}"))
+        .arg(format!("--ambient-caps={set}"))
+        .arg(format!("--bounding-set={set}"))
+        .arg("--")
+        .args(wrap)
+        .arg("/usr/bin/python3");
+    cmd
+}
+
+/// What the socket at `socket` answers a successor's first word `word`, sent by `cmd` (a
+/// python3) with a proof of its own making when it can make one: a unix socket marked with
+/// `corelane_xsk::peer::PROOF_MARK` (only a holder of CAP_NET_RAW over the network namespace
+/// it runs in can mark one). The first line says whether it could.
+fn successor_says(mut cmd: Command, socket: &str, word: &str) -> String {
+    let script = "import socket,sys\n\
+                  s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n\
+                  s.settimeout(5)\n\
+                  s.connect(sys.argv[1])\n\
+                  p=socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM)\n\
+                  try:\n\
+                  \x20 p.setsockopt(socket.SOL_SOCKET,socket.SO_MARK,int(sys.argv[3]))\n\
+                  \x20 print('marked')\n\
+                  except OSError as e:\n\
+                  \x20 print('cannot mark', e.errno)\n\
+                  w=sys.argv[2].encode()\n\
+                  if w==b'hello upgrade':\n\
+                  \x20 s.send(w); r=s.recv(4096).decode(errors='replace')\n\
+                  \x20 if r!='ok prove': print(r); sys.exit(0)\n\
+                  \x20 w=b'prove'\n\
+                  socket.send_fds(s,[w],[p.fileno()])\n\
+                  print(s.recv(4096).decode(errors='replace'))\n";
+    let out = cmd
+        .args(["-c", script, socket, word])
+        .arg(corelane_xsk::peer::PROOF_MARK.to_string())
+        .output()
+        .expect("python3");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// A user and a network namespace of the caller's own making, its user mapped to root there:
+/// every capability, over nothing of the server's.
+const OWN_NAMESPACES: [&str; 4] = ["unshare", "-U", "-r", "-n"];
+/// A user namespace of its own only (the server's network namespace still).
+const OWN_USER_NS: [&str; 3] = ["unshare", "-U", "-r"];
+
 /// python3 in the server namespace as `uid` with no capability at all.
 fn python_as(net: &VethPair, uid: u32) -> Command {
     let mut cmd = net.server_ns().command("setpriv");
@@ -180,9 +240,37 @@ fn a_second_granted_user_cannot_take_over_the_first_one_s_server() {
         broker.output()
     );
     assert_echoes(&net, v4, 64 * 1024, 1);
-    // The holder's own user may be one (an upgrade is the same user's).
+    // The holder's own user may be one (an upgrade is the same user's), once it has proved it
+    // holds CAP_NET_RAW here; without the capability it cannot, and is refused.
     let said = hello_as(&net, NOBODY, &socket, "hello upgrade");
-    assert!(said.starts_with("ok"), "{said}\n{}", broker.output());
+    assert!(said.starts_with("ok prove"), "{said}\n{}", broker.output());
+    let bare = python_with(&net, NOBODY, &[], &[]);
+    let said = successor_says(bare, &socket, "hello upgrade");
+    assert!(
+        said.starts_with("cannot mark") && said.contains("err") && said.contains("not marked"),
+        "{said}\n{}",
+        broker.output()
+    );
+    // In a user namespace of its own it holds every capability there and none here.
+    for wrap in [&OWN_NAMESPACES[..], &OWN_USER_NS[..]] {
+        let cmd = python_with(&net, NOBODY, &[], wrap);
+        let said = successor_says(cmd, &socket, "hello upgrade");
+        assert!(
+            said.contains("err") && said.contains("another user namespace"),
+            "{wrap:?}: {said}\n{}",
+            broker.output()
+        );
+    }
+    let said = successor_says(
+        python_with(&net, NOBODY, &["net_raw"], &[]),
+        &socket,
+        "hello upgrade",
+    );
+    assert!(
+        said.starts_with("marked") && said.contains("\nok"),
+        "{said}\n{}",
+        broker.output()
+    );
     let (status, out) = server.stop();
     assert_clean_exit(status, &out);
     let (_, out) = broker.stop();
@@ -312,9 +400,13 @@ fn a_process_of_the_same_user_without_the_capabilities_gets_no_hand_over() {
     ])
     .env("RUST_LOG", "corelane_rt=info");
     let server = Echo::start_cmd(cmd, "echo");
-    // A process of the same user with no capability asks to take its place: the connection
-    // closes with nothing handed over.
-    let said = hello_as(&net, NOBODY, sock.to_str().unwrap(), "joined");
+    // A process of the same user with no capability asks to take its place (its proof
+    // unmarked: it cannot mark one): the connection closes with nothing handed over.
+    let said = successor_says(
+        python_with(&net, NOBODY, &[], &[]),
+        sock.to_str().unwrap(),
+        "prove",
+    );
     assert!(
         !said.contains("corelane-upgrade"),
         "a capability-less process was handed the run: {said}"
@@ -331,6 +423,102 @@ fn a_process_of_the_same_user_without_the_capabilities_gets_no_hand_over() {
         1,
     );
     let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+    let _ = std::fs::remove_dir_all(&run);
+}
+
+#[test]
+fn a_process_in_a_user_namespace_of_its_own_gets_no_hand_over() {
+    if !require_root("a_process_in_a_user_namespace_of_its_own_gets_no_hand_over") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("userns", NOBODY);
+    let sock = run.join("upgrade.sock");
+    let path = sock.to_str().unwrap();
+    // The documented least-privilege server: a service user with ambient capabilities.
+    let mut cmd = as_user(
+        &net,
+        &run,
+        NOBODY,
+        &["net_admin", "net_raw", "bpf", "perfmon", "ipc_lock"],
+        &echo_bin(),
+    );
+    cmd.args([
+        "--iface",
+        net.server_if(),
+        "--cores",
+        "1",
+        "--addr",
+        "10.77.0.3/24",
+        "--xdp",
+        "attach",
+        "--upgrades",
+        path,
+    ])
+    .env("RUST_LOG", "corelane_rt=info");
+    let server = Echo::start_cmd(cmd, "echo");
+    assert_echoes(
+        &net,
+        SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
+        64 * 1024,
+        1,
+    );
+    // A process of the same user with no capability makes a user namespace: there it shows
+    // every capability. With a network namespace of its own too it can even mark its proof.
+    // Neither is handed anything.
+    for wrap in [&OWN_NAMESPACES[..], &OWN_USER_NS[..]] {
+        let said = successor_says(python_with(&net, NOBODY, &[], wrap), path, "prove");
+        assert!(
+            !said.contains("corelane-upgrade"),
+            "{wrap:?}: a process in a user namespace of its own was handed the run: {said}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.output().matches("another user namespace").count() < 2 {
+        assert!(Instant::now() < deadline, "{}", server.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // One that sends no proof at all: refused too.
+    let said = hello_as(&net, NOBODY, path, "joined");
+    assert!(!said.contains("corelane-upgrade"), "{said}");
+    wait_for(&server, "before its proof");
+    // The server serves on, and takes a real successor (same user, same capabilities) after.
+    assert_echoes(
+        &net,
+        SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
+        64 * 1024,
+        2,
+    );
+    let mut next = as_user(
+        &net,
+        &run,
+        NOBODY,
+        &["net_admin", "net_raw", "bpf", "perfmon", "ipc_lock"],
+        &echo_bin(),
+    );
+    next.args([
+        "--iface",
+        net.server_if(),
+        "--cores",
+        "1",
+        "--addr",
+        "10.77.0.3/24",
+        "--xdp",
+        "attach",
+        "--upgrade-from",
+        path,
+    ]);
+    let next = Echo::start_cmd(next, "echo");
+    let (status, out) = server.wait();
+    assert!(status.success() && out.contains("echo: upgraded"), "{out}");
+    assert_echoes(
+        &net,
+        SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
+        64 * 1024,
+        3,
+    );
+    let (status, out) = next.stop();
     assert_clean_exit(status, &out);
     let _ = std::fs::remove_dir_all(&run);
 }
@@ -369,6 +557,123 @@ fn hold_connections(
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("python3")
+}
+
+/// A user not granted cannot hand the broker a descriptor whose last close blocks (a TCP socket
+/// lingering 30 s on data a zero window never takes): the grant socket takes no descriptor
+/// before its user is granted, so the send fails (or finds the connection refused and closed
+/// already); and a granted server starts meanwhile.
+#[test]
+fn a_user_not_granted_cannot_hand_the_broker_a_descriptor_that_blocks_its_close() {
+    if !require_root("a_user_not_granted_cannot_hand_the_broker_a_descriptor_that_blocks_its_close")
+    {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("linger", NOBODY);
+    let (broker, socket) = start_broker(&net, &run);
+    let script = "import socket,sys,struct\n\
+                  l=socket.socket(); l.bind(('127.0.0.1',0)); l.listen()\n\
+                  sent=refused=closed=0\n\
+                  keep=[]\n\
+                  for i in range(80):\n\
+                  \x20 c=socket.create_connection(l.getsockname()); a,_=l.accept(); keep.append(a)\n\
+                  \x20 c.setsockopt(socket.SOL_SOCKET,socket.SO_SNDBUF,4096)\n\
+                  \x20 c.setblocking(False)\n\
+                  \x20 try:\n\
+                  \x20\x20 while True: c.send(b'x'*65536)\n\
+                  \x20 except BlockingIOError: pass\n\
+                  \x20 c.setsockopt(socket.SOL_SOCKET,socket.SO_LINGER,struct.pack('ii',1,30))\n\
+                  \x20 s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n\
+                  \x20 s.connect(sys.argv[1])\n\
+                  \x20 try:\n\
+                  \x20\x20 socket.send_fds(s,[b'hello'],[c.fileno()]); sent+=1\n\
+                  \x20 except PermissionError: refused+=1\n\
+                  \x20 except (BrokenPipeError, ConnectionResetError): closed+=1\n\
+                  \x20 c.close(); s.close()\n\
+                  print('sent', sent, 'refused', refused, 'closed', closed)\n";
+    let mut attacker = python_as(&net, OTHER + 1)
+        .args(["-c", script, &socket])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    // The granted server starts, takes the grant and serves meanwhile.
+    let server = start_granted_server(&net, &run, &broker);
+    assert_echoes(
+        &net,
+        SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
+        64 * 1024,
+        1,
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while attacker.try_wait().expect("the attacker").is_none() {
+        assert!(Instant::now() < deadline, "the attacker did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = attacker.wait_with_output().expect("the attacker");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Refused at the send (EPERM), or already told why and closed: never delivered.
+    assert!(said.starts_with("sent 0 refused "), "{said}");
+    let (status, out) = server.stop();
+    assert_clean_exit(status, &out);
+    let (_, out) = broker.stop();
+    assert!(!out.contains("cannot refuse descriptors"), "{out}");
+    let _ = std::fs::remove_dir_all(&run);
+}
+
+/// A granted user asks for the kernel's own address whole (every port corelane's, the host's
+/// ssh and listeners on it reset): refused, naming the shared form and the grant's option;
+/// shared, it is served.
+#[test]
+fn a_granted_user_gets_the_kernel_s_own_address_only_shared() {
+    if !require_root("a_granted_user_gets_the_kernel_s_own_address_only_shared") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("kernel-addr", NOBODY);
+    net.server_ns()
+        .ip(&["addr", "add", "10.77.0.3/24", "dev", net.server_if()])
+        .expect("the kernel's address");
+    let (broker, socket) = start_broker(&net, &run);
+    let script = "import socket,sys\n\
+                  s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n\
+                  s.settimeout(5)\n\
+                  s.connect(sys.argv[1])\n\
+                  for w in sys.argv[2:]:\n\
+                  \x20 s.send(w.encode()); print(s.recv(4096).decode(errors='replace'))\n";
+    let out = python_as(&net, NOBODY)
+        .args(["-c", script, &socket, "hello"])
+        .args([
+            &format!("addr {SERVER_V4}"),
+            &format!("addr {SERVER_V4} shared"),
+        ])
+        .output()
+        .expect("python3");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = said.lines().collect();
+    let context = format!(
+        "{said}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        broker.output()
+    );
+    assert!(
+        lines.first().is_some_and(|l| l.starts_with("ok")),
+        "{context}"
+    );
+    assert!(
+        lines.get(1).is_some_and(|l| l.starts_with("err")
+            && l.contains("served only shared")
+            && l.contains("--own-kernel-addr")),
+        "{context}"
+    );
+    assert!(lines.get(2).is_some_and(|l| *l == "ok"), "{context}");
+    let _ = broker.stop();
+    let _ = std::fs::remove_dir_all(&run);
 }
 
 #[test]
@@ -419,7 +724,10 @@ fn a_granted_server_cannot_grow_or_shrink_the_files_the_broker_hands_it() {
                   s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n\
                   s.settimeout(5)\n\
                   s.connect(sys.argv[1])\n\
+                  p=socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM)\n\
+                  p.setsockopt(socket.SOL_SOCKET,socket.SO_MARK,int(sys.argv[2]))\n\
                   s.send(b'hello upgrade'); print(s.recv(4096).decode())\n\
+                  socket.send_fds(s,[b'prove'],[p.fileno()]); print(s.recv(4096).decode())\n\
                   s.send(b'stats 1099511627776'); print(s.recv(4096).decode())\n\
                   s.send(b'capture 8192')\n\
                   m,fds,_,_=socket.recv_fds(s,4096,4); print(m.decode())\n\
@@ -430,8 +738,9 @@ fn a_granted_server_cannot_grow_or_shrink_the_files_the_broker_hands_it() {
                   \x20 except OSError as e: print('resize refused', e.errno)\n\
                   try: os.pwrite(f, b'x'*4096, 8192); print('wrote past the end')\n\
                   except OSError as e: print('write refused', e.errno)\n";
-    let out = python_as(&net, NOBODY)
+    let out = python_with(&net, NOBODY, &["net_raw"], &[])
         .args(["-c", script, &socket])
+        .arg(corelane_xsk::peer::PROOF_MARK.to_string())
         .output()
         .expect("python3");
     let said = format!(
@@ -442,12 +751,13 @@ fn a_granted_server_cannot_grow_or_shrink_the_files_the_broker_hands_it() {
     let lines: Vec<&str> = said.lines().collect();
     let context = format!("{said}\n{}", broker.output());
     assert!(
-        lines.first().is_some_and(|l| l.starts_with("ok")),
+        lines.first().is_some_and(|l| l.starts_with("ok prove"))
+            && lines.get(1).is_some_and(|l| l.starts_with("ok")),
         "{context}"
     );
     assert!(
         lines
-            .get(1)
+            .get(2)
             .is_some_and(|l| l.starts_with("err")
                 && l.contains(&corelane_stat::SEALED_MAX_BYTES.to_string())),
         "a terabyte was not refused naming the cap: {context}"

@@ -391,6 +391,8 @@ fn a_new_process_that_goes_away_before_taking_over_leaves_the_old_one_serving() 
     {
         use std::os::fd::{AsFd, AsRawFd};
         let conn = corelane_xsk::grant::open_connection(&sock).expect("the upgrade socket");
+        // It proves it holds CAP_NET_RAW here, as a successor does (root, here).
+        corelane_xsk::peer::send_proof(&conn).expect("a proof");
         let h = corelane_xsk::recv_handover(conn.as_fd()).expect("a hand-over");
         assert_eq!(h.queues.len(), 2, "one offer per queue");
         let (extras, _) = corelane_xsk::grant::recv_message(conn.as_raw_fd())
@@ -610,4 +612,71 @@ fn the_old_process_serves_while_the_new_one_is_slow_to_run() {
     let (status, out) = old.stop();
     common::assert_clean_exit(status, &out);
     assert!(out.contains("called off"), "{out}");
+}
+
+/// A new process stopped (`SIGSTOP`, a debugger) while it holds the fill and completion rings:
+/// the old one calls the upgrade off when it does not join, and once it has not stood down
+/// within the old one's deadline ends it and takes its queue back, saying so, and serves on.
+#[test]
+fn a_successor_stopped_while_it_holds_the_rings_is_ended_and_the_old_process_serves_on() {
+    if !corelane_testnet::require_root(
+        "a_successor_stopped_while_it_holds_the_rings_is_ended_and_the_old_process_serves_on",
+    ) {
+        return;
+    }
+    let net = common::net(1);
+    let sock = std::env::temp_dir().join(format!(
+        "corelane-upgrade-stopped-{}.sock",
+        std::process::id()
+    ));
+    let path = sock.to_str().expect("a path").to_string();
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().expect("an address");
+    let mut cmd = net
+        .server_ns()
+        .command(common::echo_bin().to_str().expect("a path"));
+    cmd.args(["--iface", net.server_if()])
+        .args([
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "1",
+            "--upgrades",
+            &path,
+        ])
+        .env("RUST_LOG", "corelane_rt=info,corelane_xsk=info");
+    let old = Echo::start_cmd(cmd, "echo");
+    common::assert_echoes(&net, addr, 64 << 10, 1);
+    // The new process serves another port: it takes the rings and never says it joined.
+    let new = echo(
+        net.server_ns(),
+        net.server_if(),
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "1",
+            "--port",
+            "8",
+            "--upgrade-from",
+            &path,
+        ],
+    );
+    let until = |who: &Echo, text: &str, secs: u64| {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !who.output().contains(text) {
+            assert!(Instant::now() < deadline, "no `{text}`:\n{}", who.output());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    until(&old, "rings handed to the new process", 30);
+    new.signal(libc::SIGSTOP);
+    // Called off after the join's deadline; the stopped process never stands down.
+    until(&old, "ended it (SIGKILL)", 60);
+    until(&old, "the queue is back", 10);
+    common::assert_echoes(&net, addr, 2 << 20, 2);
+    let (status, out) = new.wait();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{out}");
+    let (status, out) = old.stop();
+    common::assert_clean_exit(status, &out);
 }

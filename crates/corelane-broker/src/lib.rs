@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use corelane_xsk::grant::{accept, grant_socket_path, listen_at, set_read_deadline};
+use corelane_xsk::grant::{accept, grant_socket_path, listen_refusing, set_read_deadline};
 use corelane_xsk::{AttachMode, Channels, Claim, Error, Proto, Steering};
 
 /// What a server may steer on one interface, and who may ask.
@@ -52,6 +52,11 @@ pub struct Grant {
     pub channels: u32,
     /// The VLAN served (by default untagged frames).
     pub vlan: corelane_xsk::Vlan,
+    /// Addresses the kernel holds that a server may still own whole (`addr A`, every port
+    /// corelane's). Any other address the kernel holds is served only shared (`addr A
+    /// shared`: corelane's ports alone), whatever the server asks: owned whole, it would take
+    /// the host's own ssh and kernel listeners on it.
+    pub whole: Vec<IpAddr>,
 }
 
 impl Grant {
@@ -93,6 +98,7 @@ impl Grant {
             attach: AttachMode::Auto,
             channels: 0,
             vlan: corelane_xsk::Vlan::default(),
+            whole: Vec::new(),
         })
     }
 
@@ -296,7 +302,17 @@ impl Broker {
         };
         let path = grant_socket_path(&grant.ifname)?;
         // accept() wakes every 200 ms to see whether the broker should stop.
-        let listener = listen_at(&path, std::time::Duration::from_millis(200), 0o666)?;
+        // No descriptor is taken from a connection before its user is known to be granted
+        // (`serve`): a refused one cannot leave one whose last close blocks the broker.
+        let (listener, refuses) =
+            listen_refusing(&path, std::time::Duration::from_millis(200), 0o666, true)?;
+        if !refuses {
+            tracing::warn!(
+                "this kernel cannot refuse descriptors on the grant socket (SO_PASSRIGHTS, Linux \
+                 6.16): a user not granted can send one whose last close blocks the broker's \
+                 refusals"
+            );
+        }
         Ok(Broker {
             grant: Arc::new(grant),
             listener,
@@ -406,7 +422,11 @@ impl Broker {
                 }
                 *n += 1;
             }
-            if let Err(e) = set_read_deadline(&conn, Some(HELLO_DEADLINE)) {
+            // A granted user's connection takes descriptors (its queues' sockets, a
+            // successor's proof); their closes happen on its session's thread.
+            if let Err(e) = corelane_xsk::grant::take_descriptors(&conn, true)
+                .and_then(|_| set_read_deadline(&conn, Some(HELLO_DEADLINE)))
+            {
                 complain(format!("a connection to the grant socket: {e}"));
                 release_slot(&open, uid);
                 continue;

@@ -64,6 +64,11 @@ enum Command {
         /// `--service-vlan`).
         #[arg(long, default_value_t = 0)]
         service_vlan: u16,
+        /// A granted address the kernel holds that the server may own whole, every port of it
+        /// corelane's (repeatable). Without it, an address the kernel holds is served only
+        /// shared: the server's ports are corelane's, the rest stay the kernel's.
+        #[arg(long = "own-kernel-addr")]
+        own_kernel_addrs: Vec<String>,
     },
 }
 
@@ -118,6 +123,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         channels,
         vlan,
         service_vlan,
+        own_kernel_addrs,
     } = cli.command;
     let uids = if users.is_empty() {
         vec![nix::unistd::geteuid().as_raw()]
@@ -126,6 +132,15 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut grant = Grant::parse(&iface, &words(&addrs), &words(&tcp), &words(&udp), &uids)?;
     grant.channels = channels;
+    for a in words(&own_kernel_addrs) {
+        let ip: std::net::IpAddr = a
+            .parse()
+            .map_err(|_| format!("--own-kernel-addr {a}: not an IP address"))?;
+        if !grant.addrs.contains(&ip) {
+            return Err(format!("--own-kernel-addr {a}: not granted (add --addr {a})").into());
+        }
+        grant.whole.push(ip);
+    }
     grant.vlan = corelane_xsk::Vlan::qinq(service_vlan, vlan);
     grant.attach = match mode {
         Mode::Auto => AttachMode::Auto,

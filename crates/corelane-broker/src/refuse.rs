@@ -6,10 +6,15 @@
 //! returning the reason waiting for it (seen: "the broker did not answer `hello`: Connection
 //! reset by peer" where "uid N is not granted" was said). So the reason is sent, the socket's
 //! reading side shut (a hello sent later fails at once, and the client reads the reason), what
-//! arrived before is read away, and only then the socket closed. A hello may carry descriptors,
-//! and the last close of a hostile one can block: that happens on this thread, never on the
-//! accept loop; while it is stuck, further refusals are closed at once (their clients may see
-//! the reset, and nothing else is held).
+//! arrived before is read away, and only then the socket closed.
+//!
+//! A refused connection carries no descriptor: the grant socket takes none before its user is
+//! known to be granted (`SO_PASSRIGHTS`, inherited from the listener: a sender's `sendmsg`
+//! with one fails), so no close here can block on a hostile one (a lingering TCP socket to a
+//! zero window, a file of a FUSE server that never answers). While this thread is behind,
+//! further refusals are told why and closed at once on the accept loop, which is as safe.
+//! On a kernel that cannot refuse descriptors (before 6.16) the broker says so at start: there
+//! a refused user's descriptor can still hold this thread up, and then the accept loop.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};

@@ -29,6 +29,29 @@ pub(crate) fn session(state: &Mutex<State>, grant: &Grant, conn: &OwnedFd) {
         Ok(Some((hello, None))) if hello == "hello upgrade" => true,
         _ => return,
     };
+    // A successor of the holder's user proves it could have made what it takes over: the
+    // rules of `corelane_xsk::peer` (its user ids, this user namespace, a socket it marked),
+    // checked before any lock is taken. Another user's (or one with no holder) is refused
+    // below, in those words.
+    if successor && lock(state).sessions.first().map(|s| s.uid) == Some(uid) {
+        let vetted = send_message(fd, "ok prove", None)
+            .map_err(|e| format!("its connection failed ({e})"))
+            .and_then(|()| match recv_message(fd) {
+                Ok(Some((word, proof))) if word == corelane_xsk::peer::PROVE => {
+                    corelane_xsk::peer::vet_successor(conn, uid, 0, proof.as_ref()).map(drop)
+                }
+                Ok(Some((word, _))) => Err(format!(
+                    "process {pid} said `{word}` where its proof was asked for"
+                )),
+                Ok(None) => Err(format!("process {pid} closed before its proof")),
+                Err(e) => Err(format!("process {pid} sent no proof ({e})")),
+            });
+        if let Err(why) = vetted {
+            println!("corelane-broker: refused pid {pid} (uid {uid}): {why}");
+            let _ = send_message(fd, &format!("err {why}"), None);
+            return;
+        }
+    }
     let welcome = {
         let mut st = lock(state);
         if !grant.uids.contains(&uid) {
@@ -208,6 +231,20 @@ fn handle(
                             .collect::<Vec<_>>()
                     )
                 ));
+            }
+            if !share && !grant.whole.contains(&a) {
+                // The kernel's own address is served shared, whatever the server asks.
+                let held = corelane_xsk::kernel_addrs_anywhere().map_err(|err| {
+                    format!("the kernel's addresses cannot be read ({err}): {a} not steered")
+                })?;
+                if let Some((_, _, on)) = held.iter().find(|(x, _, _)| *x == a) {
+                    return Err(format!(
+                        "{a} is the kernel's address (on {on}): under a grant it is served only \
+                         shared (`addr {a} shared`: Builder::share_kernel_addrs, `--shared`), \
+                         so the host's own listeners on it stay; to let a server own it whole, \
+                         start corelane-broker grant with --own-kernel-addr {a}"
+                    ));
+                }
             }
             if !session.addrs.contains(&a) {
                 if share {

@@ -83,6 +83,11 @@ impl Stage {
 pub(crate) const STAGE_WAIT: Duration = Duration::from_secs(5);
 /// How long the new process has to join every queue and say so.
 pub(crate) const JOIN_WAIT: Duration = Duration::from_secs(20);
+/// How long a called-off new process has to stand down (it stops at its next turn and waits
+/// at most [`LEAVE_WAIT`] for its last sends) before the old one ends it to take its rings
+/// back: a successor that is stopped (`SIGSTOP`, a debugger) or whose core thread blocks would
+/// otherwise leave the serving process without receive or transmit.
+pub(crate) const STAND_DOWN_WAIT: Duration = Duration::from_secs(8);
 /// How often a core forgets the kept connections that closed.
 pub(crate) const FORGET_EVERY: Duration = Duration::from_millis(100);
 /// The longest an idle core sleeps while it shares its queue with the other process of an
@@ -95,8 +100,8 @@ pub(crate) const LEAVE_WAIT: Duration = Duration::from_secs(3);
 /// The new process of an upgrade, as the old one sees whether it has ended.
 #[derive(Debug)]
 pub(crate) enum PartnerProcess {
-    /// A pidfd of the process (readable once it has ended).
-    Pidfd(OwnedFd),
+    /// A pidfd of the process (readable once it has ended), and its pid (for messages).
+    Pidfd { pid: u32, fd: OwnedFd },
     /// A simulation's process: set once it has ended.
     Sim(std::sync::Arc<std::sync::atomic::AtomicBool>),
 }
@@ -104,8 +109,19 @@ pub(crate) enum PartnerProcess {
 impl PartnerProcess {
     fn ended(&self) -> bool {
         match self {
-            PartnerProcess::Pidfd(fd) => corelane_xsk::grant::process_ended(fd),
+            PartnerProcess::Pidfd { fd, .. } => corelane_xsk::grant::process_ended(fd),
             PartnerProcess::Sim(gone) => gone.load(Ordering::Acquire),
+        }
+    }
+
+    /// Ends the process (`SIGKILL` through its pidfd, which names it and no other): once it
+    /// has ended, nothing of it touches a ring or a frame. Returns its pid.
+    fn kill(&self) -> Result<u32, String> {
+        match self {
+            PartnerProcess::Pidfd { pid, fd } => corelane_xsk::grant::kill_process(fd)
+                .map(|()| *pid)
+                .map_err(|e| format!("process {pid} cannot be ended: {e}")),
+            PartnerProcess::Sim(_) => Err("a simulated process is not ended from here".into()),
         }
     }
 }
@@ -167,6 +183,15 @@ impl Upgrades {
         lock(&self.partner_process)
             .as_ref()
             .is_some_and(PartnerProcess::ended)
+    }
+
+    /// Ends the new process of a call-off that did not stand down in time (see
+    /// [`STAND_DOWN_WAIT`]). Returns its pid.
+    pub(crate) fn kill_partner(&self) -> Result<u32, String> {
+        match lock(&self.partner_process).as_ref() {
+            Some(p) => p.kill(),
+            None => Err("no pidfd of the new process is held".into()),
+        }
     }
 
     /// Has each of `cores` publish its listening ports until [`Upgrades::stop_listing`].

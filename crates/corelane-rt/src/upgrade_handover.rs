@@ -72,22 +72,21 @@ pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
                 return;
             }
         };
-        if let Err(e) = allowed(&conn, listener.owner, listener.caps) {
-            tracing::warn!("upgrades: {e}");
-            continue;
-        }
-        // Whether it ends is what lets the cores take their queues back should the upgrade
-        // be called off while it holds them.
-        *lock(&shared.upgrades.partner_process) = match corelane_xsk::grant::peer_pidfd(&conn) {
-            Ok(fd) => Some(crate::upgrade::PartnerProcess::Pidfd(fd)),
+        // Nothing is handed over before the new process has shown who it is: its proof comes
+        // first, within PROOF_WAIT.
+        let successor = match vet(&conn, listener.owner, listener.caps) {
+            Ok(s) => s,
             Err(e) => {
-                tracing::warn!(
-                    "upgrades: no pidfd of the new process ({e}): a call-off waits for it to \
-                     stand down"
-                );
-                None
+                tracing::warn!("upgrades: {e}");
+                continue;
             }
         };
+        // Whether it ends is what lets the cores take their queues back should the upgrade
+        // be called off while it holds them.
+        *lock(&shared.upgrades.partner_process) = Some(crate::upgrade::PartnerProcess::Pidfd {
+            pid: successor.pid,
+            fd: successor.pidfd,
+        });
         if run_upgrade(conn, run) {
             return;
         }
@@ -97,40 +96,33 @@ pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
 /// The permitted capabilities of `/proc/{who}/status` (`thread-self`, or a pid).
 fn permitted_caps(who: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{who}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapPrm:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    corelane_xsk::peer::StatusFacts::parse(&status).map(|f| f.cap_prm)
 }
 
-/// Only root and the user that owns the socket (this process's) may take its place, and only
-/// a process holding every capability this one started with: the hand-over passes the
-/// program, the queues and the UMEM, which a process of the same user without them could not
-/// have made itself.
-fn allowed(conn: &OwnedFd, owner: u32, caps: u64) -> Result<(), String> {
-    let (pid, uid) = corelane_xsk::grant::peer(conn).map_err(|e| e.to_string())?;
-    if uid != 0 && uid != owner {
-        return Err(format!(
-            "process {pid} of user {uid} may not take this server's place (only root or user \
-             {owner})"
-        ));
-    }
-    // Read through the pid while a pidfd holds it: a pid reused meanwhile would show as the
-    // pidfd's process having ended.
-    let pidfd = corelane_xsk::grant::peer_pidfd(conn).map_err(|e| e.to_string())?;
-    let theirs = permitted_caps(&pid.to_string());
-    if corelane_xsk::grant::process_ended(&pidfd) {
-        return Err(format!("process {pid} ended while it asked"));
-    }
-    match theirs {
-        Some(t) if t & caps == caps => Ok(()),
-        Some(t) => Err(format!(
-            "process {pid} of user {uid} lacks capabilities this server started with \
-             (it holds {t:#x}, this one {caps:#x}): it may not take this server's place; start \
-             it with the same capabilities (or as root)"
-        )),
-        None => Err(format!("the capabilities of process {pid} cannot be read")),
-    }
+/// How long a new process has, once connected, to send its proof.
+const PROOF_WAIT: Duration = Duration::from_secs(2);
+
+/// Only a process that could have made what it is handed may take this server's place (the
+/// program, the queues and the UMEM): root or this user in this user namespace, holding every
+/// capability this one started with, and proving `CAP_NET_RAW` with an AF_XDP socket of its
+/// own (`corelane_xsk::peer`).
+fn vet(conn: &OwnedFd, owner: u32, caps: u64) -> Result<corelane_xsk::peer::Successor, String> {
+    set_read_deadline(conn, Some(PROOF_WAIT)).map_err(|e| e.to_string())?;
+    let proof = match recv_message(conn.as_raw_fd()) {
+        Ok(Some((word, fd))) if word == corelane_xsk::peer::PROVE => fd,
+        Ok(Some((word, _))) => {
+            return Err(format!(
+                "a new process said `{word}` before its proof: nothing handed over"
+            ));
+        }
+        Ok(None) => return Err("a new process closed its connection before its proof".into()),
+        Err(e) => {
+            return Err(format!(
+                "a new process sent no proof within {PROOF_WAIT:?} ({e}): nothing handed over"
+            ));
+        }
+    };
+    corelane_xsk::peer::vet_successor(conn, owner, caps, proof.as_ref())
 }
 
 /// The upgrade's connection as a unix socket: words are messages; reads wait at most a

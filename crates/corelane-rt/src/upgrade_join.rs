@@ -40,8 +40,8 @@ pub(crate) struct Joining {
     pub(crate) extras: Extras,
     /// A broker holds the program (and the interface's record).
     granted: bool,
-    /// The old process (a pidfd), to tell its death from its leaving.
-    old_process: Option<OwnedFd>,
+    /// The old process (its pid and a pidfd), to tell its death from its leaving.
+    old_process: Option<(u32, OwnedFd)>,
 }
 
 fn refused(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -99,7 +99,7 @@ impl Joining {
         // Whether it has ended tells its death from its leaving, should the connection end
         // before it has left every queue.
         let old_process = match corelane_xsk::grant::peer_pidfd(&conn) {
-            Ok(fd) => Some(fd),
+            Ok(fd) => Some((pid, fd)),
             Err(e) => {
                 tracing::warn!(
                     "upgrade: no pidfd of the old process ({e}): should it die during the \
@@ -108,6 +108,9 @@ impl Joining {
                 None
             }
         };
+        // Its proof first: nothing is handed to a process that has not shown it holds
+        // CAP_NET_RAW here (`corelane_xsk::peer`).
+        corelane_xsk::peer::send_proof(&conn).map_err(|e| refused(path, e))?;
         set_read_deadline(&conn, Some(HANDOVER_WAIT))?;
         let handover = corelane_xsk::recv_handover(conn.as_fd()).map_err(|e| refused(path, e))?;
         let text = match recv_message(conn.as_raw_fd()) {
@@ -207,7 +210,7 @@ impl Joining {
         };
         let Some(start) = weak.upgrade().map(|s| {
             *lock(&s.upgrades.partner_process) =
-                old_process.map(crate::upgrade::PartnerProcess::Pidfd);
+                old_process.map(|(pid, fd)| crate::upgrade::PartnerProcess::Pidfd { pid, fd });
             s.clock.now()
         }) else {
             return;

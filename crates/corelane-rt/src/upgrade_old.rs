@@ -11,7 +11,7 @@ use crate::Error;
 use crate::control::Shared;
 use crate::host::{Heard, Talk, UpgradeOffer};
 use crate::lock::lock;
-use crate::upgrade::{JOIN_WAIT, STAGE_WAIT, Stage};
+use crate::upgrade::{JOIN_WAIT, STAGE_WAIT, STAND_DOWN_WAIT, Stage};
 use crate::upgrade_words::{Extras, RunSecret};
 
 /// What the old process hands over besides its queues, and how long it drains.
@@ -39,12 +39,14 @@ pub(crate) enum OldSide {
     },
     /// The cores record their connections in the program.
     Recording { since: Instant, new_gen: u32 },
-    /// Called off: every core takes its queue back once the new process no longer holds it
-    /// (no deadline: until then the rings are the new process's).
+    /// Called off: every core takes its queue back once the new process no longer holds it;
+    /// one that has not stood down after [`STAND_DOWN_WAIT`] is ended (`ended`), so that
+    /// nothing of it touches the rings when they are taken back.
     CallingOff {
         since: Instant,
         said: Duration,
         why: String,
+        ended: bool,
     },
     /// Done: `Ok` once the program has switched to the new process (this one drains), or why
     /// the upgrade was called off (this one serves on).
@@ -194,7 +196,12 @@ impl OldSide {
                     None
                 }
             }
-            OldSide::CallingOff { since, said, why } => {
+            OldSide::CallingOff {
+                since,
+                said,
+                why,
+                ended,
+            } => {
                 let back = up.done.load(Ordering::Acquire);
                 // Over once every core has its queue back, or none is left to take it (a
                 // shutdown ended them first: their queues closed with them). Waiting on would
@@ -210,6 +217,20 @@ impl OldSide {
                 } else {
                     shared.ring_all();
                     let waited = now.duration_since(*since);
+                    if waited >= STAND_DOWN_WAIT && !*ended {
+                        *ended = true;
+                        match up.kill_partner() {
+                            Ok(pid) => tracing::error!(
+                                "upgrade called off: the new process (pid {pid}) did not stand \
+                                 down within {STAND_DOWN_WAIT:?} (stopped, or its cores blocked): \
+                                 ended it (SIGKILL) to take the queues back"
+                            ),
+                            Err(e) => tracing::error!(
+                                "upgrade called off: the new process did not stand down within \
+                                 {STAND_DOWN_WAIT:?} and {e}; waiting for it"
+                            ),
+                        }
+                    }
                     if waited >= *said + Duration::from_secs(5) {
                         *said = waited;
                         tracing::warn!(
@@ -331,6 +352,7 @@ fn call_off(shared: &Arc<Shared>, talk: &mut impl Talk, now: Instant, why: Strin
         since: now,
         said: Duration::ZERO,
         why,
+        ended: false,
     }
 }
 

@@ -9,6 +9,7 @@
 //! | request | reply | checked |
 //! |---|---|---|
 //! | `hello` | `ok MODE [why native was refused]` | the user |
+//! | `hello upgrade`, then `prove` with a marked socket | `ok prove`, then as `hello` | the user is the holder's; the rules of [`crate::peer`] |
 //! | `addr IP` / `unaddr IP` | `ok` | IP is granted |
 //! | `port tcp\|udp N` / `unport tcp\|udp N` | `ok` | N is in a granted range |
 //! | `queue Q` with the AF_XDP socket's descriptor | `ok` | the descriptor is an AF_XDP socket |
@@ -122,6 +123,52 @@ pub fn recv_message(sock: RawFd) -> std::io::Result<Option<(String, Option<Owned
 /// # Errors
 /// The socket cannot be made, bound or listened on.
 pub fn listen_at(path: &Path, tick: Duration, mode: u32) -> std::io::Result<OwnedFd> {
+    listen_refusing(path, tick, mode, false).map(|(s, _)| s)
+}
+
+/// `SO_PASSRIGHTS` in `asm-generic/socket.h` (Linux 6.16): whether a unix socket takes
+/// descriptors (`SCM_RIGHTS`); a connection inherits its listener's setting.
+const SO_PASSRIGHTS: libc::c_int = 83;
+
+/// Whether `sock` takes descriptors sent to it (a sender's `sendmsg` with descriptors fails
+/// with `EPERM` while it does not). `Ok(false)`: the kernel cannot refuse them (before 6.16).
+///
+/// # Errors
+/// The kernel refused the option otherwise.
+pub fn take_descriptors(sock: &OwnedFd, take: bool) -> std::io::Result<bool> {
+    let v: libc::c_int = take.into();
+    // SAFETY: setsockopt(2) on a socket the caller owns, with an int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOPROTOOPT) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// As [`listen_at`]; with `refuse_descriptors`, no connection takes a descriptor until its
+/// receiver allows it ([`take_descriptors`]): a peer that is refused cannot leave one behind
+/// whose last close would block the closer. Returns whether the kernel could refuse them.
+///
+/// # Errors
+/// As [`listen_at`].
+pub fn listen_refusing(
+    path: &Path,
+    tick: Duration,
+    mode: u32,
+    refuse_descriptors: bool,
+) -> std::io::Result<(OwnedFd, bool)> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let parent = path
         .parent()
@@ -139,6 +186,8 @@ pub fn listen_at(path: &Path, tick: Duration, mode: u32) -> std::io::Result<Owne
         SockFlag::SOCK_CLOEXEC,
         None,
     )?;
+    // Before it can be reached: every connection made to it inherits this.
+    let refused = refuse_descriptors && take_descriptors(&sock, false)?;
     // A directory of its own, mode 0700: nobody else can reach the socket until it is renamed.
     let mut private = None;
     for n in 0..100u32 {
@@ -180,7 +229,7 @@ pub fn listen_at(path: &Path, tick: Duration, mode: u32) -> std::io::Result<Owne
     let tick =
         nix::sys::time::TimeVal::new(tick.as_secs() as i64, i64::from(tick.subsec_micros()) as _);
     socket::setsockopt(&sock, sockopt::ReceiveTimeout, &tick)?;
-    Ok(sock)
+    Ok((sock, refused))
 }
 
 /// The next connection to `listener`, or `None` when the wait timed out or was interrupted.
@@ -271,6 +320,29 @@ pub fn process_ended(pidfd: &OwnedFd) -> bool {
     n > 0 && p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
 
+/// Sends `SIGKILL` to the process `pidfd` names (`pidfd_send_signal(2)`: never to another
+/// process that reused its pid).
+///
+/// # Errors
+/// This process may not signal it (another user's), or it has ended.
+pub fn kill_process(pidfd: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: pidfd_send_signal(2) on a pidfd the caller owns, with no siginfo and no flags;
+    // the result is checked.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A connection to the grant socket at `path`, before anything is said on it (the broker
 /// expects `hello` first; [`GrantClient::connect_at`] says it).
 ///
@@ -317,7 +389,7 @@ impl GrantClient {
     /// # Errors
     /// As [`GrantClient::connect`].
     pub fn connect_at(path: &Path) -> Result<Option<GrantClient>, Error> {
-        Self::connect_saying(path, "hello")
+        Self::connect_saying(path, "hello", None)
     }
 
     /// Connects to the broker for `ifname` as the successor of the server it serves (an
@@ -327,7 +399,14 @@ impl GrantClient {
     /// No broker serves `ifname`, or it refused this process.
     pub fn connect_successor(ifname: &str) -> Result<GrantClient, Error> {
         let path = grant_socket_path(ifname)?;
-        Self::connect_saying(&path, "hello upgrade")?.ok_or_else(|| {
+        // With the proof that this process holds CAP_NET_RAW here (`crate::peer`).
+        let proof = crate::peer::proof_socket().map_err(|e| {
+            Error::Privilege(format!(
+                "this process cannot mark a socket ({e}), which a successor does to prove it \
+                 holds CAP_NET_RAW: start it with the running server's capabilities"
+            ))
+        })?;
+        Self::connect_saying(&path, "hello upgrade", Some(&proof))?.ok_or_else(|| {
             Error::Grant(format!(
                 "the old server steers through a corelane-broker grant, and none listens at {}",
                 path.display()
@@ -335,7 +414,11 @@ impl GrantClient {
         })
     }
 
-    fn connect_saying(path: &Path, hello: &str) -> Result<Option<GrantClient>, Error> {
+    fn connect_saying(
+        path: &Path,
+        hello: &str,
+        with: Option<&OwnedFd>,
+    ) -> Result<Option<GrantClient>, Error> {
         let sock = match open_connection(path) {
             Ok(s) => s,
             Err(e)
@@ -364,7 +447,13 @@ impl GrantClient {
             mode: AttachedMode::Generic,
             fallback_reason: None,
         };
-        let hello = client.request(hello, None)?;
+        let mut hello = client.request(hello, None)?;
+        // A successor is asked for its proof once the broker takes descriptors from it.
+        if let Some(proof) = with
+            && hello == "prove"
+        {
+            hello = client.request(crate::peer::PROVE, Some(proof.as_raw_fd()))?;
+        }
         let (mode, why) = hello.split_once(' ').unwrap_or((hello.as_str(), ""));
         client.mode = match mode {
             "native" => AttachedMode::Native,

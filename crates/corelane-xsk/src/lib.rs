@@ -32,6 +32,7 @@ mod handover;
 mod lab_tests;
 mod linger;
 mod netdev;
+pub mod peer;
 mod program;
 mod routes;
 mod socket;

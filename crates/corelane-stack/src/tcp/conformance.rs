@@ -241,6 +241,31 @@ fn a_retransmitted_syn_in_syn_received_gets_the_syn_ack_again() {
     assert_eq!((out[0].flags, out[0].seq), (SYN, first.seq));
 }
 
+/// A burst of identical SYNs (a forged source's) in SYN-RECEIVED: one SYN-ACK per 500 ms, as
+/// Linux rate-limits them (`tcp_oow_rate_limited`), never one each toward the source.
+#[test]
+fn a_burst_of_retransmitted_syns_gets_one_syn_ack_per_half_second() {
+    let (mut s, first) = Script::passive(false);
+    let syn = || {
+        let mut syn = seg(PEER_ISN, 0);
+        syn.ack = None;
+        syn.ctl = TcpControl::Syn;
+        syn
+    };
+    let mut answered = 0;
+    for _ in 0..20 {
+        s.input(syn());
+        answered += s.out().iter().filter(|o| o.flags == SYN).count();
+    }
+    assert_eq!(answered, 1, "20 SYNs at once");
+    s.advance(Duration::from_millis(500));
+    s.input(syn());
+    let out = s.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!((out[0].flags, out[0].seq), (SYN, first.seq));
+    assert_eq!(s.c.state(), TcpState::SynReceived);
+}
+
 #[test]
 fn simultaneous_open_goes_through_syn_received() {
     let mut s = Script::active();

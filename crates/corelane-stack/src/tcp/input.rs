@@ -45,6 +45,15 @@ impl Conn {
         // Our SYN-ACK was lost: the peer sent its SYN again (before the window check, which
         // a SYN below RCV.NXT fails).
         if syn && self.state == TcpState::SynReceived && seq == self.irs {
+            // At most one answer per OOW_ACK_GAP, as Linux's `tcp_oow_rate_limited`: a burst
+            // of one forged source's SYNs is not reflected toward it one for one.
+            if self
+                .oow_ack_at
+                .is_some_and(|t| now - t < super::admit::OOW_ACK_GAP)
+            {
+                return true;
+            }
+            self.oow_ack_at = Due::from(Some(now));
             self.syn_due = true;
             // The SYN-ACK answers this SYN: it echoes this one's timestamp, else the peer
             // would time its round trip from the first, lost SYN-ACK's cause.

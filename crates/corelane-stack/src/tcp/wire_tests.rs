@@ -193,6 +193,55 @@ fn syn_options_round_trip() -> Result {
     Ok(())
 }
 
+/// A SYN with an option of length 0 (or 1, or one running past the header, or an MSS of the
+/// wrong length) is read as Linux reads it, not dropped: what came before the bad option
+/// stands, and the payload is the frame's own.
+#[test]
+fn a_silly_option_ends_the_options_and_the_syn_still_parses() -> Result {
+    let p = path(false)?;
+    let seg = Out {
+        seq: Seq(1),
+        flags: SYN,
+        window: 65535,
+        mss: Some(1460),
+        wscale: Some(7),
+        sack_perm: true,
+        ts: Some((1, 0)),
+        ..Out::default()
+    };
+    let mut good = vec![0u8; seg.frame_len(&p)];
+    write(&mut good, &p, &seg);
+    let tcp = ETH + 20;
+    let hl = usize::from(good[tcp + 12] >> 4) * 4;
+    let opts = tcp + 20..tcp + hl;
+    // The MSS option first, as the writer lays them out.
+    assert_eq!(&good[opts.start..opts.start + 2], &[2, 4]);
+    for (what, bad) in [
+        ("length 0", [9u8, 0]),
+        ("length 1", [9, 1]),
+        ("past the header", [9, 40]),
+    ] {
+        let mut f = good.clone();
+        // Right after the MSS option.
+        f[opts.start + 4..opts.start + 6].copy_from_slice(&bad);
+        let s = parse(&f).ok_or(format!("{what}: dropped"))?.seg;
+        assert!(is_syn(&s), "{what}");
+        assert_eq!(
+            s.max_seg_size,
+            Some(1460),
+            "{what}: the MSS before it stands"
+        );
+        assert_eq!(s.window_scale, None, "{what}: nothing after it is read");
+        assert!(s.payload.is_empty(), "{what}");
+    }
+    // An MSS option of length 3 is skipped; the rest is read.
+    let mut f = good.clone();
+    f[opts.start..opts.start + 4].copy_from_slice(&[2, 3, 5, 1]);
+    let s = parse(&f).ok_or("wrong MSS length: dropped")?.seg;
+    assert_eq!((s.max_seg_size, s.window_scale), (None, Some(7)));
+    Ok(())
+}
+
 #[test]
 fn resets_follow_rfc_9293() -> Result {
     let p = path(false)?;

@@ -1,6 +1,7 @@
 //! Tests of `grant.rs`.
 
 use super::*;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 
 fn pair() -> (OwnedFd, OwnedFd) {
     socket::socketpair(

@@ -36,6 +36,7 @@ pub mod peer;
 mod program;
 mod routes;
 mod socket;
+mod unixsock;
 pub use socket::sim;
 mod shared;
 mod steering;

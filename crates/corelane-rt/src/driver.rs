@@ -75,6 +75,9 @@ pub(crate) struct Driver {
 /// How often a core with flows waiting for a next hop reads what the steering program noted
 /// of a shared address's neighbours.
 const NEIGHBOURS_EVERY: Duration = Duration::from_millis(1);
+/// At most this many shared-address neighbours read per [`NEIGHBOURS_EVERY`] (a map read
+/// each), taken in turn.
+const NEIGHBOURS_PER_TURN: usize = 16;
 
 /// Which wait a frame's receive stamp measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -534,14 +537,15 @@ impl Driver {
 /// system call) per next hop waited for, at most every [`NEIGHBOURS_EVERY`]; nothing without a
 /// waiting flow or a shared address.
 fn learn_shared_neighbours(core: &Core, stack: &mut corelane_stack::Stack) {
-    let wanted = stack.neighbors_wanted();
+    // Without a shared address nothing is read, and the program's lock is not taken.
+    if !core.shared.steer.has_shared() {
+        return;
+    }
+    let wanted = stack.neighbors_wanted(NEIGHBOURS_PER_TURN);
     if wanted.is_empty() {
         return;
     }
     let steer = core.shared.steer.read();
-    if !steer.has_shared() {
-        return;
-    }
     for ip in wanted {
         if let Some(mac) = steer.shared_neighbour(ip) {
             stack.learn_neighbor(ip, mac);

@@ -103,14 +103,24 @@ pub(crate) fn serve(jobs: Receiver<Job>) {
 pub(crate) struct Steer {
     steering: Mutex<Steering>,
     steward: Steward,
+    /// Whether an address is shared with the kernel, as of the last change: read every turn
+    /// without the lock.
+    shared: std::sync::atomic::AtomicBool,
 }
 
 impl Steer {
     pub(crate) fn new(steering: Steering) -> Arc<Steer> {
+        let shared = std::sync::atomic::AtomicBool::new(steering.has_shared());
         Arc::new(Steer {
             steering: Mutex::new(steering),
             steward: Steward::default(),
+            shared,
         })
+    }
+
+    /// Whether an address is shared with the kernel (one atomic load; no lock).
+    pub(crate) fn has_shared(&self) -> bool {
+        self.shared.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The program, to read (changes go through [`Steer::run`]).
@@ -124,7 +134,13 @@ impl Steer {
         f: impl FnOnce(&mut Steering) -> T + Send + 'static,
     ) -> Result<T, Error> {
         let this = Arc::clone(self);
-        self.steward.run(move || f(&mut lock(&this.steering)))
+        self.steward.run(move || {
+            let mut s = lock(&this.steering);
+            let out = f(&mut s);
+            this.shared
+                .store(s.has_shared(), std::sync::atomic::Ordering::Release);
+            out
+        })
     }
 
     /// Runs a change of the program's port maps (a port bound or released, once per

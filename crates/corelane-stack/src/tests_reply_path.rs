@@ -195,9 +195,9 @@ fn a_neighbour_told_from_outside_lets_the_flows_waiting_for_it_go()
     let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
     p.drive_for(Duration::from_millis(50), |_| {})?;
     let a_ip: std::net::IpAddr = "10.9.0.1".parse()?;
-    assert_eq!(p.b.stack.neighbors_wanted(), vec![a_ip]);
+    assert_eq!(p.b.stack.neighbors_wanted(16), vec![a_ip]);
     assert!(
-        p.a.stack.neighbors_wanted().is_empty(),
+        p.a.stack.neighbors_wanted(16).is_empty(),
         "nothing waits on A"
     );
     let before = p.a.stack.flow_count();
@@ -207,7 +207,7 @@ fn a_neighbour_told_from_outside_lets_the_flows_waiting_for_it_go()
         "no news"
     );
     p.drive_for(Duration::from_millis(5), |_| {})?;
-    assert!(p.b.stack.neighbors_wanted().is_empty());
+    assert!(p.b.stack.neighbors_wanted(16).is_empty());
     assert_eq!(
         p.a.stack.flow_count(),
         before + 1,
@@ -219,5 +219,52 @@ fn a_neighbour_told_from_outside_lets_the_flows_waiting_for_it_go()
         matches!(p.b.stack.tcp_connected(c, None), Poll::Ready(Ok(())))
     })?;
     assert!(open);
+    Ok(())
+}
+
+/// One UDP socket answering two peers: one on the link that never answers ARP (a spoofed
+/// source), one that does. The second one's datagrams never wait behind the first's: each
+/// arrives within milliseconds, every 2.5 s of twenty rounds with a new silent source, where
+/// the socket's one queue held them for the 3 s the silent hop had to answer.
+#[test]
+fn a_next_hop_that_never_answers_holds_no_other_peer_s_datagrams()
+-> Result<(), Box<dyn std::error::Error>> {
+    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg(), cfg());
+    let (ua, _) = p.a.stack.bind_udp(9)?;
+    let (ub, _) = p.b.stack.bind_udp(10)?;
+    let to_b: std::net::SocketAddr = "10.9.0.2:10".parse()?;
+    let mut worst = Duration::ZERO;
+    for round in 0..20u8 {
+        // A reply to a source nobody on the link holds, then one to B.
+        let silent: std::net::SocketAddr = format!("10.9.0.{}:53", 100 + round).parse()?;
+        assert!(matches!(
+            p.a.stack.udp_send_to(ua, b"to nobody", silent, None),
+            Poll::Ready(Ok(9))
+        ));
+        assert!(matches!(
+            p.a.stack.udp_send_to(ua, &[round; 16], to_b, None),
+            Poll::Ready(Ok(16))
+        ));
+        let sent_at = p.now();
+        let mut buf = [0u8; 64];
+        let mut got = None;
+        p.drive(Duration::from_secs(5), |p| {
+            if let Poll::Ready(Ok((n, _))) = p.b.stack.udp_recv_from(ub, &mut buf, None) {
+                got = Some((n, buf[0], p.now()));
+            }
+            got.is_some()
+        })?;
+        let (n, first, at) = got.ok_or("B's datagram never came")?;
+        assert_eq!((n, first), (16, round));
+        worst = worst.max(at - sent_at);
+        p.drive_for(Duration::from_millis(2500), |_| {})?;
+    }
+    assert!(
+        worst < Duration::from_millis(10),
+        "B's datagram waited {worst} behind a silent next hop's"
+    );
+    // Each datagram to nobody was dropped once its hop had had its time, and counted.
+    p.drive_for(Duration::from_secs(1), |_| {})?;
+    assert_eq!(p.a.stack.stats().udp.tx_dropped, 20);
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::task::Waker;
 
 use smoltcp::time::Instant;
-use smoltcp::wire::IpEndpoint;
+use smoltcp::wire::{IpAddress, IpEndpoint};
 
 /// The largest UDP payload: 65535 less the 8-byte UDP header and a 20-byte IPv4 header.
 pub const MAX_PAYLOAD: usize = 65_507;
@@ -56,10 +56,24 @@ pub(crate) struct UdpSock {
     max_bytes: usize,
     rx_waker: Option<Waker>,
     tx_waker: Option<Waker>,
-    /// Since when the head of the send queue waits for its next hop's hardware address.
-    pub(crate) blocked_since: Option<Instant>,
+    /// Datagrams whose next hop has not answered yet, each with its hop and since when it
+    /// waits: set aside so the rest of the send queue goes on (as the kernel's per-neighbour
+    /// queue, `unres_qlen`), at most [`PARK_PER_HOP`] per hop and a quarter of the queue in all.
+    /// They still count against the send queue's bytes.
+    parked: VecDeque<Parked>,
     pub(crate) stats: UdpStats,
 }
+
+/// A datagram waiting for its next hop's hardware address.
+#[derive(Debug)]
+pub(crate) struct Parked {
+    pub(crate) hop: IpAddress,
+    pub(crate) since: Instant,
+    pub(crate) d: Datagram,
+}
+
+/// Most datagrams set aside for one next hop; past it the oldest is dropped.
+pub(crate) const PARK_PER_HOP: usize = 4;
 
 impl UdpSock {
     /// Queues of at most `packets` datagrams and `bytes` payload bytes each way.
@@ -74,7 +88,7 @@ impl UdpSock {
             max_bytes: bytes.max(1),
             rx_waker: None,
             tx_waker: None,
-            blocked_since: None,
+            parked: VecDeque::new(),
             stats: UdpStats::default(),
         }
     }
@@ -178,10 +192,45 @@ impl UdpSock {
         } else {
             self.stats.tx_dropped += 1;
         }
-        self.blocked_since = None;
         if let Some(w) = self.tx_waker.take() {
             w.wake();
         }
+    }
+
+    /// Sets `d` (taken with [`UdpSock::pop_out`]) aside until `hop` answers, so that the
+    /// datagrams behind it go on. A hop with [`PARK_PER_HOP`] waiting already loses its oldest
+    /// (counted), and so does the socket's oldest when a quarter of its queue waits: what one
+    /// silent neighbour holds never stalls the others' replies.
+    pub(crate) fn park(&mut self, hop: IpAddress, d: Datagram, now: Instant) {
+        let same = self.parked.iter().filter(|p| p.hop == hop).count();
+        let full = self.parked.len() >= (self.max_packets / 4).max(1);
+        if same >= PARK_PER_HOP || full {
+            let i = if same >= PARK_PER_HOP {
+                self.parked.iter().position(|p| p.hop == hop)
+            } else {
+                Some(0)
+            };
+            if let Some(old) = i.and_then(|i| self.parked.remove(i)) {
+                self.finish(old.d, false);
+            }
+        }
+        self.parked.push_back(Parked { hop, since: now, d });
+    }
+
+    /// Datagrams set aside, oldest first.
+    pub(crate) fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Takes every datagram set aside (to be sent, set aside again or dropped).
+    pub(crate) fn take_parked(&mut self) -> VecDeque<Parked> {
+        std::mem::take(&mut self.parked)
+    }
+
+    /// Puts back what [`UdpSock::take_parked`] took and is still waiting.
+    pub(crate) fn restore_parked(&mut self, mut still: VecDeque<Parked>) {
+        still.append(&mut self.parked);
+        self.parked = still;
     }
 
     /// Drops the datagram at the head of the send queue (counted).

@@ -27,11 +27,22 @@ const STALE: Duration = Duration::from_secs(300);
 const EXPIRE: Duration = Duration::from_secs(1200);
 /// At most one request per address per this long.
 const RETRY: Duration = Duration::from_millis(200);
+/// Most addresses asked for and not yet answered (as the kernel's `gc_thresh3`): past it, no
+/// request for a new address goes out until the old ones age out, so a flood of distinct
+/// spoofed sources grows neither the table nor the work per frame.
+const MAX_ASKED: usize = 1024;
+/// A request unanswered this long is forgotten (every flow waiting on it has given up by then).
+const ASKED_TTL: Duration = Duration::from_secs(5);
+/// The asked table is swept for old entries at most this often.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Default)]
 pub(super) struct Neighbors {
     known: HashMap<IpAddress, ([u8; 6], Instant), KeyedState>,
     pub(super) asked: HashMap<IpAddress, Instant, KeyedState>,
+    /// The addresses asked for, in turn, for [`Neighbors::wanted`] (at most [`MAX_ASKED`]).
+    turns: std::collections::VecDeque<IpAddress>,
+    swept: Option<Instant>,
 }
 
 impl Neighbors {
@@ -40,6 +51,8 @@ impl Neighbors {
         Neighbors {
             known: HashMap::with_hasher(key),
             asked: HashMap::with_hasher(key),
+            turns: std::collections::VecDeque::new(),
+            swept: None,
         }
     }
 
@@ -95,18 +108,47 @@ impl Neighbors {
         self.known.retain(|_, (_, t)| *t > cut);
     }
 
-    /// True when a request for `ip` may go out now (none in the last `RETRY`).
+    /// True when a request for `ip` may go out now (none in the last `RETRY`, and room in the
+    /// table for a new address).
     pub(super) fn may_ask(&mut self, ip: IpAddress, now: Instant) -> bool {
-        if self.asked.len() > MAX {
-            self.asked.retain(|_, t| now - *t < RETRY);
+        if self.asked.len() >= MAX_ASKED && self.swept.is_none_or(|t| now - t >= SWEEP_EVERY) {
+            self.swept = Some(now);
+            self.asked.retain(|_, t| now - *t < ASKED_TTL);
+            let asked = &self.asked;
+            self.turns.retain(|ip| asked.contains_key(ip));
         }
         match self.asked.get(&ip) {
             Some(t) if now - *t < RETRY => false,
-            _ => {
+            Some(_) => {
                 self.asked.insert(ip, now);
                 true
             }
+            None if self.asked.len() >= MAX_ASKED => false,
+            None => {
+                self.asked.insert(ip, now);
+                self.turns.push_back(ip);
+                true
+            }
         }
+    }
+
+    /// At most `limit` of the addresses asked for and not yet known, taking them in turn
+    /// across calls: the work per call never grows with the table.
+    pub(super) fn wanted(&mut self, limit: usize, now: Instant) -> Vec<IpAddress> {
+        let mut out = Vec::new();
+        for _ in 0..self.turns.len().min(limit) {
+            let Some(ip) = self.turns.pop_front() else {
+                break;
+            };
+            let live = self.asked.get(&ip).is_some_and(|t| now - *t < ASKED_TTL);
+            if live && self.lookup(ip, now).is_none() {
+                out.push(ip);
+                self.turns.push_back(ip);
+            } else if !live {
+                self.asked.remove(&ip);
+            }
+        }
+        out
     }
 
     /// Learns what an ARP or NDP frame tells. Returns true if something new was learnt.
@@ -256,15 +298,18 @@ impl super::Stack {
     /// With an address shared with the kernel, the kernel takes the answers to the stack's
     /// requests; the runtime reads what they said elsewhere and gives it back with
     /// [`learn_neighbor`](Self::learn_neighbor).
-    pub fn neighbors_wanted(&self) -> Vec<std::net::IpAddr> {
+    ///
+    /// At most `limit` a call, taken in turn across calls (the caller makes a system call per
+    /// address: a flood of spoofed sources must not make that grow).
+    pub fn neighbors_wanted(&mut self, limit: usize) -> Vec<std::net::IpAddr> {
         if self.unresolved.is_empty() {
             return Vec::new();
         }
+        let now = self.clock;
         self.neigh
-            .asked
-            .keys()
-            .filter(|ip| self.neigh.lookup(**ip, self.clock).is_none())
-            .map(|ip| std::net::IpAddr::from(*ip))
+            .wanted(limit, now)
+            .into_iter()
+            .map(std::net::IpAddr::from)
             .collect()
     }
 
@@ -307,6 +352,36 @@ mod tests {
 
     fn ip(s: &str) -> std::result::Result<IpAddress, std::net::AddrParseError> {
         Ok(s.parse::<std::net::IpAddr>()?.into())
+    }
+
+    /// A flood of requests for distinct addresses (replies to spoofed sources): the table
+    /// holds at most `MAX_ASKED`, each call to `wanted` looks at 16, every waiting address gets
+    /// its turn, and once the old ones age out new addresses are asked for again.
+    #[test]
+    fn a_flood_of_distinct_next_hops_grows_neither_the_table_nor_the_work() -> Result {
+        let mut n = Neighbors::default();
+        let t0 = Instant::from_secs(10);
+        let mut sent = 0;
+        for i in 0..100_000u32 {
+            let a = IpAddress::Ipv4(std::net::Ipv4Addr::from(0x0a00_0000 + i).into());
+            sent += usize::from(n.may_ask(a, t0 + Duration::from_micros(u64::from(i))));
+        }
+        assert_eq!(sent, MAX_ASKED, "requests for new addresses past the cap");
+        assert!(n.asked.len() <= MAX_ASKED && n.turns.len() <= MAX_ASKED);
+        let mut seen = std::collections::HashSet::new();
+        let later = t0 + Duration::from_millis(200);
+        for _ in 0..MAX_ASKED / 16 {
+            let w = n.wanted(16, later);
+            assert_eq!(w.len(), 16);
+            seen.extend(w);
+        }
+        assert_eq!(seen.len(), MAX_ASKED, "every address in turn");
+        // Aged out: the next new address is asked for, and the table is small again.
+        let aged = t0 + ASKED_TTL + Duration::from_secs(1);
+        assert!(n.may_ask(ip("10.200.0.1")?, aged));
+        assert!(n.asked.len() <= 1 + 1, "{}", n.asked.len());
+        assert!(n.wanted(16, aged).len() <= 1);
+        Ok(())
     }
 
     #[test]

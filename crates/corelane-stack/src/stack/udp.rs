@@ -247,6 +247,11 @@ impl Stack {
 
     /// Sends what UDP socket `index` has queued, up to `budget` datagrams. Returns when it
     /// needs the clock again (a next hop still unresolved).
+    ///
+    /// A datagram whose next hop has not answered is set aside ([`UdpSock::park`]) and the
+    /// queue goes on: one silent neighbour (a spoofed on-link source, say) never holds the
+    /// replies to the others. It goes out when the hop answers, or is dropped (counted) after
+    /// `RESOLVE_WAIT`.
     pub(super) fn udp_output<P: FrameIo>(
         &mut self,
         now: Instant,
@@ -259,8 +264,37 @@ impl Stack {
             let f = self.slots[index as usize].flow.as_ref()?;
             (f.local_port, f.ttl)
         };
+        let mut again = None;
+        if self.udp_sock_at(index)?.parked() > 0 {
+            let mut still = std::collections::VecDeque::new();
+            for p in self.udp_sock_at(index)?.take_parked() {
+                let local = self.local_addr_for(p.d.peer.addr).ok();
+                match (local, self.neighbor(p.hop, now)) {
+                    (Some(local), Some((mac, _))) if *emitted < budget => {
+                        if self.send_udp(dev, (mac, ttl), local, local_port, p.d.peer, &p.d.data) {
+                            self.udp_sock_at(index)?.finish(p.d, true);
+                            *emitted += 1;
+                        } else {
+                            // No transmit frame free: again on the next pass.
+                            still.push_back(p);
+                            again = Some(now);
+                        }
+                    }
+                    (Some(_), Some(_)) => still.push_back(p),
+                    (Some(local), None) if now - p.since < RESOLVE_WAIT => {
+                        self.ask(now, dev, local, p.hop);
+                        still.push_back(p);
+                    }
+                    // Never answered, or no longer routable: dropped, counted.
+                    _ => self.udp_sock_at(index)?.finish(p.d, false),
+                }
+            }
+            self.udp_sock_at(index)?.restore_parked(still);
+        }
         while *emitted < budget {
-            let peer = self.udp_sock_at(index)?.next_peer()?;
+            let Some(peer) = self.udp_sock_at(index)?.next_peer() else {
+                break;
+            };
             let local = self.local_addr_for(peer.addr).ok();
             let hop = self.next_hop(peer.addr);
             let (Some(local), Some(hop)) = (local, hop) else {
@@ -269,17 +303,11 @@ impl Stack {
             };
             let Some((mac, fresh)) = self.neighbor(hop, now) else {
                 self.ask(now, dev, local, hop);
-                if !self.unresolved.contains(&index) {
-                    self.unresolved.push(index);
-                }
                 let s = self.udp_sock_at(index)?;
-                let since = *s.blocked_since.get_or_insert(now);
-                if now - since >= RESOLVE_WAIT {
-                    // Never answered: drop this one; the next may go elsewhere.
-                    s.drop_out();
-                    continue;
+                if let Some(d) = s.pop_out() {
+                    s.park(hop, d, now);
                 }
-                return Some(now + Duration::from_millis(200));
+                continue;
             };
             if !fresh {
                 self.ask(now, dev, local, hop);
@@ -295,7 +323,15 @@ impl Stack {
             s.finish(d, true);
             *emitted += 1;
         }
-        None
+        if self.udp_sock_at(index)?.parked() > 0 {
+            // Polled again when an address is learnt, or on this retry timer.
+            if !self.unresolved.contains(&index) {
+                self.unresolved.push(index);
+            }
+            let retry = now + Duration::from_millis(200);
+            again = Some(again.map_or(retry, |t: Instant| t.min(retry)));
+        }
+        again
     }
 
     fn udp_sock_at(&mut self, index: u32) -> Option<&mut UdpSock> {

@@ -363,7 +363,7 @@ mod tests {
         let t0 = Instant::from_secs(10);
         let mut sent = 0;
         for i in 0..100_000u32 {
-            let a = IpAddress::Ipv4(std::net::Ipv4Addr::from(0x0a00_0000 + i).into());
+            let a = IpAddress::Ipv4(std::net::Ipv4Addr::from(0x0a00_0000 + i));
             sent += usize::from(n.may_ask(a, t0 + Duration::from_micros(u64::from(i))));
         }
         assert_eq!(sent, MAX_ASKED, "requests for new addresses past the cap");

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use corelane_frame::Proto;
 
 use super::{Program, STAT_SLOTS, Steering, Via, XdpCounters, map_err, solicited_node_mac};
+use crate::cookie::monotonic_ns;
 use crate::error::Error;
 
 /// An owned address's bits in `owned_v4` and `owned_v6` (`ADDR_OWNED`, `ADDR_SHARED`).
@@ -143,6 +144,35 @@ impl Steering {
         };
         let v = p.neighbours.get(&key, 0).ok()?;
         let b = v.to_ne_bytes();
-        Some([b[0], b[1], b[2], b[3], b[4], b[5]])
+        let when = u16::from_ne_bytes([b[6], b[7]]);
+        neighbour_is_recent(when, monotonic_ns(std::time::Instant::now()))
+            .then_some([b[0], b[1], b[2], b[3], b[4], b[5]])
     }
+}
+
+/// How old a noted answer may be, in the program's units of 2^30 ns (about 4.3 s): a core asks
+/// when it needs an address and reads the answer milliseconds later; one noted long ago says
+/// where a neighbour was, not where it is (a changed hardware address is taken at the next
+/// request, never 20 minutes late).
+const NEIGHBOUR_RECENT: u16 = 4;
+
+/// Whether an answer the program noted at `when` (its units, wrapping) is recent at `now_ns`.
+fn neighbour_is_recent(when: u16, now_ns: u64) -> bool {
+    let now = (now_ns >> 30) as u16;
+    now.wrapping_sub(when) <= NEIGHBOUR_RECENT
+}
+
+#[cfg(test)]
+#[test]
+fn an_answer_noted_long_ago_is_not_taken() {
+    let unit = 1u64 << 30;
+    assert!(neighbour_is_recent(7, 7 * unit));
+    assert!(neighbour_is_recent(7, 11 * unit + 5));
+    assert!(!neighbour_is_recent(7, 12 * unit));
+    // Across the wrap of the two bytes.
+    assert!(neighbour_is_recent(u16::MAX, (1u64 << 46) + unit));
+    assert!(
+        !neighbour_is_recent(7, 6 * unit),
+        "from the future: a wrap ago"
+    );
 }

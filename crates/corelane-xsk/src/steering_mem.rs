@@ -125,13 +125,14 @@ impl MemProgram {
 const ETH: usize = 14;
 
 impl Maps {
-    /// Notes what an ARP frame to a shared address says of its sender, as the program does.
+    /// Notes what an ARP reply to a shared address says of its sender, as the program does (a
+    /// request, from any source, is not noted).
     fn note_neighbour(&mut self, f: &[u8]) {
         let (Some(kind), Some(arp)) = (f.get(12..14), f.get(ETH..ETH + 28)) else {
             return;
         };
         let target = IpAddr::V4(Ipv4Addr::new(arp[24], arp[25], arp[26], arp[27]));
-        if kind != [0x08, 0x06] || self.owned.get(&target) != Some(&true) {
+        if kind != [0x08, 0x06] || arp[6..8] != [0, 2] || self.owned.get(&target) != Some(&true) {
             return;
         }
         let mac: [u8; 6] = [arp[8], arp[9], arp[10], arp[11], arp[12], arp[13]];
@@ -301,6 +302,13 @@ mod tests {
         eth(0x0806, &a)
     }
 
+    /// An ARP reply from 10.0.0.2 at 02:00:00:00:00:02 to `target`.
+    fn arp_reply_for(target: [u8; 4]) -> Vec<u8> {
+        let mut f = arp_for(target);
+        f[ETH + 7] = 2;
+        f
+    }
+
     #[test]
     fn a_shared_address_is_corelane_s_only_for_its_ports_and_the_errors_about_them() {
         let p = MemProgram::new();
@@ -360,13 +368,20 @@ mod tests {
         let peer = IpAddr::from([10, 0, 0, 2]);
         assert_eq!(steering.shared_neighbour(peer), None);
         // ARP to the owned address is the stack's, and noted nowhere; to the shared address it
-        // is the kernel's, and what it says of its sender is noted.
-        assert_eq!(p.receive(0, &arp_for(own)), Verdict::Dropped);
+        // is the kernel's, and what a reply says of its sender is noted. A request (anyone can
+        // send one, from any source) is not.
+        assert_eq!(p.receive(0, &arp_reply_for(own)), Verdict::Dropped);
         assert_eq!(steering.shared_neighbour(peer), None);
         assert_eq!(p.receive(0, &arp_for(shared)), Verdict::Passed);
+        assert_eq!(
+            steering.shared_neighbour(peer),
+            None,
+            "a request is not noted"
+        );
+        assert_eq!(p.receive(0, &arp_reply_for(shared)), Verdict::Passed);
         assert_eq!(steering.shared_neighbour(peer), Some([2, 0, 0, 0, 0, 2]));
         // A sender claiming a group address is not noted.
-        let mut group = arp_for(shared);
+        let mut group = arp_reply_for(shared);
         group[14 + 8] = 1;
         group[14 + 17] = 9;
         p.receive(0, &group);

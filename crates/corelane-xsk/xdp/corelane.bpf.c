@@ -454,7 +454,9 @@ static __always_inline int steer_icmp(struct xdp_md *ctx, __u8 proto, void *l4, 
 	return steer_to(ctx, g ? *g & 1 : c->current & 1);
 }
 
-// Notes that `addr` (16 bytes, IPv4 mapped) is at `mac`, unless `mac` is a group's or zero.
+// Notes that `addr` (16 bytes, IPv4 mapped) is at `mac`, unless `mac` is a group's or zero. The
+// value's last two bytes are when, in units of 2^30 ns (about a second) on the monotonic clock,
+// wrapping: a core takes only a recent answer, never one a neighbour gave long ago.
 static __always_inline void note_neighbour(const __u8 *addr, const __u8 *mac)
 {
 	if ((mac[0] & 1) || !(mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5]))
@@ -463,6 +465,8 @@ static __always_inline void note_neighbour(const __u8 *addr, const __u8 *mac)
 	__builtin_memcpy(key.addr, addr, 16);
 	__u64 v = 0;
 	__builtin_memcpy(&v, mac, 6);
+	__u16 when = (__u16)(bpf_ktime_get_ns() >> 30);
+	__builtin_memcpy((__u8 *)&v + 6, &when, 2);
 	bpf_map_update_elem(&neighbours, &key, &v, BPF_ANY);
 }
 
@@ -1353,7 +1357,11 @@ static __always_inline int handle_arp(struct xdp_md *ctx, void *l3, void *end)
 	__builtin_memcpy(&tpa, arp->tpa, 4);
 	int owned = v4_owned(tpa);
 	if (owned & ADDR_SHARED) {
-		// The kernel's to answer; what the sender says of itself is noted for corelane.
+		// The kernel's to answer. What a reply's sender says of itself is noted for corelane
+		// (the answers to the requests a core sends from the address, which the kernel takes);
+		// a request says only what its sender claims, from any source, and is not.
+		if (arp->oper != bpf_htons(2))
+			return pass();
 		struct in6_key sender = {};
 		sender.addr[10] = 0xff;
 		sender.addr[11] = 0xff;
@@ -1442,16 +1450,20 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 		int target = v6_owned(nd->addr);
 		if ((target && !(target & ADDR_SHARED)) || (dst && !(dst & ADDR_SHARED)))
 			return steer(ctx);
-		// To or about a shared address: the kernel's, and what the sender says of itself is
-		// noted for corelane (a solicitation's source link-layer option, an advertisement's
-		// target link-layer option, when it comes first).
+		// To or about a shared address: the kernel's, and what a solicited advertisement says
+		// of its target is noted for corelane (its target link-layer option, when it comes
+		// first).
+		// Only a solicited advertisement is noted, and only one that passes RFC 4861 7.1.2's
+		// checks a program can make: hop limit 255 (it was not routed), code 0, its target
+		// not a group's (the checksum is the kernel's to check; a forged one needs to be on
+		// the link, and the answer it could plant is the one its sender could give).
 		if ((target | dst) & ADDR_SHARED) {
 			__u8 *opt = (void *)(nd + 1);
 			if ((void *)(opt + 8) > end || opt[1] != 1)
 				return pass();
-			if (icmp->icmp6_type == 135 && opt[0] == 1)
-				note_neighbour(ip6->saddr.in6_u.u6_addr8, opt + 2);
-			else if (icmp->icmp6_type == 136 && opt[0] == 2)
+			__u8 solicited = ((__u8 *)icmp)[4] & 0x40;
+			if (icmp->icmp6_type == 136 && opt[0] == 2 && ip6->hop_limit == 255 &&
+			    icmp->icmp6_code == 0 && solicited && nd->addr[0] != 0xff)
 				note_neighbour(nd->addr, opt + 2);
 		}
 		return pass();

@@ -126,14 +126,18 @@ impl Neighbors {
             None if self.asked.len() >= MAX_ASKED => false,
             None => {
                 self.asked.insert(ip, now);
-                self.turns.push_back(ip);
+                // (An address learnt and asked for again may be there twice for a while.)
+                if self.turns.len() < 2 * MAX_ASKED {
+                    self.turns.push_back(ip);
+                }
                 true
             }
         }
     }
 
-    /// At most `limit` of the addresses asked for and not yet known, taking them in turn
-    /// across calls: the work per call never grows with the table.
+    /// At most `limit` of the addresses asked for and not known (or known but stale: asked
+    /// for again), taking them in turn across calls: the work per call never grows with the
+    /// table.
     pub(super) fn wanted(&mut self, limit: usize, now: Instant) -> Vec<IpAddress> {
         let mut out = Vec::new();
         for _ in 0..self.turns.len().min(limit) {
@@ -141,10 +145,12 @@ impl Neighbors {
                 break;
             };
             let live = self.asked.get(&ip).is_some_and(|t| now - *t < ASKED_TTL);
-            if live && self.lookup(ip, now).is_none() {
-                out.push(ip);
+            if live {
+                if self.lookup(ip, now).is_none_or(|(_, fresh)| !fresh) {
+                    out.push(ip);
+                }
                 self.turns.push_back(ip);
-            } else if !live {
+            } else {
                 self.asked.remove(&ip);
             }
         }
@@ -294,7 +300,8 @@ impl super::Stack {
         self.neigh.lookup(hop, now)
     }
 
-    /// The next hops a flow waits for (asked for, not yet known): none most of the time.
+    /// The next hops asked for and not yet known, or known but stale and asked for again:
+    /// none most of the time.
     /// With an address shared with the kernel, the kernel takes the answers to the stack's
     /// requests; the runtime reads what they said elsewhere and gives it back with
     /// [`learn_neighbor`](Self::learn_neighbor).
@@ -302,9 +309,6 @@ impl super::Stack {
     /// At most `limit` a call, taken in turn across calls (the caller makes a system call per
     /// address: a flood of spoofed sources must not make that grow).
     pub fn neighbors_wanted(&mut self, limit: usize) -> Vec<std::net::IpAddr> {
-        if self.unresolved.is_empty() {
-            return Vec::new();
-        }
         let now = self.clock;
         self.neigh
             .wanted(limit, now)
@@ -381,6 +385,27 @@ mod tests {
         assert!(n.may_ask(ip("10.200.0.1")?, aged));
         assert!(n.asked.len() <= 1 + 1, "{}", n.asked.len());
         assert!(n.wanted(16, aged).len() <= 1);
+        Ok(())
+    }
+
+    /// A stale entry asked for again is wanted too (with a shared address the answer reaches
+    /// the kernel, and only the runtime's reading brings it back: before, a stale hop was
+    /// asked for every 200 ms until it expired, and a changed address went unseen meanwhile).
+    #[test]
+    fn a_stale_neighbour_asked_for_again_is_wanted_until_it_is_heard() -> Result {
+        let mut n = Neighbors::default();
+        let (hop, t0) = (ip("10.0.0.7")?, Instant::from_secs(1));
+        assert!(n.learn(hop, [2, 0, 0, 0, 0, 7], t0));
+        assert!(n.wanted(16, t0).is_empty());
+        let stale = t0 + STALE + Duration::from_secs(1);
+        assert_eq!(n.lookup(hop, stale), Some(([2, 0, 0, 0, 0, 7], false)));
+        assert!(n.may_ask(hop, stale));
+        assert_eq!(n.wanted(16, stale), vec![hop]);
+        assert_eq!(n.wanted(16, stale), vec![hop], "until heard");
+        // Heard at a new address: known, fresh, no longer wanted.
+        assert!(n.learn(hop, [2, 0, 0, 0, 0, 8], stale));
+        assert!(n.wanted(16, stale).is_empty());
+        assert_eq!(n.lookup(hop, stale), Some(([2, 0, 0, 0, 0, 8], true)));
         Ok(())
     }
 

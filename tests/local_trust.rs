@@ -626,6 +626,63 @@ fn a_user_not_granted_cannot_hand_the_broker_a_descriptor_that_blocks_its_close(
     let _ = std::fs::remove_dir_all(&run);
 }
 
+/// A granted session asks for its stats and capture files again and again: the broker keeps
+/// the latest of each, where it kept every one it ever made (descriptors and memory without
+/// bound).
+#[test]
+fn asking_for_stats_again_and_again_holds_one_file_in_the_broker() {
+    if !require_root("asking_for_stats_again_and_again_holds_one_file_in_the_broker") {
+        return;
+    }
+    let net = net(1);
+    let run = run_dir("memfds", NOBODY);
+    let (broker, socket) = start_broker(&net, &run);
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", broker.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let script = "import socket,sys,os\n\
+                  s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n\
+                  s.settimeout(5)\n\
+                  s.connect(sys.argv[1])\n\
+                  s.send(b'hello'); print(s.recv(4096).decode())\n\
+                  for i in range(int(sys.argv[2])):\n\
+                  \x20 for w in (b'stats 4096', b'capture 4096'):\n\
+                  \x20\x20 s.send(w); m,f,_,_=socket.recv_fds(s,4096,4)\n\
+                  \x20\x20 [os.close(x) for x in f]\n\
+                  print('asked', sys.argv[2]); sys.stdout.flush()\n\
+                  sys.stdin.read()\n";
+    let ask = |n: u32| {
+        let mut child = python_as(&net, NOBODY)
+            .args(["-c", script, &socket, &n.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("its output"));
+        let mut line = String::new();
+        while !line.starts_with("asked") {
+            line.clear();
+            let read = std::io::BufRead::read_line(&mut out, &mut line).expect("its output");
+            assert!(read > 0, "the client ended early:\n{}", broker.output());
+        }
+        // Held open (stdin) while the broker's descriptors are counted.
+        let held = fds();
+        drop(child.stdin.take());
+        let _ = child.wait();
+        held
+    };
+    let once = ask(1);
+    let many = ask(300);
+    assert!(
+        many <= once + 2,
+        "the broker holds {many} descriptors after 300 requests of each kind, {once} after one"
+    );
+    let _ = broker.stop();
+    let _ = std::fs::remove_dir_all(&run);
+}
+
 /// A granted user asks for the kernel's own address whole (every port corelane's, the host's
 /// ssh and listeners on it reset): refused, naming the shared form and the grant's option;
 /// shared, it is served.

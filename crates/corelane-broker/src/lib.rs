@@ -213,8 +213,10 @@ struct Session {
     stats: Option<(PathBuf, (u64, u64))>,
     capture: Option<(PathBuf, (u64, u64))>,
     /// The sealed memory files those pointers lead to (`corelane_stat::sealed_file`), kept
-    /// open for root's readers while the session lasts.
-    kept: Vec<fs::File>,
+    /// open for root's readers while the session lasts: the latest of each kind only, so that
+    /// asking again and again holds no more memory files than asking once.
+    kept_stats: Option<fs::File>,
+    kept_capture: Option<fs::File>,
 }
 
 impl Session {

@@ -352,7 +352,9 @@ fn handle(
                 .map_err(|err| format!("{}: {err}", path.display()))?;
             let handed = file.try_clone().map_err(|err| format!("stats: {err}"))?;
             session.stats = Some((path.clone(), id));
-            session.kept.push(file);
+            // The last one's file goes (no pointer leads to it any more; a reader that mapped
+            // it keeps its mapping).
+            session.kept_stats = Some(file);
             Ok((path.display().to_string(), Some(handed)))
         }
         ["vlan"] => Ok((grant.vlan.to_wire(), None)),
@@ -368,7 +370,7 @@ fn handle(
                 .map_err(|err| format!("{}: {err}", path.display()))?;
             let handed = file.try_clone().map_err(|err| format!("capture: {err}"))?;
             session.capture = Some((path.clone(), id));
-            session.kept.push(file);
+            session.kept_capture = Some(file);
             Ok((path.display().to_string(), Some(handed)))
         }
         _ => Err(format!("unknown request `{text}`")),

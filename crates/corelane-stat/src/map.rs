@@ -31,9 +31,9 @@ static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 /// handler's business. Only atomics and system calls here.
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler; a SIGBUS one carries
-    // the faulting address.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    for i in 0..SLOTS {
+    // the faulting address and why.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    for i in (0..SLOTS).filter(|_| is_past_the_end(code)) {
         let start = STARTS[i].load(Ordering::Acquire);
         let len = LENS[i].load(Ordering::Acquire);
         if start != 0 && addr >= start && addr < start + len {
@@ -42,7 +42,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             // SAFETY: replaces pages of our own mapping (from the faulting page to its end)
             // with private zero pages at the same addresses; the mapping stays ours and is
             // unmapped whole in Drop. mmap is a plain system call, safe in a handler.
-            unsafe {
+            let put = unsafe {
                 libc::mmap(
                     page as *mut libc::c_void,
                     end - page,
@@ -52,8 +52,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                     0,
                 )
             };
-            SHRUNK[i].store(true, Ordering::Release);
-            return;
+            // Not put there (out of memory): returning would fault again at once, for ever.
+            if put == page as *mut libc::c_void {
+                SHRUNK[i].store(true, Ordering::Release);
+                return;
+            }
+            break;
         }
     }
     match PREVIOUS.get() {
@@ -81,6 +85,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     }
 }
 
+/// Whether a SIGBUS of code `code` is an access past the end of a mapped file (`BUS_ADRERR`), the
+/// one a shrunk file raises; a hardware memory error (`BUS_MCEERR_AR`, `BUS_MCEERR_AO`) or a
+/// misaligned access is never taken for one, and goes to the handler before this one.
+fn is_past_the_end(code: libc::c_int) -> bool {
+    code == libc::BUS_ADRERR
+}
+
 fn install() {
     INSTALL.call_once(|| {
         // SAFETY: sigaction with a zeroed struct filled in here; the old action is kept for
@@ -88,7 +99,9 @@ fn install() {
         unsafe {
             let mut new: libc::sigaction = std::mem::zeroed();
             new.sa_sigaction = on_sigbus as *const () as usize;
-            new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+            // SA_ONSTACK: on a thread with an alternate signal stack (Rust gives each one for
+            // its stack-overflow report), the handler runs there.
+            new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_ONSTACK;
             libc::sigemptyset(&mut new.sa_mask);
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, &new, &mut old) == 0 {
@@ -268,5 +281,19 @@ mod tests {
         drop(reader);
         drop(writer);
         std::fs::remove_dir_all(&dir)
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn only_an_access_past_a_file_s_end_is_taken_for_a_shrunk_file() {
+    assert!(is_past_the_end(libc::BUS_ADRERR));
+    for other in [
+        libc::BUS_MCEERR_AR,
+        libc::BUS_MCEERR_AO,
+        libc::BUS_ADRALN,
+        libc::BUS_OBJERR,
+    ] {
+        assert!(!is_past_the_end(other), "{other}");
     }
 }

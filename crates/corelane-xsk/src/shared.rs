@@ -35,7 +35,8 @@ pub(crate) struct SharedPorts {
     addrs: Vec<IpAddr>,
     /// Shared addresses whose ports another process holds (a grant's broker).
     elsewhere: Vec<IpAddr>,
-    held: HashMap<(Proto, u16), Vec<OwnedFd>>,
+    /// Each port's placeholders, one per shared address it is held on.
+    held: HashMap<(Proto, u16), Vec<(IpAddr, OwnedFd)>>,
 }
 
 impl SharedPorts {
@@ -76,10 +77,21 @@ impl SharedPorts {
         Ok(())
     }
 
-    /// Stops sharing `addr` (its placeholders go when their ports are released).
+    /// Stops sharing `addr`: its placeholders go now, so that sharing and unsharing an address
+    /// again and again holds no more descriptors than once.
     pub(crate) fn remove(&mut self, addr: IpAddr) {
         self.addrs.retain(|a| *a != addr);
         self.elsewhere.retain(|a| *a != addr);
+        for fds in self.held.values_mut() {
+            fds.retain(|(a, _)| *a != addr);
+        }
+        self.held.retain(|_, fds| !fds.is_empty());
+    }
+
+    /// Placeholders held, over every port and address.
+    #[cfg(test)]
+    pub(crate) fn placeholders(&self) -> usize {
+        self.held.values().map(Vec::len).sum()
     }
 
     /// Holds `proto` `port` on every shared address (nothing without one).
@@ -99,10 +111,14 @@ impl SharedPorts {
 }
 
 /// Binds a placeholder for `proto` `port` on each address of `addrs`; all or none.
-pub(crate) fn hold(addrs: &[IpAddr], proto: Proto, port: u16) -> Result<Vec<OwnedFd>, Error> {
+pub(crate) fn hold(
+    addrs: &[IpAddr],
+    proto: Proto,
+    port: u16,
+) -> Result<Vec<(IpAddr, OwnedFd)>, Error> {
     addrs
         .iter()
-        .map(|&a| hold_one(SocketAddr::new(a, port), proto))
+        .map(|&a| hold_one(SocketAddr::new(a, port), proto).map(|fd| (a, fd)))
         .collect()
 }
 

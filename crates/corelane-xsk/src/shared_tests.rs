@@ -60,3 +60,32 @@ fn a_udp_placeholder_keeps_a_kernel_socket_off_its_port() {
     assert!(UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).is_err());
     drop(held);
 }
+
+/// Sharing and unsharing an address again and again: its placeholders go with it each time,
+/// where they stayed until their ports were released (a cycle of `addr`/`unaddr` requests grew
+/// the process's descriptors without bound).
+#[test]
+fn an_address_shared_and_unshared_again_and_again_holds_its_placeholders_once() {
+    let probe = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    let mut s = SharedPorts::default();
+    let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    for _ in 0..50 {
+        s.add(lo, [(Proto::Udp, port)].into_iter()).unwrap();
+        assert_eq!(s.placeholders(), 1);
+        s.remove(lo);
+        assert_eq!(s.placeholders(), 0);
+    }
+    // Held on two addresses: unsharing one leaves the other's.
+    let lo2 = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    s.add(lo, [(Proto::Udp, port)].into_iter()).unwrap();
+    s.add(lo2, [(Proto::Udp, port)].into_iter()).unwrap();
+    assert_eq!(s.placeholders(), 2);
+    s.remove(lo);
+    assert_eq!(s.placeholders(), 1);
+    // A kernel socket cannot take the port on the address still shared.
+    assert!(UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 2), port)).is_err());
+    s.release(Proto::Udp, port);
+    assert_eq!(s.placeholders(), 0);
+}

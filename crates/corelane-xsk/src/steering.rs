@@ -463,20 +463,23 @@ impl Steering {
         self.shared.is_shared(addr)
     }
 
-    /// Stops steering frames for `addr`.
+    /// Stops steering frames for `addr`; then (never before: a kernel socket could take a
+    /// port whose frames still come here) gives its placeholders back.
     pub fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
-        self.shared.remove(addr);
-        if self.handed_on {
-            return Ok(());
-        }
-        match &mut self.via {
-            Via::Program(p) => p.disown_addr(addr),
-            Via::Grant(g) => g.disown_addr(addr),
-            Via::Mem(m) => {
-                m.own_addr(addr, false);
-                Ok(())
+        let done = if self.handed_on {
+            Ok(())
+        } else {
+            match &mut self.via {
+                Via::Program(p) => p.disown_addr(addr),
+                Via::Grant(g) => g.disown_addr(addr),
+                Via::Mem(m) => {
+                    m.own_addr(addr, false);
+                    Ok(())
+                }
             }
-        }
+        };
+        self.shared.remove(addr);
+        done
     }
 
     /// Steers `proto` segments to `port` on owned addresses. Ports are reference counted: each
@@ -502,11 +505,15 @@ impl Steering {
         *refs -= 1;
         if *refs == 0 {
             self.port_refs.remove(&(proto, port));
+            // Unsteered first, then the placeholder given back: no moment in which a kernel
+            // socket holds the port while its frames still come here.
+            let done = if self.handed_on {
+                Ok(())
+            } else {
+                self.set_port(proto, port, false)
+            };
             self.shared.release(proto, port);
-            if self.handed_on {
-                return Ok(());
-            }
-            self.set_port(proto, port, false)?;
+            return done;
         }
         Ok(())
     }

@@ -132,8 +132,27 @@ fn hold_one(at: SocketAddr, proto: Proto) -> Result<OwnedFd, Error> {
         Proto::Udp => SockType::Datagram,
     };
     let os = |what: &str, e: Errno| Error::Io(std::io::Error::other(format!("{what}: {e}")));
-    let fd = socket(family, kind, SockFlag::SOCK_CLOEXEC, None)
-        .map_err(|e| os("a placeholder socket", e))?;
+    let make = || socket(family, kind, SockFlag::SOCK_CLOEXEC, None);
+    // Each port held takes a descriptor per shared address: past the soft limit, it is raised
+    // to the hard one (as a server that holds many sockets does), and past that, said.
+    let fd = match make() {
+        Err(Errno::EMFILE) => {
+            let (soft, hard) = crate::sys::raise_nofile();
+            make().map_err(|e| match e {
+                Errno::EMFILE => Error::Config(format!(
+                    "holding {} port {} of {} (shared with the kernel) needs one more \
+                     descriptor, and this process has its limit's {soft} open (hard limit \
+                     {hard}): each port held on a shared address takes one per address; raise \
+                     the limit (`ulimit -n`, systemd's LimitNOFILE=) or hold fewer ports",
+                    name(proto),
+                    at.port(),
+                    at.ip()
+                )),
+                e => os("a placeholder socket", e),
+            })?
+        }
+        other => other.map_err(|e| os("a placeholder socket", e))?,
+    };
     setsockopt(&fd, sockopt::ReusePort, &true).map_err(|e| os("SO_REUSEPORT", e))?;
     let bound = match at {
         SocketAddr::V4(a) => bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(a)),

@@ -89,3 +89,59 @@ fn an_address_shared_and_unshared_again_and_again_holds_its_placeholders_once() 
     s.release(Proto::Udp, port);
     assert_eq!(s.placeholders(), 0);
 }
+
+/// Holding more ports than the soft descriptor limit allows: it is raised to the hard limit and
+/// every port is held (before, the bind failed with "Too many open files" and nothing said
+/// which limit). Run in a child process of this test binary: the limit is the process's.
+#[test]
+#[allow(unsafe_code)] // getrlimit(2) and setrlimit(2), in the child process alone.
+fn placeholders_past_the_soft_descriptor_limit_raise_it() {
+    const CHILD: &str = "CORELANE_PLACEHOLDER_LIMIT_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "shared::tests::placeholders_past_the_soft_descriptor_limit_raise_it",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("held 64 past a soft limit of"), "{text}");
+        return;
+    }
+    // Free ports, found before the limit is lowered (the probes would hit it).
+    let ports: Vec<u16> = (0..64)
+        .map(|_| {
+            let probe = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+            probe.local_addr().unwrap().port()
+        })
+        .collect();
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid rlimit, in this child process alone.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        let low = libc::rlimit {
+            rlim_cur: open + 8,
+            rlim_max: lim.rlim_max,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &low), 0);
+    }
+    let lo = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    let mut held = Vec::new();
+    for port in ports {
+        held.extend(hold(&lo, Proto::Udp, port).unwrap());
+    }
+    println!("held {} past a soft limit of {}", held.len(), open + 8);
+}

@@ -220,6 +220,29 @@ pub(crate) fn raise_memlock() {
     let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
 }
 
+/// Raises this process's soft limit on open descriptors to its hard limit; returns the limits
+/// (soft, hard) as they are after.
+pub(crate) fn raise_nofile() -> (u64, u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes a valid rlimit into `lim`; setrlimit reads it; a failure of
+    // either leaves the limit as it was.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+    }
+    (lim.rlim_cur, lim.rlim_max)
+}
+
 /// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
 const CAP_VERSION_3: u32 = 0x2008_0522;
 

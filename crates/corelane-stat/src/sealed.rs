@@ -12,9 +12,11 @@
 //! The pointer is a one-line file at the path the file would have had (`stats`, `capture`),
 //! written by the broker in the run directory (which only root or the broker's user may
 //! change: `trust.rs`): `corelane-sealed PID FD DEV INO`, the broker's process, the
-//! descriptor it keeps open, and the memory file's identity. A reader opens
-//! `/proc/PID/fd/FD` and uses it only when that process runs as the pointer's owner, and the
-//! file it opened is the one named (a pid reused since names another file) and sealed.
+//! descriptor it keeps open, and the memory file's identity. A reader copies that descriptor
+//! (`pidfd_getfd`, never opening `/proc/PID/fd/FD` anew: a FIFO or device named there would
+//! make root's reader wait or open it) and uses it only when that process runs as the
+//! pointer's owner, and the file is the one named (a pid reused since names another file), a
+//! regular file, and sealed.
 
 #![allow(unsafe_code)] // memfd_create(2) and fcntl(2) seals.
 
@@ -22,7 +24,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The first word of a pointer file.
@@ -86,11 +88,40 @@ pub fn write_pointer(path: &Path, file: &File, mode: u32) -> io::Result<crate::F
     crate::file_id(&p).ok_or_else(|| io::Error::other("the pointer vanished"))
 }
 
-/// What a pointer says: where the file is and which file it must be.
+/// What a pointer says: where the file is (a process's descriptor) and which file it must be.
 #[derive(Debug, PartialEq, Eq)]
 struct Pointer {
-    at: PathBuf,
+    pid: u32,
+    fd: i32,
     id: crate::FileId,
+}
+
+impl Pointer {
+    fn at(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/fd/{}", self.pid, self.fd))
+    }
+}
+
+/// A copy of descriptor `fd` of process `pid` (`pidfd_getfd(2)`, Linux 5.6): the same open
+/// file, never opened anew, so that naming a FIFO, a device or a file of another mode makes
+/// root's reader do nothing it would not have done: wait on a FIFO, open a tty, or gain a
+/// write access the process does not have.
+fn copy_descriptor(pid: u32, fd: i32) -> io::Result<File> {
+    // SAFETY: pidfd_open(2) with a pid and no flags; the result is checked.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if pidfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor pidfd_open just returned; nothing else owns it.
+    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: pidfd_getfd(2) on a pidfd this function owns, no flags; the result is checked.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor pidfd_getfd just installed in this process (close-on-exec);
+    // nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(got as i32) })
 }
 
 fn parse(text: &str) -> Option<Pointer> {
@@ -106,7 +137,8 @@ fn parse(text: &str) -> Option<Pointer> {
         return None;
     }
     Some(Pointer {
-        at: PathBuf::from(format!("/proc/{pid}/fd/{fd}")),
+        pid,
+        fd,
         id: (dev, ino),
     })
 }
@@ -135,11 +167,9 @@ pub(crate) fn follow(file: File, path: &Path, write: bool) -> io::Result<File> {
         )
     };
     let p = parse(&text).ok_or_else(|| bad("a malformed pointer".into()))?;
-    let process =
-        p.at.parent()
-            .and_then(Path::parent)
-            .unwrap_or(Path::new("/proc"));
-    let runs_as = std::fs::metadata(process)
+    let at = p.at();
+    let process = PathBuf::from(format!("/proc/{}", p.pid));
+    let runs_as = std::fs::metadata(&process)
         .map_err(|e| bad(format!("its broker {}: {e}", process.display())))?
         .uid();
     if runs_as != m.uid() {
@@ -148,17 +178,33 @@ pub(crate) fn follow(file: File, path: &Path, write: bool) -> io::Result<File> {
             m.uid()
         )));
     }
-    let target = std::fs::OpenOptions::new()
-        .read(true)
-        .write(write)
-        .open(&p.at)
-        .map_err(|e| bad(format!("its broker's file {}: {e}", p.at.display())))?;
+    let target = match copy_descriptor(p.pid, p.fd) {
+        Ok(f) => f,
+        // A user's reader whom ptrace's rules (Yama) refuse the copy: opening the file again
+        // gives it nothing it could not open itself. Root never reopens.
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) && crate::trust::euid() != 0 => {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(&at)
+                .map_err(|e| bad(format!("its broker's file {}: {e}", at.display())))?
+        }
+        Err(e) => return Err(bad(format!("its broker's file {}: {e}", at.display()))),
+    };
     let t = target.metadata()?;
-    if (t.dev(), t.ino()) != p.id {
+    if (t.dev(), t.ino()) != p.id || !t.file_type().is_file() {
         return Err(bad(format!(
             "{} is not the file the pointer names (its broker is gone)",
-            p.at.display()
+            at.display()
         )));
+    }
+    // The broker keeps its files open for reading and writing; a copy of a descriptor open
+    // otherwise gives no more than it had.
+    // SAFETY: fcntl(2) F_GETFL on a descriptor `target` owns; no argument.
+    let mode = unsafe { libc::fcntl(target.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE;
+    if write && mode != libc::O_RDWR {
+        return Err(bad(format!("{} is not open for writing", at.display())));
     }
     // SAFETY: fcntl(2) F_GET_SEALS on a descriptor `target` owns; no argument.
     let seals = unsafe { libc::fcntl(target.as_raw_fd(), libc::F_GET_SEALS) };
@@ -166,7 +212,7 @@ pub(crate) fn follow(file: File, path: &Path, write: bool) -> io::Result<File> {
     if seals < 0 || seals & want != want {
         return Err(bad(format!(
             "{} is not sealed against resizing: not a file a broker made",
-            p.at.display()
+            at.display()
         )));
     }
     Ok(target)

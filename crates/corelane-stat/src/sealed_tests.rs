@@ -115,3 +115,46 @@ fn a_pointer_owned_by_another_user_than_its_process_is_refused() {
     assert!(e.to_string().contains("owned by uid 65534"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A pointer naming a FIFO a process holds (for reading, with no writer): root's reader copies
+/// the descriptor and refuses it at once, where it opened `/proc/PID/fd/N` anew and waited for
+/// a writer for ever.
+#[test]
+fn a_pointer_to_a_fifo_is_refused_without_waiting_on_it() {
+    let d = dir("fifo");
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path and a mode.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let m = held.metadata().unwrap();
+    let path = d.join("stats");
+    std::fs::write(
+        &path,
+        format!(
+            "corelane-sealed {} {} {} {}\n",
+            std::process::id(),
+            held.as_raw_fd(),
+            m.dev(),
+            m.ino()
+        ),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let r = follow(open_file(&p, false, None).unwrap(), &p, false).map(drop);
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the reader waited on the FIFO");
+    let e = got.expect_err("a FIFO taken for a sealed file");
+    assert!(e.contains("not the file the pointer names"), "{e}");
+    drop(held);
+    let _ = std::fs::remove_dir_all(&d);
+}

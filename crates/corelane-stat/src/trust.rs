@@ -19,7 +19,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
 /// This process's effective user.
-fn euid() -> u32 {
+pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid(2) takes nothing and cannot fail.
     unsafe { libc::geteuid() }
 }

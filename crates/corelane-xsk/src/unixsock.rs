@@ -307,7 +307,7 @@ pub fn kill_process(pidfd: &OwnedFd) -> std::io::Result<()> {
 }
 
 /// A connection to the grant socket at `path`, before anything is said on it (the broker
-/// expects `hello` first; [`GrantClient::connect_at`] says it).
+/// expects `hello` first; [`GrantClient::connect_at`](crate::GrantClient::connect_at) says it).
 ///
 /// # Errors
 /// The socket could not be made or nobody listens at `path`.

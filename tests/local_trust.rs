@@ -52,6 +52,26 @@ fn as_user(net: &VethPair, run: &Path, uid: u32, caps: &[&str], program: &Path) 
     cmd
 }
 
+/// The echo example as nobody attaching its own program (the capabilities that needs: the
+/// documented least-privilege server, a service user with ambient capabilities), one core,
+/// with `upgrade` (`--upgrades PATH` or `--upgrade-from PATH`), logging the upgrade's steps.
+fn attaching_echo(net: &VethPair, run: &Path, upgrade: [&str; 2]) -> Echo {
+    let caps = ["net_admin", "net_raw", "bpf", "perfmon", "ipc_lock"];
+    let mut cmd = as_user(net, run, NOBODY, &caps, &echo_bin());
+    cmd.args([
+        "--iface",
+        net.server_if(),
+        "--cores",
+        "1",
+        "--addr",
+        "10.77.0.3/24",
+    ])
+    .args(["--xdp", "attach"])
+    .args(upgrade)
+    .env("RUST_LOG", "corelane_rt=info");
+    Echo::start_cmd(cmd, "echo")
+}
+
 fn grant_args(net: &VethPair) -> Vec<String> {
     [
         "grant",
@@ -378,28 +398,7 @@ fn a_process_of_the_same_user_without_the_capabilities_gets_no_hand_over() {
     let net = net(1);
     let run = run_dir("caps", NOBODY);
     let sock = run.join("upgrade.sock");
-    // The server as nobody, attaching its own program (the capabilities that needs).
-    let mut cmd = as_user(
-        &net,
-        &run,
-        NOBODY,
-        &["net_admin", "net_raw", "bpf", "perfmon", "ipc_lock"],
-        &echo_bin(),
-    );
-    cmd.args([
-        "--iface",
-        net.server_if(),
-        "--cores",
-        "1",
-        "--addr",
-        "10.77.0.3/24",
-        "--xdp",
-        "attach",
-        "--upgrades",
-        sock.to_str().unwrap(),
-    ])
-    .env("RUST_LOG", "corelane_rt=info");
-    let server = Echo::start_cmd(cmd, "echo");
+    let server = attaching_echo(&net, &run, ["--upgrades", sock.to_str().unwrap()]);
     // A process of the same user with no capability asks to take its place (its proof
     // unmarked: it cannot mark one): the connection closes with nothing handed over.
     let said = successor_says(
@@ -436,28 +435,7 @@ fn a_process_in_a_user_namespace_of_its_own_gets_no_hand_over() {
     let run = run_dir("userns", NOBODY);
     let sock = run.join("upgrade.sock");
     let path = sock.to_str().unwrap();
-    // The documented least-privilege server: a service user with ambient capabilities.
-    let mut cmd = as_user(
-        &net,
-        &run,
-        NOBODY,
-        &["net_admin", "net_raw", "bpf", "perfmon", "ipc_lock"],
-        &echo_bin(),
-    );
-    cmd.args([
-        "--iface",
-        net.server_if(),
-        "--cores",
-        "1",
-        "--addr",
-        "10.77.0.3/24",
-        "--xdp",
-        "attach",
-        "--upgrades",
-        path,
-    ])
-    .env("RUST_LOG", "corelane_rt=info");
-    let server = Echo::start_cmd(cmd, "echo");
+    let server = attaching_echo(&net, &run, ["--upgrades", path]);
     assert_echoes(
         &net,
         SocketAddr::new(SERVER_V4.parse().unwrap(), 7),
@@ -490,26 +468,7 @@ fn a_process_in_a_user_namespace_of_its_own_gets_no_hand_over() {
         64 * 1024,
         2,
     );
-    let mut next = as_user(
-        &net,
-        &run,
-        NOBODY,
-        &["net_admin", "net_raw", "bpf", "perfmon", "ipc_lock"],
-        &echo_bin(),
-    );
-    next.args([
-        "--iface",
-        net.server_if(),
-        "--cores",
-        "1",
-        "--addr",
-        "10.77.0.3/24",
-        "--xdp",
-        "attach",
-        "--upgrade-from",
-        path,
-    ]);
-    let next = Echo::start_cmd(next, "echo");
+    let next = attaching_echo(&net, &run, ["--upgrade-from", path]);
     let (status, out) = server.wait();
     assert!(status.success() && out.contains("echo: upgraded"), "{out}");
     assert_echoes(

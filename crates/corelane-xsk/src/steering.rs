@@ -463,8 +463,7 @@ impl Steering {
         self.shared.is_shared(addr)
     }
 
-    /// Stops steering frames for `addr`; then (never before: a kernel socket could take a
-    /// port whose frames still come here) gives its placeholders back.
+    /// Stops steering frames for `addr`, then gives its placeholders back (never before).
     pub fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
         let done = if self.handed_on {
             Ok(())
@@ -505,8 +504,7 @@ impl Steering {
         *refs -= 1;
         if *refs == 0 {
             self.port_refs.remove(&(proto, port));
-            // Unsteered first, then the placeholder given back: no moment in which a kernel
-            // socket holds the port while its frames still come here.
+            // Unsteered before the placeholder goes: no kernel socket holds a port steered here.
             let done = if self.handed_on {
                 Ok(())
             } else {

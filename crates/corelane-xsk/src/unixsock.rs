@@ -143,12 +143,7 @@ pub fn listen_refusing(
             format!("{}: not a file's path", path.display()),
         )
     })?;
-    let sock = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
+    let sock = seqpacket()?;
     // Before it can be reached: every connection made to it inherits this.
     let refused = refuse_descriptors && take_descriptors(&sock, false)?;
     // A directory of its own, mode 0700: nobody else can reach the socket until it is renamed.
@@ -306,18 +301,23 @@ pub fn kill_process(pidfd: &OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A fresh unix `SOCK_SEQPACKET` socket (close-on-exec).
+fn seqpacket() -> std::io::Result<OwnedFd> {
+    Ok(socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?)
+}
+
 /// A connection to the grant socket at `path`, before anything is said on it (the broker
 /// expects `hello` first; [`GrantClient::connect_at`](crate::GrantClient::connect_at) says it).
 ///
 /// # Errors
 /// The socket could not be made or nobody listens at `path`.
 pub fn open_connection(path: &Path) -> std::io::Result<OwnedFd> {
-    let sock = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
+    let sock = seqpacket()?;
     let addr = UnixAddr::new(path)?;
     socket::connect(sock.as_raw_fd(), &addr)?;
     Ok(sock)

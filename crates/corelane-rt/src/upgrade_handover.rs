@@ -104,8 +104,8 @@ const PROOF_WAIT: Duration = Duration::from_secs(2);
 
 /// Only a process that could have made what it is handed may take this server's place (the
 /// program, the queues and the UMEM): root or this user in this user namespace, holding every
-/// capability this one started with, and proving `CAP_NET_RAW` with an AF_XDP socket of its
-/// own (`corelane_xsk::peer`).
+/// capability this one started with, and proving `CAP_NET_RAW` with a socket it marked
+/// (`corelane_xsk::peer`).
 fn vet(conn: &OwnedFd, owner: u32, caps: u64) -> Result<corelane_xsk::peer::Successor, String> {
     set_read_deadline(conn, Some(PROOF_WAIT)).map_err(|e| e.to_string())?;
     let proof = match recv_message(conn.as_raw_fd()) {

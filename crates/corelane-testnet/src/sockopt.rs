@@ -30,6 +30,28 @@ pub fn set_congestion(sock: &impl AsRawFd, cc: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Gives a kernel socket a receive buffer of `bytes`, past `net.core.rmem_max`
+/// (`SO_RCVBUFFORCE`, which needs `CAP_NET_ADMIN`: the privileged tests have it): a test
+/// receiver that a busy machine leaves unscheduled for a while then loses nothing to its
+/// buffer.
+pub fn force_receive_buffer(sock: &impl AsRawFd, bytes: usize) -> std::io::Result<()> {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the descriptor is open for the call; the option value is an int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A kernel TCP socket's `TCP_INFO`.
 pub fn tcp_info(sock: &impl AsRawFd) -> std::io::Result<libc::tcp_info> {
     // SAFETY: tcp_info is plain integers, for which all zeros is a valid value.

@@ -67,7 +67,11 @@ fn arrivals(net: &LossyPath, server: &'static str, client: &'static str, count: 
         .run(move || std::net::UdpSocket::bind((client, 5001)))
         .expect("ns")
         .expect("bind");
-    rx.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+    // A busy machine may leave the receiver unscheduled for a while: a buffer that holds
+    // every datagram (each costs a kilobyte or so of buffer), and a wait long enough that the
+    // reordering stage's last releases come before it ends the reading.
+    corelane_testnet::sockopt::force_receive_buffer(&rx, 8 << 20).expect("SO_RCVBUFFORCE");
+    rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
         .expect("timeout");
     // The receiver reads while the sender sends (2000 datagrams overflow a default buffer).
     let sender = net
@@ -84,7 +88,9 @@ fn arrivals(net: &LossyPath, server: &'static str, client: &'static str, count: 
         .expect("sender");
     let mut got = Vec::new();
     let mut buf = [0u8; 16];
-    while let Ok(n) = rx.recv(&mut buf) {
+    while got.len() < count as usize
+        && let Ok(n) = rx.recv(&mut buf)
+    {
         assert_eq!(n, 4);
         got.push(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]));
     }

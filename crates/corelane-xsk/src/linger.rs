@@ -203,17 +203,7 @@ pub(crate) fn end_keeper(pid: u32, ifindex: u32) -> bool {
     if !is_keeper_of(pid, ifindex) || ended(&pidfd, 0) {
         return false;
     }
-    // SAFETY: pidfd_send_signal(2) on our pidfd with no info and no flags.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0u32,
-        )
-    };
-    if rc != 0 {
+    if crate::unixsock::kill_process(&pidfd).is_err() {
         return false;
     }
     ended(&pidfd, 2000);

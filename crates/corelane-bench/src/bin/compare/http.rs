@@ -187,9 +187,15 @@ pub(crate) fn wrk(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child = cmd.spawn().map_err(|e| format!("starting wrk: {e}"))?;
+    let mut child = cmd.spawn().map_err(|e| format!("starting wrk: {e}"))?;
+    // wrk stops on SIGINT and prints what it measured so far, but only once it has installed
+    // its handler: a SIGINT that reaches the exec chain before that ends it silently.
+    if let Err(e) = wait_catching_sigint(&mut child) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
     std::thread::sleep(time);
-    // wrk stops on SIGINT and prints what it measured so far.
     let sent = signal(&child, "INT");
     let out = child.wait_with_output().map_err(|e| format!("wrk: {e}"))?;
     sent?;
@@ -201,6 +207,35 @@ pub(crate) fn wrk(
             String::from_utf8_lossy(&out.stderr)
         )
     })
+}
+
+/// Waits (at most 10 s) until the process `child` catches SIGINT, as wrk does once its
+/// threads are running; `/proc/PID/status`'s `SigCgt` mask says so.
+fn wait_catching_sigint(child: &mut Child) -> Result<(), String> {
+    let status_path = format!("/proc/{}/status", child.id());
+    let started = Instant::now();
+    loop {
+        if let Some(ended) = child.try_wait().map_err(|e| format!("wrk: {e}"))? {
+            return Err(format!("wrk ended before it started its load: {ended}"));
+        }
+        let text = std::fs::read_to_string(&status_path).unwrap_or_default();
+        if catches_sigint(&text) {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err("wrk did not start its load within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether a `/proc/PID/status` text shows a handler for SIGINT (signal 2, bit 1 of `SigCgt`).
+fn catches_sigint(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << 1) != 0)
 }
 
 /// A wrk duration or latency (`123.45us`, `1.20ms`, `2.00s`, `1.50m`) in microseconds.
@@ -256,6 +291,15 @@ pub(crate) fn parse_wrk(text: &str) -> Option<WrkOut> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sees_a_sigint_handler_only_in_sigcgt() {
+        let ignored = "Name:\twrk\nSigIgn:\t0000000000001002\nSigCgt:\t0000000000000000\n";
+        let caught = "Name:\twrk\nSigIgn:\t0000000000001000\nSigCgt:\t0000000000000002\n";
+        assert!(!catches_sigint(ignored));
+        assert!(catches_sigint(caught));
+        assert!(!catches_sigint("Name:\ttaskset\n"));
+    }
 
     const REPORT: &str = "Running 60m test @ http://10.77.0.1:8080/
   1 threads and 16 connections

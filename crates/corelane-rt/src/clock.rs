@@ -47,9 +47,31 @@ impl Clock {
     }
 }
 
+/// The instant of the host's monotonic zero (`CLOCK_MONOTONIC`, which `Instant` reads): the
+/// epoch a real run's stacks count from. Every process of the host then reads the same stack
+/// time at the same moment, so timestamps and ISNs (with [`crate::restart_key`]) run on
+/// across restarts and upgrades instead of starting again from zero.
+pub(crate) fn host_epoch() -> Instant {
+    let now = Instant::now();
+    let since_zero = Duration::from_nanos(corelane_xsk::monotonic_ns(now));
+    now.checked_sub(since_zero).unwrap_or(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_epoch_is_the_monotonic_clock_s_zero() {
+        let a = host_epoch();
+        std::thread::sleep(Duration::from_millis(3));
+        // Read from two clocks one after the other: a preempted thread may see them apart.
+        let off = corelane_xsk::monotonic_ns(a);
+        assert!(off < 50_000_000, "the epoch stands {off} ns after the zero");
+        let b = host_epoch();
+        let apart = if a > b { a - b } else { b - a };
+        assert!(apart < Duration::from_millis(50), "epochs {apart:?} apart");
+    }
 
     #[test]
     fn a_virtual_clock_moves_only_when_told() {

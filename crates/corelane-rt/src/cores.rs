@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant as StdInstant};
+use std::time::Duration;
 
 use corelane_xsk::BindMode;
 
@@ -34,7 +34,8 @@ impl Runtime {
         }
         let started = std::sync::Barrier::new(n + 1);
         let failed = AtomicBool::new(false);
-        let epoch = StdInstant::now();
+        // Stack time counts from the host's monotonic zero, the same in every process.
+        let epoch = crate::clock::host_epoch();
         let jobs = self.shared.steer.steward().open();
         let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
             // Spawned by this thread, it keeps what this thread kept; the cores drop all.

@@ -294,6 +294,9 @@ impl Builder {
             }
             None => {}
         }
+        if cfg.stack.seed.is_none() && cfg.stack.restart_key.is_none() {
+            cfg.stack.restart_key = restart_key();
+        }
         Ok(Runtime {
             shared,
             cfg,
@@ -307,5 +310,24 @@ impl Builder {
             joining: Mutex::new(joining),
             _restore: restore,
         })
+    }
+}
+
+/// The key this host's runtimes of this user keep across restarts (`StackConfig::restart_key`,
+/// in the run directory), or None with a line that says what a restart then risks.
+fn restart_key() -> Option<[u64; 2]> {
+    let dir = corelane_stat::run_dir();
+    match corelane_stat::restart_key(&dir) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            tracing::info!(
+                "no restart key in {} ({e}): this run draws its own ISN and timestamp keys, so \
+                 a peer that still holds one of the last run's connections in TIME-WAIT may \
+                 answer a new SYN to it with the old connection's ACK (reset, and the SYN sent \
+                 again at once)",
+                dir.display()
+            );
+            None
+        }
     }
 }

@@ -99,6 +99,8 @@ pub(crate) const NAMES: &[&str] = &[
     "rx_wait_woken_ns",
     "rx_wait_awake_items",
     "rx_wait_awake_ns",
+    "tcp_syn_timeouts",
+    "tcp_syn_old_acks",
 ];
 
 fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<u64> {
@@ -191,6 +193,8 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         st.rx_wait_woken.nanos,
         st.rx_wait_awake.items,
         st.rx_wait_awake.nanos,
+        t.syn_timeouts,
+        t.syn_old_acks,
     ]
 }
 

@@ -64,6 +64,14 @@ pub struct StackConfig {
     /// `seed`: what a runtime does, so that all its cores (and the new process of an upgrade)
     /// share one secret of full strength. [`StackConfig::random_key`] makes one.
     pub key: Option<[u64; 2]>,
+    /// A 128-bit key that outlives the process, from which the ISN and timestamp-offset keys
+    /// are drawn instead of from `key`/`seed` (the others stay the run's own). With it, and a
+    /// clock that runs on across processes (a runtime counts from the host's monotonic zero),
+    /// the next process gives a four-tuple timestamps and ISNs above those of the last one,
+    /// so a peer still holding that four-tuple in TIME-WAIT accepts its SYN (RFC 7323's PAWS
+    /// would drop it, as RFC 6191 describes). A runtime keeps one per host and user in its run
+    /// directory, readable only by that user.
+    pub restart_key: Option<[u64; 2]>,
     /// How TCP connections behave: congestion control, timers, options, SYN cookies.
     pub tcp: crate::tcp::TcpConfig,
     /// How much fragment reassembly may hold.
@@ -86,6 +94,7 @@ impl Default for StackConfig {
             cores: 1,
             seed: None,
             key: None,
+            restart_key: None,
             tcp: crate::tcp::TcpConfig::default(),
             frag: crate::frag::FragLimits::default(),
         }

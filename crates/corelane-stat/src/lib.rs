@@ -30,6 +30,7 @@ mod capture;
 #[cfg(test)]
 mod capture_tests;
 mod conn;
+mod keep;
 mod map;
 mod ns;
 mod pcapng;
@@ -48,6 +49,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use capture::{Capture, CaptureFile, CaptureTap, Filter, Record};
 pub use conn::{Conn, TCP_STATES};
+pub use keep::{RESTART_KEY_FILE, restart_key};
 use map::Mapping;
 pub use ns::{netns_id, run_dir};
 pub use pcapng::{PcapNg, Recorded, record};

@@ -224,6 +224,10 @@ impl Stack {
                 Secret::new(cfg.seed_or_random())
             }),
         };
+        let secret = match cfg.restart_key {
+            Some([a, b]) => secret.with_restart_key((a, b)),
+            None => secret,
+        };
         let mtu = dev.capabilities().max_transmission_unit.saturating_sub(14);
         // A frame to an owned address comes back through the device, never the wire.
         dev.set_own_mac(mac);

@@ -118,3 +118,28 @@ fn a_syn_reopens_time_wait_only_with_a_newer_timestamp_or_sequence_number() {
         }
     }
 }
+
+#[test]
+fn a_syn_answered_by_an_old_connection_s_ack_is_reset_and_sent_again_once_at_once() {
+    use super::conformance::seg;
+    use super::wire::{RST, SYN};
+    let mut s = Script::active();
+    let iss = s.out()[0].seq;
+    // A peer's TIME-WAIT that dropped the SYN for PAWS answers with its old connection's ACK.
+    s.input(seg(9, iss.wrapping_add(77)));
+    let out = s.out();
+    let got: Vec<_> = out.iter().map(|o| (o.flags, o.seq)).collect();
+    assert_eq!(got, [(RST, iss.wrapping_add(77)), (SYN, iss)], "{out:?}");
+    assert_eq!(s.c.stats.get().syn_old_acks, 1);
+    // Once only: the same answer again earns a reset, and the SYN waits for its timer.
+    s.input(seg(9, iss.wrapping_add(77)));
+    let out = s.out();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].flags, RST);
+    assert_eq!(s.c.stats.get().syn_timeouts, 0);
+    s.jump();
+    let out = s.out();
+    assert_eq!((out[0].flags, out[0].seq), (SYN, iss), "{out:?}");
+    assert_eq!(s.c.stats.get().syn_timeouts, 1, "the timer's SYN is counted");
+    assert_eq!(s.c.state(), TcpState::SynSent);
+}

@@ -251,6 +251,16 @@ impl Conn {
             // Not for this attempt: a reset for it, unless it is one.
             if seg.control != TcpControl::Rst {
                 self.rst_due_for = Some(a);
+                // A peer that still holds an earlier connection of this four-tuple in
+                // TIME-WAIT, and whose PAWS check dropped this SYN, answers with that
+                // connection's ACK. The reset ends it there (Linux's TIME-WAIT takes a reset at
+                // its RCV.NXT); the SYN goes again at once, not a second later on its timer.
+                // Once: a peer that ignores the reset (RFC 1337) leaves it to the timer, and a
+                // forged ACK earns one SYN at most.
+                if self.syn_tries == 1 && seg.control == TcpControl::None {
+                    self.stats.rare().syn_old_acks += 1;
+                    self.syn_due = true;
+                }
             }
             return;
         }

@@ -166,6 +166,18 @@ impl Secret {
         }
     }
 
+    /// The same secret with its ISN and timestamp-offset keys drawn from `restart`, a key
+    /// that outlives the process ([`crate::StackConfig::restart_key`]): the next process of
+    /// the host gives a four-tuple the same timestamp offset and ISN function, so with a clock
+    /// that runs on across processes its timestamps and ISNs stay above those a peer still
+    /// holds in TIME-WAIT. The other keys stay this secret's.
+    pub(crate) fn with_restart_key(mut self, restart: (u64, u64)) -> Secret {
+        let r = Secret::from_master(restart);
+        self.isn = r.isn;
+        self.ts = r.ts;
+        self
+    }
+
     /// The cookie key, for a program that makes this stack's cookies on its behalf (it can
     /// make and check cookies with it, nothing else).
     pub(crate) fn key(&self) -> (u64, u64) {
@@ -277,6 +289,21 @@ mod tests {
             IpEndpoint::new(smoltcp::wire::IpAddress::v4(0, 0, 0, 0), 0),
             Into::into,
         )
+    }
+
+    #[test]
+    fn a_restart_key_fixes_isns_and_timestamp_offsets_and_nothing_else() {
+        let (l, r) = (ep("10.0.0.1:40000"), ep("10.0.0.2:80"));
+        let t = Instant::from_secs(5);
+        let restart = (0x1234, 0x5678);
+        let a = Secret::new(1).with_restart_key(restart);
+        let b = Secret::new(2).with_restart_key(restart);
+        assert_eq!(a.isn(l, r, t), b.isn(l, r, t));
+        assert_eq!(a.ts_offset(l, r), b.ts_offset(l, r));
+        assert_ne!(a.key(), b.key(), "cookie keys stay the run's own");
+        assert_ne!(a.port_hashes(l.addr, r, 0), b.port_hashes(l.addr, r, 0));
+        let c = Secret::new(1).with_restart_key((0x1234, 0x5679));
+        assert_ne!(a.ts_offset(l, r), c.ts_offset(l, r));
     }
 
     #[test]

@@ -96,6 +96,11 @@ impl Conn {
                     self.rst_due = !synsent;
                     return;
                 }
+                // Counted for the side that connects only: a SYN-ACK's timer is an attacker's
+                // to start, and the counters' box is made on the first count.
+                if self.state == TcpState::SynSent {
+                    self.stats.rare().syn_timeouts += 1;
+                }
                 self.rtt.back_off();
                 self.syn_due = true;
             }

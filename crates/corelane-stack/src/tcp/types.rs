@@ -99,6 +99,12 @@ pub struct TcpStats {
     pub ecn_ce: u64,
     /// Window reductions for an ECN-Echo from the peer.
     pub ecn_reductions: u64,
+    /// SYNs of connections this side opened sent again because their timer ran out: each is
+    /// a wait the connecting task sat through (a second at the initial timeout).
+    pub syn_timeouts: u64,
+    /// SYNs answered by the ACK of an earlier connection of the same four-tuple (a peer that
+    /// still held it in TIME-WAIT): reset there and sent again at once.
+    pub syn_old_acks: u64,
 }
 
 impl std::ops::AddAssign for TcpStats {
@@ -127,6 +133,8 @@ impl std::ops::AddAssign for TcpStats {
         self.icmp_errors += o.icmp_errors;
         self.ecn_ce += o.ecn_ce;
         self.ecn_reductions += o.ecn_reductions;
+        self.syn_timeouts += o.syn_timeouts;
+        self.syn_old_acks += o.syn_old_acks;
     }
 }
 

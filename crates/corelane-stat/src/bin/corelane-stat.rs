@@ -477,15 +477,15 @@ fn print_rates(
         a.interval
     );
     println!(
-        "{:>4} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}  SLOWEST STAGE",
-        "CORE", "RX/S", "TX/S", "RXMB/S", "TXMB/S", "FLOWS", "RETR/S"
+        "{:>4} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7} {:>9}  SLOWEST STAGE",
+        "CORE", "RX/S", "TX/S", "RXMB/S", "TXMB/S", "FLOWS", "RETR/S", "SYNWAIT/S"
     );
     for c in cores {
         let slow = slowest(rates, c.index).map_or("-".into(), |(st, share)| {
             format!("{st} ({:.0}% of the core)", share * 100.0)
         });
         println!(
-            "{:>4} {:>10.0} {:>10.0} {:>10.1} {:>10.1} {:>8} {:>7.0}  {slow}",
+            "{:>4} {:>10.0} {:>10.0} {:>10.1} {:>10.1} {:>8} {:>7.0} {:>9.1}  {slow}",
             c.index,
             r(c.index, "rx_frames"),
             r(c.index, "tx_frames"),
@@ -493,6 +493,7 @@ fn print_rates(
             r(c.index, "tcp_bytes_out") / 1e6,
             c.get("flows").unwrap_or(0),
             r(c.index, "tcp_retrans_segs"),
+            r(c.index, "tcp_syn_timeouts"),
         );
     }
 }

@@ -37,11 +37,16 @@ impl Runtime {
         // Stack time counts from the host's monotonic zero, the same in every process.
         let epoch = crate::clock::host_epoch();
         let jobs = self.shared.steer.steward().open();
+        // The calling thread's subscriber, or stderr's writer, on every thread of the run.
+        let say = &crate::say::dispatch();
         let results: Vec<Result<CoreReport, Error>> = std::thread::scope(|scope| {
             // Spawned by this thread, it keeps what this thread kept; the cores drop all.
             let priv_thread = std::thread::Builder::new()
                 .name("corelane-priv".into())
-                .spawn_scoped(scope, move || crate::steward::serve(jobs));
+                .spawn_scoped(scope, move || {
+                    let _say = crate::say::enter(say);
+                    crate::steward::serve(jobs)
+                });
             if let Err(e) = priv_thread {
                 // Changes then run on the thread that asks (and fail where it has no capability).
                 self.shared.steer.steward().close();
@@ -55,7 +60,10 @@ impl Runtime {
                         let this = &self;
                         let spawned = std::thread::Builder::new()
                             .name("corelane-routes".into())
-                            .spawn_scoped(scope, move || this.follow_routes(watch));
+                            .spawn_scoped(scope, move || {
+                                let _say = crate::say::enter(say);
+                                this.follow_routes(watch)
+                            });
                         if let Err(e) = spawned {
                             tracing::warn!("the kernel's route changes will not be followed: {e}");
                         }
@@ -76,6 +84,7 @@ impl Runtime {
                 let spawned = std::thread::Builder::new()
                     .name("corelane-upgrade".into())
                     .spawn_scoped(scope, move || {
+                        let _say = crate::say::enter(say);
                         crate::upgrade_handover::serve(listener, &run)
                     });
                 if let Err(e) = spawned {
@@ -87,9 +96,13 @@ impl Runtime {
                 self.shared.upgrades.start_listing(n);
                 let weak = std::sync::Arc::downgrade(&self.shared);
                 let ifname = self.cfg.ifname.clone();
+                let say = say.clone();
                 let spawned = std::thread::Builder::new()
                     .name("corelane-succeed".into())
-                    .spawn(move || joining.serve(&weak, &ifname));
+                    .spawn(move || {
+                        let _say = crate::say::enter(&say);
+                        joining.serve(&weak, &ifname)
+                    });
                 if let Err(e) = spawned {
                     tracing::error!("upgrade: the old process will not be told to switch: {e}");
                 }
@@ -112,6 +125,7 @@ impl Runtime {
                     let h = std::thread::Builder::new()
                         .name(format!("corelane-{i}-app"))
                         .spawn_scoped(scope, move || {
+                            let _say = crate::say::enter(say);
                             app_main(
                                 info.app_cpu,
                                 rx,
@@ -128,6 +142,7 @@ impl Runtime {
                 let h = std::thread::Builder::new()
                     .name(format!("corelane-{i}"))
                     .spawn_scoped(scope, move || {
+                        let _say = crate::say::enter(say);
                         this.core_main(info, out, inb, epoch, started, failed, f, app_tx)
                             .map_err(|e| match e {
                                 e @ Error::Panicked { .. } => e,

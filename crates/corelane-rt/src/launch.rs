@@ -236,6 +236,7 @@ impl Runtime {
         F: Fn(CoreInfo) -> Fut + Send + Sync,
         Fut: Future<Output = ()> + 'static,
     {
+        let _say = crate::say::enter(&crate::say::dispatch());
         let guard = crate::signals::RunGuard::start(self.stop_handle(), self.cfg.default_signals);
         let r = self.run_cores(f);
         guard.finish();
@@ -273,6 +274,7 @@ impl Runtime {
         E: std::fmt::Display,
     {
         let shared = self.shared.clone();
+        let _say = crate::say::enter(&crate::say::dispatch());
         let guard = crate::signals::RunGuard::start(self.stop_handle(), self.cfg.default_signals);
         let r = self.run_cores(move |info: CoreInfo| {
             let fut = f(info);

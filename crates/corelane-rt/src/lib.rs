@@ -69,6 +69,7 @@ mod publish;
 mod queues;
 mod report;
 mod routing;
+mod say;
 mod signals;
 pub mod sim;
 mod steward;

@@ -38,6 +38,7 @@ impl Builder {
     /// such interface, too few queues for the cores (when the driver cannot raise them), an MTU
     /// that does not fit a frame, or a driver that refuses the XDP program.
     pub fn build(mut self) -> Result<Runtime, Error> {
+        let _say = crate::say::enter(&crate::say::dispatch());
         if let Some(bad) = self.invalid.first() {
             return Err(Error::Config(bad.clone()));
         }
@@ -166,6 +167,7 @@ impl Builder {
             }
         }
         let mut nqueues = nqueues.max(need);
+        let mut lowered_from = None;
         if need < nqueues
             && self.queues.is_none()
             && let Some(c) = channels
@@ -181,6 +183,7 @@ impl Builder {
                         self.ifname
                     ));
                     restore = old;
+                    lowered_from = Some(nqueues);
                     nqueues = need;
                 }
                 Err(e) => tracing::warn!(
@@ -205,6 +208,12 @@ impl Builder {
         // Attach first: a driver that refuses the program (in native mode, say) explains more
         // than the frame size does.
         let mut steering = access.steering(&self.ifname, self.attach, self.vlan)?;
+        if let Some(why) = steering.fallback_reason() {
+            tracing::warn!(
+                "{}",
+                generic_fallback(&self.ifname, why, lowered_from.map(|f| (f, nqueues)))
+            );
+        }
         if let Err(e) = steering.linger_on_death(self.death_linger) {
             tracing::warn!(
                 "{}: nothing will answer for this server if it dies ({e}): its peers wait for \
@@ -330,4 +339,38 @@ fn restart_key() -> Option<[u64; 2]> {
             None
         }
     }
+}
+
+/// The line that says why XDP runs in generic mode after the driver refused native mode
+/// (`why`); `lowered`: this run lowered the interface's receive queues (from, to). A veth
+/// takes native XDP only with at least as many receive queues as its peer has transmit
+/// queues: one lowered for fewer cores falls back for that reason, which the kernel's
+/// "No space left on device" does not say.
+pub(crate) fn generic_fallback(ifname: &str, why: &str, lowered: Option<(u32, u32)>) -> String {
+    let veth = corelane_xsk::driver_info(ifname).is_ok_and(|d| d.driver == "veth");
+    let mut s = format!(
+        "{ifname}: the driver refused native XDP ({why}); the program runs in generic mode, \
+         which copies every frame into a kernel buffer first (slower)"
+    );
+    if veth && why.contains("No space left on device") {
+        match lowered {
+            Some((from, to)) => s.push_str(&format!(
+                ". A veth takes native XDP only with at least as many receive queues as its peer \
+                 has transmit queues, and this run lowered {ifname}'s receive queues from {from} \
+                 to {to} for its {to} core(s): serve {from} cores (Builder::cores({from})), or \
+                 give the peer {to} transmit queue(s) (ethtool -L PEER tx {to}, in the peer's \
+                 namespace)"
+            )),
+            None => s.push_str(
+                ". A veth takes native XDP only with at least as many receive queues as its \
+                 peer has transmit queues: give the peer fewer (ethtool -L PEER tx N) or this \
+                 end more (ethtool -L IF rx N)",
+            ),
+        }
+    } else {
+        s.push_str(
+            "; Builder::attach_mode(AttachMode::Generic) asks for it and silences this line",
+        );
+    }
+    s
 }

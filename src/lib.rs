@@ -17,8 +17,8 @@
 //! Not yet, or not for: Linux only, root (or the capabilities below); tested on veth in copy
 //! mode and on virtio-net in zero-copy mode (an emulated guest), not yet on physical NICs; no TLS of its own (use rustls over the
 //! streams), no DNS (resolve first), no UDP broadcast or multicast sends, no IPv6 extension
-//! headers but fragments; tasks must be `spawn_local`ed (sockets are `!Send`, bound to
-//! their core). ECN (RFC 3168) is negotiated when the peer asks for it.
+//! headers but fragments. Sockets are `Send` and `Sync`: `tokio::spawn` on a core runs the task
+//! on that core, and a socket on another core's task works through its own. ECN (RFC 3168) is negotiated when the peer asks for it.
 //!
 //! This crate is the facade; the rooms behind it are `corelane-frame` (frames, no system
 //! dependencies), `corelane-stack` (the sans-IO protocol core and its one pipeline turn),
@@ -97,9 +97,9 @@ pub mod topo {
 /// TCP and UDP sockets of the current core, with tokio's `AsyncRead` and `AsyncWrite`, laid
 /// out as `tokio::net`: the sockets here, the halves of a split stream in [`net::tcp`].
 pub mod net {
-    pub use corelane_rt::net::{
-        OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpSocket, TcpStream, ToSocketAddr, UdpSocket,
-    };
+    // Everything of the runtime's `net`: with the `hyper` feature its `Connector` for
+    // hyper-util's client, with `tonic` its `Incoming` for tonic's server.
+    pub use corelane_rt::net::*;
 
     /// The halves of a [`TcpStream`], as `tokio::net::tcp` has them.
     ///

@@ -30,11 +30,7 @@ const DIFFERENCES: &[(&str, &str)] = &[
     ("net/tcp/socket.rs: from_std_stream", KERNEL_SOCKET),
     ("net/udp.rs: from_std", KERNEL_SOCKET),
     ("net/udp.rs: into_std", KERNEL_SOCKET),
-    ("net/udp.rs: UdpSocket #3", SPAWN),
 ];
-
-const SPAWN: &str = "`tokio::spawn` of a task holding a socket: sockets stay on their core \
-                     (`!Send`), such a task is `tokio::task::spawn_local`";
 
 const KERNEL_SOCKET: &str = "a kernel socket cannot become a corelane one, nor the reverse: \
                              corelane's sockets live in its own stack";

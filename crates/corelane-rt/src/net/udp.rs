@@ -1,6 +1,5 @@
 //! A UDP socket on the current core.
 
-use std::cell::Cell;
 use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
@@ -9,7 +8,7 @@ use std::sync::Arc;
 use corelane_stack::{FlowId, Proto};
 
 use crate::lane::{Core, current};
-use crate::net::{NotSend, ToSocketAddr};
+use crate::net::ToSocketAddr;
 
 /// A UDP socket on the current core.
 ///
@@ -32,8 +31,7 @@ pub struct UdpSocket {
     port: u16,
     /// The address given to `bind` (unspecified: every owned one).
     ip: std::net::IpAddr,
-    pub(super) peer: Cell<Option<SocketAddr>>,
-    _not_send: NotSend,
+    pub(super) peer: crate::net::SyncCell<Option<SocketAddr>>,
 }
 
 impl std::fmt::Debug for UdpSocket {
@@ -88,8 +86,7 @@ impl UdpSocket {
             id,
             port,
             ip: sa.ip(),
-            peer: Cell::new(None),
-            _not_send: NotSend::default(),
+            peer: crate::net::SyncCell::new(None),
         })
     }
 

@@ -12,7 +12,6 @@ use corelane_stack::{AcceptOptions, Proto};
 
 use super::TcpStream;
 use crate::lane::{Core, current};
-use crate::net::NotSend;
 use crate::net::ToSocketAddr;
 
 /// A TCP listener on one port of the current core. Bind it on every core: each core accepts the
@@ -38,7 +37,6 @@ pub struct TcpListener {
     /// The waiter id `poll_accept` registers under (one per listener).
     poll_waiter: u64,
     ip: std::net::IpAddr,
-    _not_send: NotSend,
 }
 
 impl std::fmt::Debug for TcpListener {
@@ -117,7 +115,6 @@ impl TcpListener {
             port,
             poll_waiter,
             ip: sa.ip(),
-            _not_send: NotSend::default(),
         })
     }
 

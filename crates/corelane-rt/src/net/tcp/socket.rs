@@ -9,7 +9,6 @@ use std::time::Duration;
 use corelane_stack::ConnectOptions;
 
 use super::{TcpListener, TcpStream};
-use crate::net::NotSend;
 
 /// How long a connection with keep-alive on stays quiet before the first probe (Linux's
 /// `tcp_keepalive_time`).
@@ -48,7 +47,6 @@ pub struct TcpSocket {
     keepalive: Cell<bool>,
     send_buffer: Cell<Option<u32>>,
     recv_buffer: Cell<Option<u32>>,
-    _not_send: NotSend,
 }
 
 impl TcpSocket {
@@ -62,7 +60,6 @@ impl TcpSocket {
             keepalive: Cell::new(false),
             send_buffer: Cell::new(None),
             recv_buffer: Cell::new(None),
-            _not_send: NotSend::default(),
         }
     }
 

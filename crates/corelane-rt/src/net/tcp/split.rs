@@ -3,19 +3,16 @@
 use std::sync::Arc;
 
 use super::{Conn, TcpStream, async_read, async_write};
-use crate::net::NotSend;
 
 /// The reading half of a [`TcpStream`], from [`TcpStream::into_split`].
 pub struct OwnedReadHalf {
     conn: Arc<Conn>,
-    _not_send: NotSend,
 }
 
 /// The writing half of a [`TcpStream`], from [`TcpStream::into_split`]; dropping it sends FIN.
 pub struct OwnedWriteHalf {
     /// None once given back by [`OwnedReadHalf::reunite`] (its drop then sends nothing).
     conn: Option<Arc<Conn>>,
-    _not_send: NotSend,
 }
 
 impl std::fmt::Debug for OwnedReadHalf {
@@ -33,14 +30,8 @@ impl std::fmt::Debug for OwnedWriteHalf {
 impl OwnedReadHalf {
     pub(super) fn pair(conn: Arc<Conn>) -> (OwnedReadHalf, OwnedWriteHalf) {
         (
-            OwnedReadHalf {
-                conn: conn.clone(),
-                _not_send: NotSend::default(),
-            },
-            OwnedWriteHalf {
-                conn: Some(conn),
-                _not_send: NotSend::default(),
-            },
+            OwnedReadHalf { conn: conn.clone() },
+            OwnedWriteHalf { conn: Some(conn) },
         )
     }
 
@@ -81,14 +72,12 @@ async_write!(OwnedWriteHalf);
 /// The reading half of a borrowed [`TcpStream`], from [`TcpStream::split`].
 pub struct ReadHalf<'a> {
     conn: &'a Conn,
-    _not_send: NotSend,
 }
 
 /// The writing half of a borrowed [`TcpStream`], from [`TcpStream::split`]; shutting it down
 /// sends FIN.
 pub struct WriteHalf<'a> {
     conn: &'a Conn,
-    _not_send: NotSend,
 }
 
 impl std::fmt::Debug for ReadHalf<'_> {
@@ -105,16 +94,7 @@ impl std::fmt::Debug for WriteHalf<'_> {
 
 impl<'a> ReadHalf<'a> {
     pub(super) fn pair(conn: &'a Conn) -> (ReadHalf<'a>, WriteHalf<'a>) {
-        (
-            ReadHalf {
-                conn,
-                _not_send: NotSend::default(),
-            },
-            WriteHalf {
-                conn,
-                _not_send: NotSend::default(),
-            },
-        )
+        (ReadHalf { conn }, WriteHalf { conn })
     }
 
     pub(super) fn conn(&self) -> &Conn {

@@ -11,7 +11,7 @@ use corelane_stack::{Congestion, FlowId, Proto, TcpInfo, TcpState};
 
 use super::{Conn, OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf, async_read, async_write};
 use crate::lane::{Core, current};
-use crate::net::{NotSend, ToSocketAddr};
+use crate::net::ToSocketAddr;
 
 /// A TCP connection on the current core, with tokio's `AsyncRead` and `AsyncWrite`.
 ///
@@ -29,7 +29,6 @@ use crate::net::{NotSend, ToSocketAddr};
 /// ```
 pub struct TcpStream {
     pub(super) conn: Arc<Conn>,
-    _not_send: NotSend,
 }
 
 impl std::fmt::Debug for TcpStream {
@@ -51,10 +50,7 @@ impl TcpStream {
     }
 
     pub(crate) fn from_conn(conn: Arc<Conn>) -> TcpStream {
-        TcpStream {
-            conn,
-            _not_send: NotSend::default(),
-        }
+        TcpStream { conn }
     }
 
     fn conn(&self) -> &Conn {

@@ -140,10 +140,13 @@ fn a_stream_handed_to_another_core_works_through_its_own() -> Result {
     let (give, take) = tokio::sync::oneshot::channel::<corelane::net::TcpStream>();
     let give = Arc::new(Mutex::new(Some(give)));
     let take = Arc::new(Mutex::new(Some(take)));
+    // Core 0 runs until core 1 is done: a core whose future returned has ended, and closed the
+    // connections it owns wherever they are held.
+    let done = Arc::new(tokio::sync::Notify::new());
     let data = payload(256 * 1024, 9);
     let want = sha256(&data);
     let got = on_cores(&net, 2, move |core, tx| {
-        let (give, take, data) = (give.clone(), take.clone(), data.clone());
+        let (give, take, data, done) = (give.clone(), take.clone(), data.clone(), done.clone());
         async move {
             if core.index == 0 {
                 let to: SocketAddr = (KERNEL.parse::<std::net::IpAddr>().expect("ip"), 7401).into();
@@ -155,8 +158,10 @@ fn a_stream_handed_to_another_core_works_through_its_own() -> Result {
                     }
                     Err(e) => {
                         let _ = tx.send(format!("connect: {e}"));
+                        return;
                     }
                 }
+                done.notified().await;
                 return;
             }
             let Some(take) = take.lock().expect("lock").take() else {
@@ -180,6 +185,7 @@ fn a_stream_handed_to_another_core_works_through_its_own() -> Result {
                     other => format!("failed: {other:?}"),
                 },
             );
+            done.notify_one();
         }
     })?;
     assert_eq!(got, ["echoed on core 1 through core 0"]);
@@ -268,7 +274,8 @@ async fn upgrade_or_tunnel(
         return Ok(status(200));
     }
     let Some(key) = req.headers().get(SEC_WEBSOCKET_KEY).cloned() else {
-        return Ok(status(400));
+        // A plain request (the proxy test's upstream answers those): no content.
+        return Ok(status(204));
     };
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
@@ -295,6 +302,25 @@ async fn upgrade_or_tunnel(
     r.headers_mut()
         .insert(SEC_WEBSOCKET_ACCEPT, accept.parse().expect("h"));
     Ok(r)
+}
+
+/// A kernel connection to a server that may not listen yet: refusals retried for 10 s.
+async fn connect_retrying(to: SocketAddr) -> std::result::Result<tokio::net::TcpStream, String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), tokio::net::TcpStream::connect(to))
+            .await
+        {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(e))
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return Err(format!("connecting to {to}: {other:?}")),
+        }
+    }
 }
 
 #[test]
@@ -335,13 +361,8 @@ fn hyper_upgrades_carry_a_websocket_echo_and_a_connect_tunnel() -> Result {
                 .map_err(|e| e.to_string())?;
             rt.block_on(async move {
                 use futures_util::{SinkExt, StreamExt};
-                let tcp = tokio::time::timeout(
-                    Duration::from_secs(10),
-                    tokio::net::TcpStream::connect(server),
-                )
-                .await
-                .map_err(|_| "connect timed out".to_string())?
-                .map_err(|e| e.to_string())?;
+                // The server binds its port once it runs: until then, a refusal.
+                let tcp = connect_retrying(server).await?;
                 let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{server}/ws"), tcp)
                     .await
                     .map_err(|e| e.to_string())?;
@@ -362,8 +383,7 @@ fn hyper_upgrades_carry_a_websocket_echo_and_a_connect_tunnel() -> Result {
     assert_eq!(echoed, ["hello 0", "hello 1", "hello 2"]);
     // CONNECT: a kernel client tunnels through the corelane server to the kernel echo server.
     let tunneled = net.client_ns().run(move || -> std::io::Result<Vec<u8>> {
-        let mut s = std::net::TcpStream::connect_timeout(&server, Duration::from_secs(10))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut s = connect_patiently(server);
         write!(
             s,
             "CONNECT {KERNEL}:7403 HTTP/1.1\r\nhost: {KERNEL}:7403\r\n\r\n"
@@ -392,5 +412,121 @@ fn hyper_upgrades_carry_a_websocket_echo_and_a_connect_tunnel() -> Result {
     assert_eq!(tunneled, b"tunneled");
     served.stop.stop();
     served.thread.join()??;
+    Ok(())
+}
+
+/// A kernel server on the client end running `upgrade_or_tunnel` (plain requests and
+/// WebSockets), counting its connections.
+fn kernel_upgrades(net: &corelane_testnet::VethPair, port: u16) -> Result<Arc<AtomicUsize>> {
+    let l = net
+        .client_ns()
+        .run(move || std::net::TcpListener::bind((KERNEL, port)))??;
+    l.set_nonblocking(true)?;
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            let Ok(l) = tokio::net::TcpListener::from_std(l) else {
+                return;
+            };
+            while let Ok((s, _)) = l.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(s),
+                            hyper::service::service_fn(upgrade_or_tunnel),
+                        )
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+    });
+    Ok(accepted)
+}
+
+#[test]
+fn the_proxy_example_pools_its_upstream_connections_and_passes_websockets_through() -> Result {
+    if !require_root("libraries: the proxy example") {
+        return Ok(());
+    }
+    let net = net(1);
+    let accepted = kernel_upgrades(&net, 7600)?;
+    let _proxy = Echo::start_example(
+        &net,
+        "proxy",
+        &[
+            "--addr",
+            "10.77.0.3/24",
+            "--cores",
+            "1",
+            "--upstream",
+            "10.77.0.2:7600",
+        ],
+    );
+    let proxy: SocketAddr = format!("{SERVER_V4}:8080").parse()?;
+    // 20 requests on one client connection: each goes on through the core's pool.
+    let answered = net.client_ns().run(move || -> std::io::Result<usize> {
+        let mut s = std::net::TcpStream::connect_timeout(&proxy, Duration::from_secs(10))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut ok = 0;
+        for _ in 0..20 {
+            s.write_all(b"GET /plain HTTP/1.1\r\nhost: proxied\r\n\r\n")?;
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                s.read_exact(&mut b)?;
+                head.push(b[0]);
+            }
+            if head.starts_with(b"HTTP/1.1 204") {
+                ok += 1;
+            }
+        }
+        Ok(ok)
+    })??;
+    assert_eq!(answered, 20);
+    let upstream_conns = accepted.load(Ordering::SeqCst);
+    assert_eq!(
+        upstream_conns, 1,
+        "20 proxied requests in a row took {upstream_conns} upstream connections"
+    );
+    // A WebSocket through the proxy to the upstream's echo.
+    let echoed = net
+        .client_ns()
+        .run(move || -> std::result::Result<Vec<String>, String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async move {
+                use futures_util::{SinkExt, StreamExt};
+                let tcp = tokio::net::TcpStream::connect(proxy)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{proxy}/ws"), tcp)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut back = Vec::new();
+                for i in 0..3 {
+                    let m = tokio_tungstenite::tungstenite::Message::text(format!("through {i}"));
+                    ws.send(m).await.map_err(|e| e.to_string())?;
+                    match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+                        Ok(Some(Ok(m))) => {
+                            back.push(m.into_text().map_err(|e| e.to_string())?.to_string())
+                        }
+                        other => return Err(format!("no echo: {other:?}")),
+                    }
+                }
+                Ok(back)
+            })
+        })??;
+    assert_eq!(echoed, ["through 0", "through 1", "through 2"]);
     Ok(())
 }

@@ -17,6 +17,9 @@
 //!   per core does.
 //! - Creating a socket (`connect`, `bind`) needs a core: outside one it fails with an error
 //!   that says so.
+//! - A socket works while its core runs: a core whose future returned has ended, and closed
+//!   the connections it owns (a FIN, or a reset where data was unread), wherever they are
+//!   held.
 //!
 //! A socket's task is woken only when that socket changes. Sockets call the core's stack,
 //! which queues their output for the core's next pipeline turn; the driver is woken when there

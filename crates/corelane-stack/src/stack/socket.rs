@@ -414,6 +414,11 @@ impl Stack {
                 }
                 let (n, update) = c.read(now, buf);
                 (Poll::Ready(Ok(n)), update)
+            } else if c.fin_received() {
+                // The peer's FIN came before whatever ended the connection since (a reset from
+                // a peer that closed all the way): what it sent was all read, and that is the
+                // end of it, as Linux reads it.
+                (Poll::Ready(Ok(0)), false)
             } else if let Some(kind) = c.error() {
                 (Poll::Ready(Err(ended(kind))), false)
             } else if c.at_eof() || buf.is_empty() {

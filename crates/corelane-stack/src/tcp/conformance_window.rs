@@ -258,3 +258,34 @@ fn every_block_a_batch_of_arrivals_changed_is_reported() {
     s.input(d);
     assert_eq!(s.out().len(), 1);
 }
+
+#[test]
+fn reading_after_the_peer_s_fin_sends_no_window_update_and_a_later_reset_keeps_the_end() {
+    let (mut s, una) = Script::established(false);
+    let mut seq = PEER_ISN + 1;
+    for _ in 0..4 {
+        let mut d = seg(seq, una);
+        d.len = 4000;
+        s.input(d);
+        seq += 4000;
+    }
+    let mut fin = seg(seq, una);
+    fin.ctl = TcpControl::Fin;
+    s.input(fin);
+    let _ = s.out();
+    // The application reads it all: the window grew by far more than a segment, but nothing
+    // more can come, and a peer that closed all the way would answer an update with a reset.
+    let mut buf = vec![0u8; 20_000];
+    let (n, _) = s.c.read(s.now, &mut buf);
+    assert_eq!(n, 16_000);
+    let out = s.out();
+    assert!(
+        out.is_empty(),
+        "a window update after the peer's FIN: {out:?}"
+    );
+    // A reset then (the peer gone) ends the connection, and the peer's FIN still came first.
+    let mut rst = seg(seq + 1, una);
+    rst.ctl = TcpControl::Rst;
+    s.input(rst);
+    assert!(s.c.fin_received(), "the FIN came before the reset");
+}

@@ -37,6 +37,11 @@ impl Conn {
     }
 
     /// No more data will arrive (FIN received, or the connection ended).
+    /// Whether the peer's FIN came, in order: every byte it sent is in the receive buffer.
+    pub(crate) fn fin_received(&self) -> bool {
+        self.fin_rcvd
+    }
+
     pub(crate) fn at_eof(&self) -> bool {
         self.fin_rcvd || self.state == TcpState::Closed || self.state == TcpState::TimeWait
     }
@@ -53,7 +58,10 @@ impl Conn {
         // it has grown by a segment or half the buffer.
         let right = self.rcv_nxt.plus(self.rcv_cap - self.rcv.len());
         let grown = right.since(self.rcv_adv);
-        let update = grown >= self.smss.min(self.rcv_cap / 2).max(1);
+        // After the peer's FIN no data can come: no update (as Linux, which sends none after
+        // RCV_SHUTDOWN). One would reach a peer that may have closed all the way, which
+        // answers it with a reset.
+        let update = !self.fin_rcvd && grown >= self.smss.min(self.rcv_cap / 2).max(1);
         if update {
             self.ack_now = true;
         }

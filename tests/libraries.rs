@@ -323,6 +323,57 @@ async fn connect_retrying(to: SocketAddr) -> std::result::Result<tokio::net::Tcp
     }
 }
 
+/// Three WebSocket messages `{word} N` from tokio-tungstenite's client on the kernel's stack
+/// (in the client namespace) to `to`, and what came back.
+fn ws_echo(
+    net: &corelane_testnet::VethPair,
+    to: SocketAddr,
+    word: &'static str,
+) -> std::result::Result<Vec<String>, String> {
+    net.client_ns()
+        .run(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async move {
+                use futures_util::{SinkExt, StreamExt};
+                // The server binds its port once it runs: until then, a refusal.
+                let tcp = connect_retrying(to).await?;
+                let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{to}/ws"), tcp)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut back = Vec::new();
+                for i in 0..3 {
+                    let m = tokio_tungstenite::tungstenite::Message::text(format!("{word} {i}"));
+                    ws.send(m).await.map_err(|e| e.to_string())?;
+                    match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+                        Ok(Some(Ok(m))) => {
+                            back.push(m.into_text().map_err(|e| e.to_string())?.to_string())
+                        }
+                        other => return Err(format!("no echo: {other:?}")),
+                    }
+                }
+                Ok(back)
+            })
+        })
+        .map_err(|e| e.to_string())?
+}
+
+/// Serves one connection with `upgrade_or_tunnel`, upgrades allowed.
+async fn serve_upgrades<S>(s: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(
+            hyper_util::rt::TokioIo::new(s),
+            hyper::service::service_fn(upgrade_or_tunnel),
+        )
+        .with_upgrades()
+        .await;
+}
+
 #[test]
 fn hyper_upgrades_carry_a_websocket_echo_and_a_connect_tunnel() -> Result {
     if !require_root("libraries: hyper upgrades") {
@@ -338,48 +389,13 @@ fn hyper_upgrades_carry_a_websocket_echo_and_a_connect_tunnel() -> Result {
                 return;
             };
             while let Ok((s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(
-                            hyper_util::rt::TokioIo::new(s),
-                            hyper::service::service_fn(upgrade_or_tunnel),
-                        )
-                        .with_upgrades()
-                        .await;
-                });
+                tokio::spawn(serve_upgrades(s));
             }
         },
     )?;
     let server: SocketAddr = format!("{SERVER_V4}:8080").parse()?;
     // The WebSocket: tokio-tungstenite's client on the kernel's stack.
-    let echoed = net
-        .client_ns()
-        .run(move || -> std::result::Result<Vec<String>, String> {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            rt.block_on(async move {
-                use futures_util::{SinkExt, StreamExt};
-                // The server binds its port once it runs: until then, a refusal.
-                let tcp = connect_retrying(server).await?;
-                let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{server}/ws"), tcp)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut back = Vec::new();
-                for i in 0..3 {
-                    let m = tokio_tungstenite::tungstenite::Message::text(format!("hello {i}"));
-                    ws.send(m).await.map_err(|e| e.to_string())?;
-                    match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
-                        Ok(Some(Ok(m))) => {
-                            back.push(m.into_text().map_err(|e| e.to_string())?.to_string())
-                        }
-                        other => return Err(format!("no echo: {other:?}")),
-                    }
-                }
-                Ok(back)
-            })
-        })??;
+    let echoed = ws_echo(&net, server, "hello")?;
     assert_eq!(echoed, ["hello 0", "hello 1", "hello 2"]);
     // CONNECT: a kernel client tunnels through the corelane server to the kernel echo server.
     let tunneled = net.client_ns().run(move || -> std::io::Result<Vec<u8>> {
@@ -437,15 +453,7 @@ fn kernel_upgrades(net: &corelane_testnet::VethPair, port: u16) -> Result<Arc<At
             };
             while let Ok((s, _)) = l.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(
-                            hyper_util::rt::TokioIo::new(s),
-                            hyper::service::service_fn(upgrade_or_tunnel),
-                        )
-                        .with_upgrades()
-                        .await;
-                });
+                tokio::spawn(serve_upgrades(s));
             }
         });
     });
@@ -498,35 +506,7 @@ fn the_proxy_example_pools_its_upstream_connections_and_passes_websockets_throug
         "20 proxied requests in a row took {upstream_conns} upstream connections"
     );
     // A WebSocket through the proxy to the upstream's echo.
-    let echoed = net
-        .client_ns()
-        .run(move || -> std::result::Result<Vec<String>, String> {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            rt.block_on(async move {
-                use futures_util::{SinkExt, StreamExt};
-                let tcp = tokio::net::TcpStream::connect(proxy)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{proxy}/ws"), tcp)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut back = Vec::new();
-                for i in 0..3 {
-                    let m = tokio_tungstenite::tungstenite::Message::text(format!("through {i}"));
-                    ws.send(m).await.map_err(|e| e.to_string())?;
-                    match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
-                        Ok(Some(Ok(m))) => {
-                            back.push(m.into_text().map_err(|e| e.to_string())?.to_string())
-                        }
-                        other => return Err(format!("no echo: {other:?}")),
-                    }
-                }
-                Ok(back)
-            })
-        })??;
+    let echoed = ws_echo(&net, proxy, "through")?;
     assert_eq!(echoed, ["through 0", "through 1", "through 2"]);
     Ok(())
 }

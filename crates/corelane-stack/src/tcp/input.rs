@@ -251,12 +251,9 @@ impl Conn {
             // Not for this attempt: a reset for it, unless it is one.
             if seg.control != TcpControl::Rst {
                 self.rst_due_for = Some(a);
-                // A peer that still holds an earlier connection of this four-tuple in
-                // TIME-WAIT, and whose PAWS check dropped this SYN, answers with that
-                // connection's ACK. The reset ends it there (Linux's TIME-WAIT takes a reset at
-                // its RCV.NXT); the SYN goes again at once, not a second later on its timer.
-                // Once: a peer that ignores the reset (RFC 1337) leaves it to the timer, and a
-                // forged ACK earns one SYN at most.
+                // A peer's TIME-WAIT of this four-tuple (PAWS dropped the SYN) answers with the
+                // old connection's ACK: the reset ends it there, the SYN goes again at once; once
+                // only (RFC 1337's TIME-WAIT ignores resets; a forged ACK earns one SYN).
                 if self.syn_tries == 1 && seg.control == TcpControl::None {
                     self.stats.rare().syn_old_acks += 1;
                     self.syn_due = true;

@@ -22,8 +22,8 @@
 //!
 //! This crate is the facade; the rooms behind it are `corelane-frame` (frames, no system
 //! dependencies), `corelane-stack` (the sans-IO protocol core and its one pipeline turn),
-//! `corelane-xsk` (XDP and AF_XDP), `corelane-rt` (the per-core runtime and sockets) and
-//! `corelane-topo` (placement). `docs/ARCHITECTURE.md` follows one frame through them.
+//! `corelane-xsk` (XDP and AF_XDP), `corelane-rt` (the per-core runtime and sockets),
+//! `corelane-topo` (placement) and `corelane-macros` (the attributes). `docs/ARCHITECTURE.md` follows one frame through them.
 //!
 //! ```no_run
 //! use corelane::Runtime;
@@ -66,6 +66,102 @@
 #![forbid(unsafe_code)]
 
 pub use corelane_rt::lab;
+
+/// Runs an `async fn main` on every core of a corelane runtime: `#[tokio::main]`, ported by
+/// changing the attribute. The runtime takes the interface, the addresses and the core count
+/// from the attribute, and the `CORELANE_IFACE`, `CORELANE_ADDR` (a comma-separated list) and
+/// `CORELANE_CORES` variables over them, so a built binary can be pointed elsewhere. As with
+/// [`Runtime::run`], the body runs once on every core.
+///
+/// `async fn main()` prints an error (one that stops the runtime or a core) and exits with 1;
+/// `async fn main() -> Result<(), E>` returns it, where `E` takes [`Error`] with `?`
+/// (`Box<dyn std::error::Error>`, `anyhow::Error`), and a core's own error stops the run as
+/// [`Runtime::try_run`] does.
+///
+/// ```no_run
+/// use corelane::net::TcpListener;
+/// use tokio::io::AsyncWriteExt;
+///
+/// #[corelane::main(iface = "veth0", addr = "10.0.0.5/24")]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let listener = TcpListener::bind(7).await?;
+///     loop {
+///         let (mut s, _) = listener.accept().await?;
+///         tokio::spawn(async move { s.write_all(b"hello\n").await });
+///     }
+/// }
+/// ```
+pub use corelane_macros::main;
+
+/// Runs an `async fn` test in a corelane lab ([`lab`]: one core over an in-memory queue,
+/// owning `127.0.0.1/8` and `::1`, with no root, interface or XDP program): `#[tokio::test]`,
+/// ported by changing the attribute. A test that returns a `Result` keeps it.
+///
+/// ```
+/// # mod wrap {
+/// use corelane::net::{TcpListener, TcpStream};
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// #[corelane::test]
+/// async fn echoes() -> std::io::Result<()> {
+///     let listener = TcpListener::bind("127.0.0.1:0").await?;
+///     let addr = listener.local_addr()?;
+///     tokio::spawn(async move {
+///         let (mut s, _) = listener.accept().await?;
+///         let (mut r, mut w) = s.split();
+///         tokio::io::copy(&mut r, &mut w).await
+///     });
+///     let mut c = TcpStream::connect(addr).await?;
+///     c.write_all(b"ping").await?;
+///     let mut b = [0u8; 4];
+///     c.read_exact(&mut b).await?;
+///     assert_eq!(&b, b"ping");
+///     Ok(())
+/// }
+/// # }
+/// ```
+pub use corelane_macros::test;
+
+/// What the attributes expand to call; not an interface of its own.
+#[doc(hidden)]
+pub mod __macro {
+    /// A builder for `#[corelane::main]`: the `CORELANE_*` variables over the attribute's
+    /// values.
+    pub fn builder(
+        iface: Option<&str>,
+        addrs: &[&str],
+        cores: Option<usize>,
+    ) -> Result<crate::Builder, crate::Error> {
+        let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
+        let iface = var("CORELANE_IFACE")
+            .or(iface.map(str::to_string))
+            .ok_or_else(|| {
+                crate::Error::Config(
+                    "#[corelane::main] has no interface: give it `iface = \"IF\"`, or set \
+                 CORELANE_IFACE"
+                        .into(),
+                )
+            })?;
+        let addrs: Vec<String> = match var("CORELANE_ADDR") {
+            Some(v) => v.split(',').map(|a| a.trim().to_string()).collect(),
+            None => addrs.iter().map(|a| a.to_string()).collect(),
+        };
+        let mut b = crate::Runtime::builder(&iface);
+        for a in addrs.iter().filter(|a| !a.is_empty()) {
+            b = b.addr(a.as_str());
+        }
+        let cores = match var("CORELANE_CORES") {
+            Some(v) => Some(v.trim().parse::<usize>().map_err(|_| {
+                crate::Error::Config(format!("CORELANE_CORES={v}: not a number of cores"))
+            })?),
+            None => cores,
+        };
+        if let Some(n) = cores {
+            b = b.cores(n);
+        }
+        Ok(b)
+    }
+}
 pub use corelane_rt::{
     AddrHandle, BatchStats, Builder, Cidr, CoreInfo, CoreReport, CoreStats, Error, IntoCidr, Lane,
     Machine, OnPanic, Placement, Plan, PollMode, RX_WAIT_SAMPLE_EVERY, RunReport, Runtime, Sharing,

@@ -23,7 +23,11 @@ fn maddrs(net: &VethPair) -> String {
 fn claim_file_of(pid: u32) -> Option<std::path::PathBuf> {
     let dirs = std::fs::read_dir("/run/corelane").ok()?;
     for ns in dirs.flatten() {
-        for iface in std::fs::read_dir(ns.path()).ok()?.flatten() {
+        // A namespace's directory (the run directory holds files too: the restart key).
+        let Ok(ifaces) = std::fs::read_dir(ns.path()) else {
+            continue;
+        };
+        for iface in ifaces.flatten() {
             let owner = iface.path().join("owner");
             let text = std::fs::read_to_string(&owner).unwrap_or_default();
             if text.lines().next() == Some(&format!("pid {pid}")) {

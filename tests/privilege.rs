@@ -205,6 +205,24 @@ fn a_granted_server_needs_only_net_raw_and_steers_only_its_grant() {
             "broker thread {name}: {caps:#x}"
         );
     }
+    // Its restart key (ISNs and timestamps that run on across its restarts) is the broker's
+    // for its user, kept under the broker's own (uid NOBODY here), readable by it alone.
+    let key = run
+        .join("keys")
+        .join(format!("uid-{NOBODY}"))
+        .join("restart-key");
+    let meta = std::fs::metadata(&key)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", key.display(), server.output()));
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (meta.uid(), meta.mode() & 0o777, meta.len()),
+        (NOBODY, 0o600, 16)
+    );
+    assert!(
+        !server.output().contains("no restart key"),
+        "{}",
+        server.output()
+    );
     let v4 = SocketAddr::new(SERVER_V4.parse().unwrap(), 7);
     let v6 = SocketAddr::new(SERVER_V6.parse().unwrap(), 7);
     assert_echoes(&net, v4, 256 * 1024, 1);
@@ -284,7 +302,7 @@ fn a_granted_server_needs_only_net_raw_and_steers_only_its_grant() {
     assert!(status.success(), "{out}");
     assert!(out.contains("program detached"), "{out}");
     assert_no_xdp(&net);
-    let left: Vec<_> = walk(&run);
+    let left = left_behind(&run);
     assert!(left.is_empty(), "left behind: {left:?}");
     let _ = std::fs::remove_dir_all(&run);
 }
@@ -343,6 +361,15 @@ fn run_capture_during(net: &VethPair, run: &Path, load: impl FnOnce()) -> usize 
         .unwrap();
     let _ = std::fs::remove_file(&out);
     String::from_utf8_lossy(&read.stdout).lines().count()
+}
+
+/// Every file under `dir` but the restart keys, which outlive every run on purpose (until the
+/// machine restarts: a new process's ISNs and timestamps go on from its last one's).
+fn left_behind(dir: &Path) -> Vec<PathBuf> {
+    walk(dir)
+        .into_iter()
+        .filter(|p| !p.ends_with(corelane_stat::RESTART_KEY_FILE))
+        .collect()
 }
 
 /// Every file under `dir`.
@@ -668,7 +695,7 @@ fn a_broker_stopped_while_its_server_runs_leaves_nothing_behind() {
     broker.signal(libc::SIGTERM);
     let (status, out) = broker.wait();
     assert!(status.success(), "{out}");
-    let left = walk(&run);
+    let left = left_behind(&run);
     assert!(left.is_empty(), "left behind: {left:?}");
     drop(server);
     let _ = std::fs::remove_dir_all(&run);

@@ -358,6 +358,17 @@ fn handle(
             Ok((path.display().to_string(), Some(handed)))
         }
         ["vlan"] => Ok((grant.vlan.to_wire(), None)),
+        ["restart-key"] => {
+            // The server's user's own key, kept root's alone: the server cannot write the run
+            // directory, and a key per user tells one user nothing of another's ISNs.
+            let dir = corelane_stat::run_dir()
+                .join("keys")
+                .join(format!("uid-{}", session.uid));
+            corelane_stat::make_dir(&dir).map_err(|err| format!("{}: {err}", dir.display()))?;
+            let [a, b] = corelane_stat::restart_key(&dir)
+                .map_err(|err| format!("{}: {err}", dir.display()))?;
+            Ok((format!("{a:016x}{b:016x}"), None))
+        }
         ["capture", bytes] => {
             // As the stats; the frames are the traffic, so the pointer is root's alone.
             let path = st.claim.dir().join("capture");

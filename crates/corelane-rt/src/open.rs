@@ -304,7 +304,7 @@ impl Builder {
             None => {}
         }
         if cfg.stack.seed.is_none() && cfg.stack.restart_key.is_none() {
-            cfg.stack.restart_key = restart_key();
+            cfg.stack.restart_key = restart_key(shared.steer.read().grant());
         }
         Ok(Runtime {
             shared,
@@ -322,19 +322,23 @@ impl Builder {
     }
 }
 
-/// The key this host's runtimes of this user keep across restarts (`StackConfig::restart_key`,
-/// in the run directory), or None with a line that says what a restart then risks.
-fn restart_key() -> Option<[u64; 2]> {
+/// The key this host's runtimes of this user keep across restarts (`StackConfig::restart_key`):
+/// the broker's for this user under a grant, else in the run directory; or None with a line
+/// that says what a restart then risks.
+fn restart_key(grant: Option<&corelane_xsk::GrantClient>) -> Option<[u64; 2]> {
     let dir = corelane_stat::run_dir();
-    match corelane_stat::restart_key(&dir) {
+    let key = match grant {
+        Some(g) => g.restart_key().map_err(|e| e.to_string()),
+        None => corelane_stat::restart_key(&dir).map_err(|e| format!("in {}: {e}", dir.display())),
+    };
+    match key {
         Ok(k) => Some(k),
         Err(e) => {
             tracing::info!(
-                "no restart key in {} ({e}): this run draws its own ISN and timestamp keys, so \
-                 a peer that still holds one of the last run's connections in TIME-WAIT may \
-                 answer a new SYN to it with the old connection's ACK (reset, and the SYN sent \
-                 again at once)",
-                dir.display()
+                "no restart key ({e}): this run draws its own ISN and timestamp keys, so a peer \
+                 that still holds one of the last run's connections in TIME-WAIT may answer a \
+                 new SYN to it with the old connection's ACK (reset, and the SYN sent again at \
+                 once)"
             );
             None
         }

@@ -4,8 +4,9 @@
 //! every warning and error (a core that failed, a fallback to generic XDP, a refused upgrade),
 //! and a library user does not know to install one. So the threads of a run (its cores, the
 //! application threads, the privileged thread) carry the subscriber of the thread that built
-//! or ran it, its own scoped one included, and where that is none, a plain writer of
-//! corelane's warnings and errors to stderr, one line each. `CORELANE_LOG=off` silences it,
+//! or ran it, its own scoped one included (tracing's `has_been_set` cannot tell a global one
+//! from a scoped one), and where that is none, a plain writer of corelane's warnings and
+//! errors to stderr, one line each. `CORELANE_LOG=off` silences it,
 //! `info` or `debug` says more.
 
 use std::fmt::Write as _;
@@ -16,8 +17,8 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
-/// The dispatcher for the threads of a run: the calling thread's, or the stderr writer when
-/// that is none (or None: `CORELANE_LOG=off`).
+/// The dispatcher for the threads of a run: the calling thread's (a global one, or its own
+/// scoped one), or the stderr writer when that is none (or None: `CORELANE_LOG=off`).
 pub(crate) fn dispatch() -> Option<Dispatch> {
     let current = tracing::dispatcher::get_default(Dispatch::clone);
     if !current.is::<tracing::subscriber::NoSubscriber>() {

@@ -298,6 +298,28 @@ impl GrantClient {
         }
     }
 
+    /// This server's user's restart key (`StackConfig::restart_key`), which the broker keeps
+    /// in the run directory, root's alone, one per user.
+    ///
+    /// # Errors
+    /// The broker refused (or is older than the request), or its answer is not a key.
+    pub fn restart_key(&self) -> Result<[u64; 2], Error> {
+        let (text, _) = self.exchange("restart-key", None)?;
+        let half = |r: std::ops::Range<usize>| {
+            text.get(r)
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+                .ok_or_else(|| {
+                    Error::Grant(format!("malformed restart key from the broker: {text}"))
+                })
+        };
+        if text.len() != 32 {
+            return Err(Error::Grant(format!(
+                "malformed restart key from the broker: {text}"
+            )));
+        }
+        Ok([half(0..16)?, half(16..32)?])
+    }
+
     /// The packet capture file the broker made for this server beside its stats file, `bytes`
     /// long (sealed as the stats file is), opened for reading and writing, and the path of its
     /// pointer.

@@ -31,6 +31,8 @@ mod capture;
 mod capture_tests;
 mod conn;
 mod keep;
+#[cfg(test)]
+mod keep_tests;
 mod map;
 mod ns;
 mod pcapng;

@@ -100,7 +100,10 @@ mod connector {
 
         #[test]
         fn a_uri_leads_to_its_address_and_a_name_is_refused_in_words() {
-            let t = |s: &str| target(&s.parse().expect("uri"));
+            let t = |s: &str| match s.parse() {
+                Ok(u) => target(&u),
+                Err(e) => panic!("{s}: {e}"),
+            };
             assert_eq!(
                 t("http://10.0.0.2:8080/x").ok(),
                 "10.0.0.2:8080".parse().ok()

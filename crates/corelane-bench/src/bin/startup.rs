@@ -73,6 +73,32 @@ async fn echo_one(mut s: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unp
     }
 }
 
+/// The rest of one start, either server's: its times until built and bound (from `ready`),
+/// then the first request to `ip`, then the server's end.
+fn finish(
+    net: &VethPair,
+    name: &str,
+    thread: corelane_testnet::NsThread<Result<(), String>>,
+    ready: &mpsc::Receiver<(Duration, Duration)>,
+    ip: &str,
+    t0: Instant,
+) -> Result<Start, String> {
+    let Ok((built, bound)) = ready.recv_timeout(Duration::from_secs(20)) else {
+        return Err(match thread.join() {
+            Ok(Err(e)) => format!("the {name} server did not start: {e}"),
+            _ => format!("the {name} server did not start"),
+        });
+    };
+    let to = SocketAddr::new(ip.parse().map_err(|_| "addr")?, PORT);
+    let answered = first_request(net, to, t0)?;
+    thread.join().map_err(|e| e.to_string())??;
+    Ok(Start {
+        built,
+        bound,
+        answered,
+    })
+}
+
 fn corelane_start(net: &VethPair) -> Result<Start, String> {
     let ifname = net.server_if().to_string();
     let (tx, rx) = mpsc::channel::<(Duration, Duration)>();
@@ -102,20 +128,7 @@ fn corelane_start(net: &VethPair) -> Result<Start, String> {
             .map_err(|e| e.to_string())
         })
         .map_err(|e| e.to_string())?;
-    let Ok((built, bound)) = rx.recv_timeout(Duration::from_secs(20)) else {
-        return Err(match thread.join() {
-            Ok(Err(e)) => format!("the corelane server did not start: {e}"),
-            _ => "the corelane server did not start".into(),
-        });
-    };
-    let to = SocketAddr::new(CORELANE.parse().map_err(|_| "addr")?, PORT);
-    let answered = first_request(net, to, t0)?;
-    thread.join().map_err(|e| e.to_string())??;
-    Ok(Start {
-        built,
-        bound,
-        answered,
-    })
+    finish(net, "corelane", thread, &rx, CORELANE, t0)
 }
 
 fn tokio_start(net: &VethPair) -> Result<Start, String> {
@@ -141,17 +154,7 @@ fn tokio_start(net: &VethPair) -> Result<Start, String> {
             })
         })
         .map_err(|e| e.to_string())?;
-    let (built, bound) = rx
-        .recv_timeout(Duration::from_secs(20))
-        .map_err(|_| "the tokio server did not start")?;
-    let to = SocketAddr::new(SERVER.parse().map_err(|_| "addr")?, PORT);
-    let answered = first_request(net, to, t0)?;
-    thread.join().map_err(|e| e.to_string())??;
-    Ok(Start {
-        built,
-        bound,
-        answered,
-    })
+    finish(net, "tokio", thread, &rx, SERVER, t0)
 }
 
 fn ms(d: Duration) -> f64 {

@@ -208,3 +208,55 @@ fn a_flood_to_closed_udp_ports_is_answered_at_the_rate_limit() -> Result {
     );
     Ok(())
 }
+
+/// The other way round: a corelane UDP socket connected to a kernel host's closed port. The
+/// kernel answers with ICMP port unreachable; the program steers it to the core, the stack
+/// gives it to the socket that sent the datagram, and its next `recv` fails with
+/// `ConnectionRefused`, as a kernel socket's does (before, it waited for ever), over IPv4
+/// and IPv6.
+#[test]
+fn a_corelane_socket_connected_to_a_closed_kernel_port_is_refused() -> Result {
+    if !require_root("ICMP port unreachable to a corelane socket") {
+        return Ok(());
+    }
+    let net = net(1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let served = serve_on(
+        &net,
+        |b| b.cores(1).addr("fd00:77::3/64"),
+        move |_| {
+            let tx = tx.clone();
+            async move {
+                for peer in ["10.77.0.2:9", "[fd00:77::2]:9"] {
+                    let got = refused(peer).await;
+                    let _ = tx.send((peer, got));
+                }
+            }
+        },
+    )?;
+    for _ in 0..2 {
+        let (peer, got) = rx.recv_timeout(Duration::from_secs(30))?;
+        assert!(
+            matches!(&got, Err(e) if e.kind() == ErrorKind::ConnectionRefused),
+            "{peer}: {got:?}"
+        );
+    }
+    served.stop.stop();
+    served.thread.join()??;
+    Ok(())
+}
+
+/// What a connected socket's `recv` says after datagrams to `peer`, resent while the
+/// neighbour resolves (bounded: 20 tries, 200 ms each).
+async fn refused(peer: &str) -> std::io::Result<usize> {
+    let s = corelane::net::UdpSocket::bind(0).await?;
+    s.connect(peer).await?;
+    let mut buf = [0u8; 64];
+    for _ in 0..20 {
+        s.send(b"anyone?").await?;
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(200), s.recv(&mut buf)).await {
+            return r;
+        }
+    }
+    Err(ErrorKind::TimedOut.into())
+}

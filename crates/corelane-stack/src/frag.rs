@@ -252,6 +252,32 @@ pub(crate) fn refragment(frame: &[u8], mtu: usize, id: u32) -> Vec<Vec<u8>> {
     }
 }
 
+/// Sets the type of service (IPv4, the header checksum made right again) or traffic class
+/// (IPv6) of the IP packet in Ethernet frame `buf`; nothing for anything else or for 0.
+pub(crate) fn set_tos(buf: &mut [u8], tos: u8) {
+    if tos == 0 {
+        return;
+    }
+    match buf.get(12..14) {
+        Some([0x08, 0x00]) if buf.len() >= 34 => {
+            let ihl = usize::from(buf[14] & 0x0f) * 4;
+            if ihl < 20 || buf.len() < 14 + ihl {
+                return;
+            }
+            buf[15] = tos;
+            buf[24..26].copy_from_slice(&[0, 0]);
+            let c = inet_checksum(&buf[14..14 + ihl]);
+            buf[24..26].copy_from_slice(&c.to_ne_bytes());
+        }
+        Some([0x86, 0xdd]) if buf.len() >= 54 => {
+            // Version (4 bits), traffic class (8), flow label (20).
+            buf[14] = 0x60 | tos >> 4;
+            buf[15] = (tos << 4) | (buf[15] & 0x0f);
+        }
+        _ => {}
+    }
+}
+
 /// Sets the TTL (IPv4, the header checksum made right again) or hop limit (IPv6) of the IP
 /// packet in Ethernet frame `buf`; nothing for anything else or a default TTL.
 pub(crate) fn set_ttl(buf: &mut [u8], ttl: u8) {

@@ -103,13 +103,18 @@ fn ttl_of(f: &[u8]) -> Option<u8> {
 }
 
 #[test]
-fn a_udp_socket_s_and_a_listener_s_ttl_are_on_the_wire() -> Result<(), Box<dyn std::error::Error>> {
+fn a_udp_socket_s_and_a_listener_s_ttl_and_tos_are_on_the_wire()
+-> Result<(), Box<dyn std::error::Error>> {
     let mut p = Pair::with(corelane_frame::MemLink::default(), cfg(), cfg());
     // UDP: a datagram from a socket whose TTL is 9.
     let (ua, _) = p.a.stack.bind_udp(9)?;
     let (_ub, _) = p.b.stack.bind_udp(10)?;
     p.a.stack.udp_set_ttl(ua, 9)?;
     assert_eq!(p.a.stack.udp_ttl(ua)?, 9);
+    // And type of service 0x61 (UDP: all eight bits, ECN's included, as the kernel's).
+    p.a.stack.udp_set_tos(ua, 0x61)?;
+    assert_eq!(p.a.stack.udp_tos(ua)?, 0x61);
+    assert!(p.a.stack.udp_set_tos(ua, 256).is_err());
     assert!(p.a.stack.udp_set_ttl(ua, 0).is_err());
     p.a.dev_mut().io_mut().set_capture(true);
     let to = "10.9.0.2:10".parse()?;
@@ -119,23 +124,27 @@ fn a_udp_socket_s_and_a_listener_s_ttl_are_on_the_wire() -> Result<(), Box<dyn s
     ));
     let mut sent = VecDeque::new();
     let mut udp_ttl = None;
+    let mut udp_tos = None;
     p.drive(Duration::from_millis(500), |p| {
         p.a.dev_mut().io_mut().take_sent(&mut sent);
         // ARP first; deliver everything so the neighbour resolves.
         while let Some(f) = sent.pop_front() {
             if f.len() > 23 && f[23] == 17 {
                 udp_ttl = ttl_of(&f);
+                udp_tos = Some(f[15]);
             }
             p.a.dev_mut().io_mut().inject(&f);
         }
         udp_ttl.is_some()
     })?;
     assert_eq!(udp_ttl, Some(9));
+    assert_eq!(udp_tos, Some(0x61));
     // TCP: a listener whose accepted connections get TTL 33.
     p.a.dev_mut().io_mut().set_capture(false);
     p.a.stack.listen_tcp(7, None)?;
     let mut o = p.a.stack.accept_options(7).ok_or("options")?;
     o.ttl = Some(33);
+    o.tos = 0x60;
     p.a.stack.set_accept_options(7, o)?;
     let (_c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
     let mut server = None;
@@ -157,6 +166,9 @@ fn a_udp_socket_s_and_a_listener_s_ttl_are_on_the_wire() -> Result<(), Box<dyn s
         .find(|f| tcp_payload(f) == 5)
         .ok_or("the data")?;
     assert_eq!(ttl_of(data), Some(33));
+    // DSCP 24 from the listener; the ECN bits are the connection's own (no ECN here).
+    assert_eq!(data[15] & !3, 0x60);
+    assert_eq!(p.a.stack.tos(s)?, 0x60);
     Ok(())
 }
 

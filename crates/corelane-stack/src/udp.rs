@@ -61,6 +61,10 @@ pub(crate) struct UdpSock {
     /// queue, `unres_qlen`), at most [`PARK_PER_HOP`] per hop and a quarter of the queue in all.
     /// They still count against the send queue's bytes.
     parked: VecDeque<Parked>,
+    /// The peer an ICMP "port unreachable" (or another hard error) last said refused a
+    /// datagram from here, until taken: a connected socket's next call says so
+    /// (`ECONNREFUSED`, as the kernel's).
+    pub(crate) refused: Option<IpEndpoint>,
     pub(crate) stats: UdpStats,
 }
 
@@ -88,6 +92,7 @@ impl UdpSock {
             max_bytes: bytes.max(1),
             rx_waker: None,
             tx_waker: None,
+            refused: None,
             parked: VecDeque::new(),
             stats: UdpStats::default(),
         }

@@ -41,6 +41,7 @@ mod addr;
 mod glue;
 pub mod tcp;
 mod udp;
+mod udp_poll;
 mod udp_ready;
 
 pub use addr::ToSocketAddr;

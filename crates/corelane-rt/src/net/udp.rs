@@ -266,30 +266,42 @@ impl UdpSocket {
     /// Sends to the connected peer (see [`connect`](Self::connect) for an example).
     ///
     /// # Errors
-    /// `NotConnected` before [`connect`](Self::connect); as [`send_to`](Self::send_to).
+    /// `NotConnected` before [`connect`](Self::connect); `ConnectionRefused` once after an
+    /// ICMP error said the peer refused a datagram; as [`send_to`](Self::send_to).
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub async fn send(&self, buf: &[u8]) -> io::Result<usize> {
-        self.send_to(buf, self.peer_addr()?).await
+        let peer = self.peer_addr()?;
+        self.refused(peer)?;
+        self.send_to(buf, peer).await
+    }
+
+    /// `ConnectionRefused` once when an ICMP error said the connected peer `peer` refused a
+    /// datagram from here (as the kernel's connected UDP socket reports `ECONNREFUSED`).
+    pub(super) fn refused(&self, peer: SocketAddr) -> io::Result<()> {
+        if self.core.stack().udp_take_refused(self.id, peer) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("{peer} refused a datagram from here (ICMP destination unreachable)"),
+            ));
+        }
+        Ok(())
     }
 
     /// Receives from the connected peer (datagrams from others are dropped; see
     /// [`connect`](Self::connect) for an example).
     ///
     /// # Errors
-    /// `NotConnected` before [`connect`](Self::connect); as [`recv_from`](Self::recv_from).
+    /// `NotConnected` before [`connect`](Self::connect); `ConnectionRefused` once after an
+    /// ICMP error said the peer refused a datagram; as [`recv_from`](Self::recv_from).
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let peer = self.peer_addr()?;
-        loop {
-            let (n, from) = self.recv_from(buf).await?;
-            if from == peer {
-                return Ok(n);
-            }
-        }
+        let mut rb = tokio::io::ReadBuf::new(buf);
+        poll_fn(|cx| self.poll_recv(cx, &mut rb)).await?;
+        Ok(rb.filled().len())
     }
 }
 

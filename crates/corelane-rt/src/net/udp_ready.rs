@@ -130,6 +130,7 @@ impl UdpSocket {
     /// `NotConnected` before [`connect`](Self::connect); `WouldBlock` when none waits.
     pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         let peer = self.peer_addr()?;
+        self.refused(peer)?;
         loop {
             let (n, from) = self.try_recv_from(buf)?;
             if from == peer {
@@ -158,7 +159,9 @@ impl UdpSocket {
     /// `NotConnected` before [`connect`](Self::connect); `WouldBlock` when the send queue is
     /// full.
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
-        self.try_send_to(buf, self.peer_addr()?)
+        let peer = self.peer_addr()?;
+        self.refused(peer)?;
+        self.try_send_to(buf, peer)
     }
 
     /// Sets the TTL (IPv4) or hop limit (IPv6) of the datagrams this socket sends.

@@ -86,9 +86,12 @@ impl Stack {
         peers: &mut dyn Peers,
         hops: u8,
     ) -> bool {
-        let Some((key, e, seq)) = dev.front_bytes().and_then(parse_error) else {
+        let Some((proto, key, e, seq)) = dev.front_bytes().and_then(parse_error) else {
             return false;
         };
+        if proto == Proto::Udp {
+            return self.udp_icmp_error(dev, peers, hops, key, e);
+        }
         if let Some(i) = self.table.get(&key) {
             dev.skip();
             let taken = self.slots[i as usize]
@@ -123,12 +126,54 @@ impl Stack {
         dev.skip();
         true
     }
+
+    /// An ICMP error quoting a datagram a UDP socket here sent: a refusal (port or protocol
+    /// unreachable) is kept for the socket's connected calls and wakes its reader; anything
+    /// else is counted and dropped. A quote of another core's port goes to that core.
+    fn udp_icmp_error<P: FrameIo>(
+        &mut self,
+        dev: &mut XdpDevice<P>,
+        peers: &mut dyn Peers,
+        hops: u8,
+        key: FlowKey,
+        e: IcmpError,
+    ) -> bool {
+        let port = key.local.port;
+        if let Some(&i) = self.udp.get(&port) {
+            dev.skip();
+            match (e, self.udp_sock_at(i)) {
+                (IcmpError::Refused, Some(s)) => {
+                    s.refused = Some(key.remote);
+                    s.wake_rx();
+                }
+                _ => self.stats.icmp_ignored += 1,
+            }
+            return true;
+        }
+        let disposition = dev.front_bytes().map_or(Disposition::Answer, |bytes| {
+            peers.unclaimed(Unclaimed {
+                proto: Proto::Udp,
+                local_port: port,
+                listening: false,
+                hops,
+                bytes,
+            })
+        });
+        match disposition {
+            Disposition::HandedOff => self.stats.handed_off += 1,
+            Disposition::Dropped => self.stats.handoff_dropped += 1,
+            Disposition::Answer => self.stats.icmp_ignored += 1,
+        }
+        dev.skip();
+        true
+    }
 }
 
-/// The connection an ICMP or ICMPv6 error is about (as this side names it), what it says, and
-/// the sequence number of the segment it quotes. None for anything else: echo, a bad checksum,
-/// a quote of something not TCP or too short to name the segment.
-fn parse_error(frame: &[u8]) -> Option<(FlowKey, IcmpError, Seq)> {
+/// The protocol and flow an ICMP or ICMPv6 error is about (as this side names it), what it
+/// says, and the sequence number of the TCP segment it quotes (0 for a UDP datagram). None
+/// for anything else: echo, a bad checksum, a quote of something not TCP or UDP or too short
+/// to name the segment.
+fn parse_error(frame: &[u8]) -> Option<(Proto, FlowKey, IcmpError, Seq)> {
     let ip = frame.get(14..)?;
     let (e, quoted) = match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
         0x0800 => {
@@ -149,12 +194,13 @@ fn parse_error(frame: &[u8]) -> Option<(FlowKey, IcmpError, Seq)> {
             };
             let q = icmp.get(8..)?;
             let qihl = usize::from(q.first()? & 0x0f) * 4;
-            if q[0] >> 4 != 4 || qihl < 20 || *q.get(9)? != 6 {
+            let proto = quoted_proto(*q.get(9)?)?;
+            if q[0] >> 4 != 4 || qihl < 20 {
                 return None;
             }
             let src = IpAddress::Ipv4(Ipv4Address::from_octets(q.get(12..16)?.try_into().ok()?));
             let dst = IpAddress::Ipv4(Ipv4Address::from_octets(q.get(16..20)?.try_into().ok()?));
-            (e, (src, dst, q.get(qihl..qihl + 8)?))
+            (e, (proto, src, dst, q.get(qihl..qihl + 8)?))
         }
         0x86dd => {
             let plen = usize::from(u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?]));
@@ -174,24 +220,37 @@ fn parse_error(frame: &[u8]) -> Option<(FlowKey, IcmpError, Seq)> {
                 _ => return None,
             };
             let q = icmp.get(8..)?;
-            if q.first()? >> 4 != 6 || *q.get(6)? != 6 {
+            let proto = quoted_proto(*q.get(6)?)?;
+            if q.first()? >> 4 != 6 {
                 return None;
             }
             let src = IpAddress::Ipv6(Ipv6Address::from_octets(q.get(8..24)?.try_into().ok()?));
             let dst = IpAddress::Ipv6(Ipv6Address::from_octets(q.get(24..40)?.try_into().ok()?));
-            (e, (src, dst, q.get(40..48)?))
+            (e, (proto, src, dst, q.get(40..48)?))
         }
         _ => return None,
     };
-    let (src, dst, tcp) = quoted;
-    let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
-    let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
-    let seq = Seq(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]));
+    let (proto, src, dst, l4) = quoted;
+    let sport = u16::from_be_bytes([l4[0], l4[1]]);
+    let dport = u16::from_be_bytes([l4[2], l4[3]]);
+    let seq = match proto {
+        Proto::Tcp => Seq(u32::from_be_bytes([l4[4], l4[5], l4[6], l4[7]])),
+        Proto::Udp => Seq(0),
+    };
     let key = FlowKey {
         local: IpEndpoint::new(src, sport),
         remote: IpEndpoint::new(dst, dport),
     };
-    Some((key, e, seq))
+    Some((proto, key, e, seq))
+}
+
+/// The protocol of a quoted header, if it is one whose errors this stack takes.
+fn quoted_proto(p: u8) -> Option<Proto> {
+    match p {
+        6 => Some(Proto::Tcp),
+        17 => Some(Proto::Udp),
+        _ => None,
+    }
 }
 
 /// The reply frame to `frame` if it is a valid echo request (ICMP type 8 or ICMPv6 type 128,
@@ -399,13 +458,13 @@ mod tests {
     #[test]
     fn an_icmp_error_names_the_connection_it_quotes() -> Result<(), String> {
         let f = v4_error(4, 1280, 77);
-        let (key, e, seq) = parse_error(&f).ok_or("a fragmentation-needed message")?;
+        let (_, key, e, seq) = parse_error(&f).ok_or("a fragmentation-needed message")?;
         assert_eq!(key.local.to_string(), "10.0.0.1:80");
         assert_eq!(key.remote.to_string(), "10.9.9.9:40000");
         assert_eq!((e, seq), (IcmpError::TooBig(1280), Seq(77)));
-        let (_, e, _) = parse_error(&v4_error(3, 0, 1)).ok_or("port unreachable")?;
+        let (_, _, e, _) = parse_error(&v4_error(3, 0, 1)).ok_or("port unreachable")?;
         assert_eq!(e, IcmpError::Refused);
-        let (_, e, _) = parse_error(&v4_error(1, 0, 1)).ok_or("host unreachable")?;
+        let (_, _, e, _) = parse_error(&v4_error(1, 0, 1)).ok_or("host unreachable")?;
         assert_eq!(e, IcmpError::Unreachable);
         // A corrupted message, an echo request and every truncation: nothing, no panic.
         let mut bad = f.clone();

@@ -102,6 +102,7 @@ impl Stack {
             local: inn.local,
             remote: inn.remote,
             ttl: super::DEFAULT_TTL,
+            tos: 0,
         }
     }
 
@@ -483,6 +484,7 @@ mod tests {
             local: IpEndpoint::new(Ipv4Address::new(10, 9, 0, 2).into(), 40000),
             remote: IpEndpoint::new(Ipv4Address::new(10, 9, 0, 1).into(), 7),
             ttl: 64,
+            tos: 0,
         };
         let seg = Out {
             seq: peer_isn.plus(1),

@@ -35,6 +35,8 @@ pub struct AcceptOptions {
     pub user_timeout: Option<Duration>,
     /// TTL (IPv4) or hop limit (IPv6) of the connection's packets (None: 64).
     pub ttl: Option<u8>,
+    /// Type of service (IPv4) or traffic class (IPv6) of the connection's packets (0).
+    pub tos: u8,
 }
 
 impl Stack {
@@ -137,8 +139,11 @@ impl Stack {
     /// Gives accepted connection `id` the listener's options.
     pub(super) fn apply_options(&mut self, id: FlowId, options: AcceptOptions) {
         let now = self.clock;
-        if let (Some(ttl), Some(f)) = (options.ttl, self.flow(id)) {
-            f.ttl = ttl;
+        if let Some(f) = self.flow(id) {
+            if let Some(ttl) = options.ttl {
+                f.ttl = ttl;
+            }
+            f.tos = options.tos;
         }
         if let Some(c) = self.flow(id).and_then(|f| f.conn()) {
             if let Some(k) = options.keepalive {

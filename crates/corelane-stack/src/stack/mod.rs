@@ -33,6 +33,7 @@ mod ingress;
 mod listen;
 mod ndisc;
 mod neigh;
+mod options;
 mod prune;
 mod socket;
 mod stats;
@@ -98,6 +99,9 @@ struct Flow {
     passive: bool,
     /// TCP: the TTL / hop limit of its packets.
     ttl: u8,
+    /// The IPv4 type of service / IPv6 traffic class of its packets (`IP_TOS`, `IPV6_TCLASS`;
+    /// for TCP the two ECN bits stay the stack's).
+    tos: u8,
     /// TCP: since when its next hop's hardware address has been asked for in vain.
     resolving_since: Option<Instant>,
     /// TCP: in `Stack::ooo_holders` (it held data out of order since last pruned).
@@ -381,6 +385,7 @@ impl Stack {
             mac: None,
             passive: false,
             ttl: DEFAULT_TTL,
+            tos: 0,
             resolving_since: None,
             ooo_listed: false,
         };
@@ -464,6 +469,7 @@ impl Stack {
             local: key.local,
             remote: key.remote,
             ttl: f.ttl,
+            tos: f.tos,
         })
     }
 

@@ -75,6 +75,9 @@ pub struct ConnectOptions {
     pub rx_buffer: Option<usize>,
     /// Largest send buffer (None: `StackConfig::tcp_tx_buffer`).
     pub tx_buffer: Option<usize>,
+    /// IPv4 type of service / IPv6 traffic class of its packets, from the SYN on (its ECN
+    /// bits are the stack's).
+    pub tos: u8,
 }
 
 impl Stack {
@@ -216,6 +219,7 @@ impl Stack {
             f.key = Some(key);
             f.held = true;
             f.ephemeral = true;
+            f.tos = opts.tos;
         });
         self.table.insert(key, i);
         self.ports.insert((Proto::Tcp, port));
@@ -432,28 +436,6 @@ impl Stack {
         })
     }
 
-    /// Sets the TTL (IPv4) or hop limit (IPv6) of TCP flow `id`'s packets (1..=255).
-    ///
-    /// # Errors
-    /// `InvalidInput` for 0 or more than 255; `NotConnected` when the flow is gone.
-    pub fn tcp_set_ttl(&mut self, id: FlowId, ttl: u32) -> io::Result<()> {
-        let ttl = u8::try_from(ttl)
-            .ok()
-            .filter(|t| *t > 0)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a TTL is 1 to 255"))?;
-        let f = self.flow(id).ok_or_else(gone)?;
-        f.ttl = ttl;
-        Ok(())
-    }
-
-    /// The TTL (IPv4) or hop limit (IPv6) of TCP flow `id`'s packets.
-    ///
-    /// # Errors
-    /// `NotConnected` when the flow is gone.
-    pub fn tcp_ttl(&mut self, id: FlowId) -> io::Result<u32> {
-        Ok(u32::from(self.flow(id).ok_or_else(gone)?.ttl))
-    }
-
     /// Closes TCP flow `id` for writing: a FIN follows the data already queued.
     ///
     /// # Errors
@@ -571,7 +553,7 @@ impl Stack {
         };
         f.held = false;
         match &mut f.sock {
-            Sock::Udp(..) => self.free(id.index),
+            Sock::Udp(..) => self.udp_release(id.index),
             Sock::Tcp(c) => {
                 c.release(now);
                 self.queue_egress(id.index);

@@ -170,6 +170,40 @@ impl Stack {
         self.tcp_ttl(id)
     }
 
+    /// True once (then forgotten) when an ICMP error said `peer` refused a datagram UDP flow
+    /// `id` sent (port or protocol unreachable): a connected socket's next receive or send
+    /// fails with `ConnectionRefused`, as the kernel's does. A refusal by another peer is
+    /// forgotten too (an unconnected kernel socket ignores them).
+    pub fn udp_take_refused(&mut self, id: FlowId, peer: std::net::SocketAddr) -> bool {
+        self.udp_sock(id)
+            .and_then(|s| s.refused.take())
+            .is_some_and(|r| r == IpEndpoint::from(peer))
+    }
+
+    /// Sets the IPv4 type of service or IPv6 traffic class of UDP flow `id`'s datagrams
+    /// (`IP_TOS`, `IPV6_TCLASS`: all eight bits, ECN's two included, as the kernel's UDP).
+    ///
+    /// # Errors
+    /// `InvalidInput` for more than 255; `NotConnected` when the flow is gone.
+    pub fn udp_set_tos(&mut self, id: FlowId, tos: u32) -> io::Result<()> {
+        if self.udp_sock(id).is_none() {
+            return Err(super::socket::gone());
+        }
+        self.set_tos(id, tos)
+    }
+
+    /// The IPv4 type of service or IPv6 traffic class of UDP flow `id`'s datagrams (0 unless
+    /// set).
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn udp_tos(&mut self, id: FlowId) -> io::Result<u32> {
+        if self.udp_sock(id).is_none() {
+            return Err(super::socket::gone());
+        }
+        self.tos(id)
+    }
+
     /// Takes the next datagram UDP flow `id` received: the bytes copied into `buf` (a longer
     /// datagram is cut to `buf`, as a kernel UDP socket does) and its sender. `Pending` means
     /// none is waiting (`waker`, if given, is woken when one arrives).
@@ -260,9 +294,9 @@ impl Stack {
         budget: usize,
         emitted: &mut usize,
     ) -> Option<Instant> {
-        let (local_port, ttl) = {
+        let (local_port, ttl, tos) = {
             let f = self.slots[index as usize].flow.as_ref()?;
-            (f.local_port, f.ttl)
+            (f.local_port, f.ttl, f.tos)
         };
         let mut again = None;
         if self.udp_sock_at(index)?.parked() > 0 {
@@ -271,7 +305,14 @@ impl Stack {
                 let local = self.local_addr_for(p.d.peer.addr).ok();
                 match (local, self.neighbor(p.hop, now)) {
                     (Some(local), Some((mac, _))) if *emitted < budget => {
-                        if self.send_udp(dev, (mac, ttl), local, local_port, p.d.peer, &p.d.data) {
+                        if self.send_udp(
+                            dev,
+                            (mac, ttl, tos),
+                            local,
+                            local_port,
+                            p.d.peer,
+                            &p.d.data,
+                        ) {
                             self.udp_sock_at(index)?.finish(p.d, true);
                             *emitted += 1;
                         } else {
@@ -313,7 +354,7 @@ impl Stack {
                 self.ask(now, dev, local, hop);
             }
             let d = self.udp_sock_at(index)?.pop_out()?;
-            let sent = self.send_udp(dev, (mac, ttl), local, local_port, peer, &d.data);
+            let sent = self.send_udp(dev, (mac, ttl, tos), local, local_port, peer, &d.data);
             let s = self.udp_sock_at(index)?;
             if !sent {
                 // No transmit frame free: again on the next pass.
@@ -331,10 +372,45 @@ impl Stack {
             let retry = now + Duration::from_millis(200);
             again = Some(again.map_or(retry, |t: Instant| t.min(retry)));
         }
+        self.udp_free_if_drained(index);
         again
     }
 
-    fn udp_sock_at(&mut self, index: u32) -> Option<&mut UdpSock> {
+    /// The socket of UDP flow `index` was dropped: what it queued is still sent (a kernel
+    /// socket's datagrams are the kernel's once `send` returns), then the flow is freed. It
+    /// takes no more datagrams meanwhile; its port stays taken until it is freed.
+    pub(super) fn udp_release(&mut self, index: u32) {
+        let queued = self
+            .udp_sock_at(index)
+            .is_some_and(|s| s.next_peer().is_some() || s.parked() > 0);
+        if !queued {
+            self.free(index);
+            return;
+        }
+        if let Some(f) = self.slots[index as usize].flow.as_ref() {
+            let port = f.local_port;
+            if self.udp.get(&port) == Some(&index) {
+                self.udp.remove(&port);
+            }
+        }
+        self.queue_egress(index);
+    }
+
+    /// Frees released UDP flow `index` once its queues are empty.
+    fn udp_free_if_drained(&mut self, index: u32) {
+        let released = self.slots[index as usize]
+            .flow
+            .as_ref()
+            .is_some_and(|f| !f.held);
+        let empty = self
+            .udp_sock_at(index)
+            .is_some_and(|s| s.next_peer().is_none() && s.parked() == 0);
+        if released && empty {
+            self.free(index);
+        }
+    }
+
+    pub(super) fn udp_sock_at(&mut self, index: u32) -> Option<&mut UdpSock> {
         match &mut self.slots[index as usize].flow.as_mut()?.sock {
             Sock::Udp(s) => Some(s),
             Sock::Tcp(_) => None,
@@ -346,7 +422,7 @@ impl Stack {
     fn send_udp<P: FrameIo>(
         &mut self,
         dev: &mut XdpDevice<P>,
-        (dst_mac, ttl): ([u8; 6], u8),
+        (dst_mac, ttl, tos): ([u8; 6], u8, u8),
         local: IpAddress,
         local_port: u16,
         peer: IpEndpoint,
@@ -384,6 +460,7 @@ impl Stack {
                 {
                     write_udp(&mut buf[14 + ip_len..]);
                     crate::frag::set_ttl(buf, ttl);
+                    crate::frag::set_tos(buf, tos);
                 }
             });
             return true;
@@ -402,6 +479,7 @@ impl Stack {
             smoltcp::phy::TxToken::consume(tx, f.len(), |buf| {
                 buf.copy_from_slice(f);
                 crate::frag::set_ttl(buf, ttl);
+                crate::frag::set_tos(buf, tos);
             });
             any = true;
         }

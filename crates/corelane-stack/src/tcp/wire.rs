@@ -40,6 +40,9 @@ pub(crate) struct Path {
     pub(crate) remote: IpEndpoint,
     /// IPv4 TTL or IPv6 hop limit.
     pub(crate) ttl: u8,
+    /// IPv4 type of service or IPv6 traffic class; its two ECN bits are ignored (the
+    /// segment's `ect` sets them).
+    pub(crate) tos: u8,
 }
 
 /// One segment to send.
@@ -257,7 +260,7 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, seg: &Out<'_>) {
     match (path.local.addr, path.remote.addr) {
         (IpAddress::Ipv4(l), IpAddress::Ipv4(r)) => {
             buf[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-            let tos = if seg.ect { u32::from(ECT0) } else { 0 };
+            let tos = u32::from(path.tos & !3) | if seg.ect { u32::from(ECT0) } else { 0 };
             let mut ip = Words::new(&mut buf[ETH..ETH + 20]);
             ip.be(0x4500_0000 | tos << 16 | (20 + tcp_len) as u32);
             // An atomic datagram (DF set): identification 0 (RFC 6864 section 4.1), so the
@@ -275,7 +278,8 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, seg: &Out<'_>) {
             buf[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
             let ip = &mut buf[ETH..ETH + 40];
             let ecn = if seg.ect { u32::from(ECT0) << 20 } else { 0 };
-            ip[..4].copy_from_slice(&(0x6000_0000u32 | ecn).to_be_bytes());
+            let class = u32::from(path.tos & !3) << 20;
+            ip[..4].copy_from_slice(&(0x6000_0000u32 | class | ecn).to_be_bytes());
             ip[4..8].copy_from_slice(
                 &((tcp_len as u32) << 16 | 6 << 8 | u32::from(path.ttl)).to_be_bytes(),
             );

@@ -17,6 +17,7 @@ fn path(v6: bool) -> std::result::Result<Path, std::net::AddrParseError> {
         local: l.parse::<std::net::SocketAddr>()?.into(),
         remote: r.parse::<std::net::SocketAddr>()?.into(),
         ttl: 64,
+        tos: 0,
     })
 }
 
@@ -295,6 +296,43 @@ fn ecn_fields_round_trip_and_a_router_mark_reads_as_ce() -> Result {
         }
         assert!(matches!(classify(&buf), Class::Tcp { .. }), "v6 {v6}");
         assert!(parse(&buf).ok_or("does not parse")?.ecn.ce, "v6 {v6}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_set_type_of_service_is_written_with_the_stack_s_own_ecn_bits() -> Result {
+    for v6 in [false, true] {
+        // DSCP 24 with both ECN bits set by the application: the stack's ECT(0) wins.
+        let p = Path {
+            tos: 0x63,
+            ..path(v6)?
+        };
+        for ect in [false, true] {
+            let seg = Out {
+                seq: Seq(1),
+                ack: Some(Seq(2)),
+                window: 100,
+                ect,
+                ..Out::default()
+            };
+            let mut buf = vec![0u8; seg.frame_len(&p)];
+            write(&mut buf, &p, &seg);
+            let class = if v6 {
+                (buf[14] & 0x0f) << 4 | buf[15] >> 4
+            } else {
+                buf[15]
+            };
+            assert_eq!(
+                class,
+                0x60 | if ect { ECT0 } else { 0 },
+                "v6 {v6} ect {ect}"
+            );
+            assert!(
+                parse(&buf).is_some(),
+                "v6 {v6}: the header checksum is wrong"
+            );
+        }
     }
     Ok(())
 }

@@ -147,15 +147,22 @@ impl TcpListener {
         user_timeout: Option<Duration>,
     ) -> io::Result<()> {
         let mut stack = self.core.stack();
-        let ttl = stack.accept_options(self.port).and_then(|o| o.ttl);
+        let o = stack.accept_options(self.port).unwrap_or_default();
         stack.set_accept_options(
             self.port,
             AcceptOptions {
                 keepalive,
                 user_timeout,
-                ttl,
+                ..o
             },
         )
+    }
+
+    /// The type of service / traffic class of the connections this listener accepts.
+    pub(crate) fn set_accepted_tos(&self, tos: u8) -> io::Result<()> {
+        let mut stack = self.core.stack();
+        let o = stack.accept_options(self.port).unwrap_or_default();
+        stack.set_accept_options(self.port, AcceptOptions { tos, ..o })
     }
 
     /// Sets the TTL (IPv4) or hop limit (IPv6) of every connection this listener accepts from
@@ -205,7 +212,7 @@ impl TcpListener {
                 }
             }
         };
-        let stream = TcpStream::new(self.core.clone(), id);
+        let stream = TcpStream::new(self.core.clone(), id, true);
         Poll::Ready(stream.peer_addr().map(|peer| (stream, peer)))
     }
 
@@ -264,7 +271,7 @@ impl TcpListener {
         })
         .await?;
         guard.registered = false;
-        let stream = TcpStream::new(self.core.clone(), id);
+        let stream = TcpStream::new(self.core.clone(), id, true);
         let peer = stream.peer_addr()?;
         Ok((stream, peer))
     }

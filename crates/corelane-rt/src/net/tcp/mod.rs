@@ -26,8 +26,18 @@ use crate::lane::Core;
 pub(crate) struct Conn {
     pub(crate) core: Arc<Core>,
     pub(crate) id: FlowId,
-    /// `set_linger(Some(0))`: the last holder's drop resets instead of closing.
-    pub(crate) reset_on_drop: std::sync::atomic::AtomicBool,
+    /// What `set_linger` set ([`Linger`]); zero: the last holder's drop resets instead of
+    /// closing.
+    pub(crate) linger: Linger,
+    /// Write readiness as tokio keeps it: set when room was seen, cleared only when a write
+    /// found none, so `writable()` after a partial write is still ready (the next write says
+    /// `WouldBlock`, and only then does `writable()` wait).
+    pub(crate) write_ready: std::sync::atomic::AtomicBool,
+    /// Read readiness, kept the same way: a new stream is assumed readable until a read (or
+    /// peek) finds nothing.
+    pub(crate) read_ready: std::sync::atomic::AtomicBool,
+    /// What `set_quickack` set (read back only: every ACK is quick).
+    pub(crate) quickack: std::sync::atomic::AtomicBool,
 }
 
 impl Conn {
@@ -38,20 +48,38 @@ impl Conn {
             .tcp_read(self.id, buf.initialize_unfilled(), Some(cx.waker()));
         if let Poll::Ready(Ok(n)) = r {
             buf.advance(n);
-            if n > 0 {
-                // Reading opened the window: the driver sends the update.
-                self.core.wake_driver();
-            }
         }
+        self.note_read(&r);
         r.map_ok(|_| ())
+    }
+
+    /// Keeps read readiness after a read's outcome `r` (and wakes the driver when reading
+    /// opened the window: it sends the update).
+    pub(crate) fn note_read(&self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Ready(Ok(n)) if *n > 0 => self.core.wake_driver(),
+            Poll::Pending => self
+                .read_ready
+                .store(false, std::sync::atomic::Ordering::Relaxed),
+            _ => {}
+        }
     }
 
     fn poll_write(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let r = self.core.stack().tcp_write(self.id, buf, Some(cx.waker()));
-        if let Poll::Ready(Ok(_)) = r {
-            self.core.wake_driver();
-        }
+        self.note_write(&r);
         r
+    }
+
+    /// Keeps write readiness after a write's outcome `r` (and wakes the driver for data).
+    pub(crate) fn note_write(&self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Ready(Ok(_)) => self.core.wake_driver(),
+            Poll::Pending => self
+                .write_ready
+                .store(false, std::sync::atomic::Ordering::Relaxed),
+            Poll::Ready(Err(_)) => {}
+        }
     }
 
     fn shutdown(&self) -> io::Result<()> {
@@ -61,12 +89,39 @@ impl Conn {
     }
 }
 
+/// A linger setting (`SO_LINGER`) as one atomic: None, or a duration in nanoseconds.
+#[derive(Debug)]
+pub(crate) struct Linger(std::sync::atomic::AtomicU64);
+
+impl Linger {
+    const OFF: u64 = u64::MAX;
+
+    pub(crate) fn new(d: Option<std::time::Duration>) -> Linger {
+        let l = Linger(std::sync::atomic::AtomicU64::new(Self::OFF));
+        l.set(d);
+        l
+    }
+
+    pub(crate) fn set(&self, d: Option<std::time::Duration>) {
+        let v = d.map_or(Self::OFF, |d| {
+            u64::try_from(d.as_nanos())
+                .unwrap_or(Self::OFF - 1)
+                .min(Self::OFF - 1)
+        });
+        self.0.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> Option<std::time::Duration> {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            Self::OFF => None,
+            n => Some(std::time::Duration::from_nanos(n)),
+        }
+    }
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
-        if self
-            .reset_on_drop
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if self.linger.get() == Some(std::time::Duration::ZERO) {
             self.core.stack().abort(self.id);
         }
         self.core.stack().release(self.id);

@@ -20,6 +20,10 @@ impl Conn {
         if let Poll::Ready(Ok(n)) = r {
             buf.advance(n);
         }
+        if r.is_pending() {
+            self.read_ready
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         r
     }
 }
@@ -64,21 +68,28 @@ impl TcpStream {
         self.set_linger(Some(std::time::Duration::ZERO))
     }
 
-    /// Always true: corelane acknowledges what a turn of the core received at the end of that
-    /// turn, never later (no delayed ACK to turn off).
+    /// What [`set_quickack`](Self::set_quickack) set (true unless set): corelane
+    /// acknowledges what a turn of the core received at the end of that turn, never later,
+    /// whatever this says (there is no delayed ACK to turn off).
     ///
     /// # Errors
     /// None; the signature is tokio's.
     pub fn quickack(&self) -> io::Result<bool> {
-        Ok(true)
+        Ok(self
+            .conn
+            .quickack
+            .load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Accepted and changes nothing: every ACK is already quick (see [`quickack`](Self::quickack)).
+    /// Kept and read back by [`quickack`](Self::quickack); the ACKs do not change: every one
+    /// is already quick.
     ///
     /// # Errors
     /// None; the signature is tokio's.
     pub fn set_quickack(&self, quickack: bool) -> io::Result<()> {
-        let _ = quickack;
+        self.conn
+            .quickack
+            .store(quickack, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }

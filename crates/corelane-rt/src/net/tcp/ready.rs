@@ -12,7 +12,9 @@ use super::TcpStream;
 
 impl TcpStream {
     /// Polls until a read would not wait (data, the end of the stream, or an error); `cx`'s
-    /// waker is registered otherwise.
+    /// waker is registered otherwise. As tokio's, readiness lasts until a read finds nothing:
+    /// a new stream is ready at first, and stays ready after a read that took everything
+    /// until the next read says `WouldBlock`.
     ///
     /// # Errors
     /// `NotConnected` when the connection is gone.
@@ -20,29 +22,55 @@ impl TcpStream {
         match self.peek_one(cx) {
             Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Err(e)),
             Poll::Ready(_) => Poll::Ready(Ok(())),
+            Poll::Pending if self.read_ready() => Poll::Ready(Ok(())),
             Poll::Pending => Poll::Pending,
         }
     }
 
-    /// What a one-byte peek says now (`cx`'s waker registered when nothing is there).
+    fn read_ready(&self) -> bool {
+        self.conn
+            .read_ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// What a one-byte peek says now (`cx`'s waker registered when nothing is there; the
+    /// kept readiness is not changed by it).
     fn peek_one(&self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let mut probe = [0u8; 1];
-        self.conn
+        let r = self
+            .conn
             .core
             .stack()
-            .tcp_peek(self.conn.id, &mut probe, Some(cx.waker()))
+            .tcp_peek(self.conn.id, &mut probe, Some(cx.waker()));
+        if r.is_ready() {
+            self.conn
+                .read_ready
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
     }
 
     /// Polls until a write would not wait (room in the send buffer, or an error); `cx`'s waker
-    /// is registered otherwise.
+    /// is registered otherwise. As tokio's, readiness once seen lasts until a write finds no
+    /// room (`WouldBlock`): after a write that queued part of its bytes this is still ready,
+    /// and the next `try_write` tells.
     ///
     /// # Errors
     /// `NotConnected` when the connection is gone.
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.conn
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.conn.write_ready.load(Relaxed) {
+            return Poll::Ready(Ok(()));
+        }
+        let r = self
+            .conn
             .core
             .stack()
-            .tcp_poll_writable(self.conn.id, Some(cx.waker()))
+            .tcp_poll_writable(self.conn.id, Some(cx.waker()));
+        if let Poll::Ready(Ok(())) = r {
+            self.conn.write_ready.store(true, Relaxed);
+        }
+        r
     }
 
     /// Waits until the stream is ready for any of `interest`, and says for which.
@@ -81,6 +109,7 @@ impl TcpStream {
                     }
                     // An error a read would return: ready (the read reports it).
                     Poll::Ready(Err(_)) => ready |= Ready::READABLE | Ready::READ_CLOSED,
+                    Poll::Pending if self.read_ready() => ready |= Ready::READABLE,
                     Poll::Pending => {}
                 }
             }

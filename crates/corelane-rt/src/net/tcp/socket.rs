@@ -47,6 +47,8 @@ pub struct TcpSocket {
     keepalive: Cell<bool>,
     send_buffer: Cell<Option<u32>>,
     recv_buffer: Cell<Option<u32>>,
+    linger: Cell<Option<Duration>>,
+    tos: Cell<u8>,
 }
 
 impl TcpSocket {
@@ -60,6 +62,8 @@ impl TcpSocket {
             keepalive: Cell::new(false),
             send_buffer: Cell::new(None),
             recv_buffer: Cell::new(None),
+            linger: Cell::new(None),
+            tos: Cell::new(0),
         }
     }
 
@@ -140,12 +144,14 @@ impl TcpSocket {
         Ok(())
     }
 
-    /// The send buffer size set, or 0 for the runtime's default.
+    /// Twice the send buffer size set, as Linux reads `SO_SNDBUF` back (it doubles
+    /// the value to count its bookkeeping; corelane's buffer holds the size set, as much as
+    /// the kernel's holds of data), or 0 for the runtime's default.
     ///
     /// # Errors
     /// None; the signature is tokio's.
     pub fn send_buffer_size(&self) -> io::Result<u32> {
-        Ok(self.send_buffer.get().unwrap_or(0))
+        Ok(self.send_buffer.get().map_or(0, |n| n.saturating_mul(2)))
     }
 
     /// The largest receive window of the connection [`connect`](Self::connect) opens, in
@@ -158,12 +164,14 @@ impl TcpSocket {
         Ok(())
     }
 
-    /// The receive buffer size set, or 0 for the runtime's default.
+    /// Twice the receive buffer size set, as Linux reads `SO_RCVBUF` back (it doubles
+    /// the value to count its bookkeeping; corelane's buffer holds the size set, as much as
+    /// the kernel's holds of data), or 0 for the runtime's default.
     ///
     /// # Errors
     /// None; the signature is tokio's.
     pub fn recv_buffer_size(&self) -> io::Result<u32> {
-        Ok(self.recv_buffer.get().unwrap_or(0))
+        Ok(self.recv_buffer.get().map_or(0, |n| n.saturating_mul(2)))
     }
 
     /// Nagle's algorithm off (true, corelane's default) or on for the connection.
@@ -200,6 +208,89 @@ impl TcpSocket {
         Ok(self.keepalive.get())
     }
 
+    /// The linger of the stream this socket connects ([`TcpStream::set_linger`]): zero resets
+    /// the connection when the stream is dropped; any other value closes it with FIN in the
+    /// background, as None does (a drop never blocks the thread), and reads back as set.
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
+        self.linger.set(dur);
+        Ok(())
+    }
+
+    /// `set_linger(Some(Duration::ZERO))`: the stream's drop resets the connection.
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn set_zero_linger(&self) -> io::Result<()> {
+        self.set_linger(Some(Duration::ZERO))
+    }
+
+    /// What [`set_linger`](Self::set_linger) set (None unless set).
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        Ok(self.linger.get())
+    }
+
+    /// Sets the IPv4 type of service of the connection's packets from its SYN on (or of every
+    /// connection a listener made from this socket accepts): its upper six bits (DSCP) reach
+    /// the wire; the two ECN bits stay the stack's, as with the kernel's TCP.
+    ///
+    /// # Errors
+    /// `InvalidInput` for more than 255.
+    pub fn set_tos_v4(&self, tos: u32) -> io::Result<()> {
+        self.tos.set(u8::try_from(tos).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "a type of service is 0 to 255")
+        })?);
+        Ok(())
+    }
+
+    /// What [`set_tos_v4`](Self::set_tos_v4) set (0 unless set).
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn tos_v4(&self) -> io::Result<u32> {
+        Ok(u32::from(self.tos.get()))
+    }
+
+    /// As [`set_tos_v4`](Self::set_tos_v4) (tokio's older name).
+    ///
+    /// # Errors
+    /// As [`set_tos_v4`](Self::set_tos_v4).
+    #[deprecated(note = "use `set_tos_v4`, as tokio says")]
+    pub fn set_tos(&self, tos: u32) -> io::Result<()> {
+        self.set_tos_v4(tos)
+    }
+
+    /// As [`tos_v4`](Self::tos_v4) (tokio's older name).
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    #[deprecated(note = "use `tos_v4`, as tokio says")]
+    pub fn tos(&self) -> io::Result<u32> {
+        self.tos_v4()
+    }
+
+    /// Sets the IPv6 traffic class of the connection's packets (as
+    /// [`set_tos_v4`](Self::set_tos_v4) for IPv4: the same byte of the header).
+    ///
+    /// # Errors
+    /// `InvalidInput` for more than 255.
+    pub fn set_tclass_v6(&self, tclass: u32) -> io::Result<()> {
+        self.set_tos_v4(tclass)
+    }
+
+    /// What [`set_tclass_v6`](Self::set_tclass_v6) set (0 unless set).
+    ///
+    /// # Errors
+    /// None; the signature is tokio's.
+    pub fn tclass_v6(&self) -> io::Result<u32> {
+        self.tos_v4()
+    }
+
     /// The local address and port to connect from or listen on (an unspecified address: any
     /// owned one; port 0: one picked for it). Checked when the socket connects or listens.
     ///
@@ -232,9 +323,11 @@ impl TcpSocket {
             local: self.local.get(),
             rx_buffer: self.recv_buffer.get().map(|n| n as usize),
             tx_buffer: self.send_buffer.get().map(|n| n as usize),
+            tos: self.tos.get(),
         };
         let stream = TcpStream::connect_with(addr, opts).await?;
         stream.set_nodelay(self.nodelay.get())?;
+        stream.set_linger(self.linger.get())?;
         if self.keepalive.get() {
             stream.set_keepalive(Some(KEEPALIVE))?;
         }
@@ -256,6 +349,9 @@ impl TcpSocket {
         let listener = TcpListener::bind_now(at, Some(backlog.max(1) as usize))?;
         if self.keepalive.get() {
             listener.set_accept_options(Some(KEEPALIVE), None)?;
+        }
+        if self.tos.get() != 0 {
+            listener.set_accepted_tos(self.tos.get())?;
         }
         Ok(listener)
     }

@@ -41,11 +41,16 @@ impl std::fmt::Debug for TcpStream {
 }
 
 impl TcpStream {
-    pub(crate) fn new(core: Arc<Core>, id: FlowId) -> TcpStream {
+    /// The stream of connection `id`; an accepted one (`accepted`) starts out assumed
+    /// readable, as tokio's does, a connected one not.
+    pub(crate) fn new(core: Arc<Core>, id: FlowId, accepted: bool) -> TcpStream {
         TcpStream::from_conn(Arc::new(Conn {
             core,
             id,
-            reset_on_drop: std::sync::atomic::AtomicBool::new(false),
+            linger: super::Linger::new(None),
+            write_ready: std::sync::atomic::AtomicBool::new(true),
+            read_ready: std::sync::atomic::AtomicBool::new(accepted),
+            quickack: std::sync::atomic::AtomicBool::new(true),
         }))
     }
 
@@ -98,7 +103,7 @@ impl TcpStream {
         let (stream, id) = loop {
             let (id, port) = core.stack().connect_tcp_with(addr, opts)?;
             // From here the flow is released if this future is dropped.
-            let stream = TcpStream::new(core.clone(), id);
+            let stream = TcpStream::new(core.clone(), id, false);
             match core.own_port(Proto::Tcp, port) {
                 Ok(()) => break (stream, id),
                 Err(e) => {
@@ -305,18 +310,7 @@ impl TcpStream {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn readable(&self) -> io::Result<()> {
-        let (core, id) = (&self.conn.core, self.conn.id);
-        let mut probe = [0u8; 1];
-        poll_fn(
-            |cx| match core.stack().tcp_peek(id, &mut probe, Some(cx.waker())) {
-                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::NotConnected => {
-                    Poll::Ready(Err(e))
-                }
-                Poll::Ready(_) => Poll::Ready(Ok(())),
-                Poll::Pending => Poll::Pending,
-            },
-        )
-        .await
+        poll_fn(|cx| self.poll_read_ready(cx)).await
     }
 
     /// Reads what is there without waiting.
@@ -324,13 +318,10 @@ impl TcpStream {
     /// # Errors
     /// `WouldBlock` when nothing is there yet; otherwise as a read.
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.conn.core.stack().tcp_read(self.conn.id, buf, None) {
-            Poll::Ready(r) => {
-                if matches!(r, Ok(n) if n > 0) {
-                    self.conn.core.wake_driver();
-                }
-                r
-            }
+        let r = self.conn.core.stack().tcp_read(self.conn.id, buf, None);
+        self.conn.note_read(&r);
+        match r {
+            Poll::Ready(r) => r,
             Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
@@ -360,8 +351,7 @@ impl TcpStream {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn writable(&self) -> io::Result<()> {
-        let (core, id) = (&self.conn.core, self.conn.id);
-        poll_fn(|cx| core.stack().tcp_poll_writable(id, Some(cx.waker()))).await
+        poll_fn(|cx| self.poll_write_ready(cx)).await
     }
 
     /// Writes what fits without waiting.
@@ -369,39 +359,32 @@ impl TcpStream {
     /// # Errors
     /// `WouldBlock` when the send buffer is full; otherwise as a write.
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        match self.conn.core.stack().tcp_write(self.conn.id, buf, None) {
-            Poll::Ready(r) => {
-                self.conn.core.wake_driver();
-                r
-            }
+        let r = self.conn.core.stack().tcp_write(self.conn.id, buf, None);
+        self.conn.note_write(&r);
+        match r {
+            Poll::Ready(r) => r,
             Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
 
     /// `Some(Duration::ZERO)`: dropping the stream resets the connection (RST, unsent data
     /// dropped) instead of closing it. Any other value (or None, the default) closes it with
-    /// FIN, in the background: a drop never blocks, so a longer linger has no effect.
+    /// FIN, in the background: a drop never blocks the thread (where a kernel socket's
+    /// `SO_LINGER` would), so a longer linger is kept and read back but changes nothing.
     ///
     /// # Errors
     /// None; the signature is tokio's.
     pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
-        self.conn.reset_on_drop.store(
-            linger.is_some_and(|d| d.is_zero()),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.conn.linger.set(linger);
         Ok(())
     }
 
-    /// What [`set_linger`](Self::set_linger) set: `Some(ZERO)` or None.
+    /// What [`set_linger`](Self::set_linger) set (None unless set).
     ///
     /// # Errors
     /// None; the signature is tokio's.
     pub fn linger(&self) -> io::Result<Option<Duration>> {
-        let on = self
-            .conn
-            .reset_on_drop
-            .load(std::sync::atomic::Ordering::Relaxed);
-        Ok(on.then_some(Duration::ZERO))
+        Ok(self.conn.linger.get())
     }
 
     /// Sets the IPv4 TTL or IPv6 hop limit of this connection's packets (1..=255; default 64).

@@ -30,6 +30,7 @@ mod capture;
 #[cfg(test)]
 mod capture_tests;
 mod conn;
+mod gone;
 mod keep;
 #[cfg(test)]
 mod keep_tests;
@@ -51,6 +52,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use capture::{Capture, CaptureFile, CaptureTap, Filter, Record};
 pub use conn::{Conn, TCP_STATES};
+pub use gone::prune_gone_namespaces;
 pub use keep::{RESTART_KEY_FILE, restart_key};
 use map::Mapping;
 pub use ns::{netns_id, run_dir};

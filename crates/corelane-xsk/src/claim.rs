@@ -134,6 +134,17 @@ impl Claim {
     /// the run directory cannot be written (it needs root, or `CORELANE_RUN_DIR`).
     pub fn take(ifname: &str) -> Result<Claim, Error> {
         let ifindex = crate::netdev::check_interface(ifname)?;
+        // Records of namespaces that are gone (their interfaces went with them) would pile
+        // up for as long as the machine runs: each start clears them.
+        match corelane_stat::prune_gone_namespaces(&run_dir()) {
+            Ok(gone) if !gone.is_empty() => tracing::info!(
+                "removed the records of {} network namespaces that no longer exist from {}",
+                gone.len(),
+                run_dir().display()
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!("the run directory's old namespaces: {e}"),
+        }
         let dir = iface_dir(ifname)?;
         // Only a directory nobody but root and this user can change, and the record never
         // through a link: root truncates and writes it.

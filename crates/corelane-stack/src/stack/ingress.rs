@@ -141,7 +141,7 @@ impl Stack {
                         // Replies follow the path the peer's segments came by: learnt only
                         // from a segment that passed the sequence checks, so that a forged
                         // or replayed one cannot turn them elsewhere.
-                        if c.input_ecn(now, &inn.seg, inn.ecn) && f.mac != Some(inn.src_mac) {
+                        if c.input_in(now, &inn) && f.mac != Some(inn.src_mac) {
                             f.mac = Some(inn.src_mac);
                         }
                     }
@@ -199,7 +199,7 @@ impl Stack {
             Class::Tcp { key, .. } => match (self.table.get(&key), wire::parse(frame)) {
                 (Some(i), Some(inn)) => {
                     if let Some(c) = self.slots[i as usize].flow.as_mut().and_then(|f| f.conn()) {
-                        let _ = c.input_ecn(now, &inn.seg, inn.ecn);
+                        let _ = c.input_in(now, &inn);
                     }
                     self.after_tcp_input(i);
                     self.settle(i);
@@ -290,7 +290,7 @@ impl Stack {
             sizes,
             now,
         );
-        conn.input_ecn(now, seg, inn.ecn);
+        conn.input_in(now, inn);
         self.tcp_done.cookies_ok += 1;
         let i = self.adopt(conn, inn.src_mac);
         // Already established: straight to the accept queue.

@@ -460,6 +460,17 @@ impl Stack {
         self.with_tcp(id, |c| (c.nodelay(), false))
     }
 
+    /// How many of the bytes still to read on TCP flow `id` are urgent data: up to the
+    /// point the peer's urgent pointer marked (RFC 9293 MUST-31), 0 when none is pending. The
+    /// urgent data is read in order with the rest (inline, as a kernel socket with
+    /// `SO_OOBINLINE`); this says where it ends.
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn tcp_urgent(&mut self, id: FlowId) -> io::Result<usize> {
+        self.with_tcp(id, |c| (c.urgent_unread(), false))
+    }
+
     /// Sends keep-alive probes on TCP flow `id` after `interval` of silence (None: off); after
     /// [`TcpConfig::keepalive_probes`](crate::tcp::TcpConfig::keepalive_probes) unanswered
     /// probes the connection ends with `TimedOut`.

@@ -124,6 +124,9 @@ pub(crate) struct Conn {
     /// RFC 2883), so that the peer learns its retransmission was spurious.
     pub(super) dsack: Option<(Seq, Seq)>,
     pub(super) peer_fin: Option<Seq>,
+    /// `RCV.UP`: the sequence number after the urgent data the peer last pointed to, while
+    /// some of it is still unread (RFC 9293 3.8.5, MUST-30/31; RFC 6093's reading).
+    pub(super) rcv_up: Option<Seq>,
     pub(super) fin_rcvd: bool,
     pub(super) last_ack_sent: Seq,
     // Options.
@@ -274,6 +277,7 @@ impl Conn {
             snd_wscale: 0,
             irs: Seq(0),
             rcv_nxt: Seq(0),
+            rcv_up: None,
             rcv: Ring::default(),
             rcv_cap,
             rcv_adv: Seq(0),

@@ -39,6 +39,8 @@ mod conformance_recovery;
 #[cfg(test)]
 mod conformance_timeouts;
 #[cfg(test)]
+mod conformance_urgent;
+#[cfg(test)]
 mod conformance_window;
 #[cfg(test)]
 mod conformance_wrap;

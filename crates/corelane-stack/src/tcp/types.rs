@@ -105,6 +105,9 @@ pub struct TcpStats {
     /// SYNs answered by the ACK of an earlier connection of the same four-tuple (a peer that
     /// still held it in TIME-WAIT): reset there and sent again at once.
     pub syn_old_acks: u64,
+    /// Urgent pointers taken that moved the urgent point on (RFC 9293 3.8.5; the data stays
+    /// inline).
+    pub urgent_pointers: u64,
 }
 
 impl std::ops::AddAssign for TcpStats {
@@ -135,6 +138,7 @@ impl std::ops::AddAssign for TcpStats {
         self.ecn_reductions += o.ecn_reductions;
         self.syn_timeouts += o.syn_timeouts;
         self.syn_old_acks += o.syn_old_acks;
+        self.urgent_pointers += o.urgent_pointers;
     }
 }
 

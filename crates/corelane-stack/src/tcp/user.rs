@@ -8,6 +8,7 @@ use smoltcp::time::{Duration, Instant};
 use super::conn::{Conn, TcpState};
 use super::due::Due;
 use super::ring::SMALL;
+use super::seq::Seq;
 
 /// How long a large emptied buffer is kept before it is given back.
 pub(super) const TRIM_AFTER: Duration = Duration::from_millis(500);
@@ -31,6 +32,47 @@ impl Conn {
         (self.snd.len(), self.rcv.len())
     }
 
+    /// [`input_ecn`](Conn::input_ecn) for a parsed frame, then its urgent pointer if the
+    /// segment was acceptable. True as `input_ecn`.
+    pub(crate) fn input_in(&mut self, now: Instant, inn: &super::wire::In<'_>) -> bool {
+        let ok = self.input_ecn(now, &inn.seg, inn.ecn);
+        if ok && let Some(pointer) = inn.urgent {
+            self.note_urgent(Seq(inn.seg.seq_number.0 as u32), pointer);
+        }
+        ok
+    }
+
+    /// Takes the urgent pointer of an acceptable segment that starts at `seq` (RFC 9293
+    /// 3.10.7.4, seventh: `RCV.UP <- max(RCV.UP, SEG.UP)`), within what the window allowed.
+    /// The urgent data itself stays in the stream, in order (inline, as `SO_OOBINLINE`).
+    pub(crate) fn note_urgent(&mut self, seq: Seq, pointer: u16) {
+        // Data is taken in these states only (RFC 9293 3.10.7.4, seventh).
+        let takes_data = matches!(
+            self.state,
+            TcpState::Established | TcpState::FinWait1 | TcpState::FinWait2
+        );
+        if pointer == 0 || !takes_data {
+            return;
+        }
+        let up = seq.plus(usize::from(pointer));
+        let unread = self.rcv_nxt.minus(self.rcv.len());
+        // Within the window: what was advertised, or may be now.
+        let right = self.rcv_adv.max(self.rcv_nxt.plus(self.rcv_window_now()));
+        if up.gt(unread) && up.le(right) && self.rcv_up.is_none_or(|u| up.gt(u)) {
+            self.rcv_up = Some(up);
+            self.stats.rare().urgent_pointers += 1;
+        }
+    }
+
+    /// How many of the bytes still to read are urgent data (up to the urgent pointer, RFC
+    /// 9293 MUST-31), some of them perhaps not arrived yet; 0 when none is pending.
+    pub(crate) fn urgent_unread(&self) -> usize {
+        let unread = self.rcv_nxt.minus(self.rcv.len());
+        self.rcv_up
+            .filter(|u| u.gt(unread))
+            .map_or(0, |u| u.since(unread))
+    }
+
     /// Bytes ready to read.
     pub(crate) fn readable(&self) -> usize {
         self.rcv.len()
@@ -52,6 +94,9 @@ impl Conn {
         let n = self.rcv.read(buf);
         if n == 0 {
             return (0, false);
+        }
+        if self.urgent_unread() == 0 {
+            self.rcv_up = None;
         }
         let armed = self.trim(now);
         // Receiver-side silly window avoidance (RFC 9293 3.8.6.2.2): announce the window once

@@ -22,6 +22,8 @@ pub(crate) const RST: u8 = 0x04;
 pub(crate) const PSH: u8 = 0x08;
 /// ACK.
 pub(crate) const ACK: u8 = 0x10;
+/// The URG flag: the urgent pointer field is significant.
+pub(crate) const URG: u8 = 0x20;
 
 const ETH: usize = 14;
 /// The ECN field's ECT(0) codepoint.
@@ -351,6 +353,9 @@ pub(crate) struct In<'a> {
     pub(crate) seg: TcpRepr<'a>,
     /// Its IP header's ECN field and its ECE and CWR flags (which TcpRepr leaves out).
     pub(crate) ecn: EcnIn,
+    /// The urgent pointer, when URG is set (TcpRepr leaves it out too): the offset from the
+    /// segment's sequence number of the octet after the urgent data.
+    pub(crate) urgent: Option<u16>,
 }
 
 /// Parses a frame the classify stage called TCP. None for what smoltcp's parser refuses (a SYN
@@ -486,6 +491,7 @@ fn parse_direct(frame: &[u8]) -> Direct<'_> {
         remote: IpEndpoint::new(src, src_port),
         seg,
         ecn: EcnIn::of(ip_ecn, flags),
+        urgent: (flags & URG != 0).then(|| be16(tcp, 18)),
     })
 }
 
@@ -540,6 +546,7 @@ fn parse_general(frame: &[u8]) -> Option<In<'_>> {
         seg,
         // new_checked made sure the fixed header is there.
         ecn: EcnIn::of(ip_ecn, payload[13]),
+        urgent: (payload[13] & URG != 0).then(|| be16(payload, 18)),
     })
 }
 

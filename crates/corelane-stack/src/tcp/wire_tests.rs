@@ -336,3 +336,42 @@ fn a_set_type_of_service_is_written_with_the_stack_s_own_ecn_bits() -> Result {
     }
     Ok(())
 }
+
+#[test]
+fn the_urgent_pointer_is_read_in_both_layouts_and_only_with_urg() -> Result {
+    for v6 in [false, true] {
+        // Without options (read directly) and with a SACK block (the general parser).
+        for nsack in [0, 1] {
+            let p = path(v6)?;
+            let seg = Out {
+                seq: Seq(1000),
+                ack: Some(Seq(2000)),
+                flags: PSH,
+                window: 100,
+                sack: [(Seq(10), Seq(20)), (Seq(0), Seq(0)), (Seq(0), Seq(0))],
+                nsack,
+                payload: (&[9u8; 30][..], &[][..]),
+                ..Out::default()
+            };
+            let mut buf = vec![0u8; seg.frame_len(&p)];
+            write(&mut buf, &p, &seg);
+            let tcp = 14 + if v6 { 40 } else { 20 };
+            // Checksums are not checked here: only the fields matter.
+            buf[tcp + 18..tcp + 20].copy_from_slice(&7u16.to_be_bytes());
+            let inn = parse(&buf).ok_or("does not parse")?;
+            assert_eq!(
+                inn.urgent, None,
+                "v6 {v6} sack {nsack}: a pointer without URG"
+            );
+            buf[tcp + 13] |= URG;
+            let inn = parse(&buf).ok_or("does not parse with URG")?;
+            assert_eq!(inn.urgent, Some(7), "v6 {v6} sack {nsack}");
+            assert_eq!(
+                inn.seg.payload.len(),
+                30,
+                "the urgent data stays in the payload"
+            );
+        }
+    }
+    Ok(())
+}

@@ -68,6 +68,29 @@ impl TcpStream {
         self.set_linger(Some(std::time::Duration::ZERO))
     }
 
+    /// How many of the bytes still to read are urgent data (TCP's urgent mechanism, RFC 9293
+    /// 3.8.5): up to the point the peer's urgent pointer marked, 0 when none is pending. The
+    /// urgent data is read in order with the rest (inline, as a kernel socket with
+    /// `SO_OOBINLINE` set): this says where it ends. Readiness tells that it came, as for any
+    /// data.
+    ///
+    /// ```no_run
+    /// # use corelane_rt as corelane;
+    /// # async fn f(s: &mut corelane::net::TcpStream) -> std::io::Result<()> {
+    /// use tokio::io::AsyncReadExt;
+    /// // A telnet-like reader: what the peer marked urgent (an interrupt) comes first.
+    /// let urgent = s.urgent_remaining()?;
+    /// let mut head = vec![0u8; urgent];
+    /// s.read_exact(&mut head).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `NotConnected` when the connection is gone.
+    pub fn urgent_remaining(&self) -> io::Result<usize> {
+        self.conn.core.stack().tcp_urgent(self.conn.id)
+    }
+
     /// What [`set_quickack`](Self::set_quickack) set (true unless set): corelane
     /// acknowledges what a turn of the core received at the end of that turn, never later,
     /// whatever this says (there is no delayed ACK to turn off).

@@ -252,6 +252,19 @@ pub(crate) fn refragment(frame: &[u8], mtu: usize, id: u32) -> Vec<Vec<u8>> {
     }
 }
 
+/// Sets byte `at` of the IPv4 header in Ethernet frame `buf` and makes the header checksum
+/// right again; nothing for a frame too short for its header.
+fn set_v4_byte(buf: &mut [u8], at: usize, v: u8) {
+    let ihl = usize::from(buf.get(14).map_or(0, |b| b & 0x0f)) * 4;
+    if buf.len() < 34 || ihl < 20 || buf.len() < 14 + ihl {
+        return;
+    }
+    buf[at] = v;
+    buf[24..26].copy_from_slice(&[0, 0]);
+    let c = inet_checksum(&buf[14..14 + ihl]);
+    buf[24..26].copy_from_slice(&c.to_ne_bytes());
+}
+
 /// Sets the type of service (IPv4, the header checksum made right again) or traffic class
 /// (IPv6) of the IP packet in Ethernet frame `buf`; nothing for anything else or for 0.
 pub(crate) fn set_tos(buf: &mut [u8], tos: u8) {
@@ -259,16 +272,7 @@ pub(crate) fn set_tos(buf: &mut [u8], tos: u8) {
         return;
     }
     match buf.get(12..14) {
-        Some([0x08, 0x00]) if buf.len() >= 34 => {
-            let ihl = usize::from(buf[14] & 0x0f) * 4;
-            if ihl < 20 || buf.len() < 14 + ihl {
-                return;
-            }
-            buf[15] = tos;
-            buf[24..26].copy_from_slice(&[0, 0]);
-            let c = inet_checksum(&buf[14..14 + ihl]);
-            buf[24..26].copy_from_slice(&c.to_ne_bytes());
-        }
+        Some([0x08, 0x00]) => set_v4_byte(buf, 15, tos),
         Some([0x86, 0xdd]) if buf.len() >= 54 => {
             // Version (4 bits), traffic class (8), flow label (20).
             buf[14] = 0x60 | tos >> 4;
@@ -285,16 +289,7 @@ pub(crate) fn set_ttl(buf: &mut [u8], ttl: u8) {
         return;
     }
     match buf.get(12..14) {
-        Some([0x08, 0x00]) if buf.len() >= 34 => {
-            let ihl = usize::from(buf[14] & 0x0f) * 4;
-            if ihl < 20 || buf.len() < 14 + ihl {
-                return;
-            }
-            buf[22] = ttl;
-            buf[24..26].copy_from_slice(&[0, 0]);
-            let c = inet_checksum(&buf[14..14 + ihl]);
-            buf[24..26].copy_from_slice(&c.to_ne_bytes());
-        }
+        Some([0x08, 0x00]) => set_v4_byte(buf, 22, ttl),
         Some([0x86, 0xdd]) if buf.len() >= 54 => buf[21] = ttl,
         _ => {}
     }

@@ -108,12 +108,27 @@ impl Stack {
             return true;
         }
         let port = key.local.port;
+        // A passive connection may be on any core: around the ring once.
+        self.hand_icmp(dev, peers, hops, Proto::Tcp, port, port < EPHEMERAL_START);
+        true
+    }
+
+    /// Hands the waiting ICMP error about `proto` port `port` to the core that may hold its
+    /// socket (around the ring once when `listening`), counted; it is taken off the queue.
+    fn hand_icmp<P: FrameIo>(
+        &mut self,
+        dev: &mut XdpDevice<P>,
+        peers: &mut dyn Peers,
+        hops: u8,
+        proto: Proto,
+        port: u16,
+        listening: bool,
+    ) {
         let disposition = dev.front_bytes().map_or(Disposition::Answer, |bytes| {
             peers.unclaimed(Unclaimed {
-                proto: Proto::Tcp,
+                proto,
                 local_port: port,
-                // A passive connection may be on any core: around the ring once.
-                listening: port < EPHEMERAL_START,
+                listening,
                 hops,
                 bytes,
             })
@@ -124,7 +139,6 @@ impl Stack {
             Disposition::Answer => self.stats.icmp_ignored += 1,
         }
         dev.skip();
-        true
     }
 
     /// An ICMP error quoting a datagram a UDP socket here sent: a refusal (port or protocol
@@ -150,21 +164,7 @@ impl Stack {
             }
             return true;
         }
-        let disposition = dev.front_bytes().map_or(Disposition::Answer, |bytes| {
-            peers.unclaimed(Unclaimed {
-                proto: Proto::Udp,
-                local_port: port,
-                listening: false,
-                hops,
-                bytes,
-            })
-        });
-        match disposition {
-            Disposition::HandedOff => self.stats.handed_off += 1,
-            Disposition::Dropped => self.stats.handoff_dropped += 1,
-            Disposition::Answer => self.stats.icmp_ignored += 1,
-        }
-        dev.skip();
+        self.hand_icmp(dev, peers, hops, Proto::Udp, port, false);
         true
     }
 }

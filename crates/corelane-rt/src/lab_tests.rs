@@ -186,3 +186,25 @@ fn off_the_lab_the_sockets_still_say_where_they_belong() {
     let e = rt.block_on(TcpListener::bind("127.0.0.1:0")).err().unwrap();
     assert!(e.to_string().contains("corelane::lab::run"), "{e}");
 }
+
+#[test]
+fn a_socket_bound_to_one_of_two_owned_addresses_answers_from_it() {
+    let lab = Lab::new()
+        .addr("10.1.0.1/24")
+        .and_then(|l| l.addr("10.1.0.2/24"))
+        .unwrap();
+    lab.run(async {
+        let server = UdpSocket::bind("10.1.0.2:7").await.unwrap();
+        let client = UdpSocket::bind("10.1.0.1:0").await.unwrap();
+        let to = server.local_addr().unwrap();
+        client.send_to(b"who are you", to).await.unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = server.recv_from(&mut buf).await.unwrap();
+        assert_eq!(from.ip().to_string(), "10.1.0.1");
+        server.send_to(&buf[..n], from).await.unwrap();
+        let (_, replier) = client.recv_from(&mut buf).await.unwrap();
+        // As a kernel socket: the address it was bound to, not the first one owned.
+        assert_eq!(replier, to);
+    })
+    .unwrap();
+}

@@ -65,6 +65,9 @@ pub(crate) struct UdpSock {
     /// datagram from here, until taken: a connected socket's next call says so
     /// (`ECONNREFUSED`, as the kernel's).
     pub(crate) refused: Option<IpEndpoint>,
+    /// The address the socket was bound to, which its datagrams leave from (None: the
+    /// unspecified address, each datagram from the owned address routing picks).
+    pub(crate) bound: Option<IpAddress>,
     pub(crate) stats: UdpStats,
 }
 
@@ -93,6 +96,7 @@ impl UdpSock {
             rx_waker: None,
             tx_waker: None,
             refused: None,
+            bound: None,
             parked: VecDeque::new(),
             stats: UdpStats::default(),
         }

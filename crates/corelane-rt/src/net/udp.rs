@@ -46,7 +46,8 @@ impl std::fmt::Debug for UdpSocket {
 impl UdpSocket {
     /// Binds a port on every owned address: `addr` is a port (`7`) or an address and port as
     /// tokio takes it (`"0.0.0.0:7"`, `(ip, 7)`, a `SocketAddr`; the address must be the
-    /// unspecified one or an owned one, and the socket takes datagrams to any owned address).
+    /// unspecified one or an owned one; the socket takes datagrams to any owned address, and
+    /// one bound to an owned address sends from it, as a kernel socket does).
     /// Port 0 picks a port this core owns, so replies come here. To serve one port from every
     /// core, bind it on every core.
     ///
@@ -81,6 +82,10 @@ impl UdpSocket {
                 return Err(e);
             }
         };
+        if !sa.ip().is_unspecified() {
+            // Its datagrams leave from the address it was bound to, as a kernel socket's do.
+            core.stack().udp_set_source(id, Some(sa.ip()))?;
+        }
         Ok(UdpSocket {
             core,
             id,

@@ -302,7 +302,7 @@ impl Stack {
         if self.udp_sock_at(index)?.parked() > 0 {
             let mut still = std::collections::VecDeque::new();
             for p in self.udp_sock_at(index)?.take_parked() {
-                let local = self.local_addr_for(p.d.peer.addr).ok();
+                let local = self.udp_source(index, p.d.peer.addr);
                 match (local, self.neighbor(p.hop, now)) {
                     (Some(local), Some((mac, _))) if *emitted < budget => {
                         if self.send_udp(
@@ -336,7 +336,7 @@ impl Stack {
             let Some(peer) = self.udp_sock_at(index)?.next_peer() else {
                 break;
             };
-            let local = self.local_addr_for(peer.addr).ok();
+            let local = self.udp_source(index, peer.addr);
             let hop = self.next_hop(peer.addr);
             let (Some(local), Some(hop)) = (local, hop) else {
                 self.udp_sock_at(index)?.drop_out();
@@ -394,6 +394,28 @@ impl Stack {
             }
         }
         self.queue_egress(index);
+    }
+
+    /// The address UDP flow `index`'s datagrams to `peer` leave from: the one it was bound to
+    /// (of the peer's family), else the owned address routing picks.
+    fn udp_source(&mut self, index: u32, peer: IpAddress) -> Option<IpAddress> {
+        let bound = self.udp_sock_at(index).and_then(|s| s.bound);
+        match bound {
+            Some(b) if b.version() == peer.version() => Some(b),
+            _ => self.local_addr_for(peer).ok(),
+        }
+    }
+
+    /// Datagrams of UDP flow `id` leave from `ip` from now on (a socket bound to an owned
+    /// address, as the kernel's sends from the address it was bound to); None: from the owned
+    /// address routing picks for each.
+    ///
+    /// # Errors
+    /// `NotConnected` when the flow is gone.
+    pub fn udp_set_source(&mut self, id: FlowId, ip: Option<std::net::IpAddr>) -> io::Result<()> {
+        let s = self.udp_sock(id).ok_or_else(super::socket::gone)?;
+        s.bound = ip.map(IpAddress::from);
+        Ok(())
     }
 
     /// Frees released UDP flow `index` once its queues are empty.

@@ -545,6 +545,7 @@ fn learn_shared_neighbours(core: &Core, stack: &mut corelane_stack::Stack) {
     if wanted.is_empty() {
         return;
     }
+    core.stats().neighbour_reads += wanted.len() as u64;
     let steer = core.shared.steer.read();
     for ip in wanted {
         if let Some(mac) = steer.shared_neighbour(ip) {

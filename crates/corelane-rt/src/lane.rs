@@ -41,6 +41,10 @@ pub struct CoreStats {
     pub tasks: Stage,
     /// Accept polls that found nothing after being woken (should stay 0: wake-one).
     pub accept_spurious: u64,
+    /// Reads of the program's map of a shared address's neighbours (each a system call, or a
+    /// request to the broker under a grant): at most 16 a millisecond, however many sources
+    /// a flood spoofs.
+    pub neighbour_reads: u64,
     /// CPU the application's tasks run on (the same as `cpu` for a same-core lane).
     pub app_cpu: usize,
     /// CPU time of the protocol thread (and of the application, on a same-core lane), measured

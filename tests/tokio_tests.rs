@@ -172,6 +172,10 @@ fn tokios_own_socket_tests_pass_on_corelane() -> Result<(), String> {
             }
         }
     }
+    // In CI its build (some 850 MB) goes once read, as the suite's other phases' do.
+    if std::env::var("CI").as_deref() == Ok("true") {
+        let _ = std::fs::remove_dir_all(scratch.join("target"));
+    }
     assert!(
         wrong.is_empty(),
         "the parity gate ({passed} of tokio's tests passed):\n{}",

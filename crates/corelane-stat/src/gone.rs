@@ -25,7 +25,7 @@ const SETTLED: Duration = Duration::from_secs(60);
 /// returns them. A namespace is alive while a task is in it, a descriptor holds it or it is
 /// mounted (`ip netns add`); a directory is kept whenever that cannot be told (another
 /// namespace's cookie could not be read), while a live process holds a claim in it, and for
-/// [`SETTLED`] after it last changed. Only root removes anything (only root can enter another
+/// a minute after it last changed. Only root removes anything (only root can enter another
 /// namespace to read its cookie); for anyone else this returns nothing.
 ///
 /// # Errors

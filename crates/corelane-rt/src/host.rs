@@ -66,7 +66,7 @@ pub(crate) enum Heard {
     /// Nothing yet.
     Nothing,
     /// A word.
-    Word(String),
+    Word(crate::upgrade_words::Word),
     /// The connection ended (or failed: the same to an upgrade).
     Ended,
 }
@@ -76,7 +76,7 @@ pub(crate) enum Heard {
 /// thread (or a simulation's step) polls.
 pub(crate) trait Talk {
     /// Says `word` to the other process.
-    fn say(&mut self, word: &str) -> std::io::Result<()>;
+    fn say(&mut self, word: &crate::upgrade_words::Word) -> std::io::Result<()>;
     /// What the other process said since the last call, one word at a time.
     fn hear(&mut self) -> Heard;
     /// The old process: hands the queues' offers over, with the program unless a broker

@@ -11,6 +11,7 @@ use crate::Error;
 use crate::host::{Heard, Talk, UpgradeOffer};
 use crate::lock::lock;
 use crate::upgrade_old::{OldRun, OldSide};
+use crate::upgrade_words::Word;
 
 /// The listening socket of [`Builder::upgrades`](crate::Builder::upgrades), removed with it.
 pub(crate) struct Listener {
@@ -139,14 +140,14 @@ impl SocketTalk {
 }
 
 impl Talk for SocketTalk {
-    fn say(&mut self, word: &str) -> std::io::Result<()> {
-        send_message(self.conn.as_raw_fd(), word, None)
+    fn say(&mut self, word: &Word) -> std::io::Result<()> {
+        send_message(self.conn.as_raw_fd(), &word.to_text(), None)
     }
 
     fn hear(&mut self) -> Heard {
         match recv_message(self.conn.as_raw_fd()) {
             // A descriptor sent with a word is not asked for: dropped (closed) here.
-            Ok(Some((t, _))) => Heard::Word(t),
+            Ok(Some((t, _))) => Heard::Word(Word::parse(&t)),
             Ok(None) => Heard::Ended,
             Err(e)
                 if matches!(

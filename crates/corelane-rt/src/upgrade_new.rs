@@ -11,6 +11,7 @@ use crate::control::Shared;
 use crate::host::{Heard, Talk};
 use crate::lock::lock;
 use crate::upgrade_words::Extras;
+use crate::upgrade_words::Word;
 
 /// How long the new process waits for the application to listen on the old one's ports
 /// before it calls the upgrade off.
@@ -81,14 +82,14 @@ impl NewSide {
                          connections to the others would be refused"
                     );
                     tracing::error!("upgrade called off: {why}; the old process serves on");
-                    let _ = talk.say(&format!("error {why}"));
+                    let _ = talk.say(&Word::Error(why));
                     up.stop_listing();
                     stand_down(shared);
                     *self = NewSide::StoodDown;
                     return;
                 }
                 up.stop_listing();
-                if let Err(e) = talk.say("joined") {
+                if let Err(e) = talk.say(&Word::Joined) {
                     tracing::error!(
                         "upgrade: telling the old process failed ({e}); it takes its queues back"
                     );
@@ -102,11 +103,11 @@ impl NewSide {
             NewSide::AwaitingSwitch => {
                 let why = match talk.hear() {
                     Heard::Nothing => return,
-                    Heard::Word(w) if w == "switched" => {
+                    Heard::Word(Word::Switched) => {
                         *self = NewSide::Serving;
                         return;
                     }
-                    Heard::Word(w) if w.starts_with("error") => w,
+                    Heard::Word(w @ Word::Error(_)) => w.to_text(),
                     Heard::Word(_) => return,
                     Heard::Ended => {
                         *self = NewSide::OldGone { since: now };

@@ -16,6 +16,7 @@ use crate::host::{Heard, Talk};
 use crate::sim::talk::{self, MemTalk};
 use crate::upgrade::PartnerProcess;
 use crate::upgrade_new::LISTEN_WAIT;
+use crate::upgrade_words::Word;
 use crate::upgrade_words::{Extras, RunSecret};
 
 struct Setup {
@@ -77,7 +78,7 @@ fn an_application_that_never_listens_where_the_old_one_did_calls_the_upgrade_off
     side.poll(&s.shared, &s.extras, &mut s.new, s.clock.now());
     assert_eq!(side, NewSide::StoodDown);
     match s.old.hear() {
-        Heard::Word(w) => assert!(w.starts_with("error") && w.contains("[7]"), "{w}"),
+        Heard::Word(Word::Error(why)) => assert!(why.contains("[7]"), "{why}"),
         other => panic!("the old process heard {other:?}"),
     }
     assert!(s.shared.upgrades.stand_down.load(Ordering::Acquire));
@@ -92,11 +93,11 @@ fn an_application_listening_in_time_is_joined_and_switched_to() {
     *crate::lock::lock(&s.shared.upgrades.listening) = vec![vec![7]];
     side.poll(&s.shared, &s.extras, &mut s.new, s.clock.now());
     assert_eq!(side, NewSide::AwaitingSwitch);
-    assert_eq!(s.old.hear(), Heard::Word("joined".into()));
+    assert_eq!(s.old.hear(), Heard::Word(Word::Joined));
     // Words heard twice and others are ignored; `switched` moves it on.
-    s.old.say("something").unwrap();
-    s.old.say("switched").unwrap();
-    s.old.say("switched").unwrap();
+    s.old.say(&Word::Other("something".into())).unwrap();
+    s.old.say(&Word::Switched).unwrap();
+    s.old.say(&Word::Switched).unwrap();
     side.poll(&s.shared, &s.extras, &mut s.new, s.clock.now());
     assert_eq!(side, NewSide::AwaitingSwitch);
     side.poll(&s.shared, &s.extras, &mut s.new, s.clock.now());
@@ -156,7 +157,7 @@ fn an_error_from_the_old_process_is_a_call_off_at_once() {
     let mut s = setup();
     let mut side = NewSide::AwaitingSwitch;
     s.old
-        .say("error the new process did not say it joined")
+        .say(&Word::Error("the new process did not say it joined".into()))
         .unwrap();
     side.poll(&s.shared, &s.extras, &mut s.new, s.clock.now());
     assert_eq!(side, NewSide::StoodDown);

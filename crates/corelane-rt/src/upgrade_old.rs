@@ -12,6 +12,7 @@ use crate::control::Shared;
 use crate::host::{Heard, Talk, UpgradeOffer};
 use crate::lock::lock;
 use crate::upgrade::{JOIN_WAIT, STAGE_WAIT, STAND_DOWN_WAIT, Stage};
+use crate::upgrade_words::Word;
 use crate::upgrade_words::{Extras, RunSecret};
 
 /// What the old process hands over besides its queues, and how long it drains.
@@ -138,7 +139,7 @@ impl OldSide {
                 // process has joined them all.
                 shared.ring_all();
                 match talk.hear() {
-                    Heard::Word(w) if w == "joined" => {
+                    Heard::Word(Word::Joined) => {
                         let listening = up.listening_ports();
                         let late: Vec<u16> = listening
                             .iter()
@@ -162,7 +163,7 @@ impl OldSide {
                         shared,
                         talk,
                         now,
-                        format!("the new process said `{w}`"),
+                        format!("the new process said `{}`", w.to_text()),
                     )),
                     Heard::Ended => Some(call_off(
                         shared,
@@ -313,7 +314,7 @@ fn switch(run: &OldRun<'_>, talk: &mut impl Talk, new_gen: u32) -> Result<(), Er
     shared.ring_all();
     // Only this word lets the new process end the split when this connection ends: a
     // connection that ends without it means the upgrade was called off.
-    if let Err(e) = talk.say("switched") {
+    if let Err(e) = talk.say(&Word::Switched) {
         tracing::error!(
             "upgrade: the new process did not hear that the program switched to it ({e}); it \
              may have ended"
@@ -333,7 +334,7 @@ fn switch(run: &OldRun<'_>, talk: &mut impl Talk, new_gen: u32) -> Result<(), Er
 /// its queue back.
 fn call_off(shared: &Arc<Shared>, talk: &mut impl Talk, now: Instant, why: String) -> OldSide {
     tracing::error!("upgrade refused or failed: {why}; this process serves on");
-    let _ = talk.say(&format!("error {why}"));
+    let _ = talk.say(&Word::Error(why.clone()));
     if let Err(e) = shared.steer.run(|s| s.hand_back()) {
         tracing::warn!("upgrade: taking the program back: {e}");
     }

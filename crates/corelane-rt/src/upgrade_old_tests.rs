@@ -19,6 +19,7 @@ use crate::sim::talk::{self, MemTalk};
 use crate::upgrade::{JOIN_WAIT, Stage};
 use crate::upgrade_old::OldRun;
 use crate::upgrade_words::RunSecret;
+use crate::upgrade_words::Word;
 
 struct Setup {
     clock: Clock,
@@ -107,7 +108,7 @@ fn a_new_process_that_never_says_joined_is_called_off_after_the_wait_and_told_wh
     assert!(matches!(side, OldSide::CallingOff { .. }), "{side:?}");
     assert_eq!(s.shared.upgrades.stage(), Stage::Reclaim);
     match s.new.hear() {
-        Heard::Word(w) => assert!(w.starts_with("error") && w.contains("joined"), "{w}"),
+        Heard::Word(Word::Error(why)) => assert!(why.contains("joined"), "{why}"),
         other => panic!("the new process heard {other:?}"),
     }
     // No deadline while the cores take their queues back; once they have, it is over.
@@ -129,7 +130,7 @@ fn a_port_listened_on_after_the_offer_calls_the_upgrade_off_at_joined() {
     assert!(s.new.take_handover().is_some());
     // The application listens on another port; the new process was told of 7 only.
     s.core_turn(&[7, 8]);
-    s.new.say("joined").unwrap();
+    s.new.say(&Word::Joined).unwrap();
     s.poll(&mut side);
     match &side {
         OldSide::CallingOff { why, .. } => assert!(why.contains("[8]"), "{why}"),
@@ -148,7 +149,7 @@ fn a_joined_new_process_is_switched_to_once_the_cores_recorded_their_connections
     s.core_turn(&[7]);
     s.poll(&mut side);
     assert!(s.new.take_handover().is_some());
-    s.new.say("joined").unwrap();
+    s.new.say(&Word::Joined).unwrap();
     s.poll(&mut side);
     assert!(matches!(side, OldSide::Recording { .. }), "{side:?}");
     assert_eq!(s.shared.upgrades.stage(), Stage::Record);
@@ -161,7 +162,7 @@ fn a_joined_new_process_is_switched_to_once_the_cores_recorded_their_connections
     s.poll(&mut side);
     assert_eq!(side.over(), Some(&Ok(())));
     assert_eq!(s.shared.upgrades.stage(), Stage::Switched);
-    assert_eq!(s.new.hear(), Heard::Word("switched".into()));
+    assert_eq!(s.new.hear(), Heard::Word(Word::Switched));
     assert!(s.shared.life.draining(), "this process drains");
 }
 
@@ -203,7 +204,7 @@ fn a_shutdown_that_ended_the_cores_while_waiting_for_the_join_calls_the_upgrade_
     );
     let _ = s.new.take_handover();
     match s.new.hear() {
-        Heard::Word(w) => assert!(w.starts_with("error") && w.contains("shut down"), "{w}"),
+        Heard::Word(Word::Error(why)) => assert!(why.contains("shut down"), "{why}"),
         other => panic!("the new process heard {other:?}"),
     }
 }

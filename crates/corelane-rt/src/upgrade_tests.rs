@@ -1,6 +1,44 @@
-//! What the old process tells the new one besides the hand-over, written and read back.
+//! What the two processes of an upgrade say, written and read back.
 
-use super::{Extras, RunSecret};
+use super::{Extras, RunSecret, Word};
+
+#[test]
+fn every_word_reads_back_as_written_and_anything_else_is_other() {
+    for w in [
+        Word::Joined,
+        Word::Switched,
+        Word::Error("the application does not listen on [7]".into()),
+        Word::Error(String::new()),
+        Word::Other("ready".into()),
+    ] {
+        assert_eq!(Word::parse(&w.to_text()), w, "{w:?}");
+    }
+    // What another version may say is never taken for one of the words acted on.
+    for t in ["Joined", "joined ", " switched", "switch", "errors", ""] {
+        assert_eq!(Word::parse(t), Word::Other(t.to_string()), "{t:?}");
+    }
+    // Arbitrary text (seeded): read without a panic, and written back as it came unless it
+    // is a word.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..2000 {
+        let len = (x % 24) as usize;
+        let t: String = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b" aeijnorsdtwchxl"[(x % 16) as usize])
+            })
+            .collect();
+        let w = Word::parse(&t);
+        match &w {
+            Word::Other(o) => assert_eq!(o, &t),
+            Word::Error(why) => assert_eq!(format!("error {why}").trim_end(), t.trim_end()),
+            Word::Joined | Word::Switched => assert_eq!(w.to_text(), t),
+        }
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    }
+}
 
 #[test]
 fn the_secret_the_generation_the_ports_and_the_queues_travel_whole() {

@@ -1,6 +1,47 @@
-//! What the old process of an upgrade tells the new one besides the hand-over, as one line of
-//! text: the run's secret, the generation of the new process's sockets, the TCP ports the old
-//! one listens on and the queue count to put back at the end.
+//! What the two processes of an upgrade say to each other, each as one type written and read
+//! here alone: the words of the exchange ([`Word`]), and what the old process tells the new
+//! one besides the hand-over ([`Extras`]: the run's secret, the generation of the new
+//! process's sockets, the TCP ports the old one listens on and the queue count to put back at
+//! the end).
+
+/// A word of the upgrade's exchange, after the hand-over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Word {
+    /// The new process: every queue joined; switch the program to me.
+    Joined,
+    /// The old process: the program switched; serve, I drain and end.
+    Switched,
+    /// Either: the upgrade is called off, and why.
+    Error(String),
+    /// Anything else (what a process of another version may say): never acted on as one of
+    /// the above.
+    Other(String),
+}
+
+impl Word {
+    /// The word as it goes over the connection.
+    pub(crate) fn to_text(&self) -> String {
+        match self {
+            Word::Joined => "joined".into(),
+            Word::Switched => "switched".into(),
+            Word::Error(why) => format!("error {why}"),
+            Word::Other(w) => w.clone(),
+        }
+    }
+
+    /// A word as it came over the connection.
+    pub(crate) fn parse(text: &str) -> Word {
+        match text {
+            "joined" => Word::Joined,
+            "switched" => Word::Switched,
+            "error" => Word::Error(String::new()),
+            _ => match text.strip_prefix("error ") {
+                Some(why) => Word::Error(why.to_string()),
+                None => Word::Other(text.to_string()),
+            },
+        }
+    }
+}
 
 /// The run's secret as the old process passes it on: the 128-bit key its stacks draw every
 /// key from, or the seed a run fixed for reproducibility.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::Error;
 use crate::clock::Clock;
 use crate::host::{Heard, Talk, UpgradeOffer};
+use crate::upgrade_words::Word;
 
 /// What one end has been sent and not yet heard.
 #[derive(Default)]
@@ -83,7 +84,9 @@ impl Drop for MemTalk {
 }
 
 impl Talk for MemTalk {
-    fn say(&mut self, word: &str) -> std::io::Result<()> {
+    fn say(&mut self, word: &Word) -> std::io::Result<()> {
+        // Through the text, as over the socket: what one side writes the other reads back.
+        let word = word.to_text();
         if self.closed || self.boxes.borrow()[self.me].closed.is_some() {
             return Err(std::io::ErrorKind::BrokenPipe.into());
         }
@@ -105,7 +108,7 @@ impl Talk for MemTalk {
             return inbox
                 .words
                 .pop_front()
-                .map_or(Heard::Nothing, |(_, w)| Heard::Word(w));
+                .map_or(Heard::Nothing, |(_, w)| Heard::Word(Word::parse(&w)));
         }
         if inbox.words.is_empty() && inbox.closed.is_some_and(|t| t <= now) {
             return Heard::Ended;

@@ -5,8 +5,10 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
-use corelane_xsk::grant::{peer, proto_name, recv_message, send_message, set_read_deadline};
-use corelane_xsk::{Error, Proto};
+use corelane_xsk::Error;
+use corelane_xsk::grant::{
+    Request, peer, proto_name, recv_message, send_message, set_read_deadline,
+};
 
 use super::{Grant, Session, State, list_or_none, lock, ranges};
 
@@ -193,31 +195,32 @@ fn handle(
     let (Some(steering), Some(session)) = (st.steering.as_mut(), session) else {
         return Err("the broker is stopping".into());
     };
-    let words: Vec<&str> = text.split_whitespace().collect();
     // Only a queue's registration takes a descriptor.
-    if passed.is_some() && words.first() != Some(&"queue") {
+    if passed.is_some() && text.split_whitespace().next() != Some("queue") {
         return Err(format!("`{text}` takes no descriptor"));
     }
-    if let Some(r) = super::session_upgrade::request(steering, &words, passed) {
+    let req = Request::parse(text)?;
+    if let Some(r) = super::session_upgrade::request(steering, &req, passed) {
         return r;
     }
     let e = |e: Error| e.to_string();
     let ok = || Ok((String::new(), None));
-    match words[..] {
-        // "addr A shared": A is the kernel's too, corelane's only for its ports.
-        [verb @ ("addr" | "unaddr"), a] | [verb @ "addr", a, "shared"] => {
-            let share = words.len() == 3;
-            let a: IpAddr = a.parse().map_err(|_| format!("`{a}` is not an address"))?;
-            if verb == "unaddr" {
-                if let Some(i) = session.addrs.iter().position(|x| *x == a) {
-                    session.addrs.remove(i);
-                    // Its successor's too, during an upgrade: then it stays.
-                    if !others.contains(&a) {
-                        steering.disown_addr(a).map_err(e)?;
-                    }
+    match req {
+        Request::Unaddr(a) => {
+            if let Some(i) = session.addrs.iter().position(|x| *x == a) {
+                session.addrs.remove(i);
+                // Its successor's too, during an upgrade: then it stays.
+                if !others.contains(&a) {
+                    steering.disown_addr(a).map_err(e)?;
                 }
-                return ok();
             }
+            ok()
+        }
+        // "addr A shared": A is the kernel's too, corelane's only for its ports.
+        Request::Addr {
+            addr: a,
+            shared: share,
+        } => {
             if !grant.addrs.contains(&a) {
                 return Err(format!(
                     "{a} is not granted to this server on {} (granted: {}); add --addr {a} to \
@@ -256,16 +259,8 @@ fn handle(
             }
             ok()
         }
-        [verb @ ("port" | "unport"), proto, port] => {
-            let proto = match proto {
-                "tcp" => Proto::Tcp,
-                "udp" => Proto::Udp,
-                _ => return Err(format!("`{proto}` is not tcp or udp")),
-            };
-            let port: u16 = port
-                .parse()
-                .map_err(|_| format!("`{port}` is not a port"))?;
-            if verb == "unport" {
+        Request::Port { proto, port, on } => {
+            if !on {
                 if session.ports.remove(&(proto, port)) {
                     steering.release_port(proto, port).map_err(e)?;
                 }
@@ -285,8 +280,7 @@ fn handle(
             }
             ok()
         }
-        ["queue", q] => {
-            let q: u32 = q.parse().map_err(|_| format!("`{q}` is not a queue"))?;
+        Request::Queue { queue: q, .. } => {
             let Some(sock) = passed else {
                 return Err("`queue` needs the AF_XDP socket's descriptor".into());
             };
@@ -301,8 +295,7 @@ fn handle(
             })?;
             ok()
         }
-        ["channels", n] => {
-            let need: u32 = n.parse().map_err(|_| format!("`{n}` is not a count"))?;
+        Request::Channels(need) => {
             let now = corelane_xsk::channels(&grant.ifname)
                 .map_err(e)?
                 .ok_or_else(|| format!("{}: the driver does not set its queues", grant.ifname))?;
@@ -317,10 +310,7 @@ fn handle(
             ok()
         }
         // What the program noted of a shared address's neighbour (`none`: nothing yet).
-        ["neigh", ip] => {
-            let ip: IpAddr = ip
-                .parse()
-                .map_err(|_| format!("`{ip}` is not an address"))?;
+        Request::Neigh(ip) => {
             let mac = steering
                 .shared_neighbour(ip)
                 .map_or("none".to_string(), |m| {
@@ -331,21 +321,18 @@ fn handle(
                 });
             Ok((mac, None))
         }
-        ["counters"] => {
+        Request::Counters => {
             let c = steering.counters().map_err(e)?;
             Ok((
                 format!("{} {} {} {}", c.steered, c.passed, c.malformed, c.no_socket),
                 None,
             ))
         }
-        ["stats", bytes] => {
+        Request::Stats(bytes) => {
             // A sealed memory file of the size asked for, within a cap: the server can neither
             // grow it (fill /run, or memory past the cap) nor shrink it under root's reader.
             // The run directory gets a pointer to it (`corelane_stat::write_pointer`).
             let path = st.claim.dir().join("stats");
-            let bytes = bytes
-                .parse::<u64>()
-                .map_err(|_| format!("malformed size in `{text}`"))?;
             let file = corelane_stat::sealed_file("stats", bytes)
                 .map_err(|err| format!("{}: {err}", path.display()))?;
             let id = corelane_stat::write_pointer(&path, &file, 0o644)
@@ -357,8 +344,8 @@ fn handle(
             session.kept_stats = Some(file);
             Ok((path.display().to_string(), Some(handed)))
         }
-        ["vlan"] => Ok((grant.vlan.to_wire(), None)),
-        ["restart-key"] => {
+        Request::Vlan => Ok((grant.vlan.to_wire(), None)),
+        Request::RestartKey => {
             // The server's user's own key, kept root's alone: the server cannot write the run
             // directory, and a key per user tells one user nothing of another's ISNs.
             let dir = corelane_stat::run_dir()
@@ -369,12 +356,9 @@ fn handle(
                 .map_err(|err| format!("{}: {err}", dir.display()))?;
             Ok((format!("{a:016x}{b:016x}"), None))
         }
-        ["capture", bytes] => {
+        Request::Capture(bytes) => {
             // As the stats; the frames are the traffic, so the pointer is root's alone.
             let path = st.claim.dir().join("capture");
-            let bytes = bytes
-                .parse::<u64>()
-                .map_err(|_| format!("malformed size in `{text}`"))?;
             let file = corelane_stat::sealed_file("capture", bytes)
                 .map_err(|err| format!("{}: {err}", path.display()))?;
             let id = corelane_stat::write_pointer(&path, &file, 0o600)
@@ -384,6 +368,10 @@ fn handle(
             session.kept_capture = Some(file);
             Ok((path.display().to_string(), Some(handed)))
         }
-        _ => Err(format!("unknown request `{text}`")),
+        // The upgrade's requests, carried out above.
+        Request::UpgradeState
+        | Request::Upgrade { .. }
+        | Request::Keep { .. }
+        | Request::Forget { .. } => Err(format!("unknown request `{text}`")),
     }
 }

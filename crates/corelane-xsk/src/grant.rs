@@ -173,6 +173,11 @@ impl GrantClient {
         self.exchange(text, fd).map(|(reply, _)| reply)
     }
 
+    /// [`request`](Self::request) for `r`, written as the protocol spells it.
+    pub(crate) fn ask(&self, r: &Request, fd: Option<RawFd>) -> Result<String, Error> {
+        self.request(&r.to_text(), fd)
+    }
+
     /// Sends `text` (with `fd`) and returns the reply's text after `ok` and the descriptor
     /// that came with it.
     fn exchange(&self, text: &str, fd: Option<RawFd>) -> Result<(String, Option<OwnedFd>), Error> {
@@ -212,46 +217,59 @@ impl GrantClient {
 
     /// Asks the broker to steer `addr` to this server.
     pub(crate) fn own_addr(&self, addr: IpAddr) -> Result<(), Error> {
-        self.request(&format!("addr {addr}"), None).map(drop)
+        self.ask(
+            &Request::Addr {
+                addr,
+                shared: false,
+            },
+            None,
+        )
+        .map(drop)
     }
 
     /// Asks the broker to steer `addr`'s owned ports to this server, the kernel keeping the
     /// rest of the address.
     pub(crate) fn own_shared_addr(&self, addr: IpAddr) -> Result<(), Error> {
-        self.request(&format!("addr {addr} shared"), None).map(drop)
+        self.ask(&Request::Addr { addr, shared: true }, None)
+            .map(drop)
     }
 
     /// What the broker's program noted of a shared address's neighbour `ip`, if anything.
     pub(crate) fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
-        let reply = self.request(&format!("neigh {ip}"), None).ok()?;
+        let reply = self.ask(&Request::Neigh(ip), None).ok()?;
         parse_mac(&reply)
     }
 
     /// Asks the broker to stop steering `addr`.
     pub(crate) fn disown_addr(&self, addr: IpAddr) -> Result<(), Error> {
-        self.request(&format!("unaddr {addr}"), None).map(drop)
+        self.ask(&Request::Unaddr(addr), None).map(drop)
     }
 
     /// Asks the broker to steer `proto` port `port` (`on`) or stop (`!on`).
     pub(crate) fn port(&self, proto: Proto, port: u16, on: bool) -> Result<(), Error> {
-        let verb = if on { "port" } else { "unport" };
-        self.request(&format!("{verb} {} {port}", proto_name(proto)), None)
-            .map(drop)
+        self.ask(&Request::Port { proto, port, on }, None).map(drop)
     }
 
     /// Hands the broker the AF_XDP socket `fd` for `queue`.
     pub(crate) fn register(&self, queue: u32, fd: RawFd) -> Result<(), Error> {
-        self.request(&format!("queue {queue}"), Some(fd)).map(drop)
+        self.ask(
+            &Request::Queue {
+                queue,
+                generation: None,
+            },
+            Some(fd),
+        )
+        .map(drop)
     }
 
     /// Asks the broker to give the interface `need` receive queues.
     pub fn set_rx_queues(&self, need: u32) -> Result<(), Error> {
-        self.request(&format!("channels {need}"), None).map(drop)
+        self.ask(&Request::Channels(need), None).map(drop)
     }
 
     /// The program's counters, from the broker.
     pub(crate) fn counters(&self) -> Result<XdpCounters, Error> {
-        let text = self.request("counters", None)?;
+        let text = self.ask(&Request::Counters, None)?;
         let v: Vec<u64> = text
             .split_whitespace()
             .filter_map(|w| w.parse().ok())
@@ -276,7 +294,7 @@ impl GrantClient {
     /// # Errors
     /// The broker refused (a size past its cap) or sent no descriptor.
     pub fn stats_file(&self, bytes: u64) -> Result<(File, PathBuf), Error> {
-        match self.exchange(&format!("stats {bytes}"), None)? {
+        match self.exchange(&Request::Stats(bytes).to_text(), None)? {
             (path, Some(fd)) => Ok((File::from(fd), PathBuf::from(path))),
             (_, None) => Err(Error::Grant(
                 "the broker sent no descriptor with the stats file".into(),
@@ -290,7 +308,7 @@ impl GrantClient {
     /// # Errors
     /// The broker's connection failed, or its answer is not a VLAN.
     pub fn vlan(&self) -> Result<Vlan, Error> {
-        match self.exchange("vlan", None) {
+        match self.exchange(&Request::Vlan.to_text(), None) {
             Ok((text, _)) => Vlan::from_wire(&text)
                 .ok_or_else(|| Error::Grant(format!("malformed VLAN from the broker: {text}"))),
             Err(Error::Grant(e)) if e.contains("unknown request") => Ok(Vlan::default()),
@@ -304,7 +322,7 @@ impl GrantClient {
     /// # Errors
     /// The broker refused (or is older than the request), or its answer is not a key.
     pub fn restart_key(&self) -> Result<[u64; 2], Error> {
-        let (text, _) = self.exchange("restart-key", None)?;
+        let (text, _) = self.exchange(&Request::RestartKey.to_text(), None)?;
         let half = |r: std::ops::Range<usize>| {
             text.get(r)
                 .and_then(|h| u64::from_str_radix(h, 16).ok())
@@ -327,7 +345,7 @@ impl GrantClient {
     /// # Errors
     /// The broker refused (a size past its cap) or sent no descriptor.
     pub fn capture_file(&self, bytes: u64) -> Result<(File, PathBuf), Error> {
-        match self.exchange(&format!("capture {bytes}"), None)? {
+        match self.exchange(&Request::Capture(bytes).to_text(), None)? {
             (path, Some(fd)) => Ok((File::from(fd), PathBuf::from(path))),
             (_, None) => Err(Error::Grant(
                 "the broker sent no descriptor with the capture file".into(),
@@ -336,13 +354,7 @@ impl GrantClient {
     }
 }
 
-/// `tcp` or `udp`, as the protocol spells them.
-pub fn proto_name(p: Proto) -> &'static str {
-    match p {
-        Proto::Tcp => "tcp",
-        Proto::Udp => "udp",
-    }
-}
+pub use crate::grant_words::{Request, proto_name};
 
 #[cfg(test)]
 #[path = "grant_tests.rs"]

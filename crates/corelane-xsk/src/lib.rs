@@ -27,6 +27,7 @@ mod cookie;
 mod error;
 mod ethtool;
 pub mod grant;
+mod grant_words;
 mod handover;
 #[cfg(test)]
 mod lab_tests;

@@ -1,5 +1,5 @@
 //! A granted server's upgrade requests: what `Steering`'s upgrade methods ask the broker for
-//! when it holds the program (`steering_upgrade.rs`).
+//! when it holds the program (`steering/upgrade.rs`).
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;

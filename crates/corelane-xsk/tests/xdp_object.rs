@@ -63,7 +63,7 @@ fn xdp_object_has_the_program_and_maps_the_loader_takes() {
     assert_eq!(size("owned_v6"), (16, 1));
     assert_eq!(size("stats"), (4, 8));
     assert_eq!(size("xsks"), (4, 4));
-    // struct upgrade_cfg, and struct flow_key -> generation (steering.rs `flow_key`).
+    // struct upgrade_cfg, and struct flow_key -> generation (steering/upgrade.rs `flow_key`).
     assert_eq!(size("upgrade"), (4, 8));
     assert_eq!(size("old_flows"), (20, 4));
     assert_eq!(

@@ -1,4 +1,4 @@
-//! Tests of `steering_upgrade.rs`: the program handed from one owner to another.
+//! Tests of `steering/upgrade.rs`: the program handed from one owner to another.
 
 use super::*;
 use crate::{Proto, XskQueue};

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use corelane_frame::Proto;
 
-use super::{Steering, Via, XdpCounters};
+use super::{Program, Steering, SteeringShare, XdpCounters};
 use crate::error::Error;
 use crate::program::AttachedMode;
 use crate::socket::sim::SimKernel;
@@ -68,16 +68,7 @@ impl MemProgram {
 
     /// A [`Steering`] over these maps, as [`Steering::attach`] gives one over a device's.
     pub fn steering(&self, ifname: &str) -> Steering {
-        Steering {
-            ifname: ifname.to_string(),
-            mode: AttachedMode::Generic,
-            fallback_reason: None,
-            port_refs: std::collections::HashMap::new(),
-            shared: Default::default(),
-            handed_on: false,
-            vlan_filter: None,
-            via: Via::Mem(self.clone()),
-        }
+        Steering::over(ifname, AttachedMode::Generic, None, Box::new(self.clone()))
     }
 
     /// Frames arriving on `queue` are received by `kernel`'s sockets.
@@ -196,11 +187,12 @@ impl Maps {
 }
 
 impl MemProgram {
-    pub(super) fn own_addr(&self, addr: IpAddr, on: bool) {
+    #[cfg(test)]
+    fn own_addr(&self, addr: IpAddr, on: bool) {
         self.own_addr_as(addr, on, false);
     }
 
-    pub(super) fn own_addr_as(&self, addr: IpAddr, on: bool, shared: bool) {
+    fn own_addr_as(&self, addr: IpAddr, on: bool, shared: bool) {
         let mut m = self.maps();
         if on {
             m.owned.insert(addr, shared);
@@ -209,7 +201,7 @@ impl MemProgram {
         }
     }
 
-    pub(super) fn set_port(&self, proto: Proto, port: u16, on: bool) {
+    fn ports(&self, proto: Proto, port: u16, on: bool) {
         let mut m = self.maps();
         let set = match proto {
             Proto::Tcp => &mut m.tcp_ports,
@@ -221,21 +213,39 @@ impl MemProgram {
             set.remove(&port);
         }
     }
+}
 
-    pub(super) fn register_in(&self, generation: u32, queue: u32, fd: RawFd) {
+impl Program for MemProgram {
+    fn own_addr(&mut self, addr: IpAddr, shared: bool) -> Result<(), Error> {
+        self.own_addr_as(addr, true, shared);
+        Ok(())
+    }
+
+    fn disown_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
+        self.own_addr_as(addr, false, false);
+        Ok(())
+    }
+
+    fn set_port(&mut self, proto: Proto, port: u16, on: bool) -> Result<(), Error> {
+        self.ports(proto, port, on);
+        Ok(())
+    }
+
+    fn register_in(&mut self, generation: u32, queue: u32, fd: RawFd) -> Result<(), Error> {
         self.maps().xsks.insert((generation, queue), fd);
+        Ok(())
     }
 
-    pub(super) fn set_upgrade(&self, current: u32, split: bool) {
+    fn set_upgrade(&mut self, current: u32, split: bool) -> Result<(), Error> {
         self.maps().upgrade = (current, split);
+        Ok(())
     }
 
-    pub(super) fn keep_flow(
-        &self,
-        peer: SocketAddr,
-        port: u16,
-        generation: u32,
-    ) -> Result<(), Error> {
+    fn upgrade_state(&mut self) -> Result<(u32, bool), Error> {
+        Ok(self.upgrade())
+    }
+
+    fn keep_flow(&mut self, peer: SocketAddr, port: u16, generation: u32) -> Result<(), Error> {
         let mut m = self.maps();
         if m.old_flows.len() >= super::MAX_OLD_FLOWS as usize {
             return Err(Error::Config(format!(
@@ -247,23 +257,31 @@ impl MemProgram {
         Ok(())
     }
 
-    pub(super) fn forget_flow(&self, peer: SocketAddr, port: u16) {
+    fn forget_flow(&mut self, peer: SocketAddr, port: u16) -> Result<(), Error> {
         self.maps().old_flows.remove(&(peer, port));
+        Ok(())
     }
 
-    pub(super) fn clear_flows(&self) -> usize {
+    fn clear_flows(&mut self) -> Result<usize, Error> {
         let mut m = self.maps();
         let n = m.old_flows.len();
         m.old_flows.clear();
-        n
+        Ok(n)
     }
 
-    pub(super) fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
+    fn counters(&self) -> Result<XdpCounters, Error> {
+        Ok(self.maps().counters)
+    }
+
+    fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
         self.maps().neighbours.get(&ip).copied()
     }
 
-    pub(super) fn counters(&self) -> XdpCounters {
-        self.maps().counters
+    /// The old and the new process of an upgrade steer with the same in-memory program.
+    fn share(&mut self, _mode: AttachedMode) -> Result<SteeringShare, Error> {
+        Err(Error::Config(
+            "sharing the program needs a device's program, not the in-memory one".into(),
+        ))
     }
 }
 
@@ -315,8 +333,8 @@ mod tests {
         let (own, shared) = ([10, 0, 0, 3], [10, 0, 0, 1]);
         p.own_addr(IpAddr::from(own), true);
         p.own_addr_as(IpAddr::from(shared), true, true);
-        p.set_port(Proto::Tcp, 80, true);
-        p.set_port(Proto::Udp, 53, true);
+        p.ports(Proto::Tcp, 80, true);
+        p.ports(Proto::Udp, 53, true);
         // No socket here: what the program would steer comes back Dropped, the rest Passed.
         let verdict = |f: &[u8]| p.receive(0, f);
         assert_eq!(

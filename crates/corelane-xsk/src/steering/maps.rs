@@ -5,7 +5,8 @@ use std::net::IpAddr;
 
 use corelane_frame::Proto;
 
-use super::{Program, STAT_SLOTS, Steering, Via, XdpCounters, map_err, solicited_node_mac};
+use super::attached::{Attached, solicited_node_mac};
+use super::{STAT_SLOTS, XdpCounters, map_err};
 use crate::cookie::monotonic_ns;
 use crate::error::Error;
 
@@ -13,11 +14,7 @@ use crate::error::Error;
 const ADDR_OWNED: u8 = 1;
 const ADDR_SHARED: u8 = 2;
 
-impl Program {
-    pub(super) fn own_addr(&mut self, addr: IpAddr) -> Result<(), Error> {
-        self.own_addr_as(addr, false)
-    }
-
+impl Attached {
     /// Owns `addr`, `shared` with the kernel or not (`ADDR_OWNED`, `ADDR_SHARED`).
     pub(super) fn own_addr_as(&mut self, addr: IpAddr, shared: bool) -> Result<(), Error> {
         let v = if shared {
@@ -128,21 +125,14 @@ impl Program {
     }
 }
 
-impl Steering {
-    /// The hardware address a neighbour of a shared address gave for `ip` in its last ARP or
-    /// NDP frame to or about that address (frames the kernel answers; the program notes what
-    /// they say). None when none was seen. Under a grant the broker is asked.
-    pub fn shared_neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
-        let p = match &self.via {
-            Via::Program(p) => p,
-            Via::Grant(g) => return g.neighbour(ip),
-            Via::Mem(m) => return m.neighbour(ip),
-        };
+impl Attached {
+    /// What the program noted of a shared address's neighbour `ip`, when recent.
+    pub(super) fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
         let key = match ip {
             IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
             IpAddr::V6(a) => a.octets(),
         };
-        let v = p.neighbours.get(&key, 0).ok()?;
+        let v = self.neighbours.get(&key, 0).ok()?;
         let b = v.to_ne_bytes();
         let when = u16::from_ne_bytes([b[6], b[7]]);
         neighbour_is_recent(when, monotonic_ns(std::time::Instant::now()))

@@ -6,9 +6,10 @@ use std::collections::HashMap as StdHashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 
-use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray, XskMap};
+use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray};
 
-use super::{GENERATIONS, MAPS, MAX_QUEUES, Program, Steering, Via, map_err};
+use super::attached::Attached;
+use super::{GENERATIONS, MAPS, MAX_QUEUES, Steering, map_err};
 use crate::error::Error;
 use crate::program::AttachedMode;
 
@@ -37,7 +38,7 @@ fn data(m: &Map) -> Option<&MapData> {
     }
 }
 
-impl Program {
+impl Attached {
     /// Map `name`'s data, wherever this program holds it.
     fn map_data(&self, name: &str) -> Option<&MapData> {
         Some(match name {
@@ -70,18 +71,7 @@ impl Steering {
                  generations of {MAX_QUEUES} queues"
             )));
         }
-        let p = match &mut self.via {
-            Via::Program(p) => p,
-            Via::Grant(g) => return g.register_in(generation, queue, fd),
-            Via::Mem(m) => {
-                m.register_in(generation, queue, fd);
-                return Ok(());
-            }
-        };
-        XskMap::try_from(&mut p.xsks)
-            .map_err(map_err("xsks"))?
-            .set(generation * MAX_QUEUES + queue, fd, 0)
-            .map_err(map_err("xsks"))
+        self.program.register_in(generation, queue, fd)
     }
 
     /// Which generation's sockets get the frames: `current` gets all of them, except, while
@@ -93,76 +83,30 @@ impl Steering {
                 "generation {current}: the program has {GENERATIONS}"
             )));
         }
-        let p = match &mut self.via {
-            Via::Program(p) => p,
-            Via::Grant(g) => return g.set_upgrade(current, split),
-            Via::Mem(m) => {
-                m.set_upgrade(current, split);
-                return Ok(());
-            }
-        };
-        p.upgrade
-            .set(0, [current, u32::from(split)], 0)
-            .map_err(map_err("upgrade"))
+        self.program.set_upgrade(current, split)
     }
 
     /// Keeps the TCP connection from `peer` to local `port` with `generation` while an
     /// upgrade splits the frames ([`Steering::set_upgrade`]).
     pub fn keep_flow(&mut self, peer: SocketAddr, port: u16, generation: u32) -> Result<(), Error> {
-        let p = match &mut self.via {
-            Via::Program(p) => p,
-            Via::Grant(g) => return g.keep_flow(peer, port, generation),
-            Via::Mem(m) => return m.keep_flow(peer, port, generation),
-        };
-        p.old_flows
-            .insert(flow_key(peer, port), generation, 0)
-            .map_err(map_err("old_flows"))
+        self.program.keep_flow(peer, port, generation)
     }
 
     /// Stops keeping the connection from `peer` to `port` (it closed, or the upgrade ended).
     pub fn forget_flow(&mut self, peer: SocketAddr, port: u16) -> Result<(), Error> {
-        let p = match &mut self.via {
-            Via::Program(p) => p,
-            Via::Grant(g) => return g.forget_flow(peer, port),
-            Via::Mem(m) => {
-                m.forget_flow(peer, port);
-                return Ok(());
-            }
-        };
-        match p.old_flows.remove(&flow_key(peer, port)) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err("old_flows")(e)),
-        }
+        self.program.forget_flow(peer, port)
     }
 
     /// Which generation gets the frames and whether the split is on (see
     /// [`Steering::set_upgrade`]).
     pub fn upgrade_state(&mut self) -> Result<(u32, bool), Error> {
-        let p = match &mut self.via {
-            Via::Program(p) => p,
-            Via::Grant(g) => return g.upgrade_state(),
-            Via::Mem(m) => return Ok(m.upgrade()),
-        };
-        let [current, split] = p.upgrade.get(&0, 0).map_err(map_err("upgrade"))?;
-        Ok((current, split != 0))
+        self.program.upgrade_state()
     }
 
     /// Forgets every connection kept for an old generation (the upgrade is over). Returns how
     /// many there were (under a grant, 0: the broker forgets them when the split ends).
     pub fn clear_flows(&mut self) -> Result<usize, Error> {
-        let p = match &mut self.via {
-            Via::Program(p) => p,
-            Via::Grant(_) => return Ok(0),
-            Via::Mem(m) => return Ok(m.clear_flows()),
-        };
-        let keys: Vec<[u8; 20]> = p.old_flows.keys().filter_map(Result::ok).collect();
-        for k in &keys {
-            match p.old_flows.remove(k) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(e) => return Err(map_err("old_flows")(e)),
-            }
-        }
-        Ok(keys.len())
+        self.program.clear_flows()
     }
 
     /// This process has handed the program on to a new one ([`Steering::share`]) and is
@@ -186,20 +130,38 @@ impl Steering {
     /// for a program this process attached or adopted; a broker's stays the broker's, and an
     /// in-memory program is the same object for both processes.
     pub fn shares_by_descriptors(&self) -> bool {
-        matches!(self.via, Via::Program(_))
+        self.program.shares_by_descriptors()
+    }
+}
+
+impl Attached {
+    pub(super) fn keep_flow(
+        &mut self,
+        peer: SocketAddr,
+        port: u16,
+        generation: u32,
+    ) -> Result<(), Error> {
+        self.old_flows
+            .insert(flow_key(peer, port), generation, 0)
+            .map_err(map_err("old_flows"))
     }
 
-    /// The program, for what a grant does not offer (`what`).
-    fn program(&mut self, what: &str) -> Result<&mut Program, Error> {
-        match &mut self.via {
-            Via::Program(p) => Ok(p),
-            Via::Grant(_) => Err(Error::Config(format!(
-                "{what} needs the program's maps, which the grant broker holds"
-            ))),
-            Via::Mem(_) => Err(Error::Config(format!(
-                "{what} needs a device's program, not the in-memory one"
-            ))),
+    pub(super) fn forget_flow(&mut self, peer: SocketAddr, port: u16) -> Result<(), Error> {
+        match self.old_flows.remove(&flow_key(peer, port)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err("old_flows")(e)),
         }
+    }
+
+    pub(super) fn clear_flows(&mut self) -> Result<usize, Error> {
+        let keys: Vec<[u8; 20]> = self.old_flows.keys().filter_map(Result::ok).collect();
+        for k in &keys {
+            match self.old_flows.remove(k) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err("old_flows")(e)),
+            }
+        }
+        Ok(keys.len())
     }
 }
 
@@ -222,27 +184,7 @@ impl Steering {
     /// The program and its maps, for a new process to [`adopt`](Steering::adopt) (descriptors
     /// to pass it, `SCM_RIGHTS`). Only for a program this process attached.
     pub fn share(&mut self) -> Result<SteeringShare, Error> {
-        let mode = self.mode;
-        let p = self.program("sharing the program")?;
-        let maps = MAPS
-            .iter()
-            .map(|&(name, _)| {
-                let d = p.map_data(name).ok_or(Error::Map {
-                    map: name,
-                    detail: "not held by this program".into(),
-                })?;
-                let fd = d.fd().as_fd().try_clone_to_owned().map_err(Error::Io)?;
-                Ok((name.to_string(), fd))
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
-        let link = match (&p._link, p.prog_id) {
-            (Some(l), _) => l.try_clone().map_err(Error::Io)?,
-            (None, Some(id)) => crate::linger::dup_link(id).map_err(Error::Io)?,
-            (None, None) => {
-                return Err(Error::Config("the program's id is unknown".into()));
-            }
-        };
-        Ok(SteeringShare { maps, link, mode })
+        self.program.share(self.mode)
     }
 
     /// Steers with the program another process attached to `ifname` and shared
@@ -263,7 +205,7 @@ impl Steering {
                 $ty::try_from(Map::$variant(take($name)?)).map_err(map_err($name))?
             };
         }
-        let program = Program {
+        let program = Attached {
             ifname: ifname.to_string(),
             owned_v4: typed!("owned_v4", HashMap, HashMap),
             owned_v6: typed!("owned_v6", HashMap, HashMap),
@@ -287,19 +229,31 @@ impl Steering {
             linger: None,
             _ebpf: None,
         };
-        Ok(Steering {
-            ifname: ifname.to_string(),
-            mode: share.mode,
-            fallback_reason: None,
-            port_refs: StdHashMap::new(),
-            shared: Default::default(),
-            handed_on: false,
-            vlan_filter: None,
-            via: Via::Program(Box::new(program)),
-        })
+        Ok(Steering::over(ifname, share.mode, None, Box::new(program)))
     }
 }
 
-#[cfg(test)]
-#[path = "steering_upgrade_tests.rs"]
-mod tests;
+impl Attached {
+    /// Descriptors of the program's maps and link (see [`Steering::share`]).
+    pub(super) fn share_as(&self, mode: AttachedMode) -> Result<SteeringShare, Error> {
+        let maps = MAPS
+            .iter()
+            .map(|&(name, _)| {
+                let d = self.map_data(name).ok_or(Error::Map {
+                    map: name,
+                    detail: "not held by this program".into(),
+                })?;
+                let fd = d.fd().as_fd().try_clone_to_owned().map_err(Error::Io)?;
+                Ok((name.to_string(), fd))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let link = match (&self._link, self.prog_id) {
+            (Some(l), _) => l.try_clone().map_err(Error::Io)?,
+            (None, Some(id)) => crate::linger::dup_link(id).map_err(Error::Io)?,
+            (None, None) => {
+                return Err(Error::Config("the program's id is unknown".into()));
+            }
+        };
+        Ok(SteeringShare { maps, link, mode })
+    }
+}

@@ -65,6 +65,7 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "lab")]
 pub use corelane_rt::lab;
 
 /// Runs an `async fn main` on every core of a corelane runtime: `#[tokio::main]`, ported by
@@ -120,6 +121,7 @@ pub use corelane_macros::main;
 /// }
 /// # }
 /// ```
+#[cfg(feature = "lab")]
 pub use corelane_macros::test;
 
 /// What the attributes expand to call; not an interface of its own.

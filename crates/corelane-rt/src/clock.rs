@@ -2,7 +2,9 @@
 //! by hand (`crate::sim`). Every deadline the cores and the upgrade poll is read from it, so
 //! that seconds of an upgrade's waits cost a simulation nothing and come in any order it picks.
 
+#[cfg(any(test, feature = "sim"))]
 use std::sync::Arc;
+#[cfg(any(test, feature = "sim"))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -12,11 +14,13 @@ pub(crate) enum Clock {
     /// `Instant::now()`.
     #[default]
     Wall,
-    /// A start and the time moved since, in nanoseconds.
+    /// A start and the time moved since, in nanoseconds (a simulation's).
+    #[cfg(any(test, feature = "sim"))]
     Virtual(Arc<Virtual>),
 }
 
 #[derive(Debug)]
+#[cfg(any(test, feature = "sim"))]
 pub(crate) struct Virtual {
     base: Instant,
     nanos: AtomicU64,
@@ -24,6 +28,7 @@ pub(crate) struct Virtual {
 
 impl Clock {
     /// A virtual clock standing at its start until [`Clock::advance`] moves it.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn virtual_clock() -> Clock {
         Clock::Virtual(Arc::new(Virtual {
             base: Instant::now(),
@@ -35,11 +40,13 @@ impl Clock {
     pub(crate) fn now(&self) -> Instant {
         match self {
             Clock::Wall => Instant::now(),
+            #[cfg(any(test, feature = "sim"))]
             Clock::Virtual(v) => v.base + Duration::from_nanos(v.nanos.load(Ordering::Acquire)),
         }
     }
 
     /// Moves a virtual clock on by `d` (the wall clock moves by itself: nothing).
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn advance(&self, d: Duration) {
         if let Clock::Virtual(v) = self {
             v.nanos.fetch_add(d.as_nanos() as u64, Ordering::AcqRel);

@@ -18,9 +18,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use corelane_stack::smoltcp::wire::IpCidr;
-use corelane_xsk::{MemProgram, Steering};
-
 use crate::addrbook::AddrBook;
 use crate::clock::Clock;
 use crate::cookies::XdpCookies;
@@ -59,15 +56,15 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Stop now.
     /// A control plane over the in-memory program `program` (a simulation's, a lab's), owning
     /// `addrs`, on `clock`, for one core whose application future runs until it drains.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn in_memory(
-        program: &MemProgram,
-        addrs: &[IpCidr],
+        program: &corelane_xsk::MemProgram,
+        addrs: &[corelane_stack::smoltcp::wire::IpCidr],
         clock: &Clock,
     ) -> std::io::Result<Arc<Shared>> {
-        let mut steering: Steering = program.steering("sim0");
+        let mut steering = program.steering("sim0");
         for a in addrs {
             steering
                 .own_addr(a.address().into())

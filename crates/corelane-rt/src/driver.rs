@@ -448,6 +448,7 @@ impl Driver {
     /// wait on and nothing arrives from outside, so an idle core sleeps until a task gives it
     /// work or the stack's next deadline. `after_turn` runs after each turn (the lab takes
     /// what was sent to its link).
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) async fn run_in_memory(mut self, mut after_turn: impl FnMut()) -> Self {
         let mut freed = Vec::new();
         loop {

@@ -53,6 +53,7 @@ mod driver;
 mod error;
 pub mod handoff;
 mod host;
+#[cfg(any(test, feature = "sim"))]
 pub mod lab;
 #[cfg(test)]
 mod lab_tests;
@@ -71,6 +72,7 @@ mod report;
 mod routing;
 mod say;
 mod signals;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 mod steward;
 mod stop;
@@ -83,6 +85,16 @@ mod upgrade_join;
 mod upgrade_new;
 mod upgrade_old;
 mod upgrade_words;
+
+/// What `corelane-fuzz` drives: the decoders of what another process sends. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// The upgrade's words and extras from any bytes (see `corelane-fuzz --target
+    /// upgrade-words`).
+    pub fn upgrade_words(input: &[u8]) {
+        crate::upgrade_words::fuzz(input);
+    }
+}
 
 use std::time::Duration;
 

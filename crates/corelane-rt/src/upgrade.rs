@@ -103,6 +103,7 @@ pub(crate) enum PartnerProcess {
     /// A pidfd of the process (readable once it has ended), and its pid (for messages).
     Pidfd { pid: u32, fd: OwnedFd },
     /// A simulation's process: set once it has ended.
+    #[cfg(any(test, feature = "sim"))]
     Sim(std::sync::Arc<std::sync::atomic::AtomicBool>),
 }
 
@@ -110,6 +111,7 @@ impl PartnerProcess {
     fn ended(&self) -> bool {
         match self {
             PartnerProcess::Pidfd { fd, .. } => corelane_xsk::grant::process_ended(fd),
+            #[cfg(any(test, feature = "sim"))]
             PartnerProcess::Sim(gone) => gone.load(Ordering::Acquire),
         }
     }
@@ -121,6 +123,7 @@ impl PartnerProcess {
             PartnerProcess::Pidfd { pid, fd } => corelane_xsk::grant::kill_process(fd)
                 .map(|()| *pid)
                 .map_err(|e| format!("process {pid} cannot be ended: {e}")),
+            #[cfg(any(test, feature = "sim"))]
             PartnerProcess::Sim(_) => Err("a simulated process is not ended from here".into()),
         }
     }

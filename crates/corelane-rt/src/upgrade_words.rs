@@ -165,3 +165,18 @@ impl Extras {
 #[cfg(test)]
 #[path = "upgrade_tests.rs"]
 mod tests;
+
+/// The upgrade's words as a fuzz target (`corelane-fuzz --target upgrade-words`): what the
+/// other process sent, as any bytes, read as a [`Word`] and as [`Extras`] without a panic,
+/// and what reads as either written back and read again to the same thing.
+pub(crate) fn fuzz(input: &[u8]) {
+    let text = String::from_utf8_lossy(input);
+    for line in text.split('\n') {
+        let word = Word::parse(line);
+        assert_eq!(Word::parse(&word.to_text()), word, "{line:?}");
+        if let Some(e) = Extras::parse(line) {
+            let again = Extras::parse(&e.to_text()).expect("written extras read back");
+            assert_eq!(again.to_text(), e.to_text(), "{line:?}");
+        }
+    }
+}

@@ -38,6 +38,7 @@ mod program;
 mod routes;
 mod socket;
 mod unixsock;
+#[cfg(any(test, feature = "sim"))]
 pub use socket::sim;
 mod shared;
 mod steering;
@@ -73,7 +74,8 @@ pub use socket::{
 };
 pub use steering::{
     AttachMode, AttachedMode, GENERATIONS, MAPS, MAX_ADDRS, MAX_NEIGHBOURS, MAX_OLD_FLOWS,
-    MAX_QUEUES, MemProgram, PROGRAM, STAT_SLOTS, Steering, SteeringShare, Verdict, XDP_OBJECT,
-    XdpCounters, iface_entry,
+    MAX_QUEUES, PROGRAM, STAT_SLOTS, Steering, SteeringShare, XDP_OBJECT, XdpCounters, iface_entry,
 };
+#[cfg(any(test, feature = "sim"))]
+pub use steering::{MemProgram, Verdict};
 pub use vlan::{MAX_VLAN, Vlan};

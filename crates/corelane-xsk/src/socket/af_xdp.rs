@@ -26,10 +26,12 @@ pub struct KernelStats {
     pub tx_ring_empty: u64,
 }
 
-/// An AF_XDP socket's descriptor, or a socket of the in-memory kernel (`sim.rs`).
+/// An AF_XDP socket's descriptor, or, with the `sim` feature, a socket of the in-memory
+/// kernel (`sim.rs`).
 #[derive(Debug)]
 pub(crate) struct XdpSocket {
     fd: Option<OwnedFd>,
+    #[cfg(any(test, feature = "sim"))]
     sim: Option<super::sim_port::Port>,
 }
 
@@ -75,11 +77,13 @@ impl XdpSocket {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(XdpSocket {
             fd: Some(fd),
+            #[cfg(any(test, feature = "sim"))]
             sim: None,
         })
     }
 
     /// A socket of the in-memory kernel.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn sim(port: super::sim_port::Port) -> XdpSocket {
         XdpSocket {
             fd: None,
@@ -88,6 +92,7 @@ impl XdpSocket {
     }
 
     /// The in-memory kernel's number for this socket (None: a real socket).
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn sim_id(&self) -> Option<usize> {
         self.sim.as_ref().map(super::sim_port::Port::id)
     }
@@ -98,10 +103,15 @@ impl XdpSocket {
 
     /// The descriptor: the socket's, or for the in-memory kernel its rings' memory file.
     pub(crate) fn borrow(&self) -> BorrowedFd<'_> {
-        match (&self.fd, &self.sim) {
-            (Some(fd), _) => fd.as_fd(),
-            (None, Some(p)) => p.file(),
-            (None, None) => unreachable!("a socket is made with one or the other"),
+        match &self.fd {
+            Some(fd) => fd.as_fd(),
+            #[cfg(any(test, feature = "sim"))]
+            None => match &self.sim {
+                Some(p) => p.file(),
+                None => unreachable!("a socket is made with one or the other"),
+            },
+            #[cfg(not(any(test, feature = "sim")))]
+            None => unreachable!("a socket is made with its descriptor"),
         }
     }
 
@@ -147,6 +157,7 @@ impl XdpSocket {
 
     /// Sizes and maps the RX and TX rings.
     pub(crate) fn rx_tx_rings(&self, size: u32) -> io::Result<Rings> {
+        #[cfg(any(test, feature = "sim"))]
         if let Some(p) = &self.sim {
             return p.rx_tx_rings();
         }
@@ -172,6 +183,7 @@ impl XdpSocket {
     /// Maps the UMEM's fill and completion rings: this socket's own before it is bound, or, once
     /// bound, those of the UMEM it shares (Linux 6.4 and later map them for a bound socket).
     pub(crate) fn fill_comp_rings(&self, size: u32) -> io::Result<(Producer<u64>, Consumer<u64>)> {
+        #[cfg(any(test, feature = "sim"))]
         if let Some(p) = &self.sim {
             return p.fill_comp_rings();
         }
@@ -224,6 +236,7 @@ impl XdpSocket {
     }
 
     pub(crate) fn statistics(&self) -> io::Result<KernelStats> {
+        #[cfg(any(test, feature = "sim"))]
         if self.sim.is_some() {
             return Ok(KernelStats::default());
         }
@@ -252,6 +265,7 @@ impl XdpSocket {
     /// Waits up to `timeout_ms` (-1: forever) for the socket to be readable (frames in its RX
     /// ring). Also what wakes the kernel to take fill-ring entries in copy mode.
     pub(crate) fn poll_readable(&self, timeout_ms: i32) -> io::Result<bool> {
+        #[cfg(any(test, feature = "sim"))]
         if let Some(p) = &self.sim {
             return Ok(p.rx_ready());
         }
@@ -279,6 +293,7 @@ impl XdpSocket {
     /// Asks the kernel to send what the TX ring holds. A busy or full kernel is not an error:
     /// the frames stay in the ring for the next kick.
     pub(crate) fn kick_tx(&self) -> io::Result<()> {
+        #[cfg(any(test, feature = "sim"))]
         if let Some(p) = &self.sim {
             p.kick_tx();
             return Ok(());

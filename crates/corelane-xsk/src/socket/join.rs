@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::exchange::{Exchange, Phase};
 use super::partner::{Partner, Role, UpgradeOffer};
 use super::shared::Joined;
+#[cfg(any(test, feature = "sim"))]
 use super::sim::SimKernel;
 use super::{Parts, XskConfig, XskQueue};
 use crate::error::Error;
@@ -111,6 +112,7 @@ impl PendingJoin {
     ///
     /// # Errors
     /// As [`PendingJoin::bind`].
+    #[cfg(any(test, feature = "sim"))]
     pub fn bind_sim(kernel: &SimKernel, offer: UpgradeOffer) -> Result<PendingJoin, Error> {
         let c = offer.config;
         let len = c.frames as usize * c.frame_bytes() as usize;

@@ -17,7 +17,9 @@ mod open;
 mod partner;
 mod ring;
 mod shared;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
+#[cfg(any(test, feature = "sim"))]
 mod sim_port;
 pub use af_xdp::KernelStats;
 use af_xdp::XdpSocket;

@@ -245,6 +245,7 @@ impl XskQueue {
     }
 
     /// The frames on the exchange's two rings, as this side maps them (for checks).
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn exchange_frames(&mut self) -> Vec<u32> {
         match self.partner.as_mut() {
             Some(p) => {

@@ -410,6 +410,7 @@ impl<T: Copy> Consumer<T> {
 
     /// Sets the ring's flags word (what the kernel does: `XDP_RING_NEED_WAKEUP`), for the
     /// in-memory kernel of `sim.rs`.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn set_flags(&self, flags: u32) {
         self.ring
             .index(self.ring.flags)

@@ -66,6 +66,7 @@ impl Joined {
     }
 
     /// As [`Joined::open`], a socket of the in-memory kernel's queue.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn open_sim(
         kernel: &super::sim::SimKernel,
         umem: OwnedFd,

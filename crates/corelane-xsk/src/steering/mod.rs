@@ -23,11 +23,13 @@ pub use crate::program::{AttachedMode, XdpCounters};
 mod attached;
 mod granted;
 mod maps;
+#[cfg(any(test, feature = "sim"))]
 mod mem;
 mod upgrade;
 #[cfg(test)]
 mod upgrade_tests;
 use crate::vlan::Vlan;
+#[cfg(any(test, feature = "sim"))]
 pub use mem::{MemProgram, Verdict};
 pub use upgrade::SteeringShare;
 

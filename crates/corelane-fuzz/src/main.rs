@@ -19,6 +19,7 @@
 
 mod coverage;
 mod stat;
+mod words;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ use corelane_stack::fuzzing::{Mutator, Target};
 #[derive(Parser, Debug)]
 #[command(about = "The protocol crate's fuzz targets, for as long as asked")]
 struct Args {
-    /// A target (parse, reassemble, node, stat) or all.
+    /// A target (parse, reassemble, node, stat, grant, upgrade-words) or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seconds per target.
@@ -62,17 +63,21 @@ struct Args {
     min_edges: usize,
 }
 
-/// A fuzz target: one of the protocol crate's, or the stats file `corelane-stat` reads.
+/// A fuzz target: one of the protocol crate's, the stats file `corelane-stat` reads, or one
+/// of the line protocols between processes (`words`).
 #[derive(Debug, Clone, Copy)]
 enum Fuzz {
     Stack(Target),
     Stat,
+    Words(words::Words),
 }
 
 impl Fuzz {
     fn all() -> Vec<Fuzz> {
         let mut v: Vec<Fuzz> = Target::ALL.into_iter().map(Fuzz::Stack).collect();
         v.push(Fuzz::Stat);
+        v.push(Fuzz::Words(words::Words::Grant));
+        v.push(Fuzz::Words(words::Words::Upgrade));
         v
     }
 
@@ -84,6 +89,7 @@ impl Fuzz {
         match self {
             Fuzz::Stack(t) => t.name(),
             Fuzz::Stat => "stat",
+            Fuzz::Words(w) => w.name(),
         }
     }
 
@@ -91,6 +97,7 @@ impl Fuzz {
         match self {
             Fuzz::Stack(t) => t.run(input),
             Fuzz::Stat => stat::run(input),
+            Fuzz::Words(w) => w.run(input),
         }
     }
 
@@ -98,6 +105,7 @@ impl Fuzz {
         match self {
             Fuzz::Stack(t) => t.seeds(),
             Fuzz::Stat => stat::seeds(),
+            Fuzz::Words(w) => w.seeds(),
         }
     }
 
@@ -111,6 +119,7 @@ impl Fuzz {
         match self {
             Fuzz::Stack(t) => m.mutate(t, base, other),
             Fuzz::Stat => stat::mutate(r, base, other),
+            Fuzz::Words(w) => w.mutate(r, base, other),
         }
     }
 }
@@ -122,7 +131,7 @@ fn corpus_dir(t: Fuzz) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     match t {
         Fuzz::Stack(t) => root.join("../corelane-stack/fuzz/corpus").join(t.name()),
-        Fuzz::Stat => root.join("corpus/stat"),
+        Fuzz::Stat | Fuzz::Words(_) => root.join("corpus").join(t.name()),
     }
 }
 
@@ -144,14 +153,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{}: {} bytes ran without a panic", t.name(), input.len());
         return Ok(());
     }
-    let targets: Vec<Fuzz> = if args.target == "all" {
-        Fuzz::all()
-    } else {
-        vec![
-            Fuzz::from_name(&args.target)
-                .ok_or("unknown target: parse, reassemble, node, stat or all")?,
-        ]
-    };
+    let targets: Vec<Fuzz> =
+        if args.target == "all" {
+            Fuzz::all()
+        } else {
+            vec![Fuzz::from_name(&args.target).ok_or(
+                "unknown target: parse, reassemble, node, stat, grant, upgrade-words or all",
+            )?]
+        };
     if args.write_seeds {
         for t in targets {
             let dir = corpus_dir(t);

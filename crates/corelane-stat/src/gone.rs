@@ -29,11 +29,18 @@ const SETTLED: Duration = Duration::from_secs(60);
 /// namespace to read its cookie); for anyone else this returns nothing.
 ///
 /// # Errors
-/// The run directory cannot be read.
+/// The run directory cannot be read, or another user than root can change it or a directory
+/// above it ([`check_dir`](crate::check_dir)): then nothing is removed.
 pub fn prune_gone_namespaces(run_dir: &Path) -> io::Result<Vec<PathBuf>> {
     // SAFETY: geteuid(2) takes nothing and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(Vec::new());
+    }
+    // Root removes directories here: only in a run directory nobody else can change (one
+    // another user could swap for a link would have root remove what it points at).
+    match crate::check_dir(run_dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        r => r?,
     }
     let own = crate::netns_id()?;
     let candidates: Vec<PathBuf> = match std::fs::read_dir(run_dir) {
@@ -215,4 +222,30 @@ fn unescape(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A run directory another user could change is refused before anything in it is read.
+    #[test]
+    fn nothing_is_removed_from_a_run_directory_others_can_change() {
+        // SAFETY: geteuid(2) takes nothing and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
+            eprintln!("skipped: needs root (only root prunes)");
+            return;
+        }
+        let run = std::env::temp_dir().join(format!("corelane-gone-open-{}", std::process::id()));
+        let gone = run.join("net-ino1");
+        std::fs::create_dir_all(&gone).unwrap();
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = super::prune_gone_namespaces(&run).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        assert!(gone.exists());
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(super::prune_gone_namespaces(&run).is_ok());
+        let _ = std::fs::remove_dir_all(&run);
+    }
 }

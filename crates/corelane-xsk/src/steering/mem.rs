@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use corelane_frame::Proto;
 
+use super::mem_model::Steer;
 use super::{Program, Steering, SteeringShare, XdpCounters};
 use crate::error::Error;
 use crate::program::AttachedMode;
@@ -26,7 +27,7 @@ pub struct MemProgram {
 }
 
 #[derive(Debug, Default)]
-struct Maps {
+pub(super) struct Maps {
     /// Owned addresses -> shared with the kernel.
     owned: HashMap<IpAddr, bool>,
     tcp_ports: HashSet<u16>,
@@ -41,6 +42,10 @@ struct Maps {
     queues: HashMap<u32, SimKernel>,
     /// What ARP frames to a shared address said of their senders (the `neighbours` map).
     neighbours: HashMap<IpAddr, [u8; 6]>,
+    /// TCP ports whose bare SYNs the program answers with cookies, and the interface's
+    /// hardware address (the program answers only frames sent to it).
+    cookie_ports: HashSet<u16>,
+    mac: Option<[u8; 6]>,
     counters: XdpCounters,
 }
 
@@ -79,6 +84,23 @@ impl MemProgram {
     /// The generation that gets frames now, and whether the split is on.
     pub fn upgrade(&self) -> (u32, bool) {
         self.maps().upgrade
+    }
+
+    /// The interface's hardware address, in the program's `iface` entry: the program answers
+    /// only frames sent to it (its SYN cookies here).
+    pub fn set_mac(&self, mac: [u8; 6]) {
+        self.maps().mac = Some(mac);
+    }
+
+    /// Has the program answer bare SYNs to TCP `port` with cookies (the `tcp_ports` entry's
+    /// cookie bit), or stop. Such SYNs are then not steered.
+    pub fn set_cookie_port(&self, port: u16, on: bool) {
+        let mut m = self.maps();
+        if on {
+            m.cookie_ports.insert(port);
+        } else {
+            m.cookie_ports.remove(&port);
+        }
     }
 
     /// How many connections the program keeps for an old generation.
@@ -133,56 +155,60 @@ impl Maps {
         }
     }
 
-    /// The generation whose socket gets `frame`, or None (passed).
+    /// The generation whose socket gets `frame`, or None (passed): the program's decision
+    /// (`mem_model.rs`), and for a kept connection during an upgrade's split, its generation.
     fn decide(&self, f: &[u8]) -> Option<u32> {
         let current = self.upgrade.0;
-        let kind = u16::from_be_bytes([*f.get(12)?, *f.get(13)?]);
-        match kind {
-            0x0806 => {
-                // ARP: the target protocol address.
-                let t = f.get(ETH + 24..ETH + 28)?;
-                let target = IpAddr::V4(Ipv4Addr::new(t[0], t[1], t[2], t[3]));
-                (self.owned.get(&target) == Some(&false)).then_some(current)
-            }
-            0x0800 => {
-                let ip = f.get(ETH..ETH + 20)?;
-                let ihl = usize::from(ip[0] & 0x0f) * 4;
-                let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
-                let dst = IpAddr::V4(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]));
-                let shared = *self.owned.get(&dst)?;
-                let l4 = f.get(ETH + ihl..ETH + ihl + 4)?;
-                let sport = u16::from_be_bytes([l4[0], l4[1]]);
-                let dport = u16::from_be_bytes([l4[2], l4[3]]);
-                match ip[9] {
-                    // A shared address's ICMP is the kernel's but for errors quoting a
-                    // segment or datagram from an owned port.
-                    1 if shared => {
-                        let q = f.get(ETH + ihl + 8..ETH + ihl + 8 + 24)?;
-                        let qihl = usize::from(q[0] & 0x0f) * 4;
-                        let sport = f.get(ETH + ihl + 8 + qihl..ETH + ihl + 8 + qihl + 2)?;
-                        let sport = u16::from_be_bytes([sport[0], sport[1]]);
-                        let owned = match q[9] {
-                            6 => self.tcp_ports.contains(&sport),
-                            17 => self.udp_ports.contains(&sport),
-                            _ => false,
-                        };
-                        (matches!(l4[0], 3 | 11) && owned).then_some(current)
-                    }
-                    6 if self.tcp_ports.contains(&dport) => {
-                        let peer = SocketAddr::new(IpAddr::V4(src), sport);
-                        match self.old_flows.get(&(peer, dport)) {
-                            Some(&g) if self.upgrade.1 => Some(g),
-                            _ => Some(current),
-                        }
-                    }
-                    17 if self.udp_ports.contains(&dport) => Some(current),
-                    // ICMP to an owned address: the stack's.
-                    1 => Some(current),
-                    _ => None,
-                }
-            }
-            _ => None,
+        match super::mem_model::steer(self, f) {
+            Steer::No => None,
+            Steer::Yes => Some(current),
+            Steer::Flow(peer, port) => match self.old_flows.get(&(peer, port)) {
+                Some(&g) if self.upgrade.1 => Some(g),
+                _ => Some(current),
+            },
         }
+    }
+
+    /// Whether `ip` is owned, and if so whether it is shared with the kernel.
+    pub(super) fn addr(&self, ip: IpAddr) -> Option<bool> {
+        self.owned.get(&ip).copied()
+    }
+
+    pub(super) fn tcp(&self, port: u16) -> bool {
+        self.tcp_ports.contains(&port)
+    }
+
+    pub(super) fn udp(&self, port: u16) -> bool {
+        self.udp_ports.contains(&port)
+    }
+
+    /// Whether the program answers the TCP segment at `l4` with a SYN cookie: a bare SYN to a
+    /// port with cookies on, in an IPv4 header without options or an IPv6 one, sent to the
+    /// interface's address from a unicast one and from a source an answer may go to.
+    pub(super) fn cookie_answered(&self, f: &[u8], l4: usize) -> bool {
+        let Some(mac) = self.mac else {
+            return false;
+        };
+        let v6 = f[14] >> 4 == 6;
+        let flags = f[l4 + 13];
+        let bare_syn = flags & 0x02 != 0 && flags & (0x10 | 0x04 | 0x01) == 0;
+        let doff = usize::from(f[l4 + 12] >> 4) * 4;
+        let bad_source = if v6 {
+            let s = &f[22..38];
+            s[0] == 0xff || s == [0; 16]
+        } else {
+            let s = &f[26..30];
+            s == [0; 4] || s == [255; 4] || s[0] & 0xf0 == 0xe0
+        };
+        bare_syn
+            && (v6 || l4 == 34)
+            && self
+                .cookie_ports
+                .contains(&u16::from_be_bytes([f[l4 + 2], f[l4 + 3]]))
+            && f[6] & 1 == 0
+            && f[..6] == mac
+            && doff >= 20
+            && !bad_source
     }
 }
 

@@ -25,6 +25,8 @@ mod granted;
 mod maps;
 #[cfg(any(test, feature = "sim"))]
 mod mem;
+#[cfg(any(test, feature = "sim"))]
+mod mem_model;
 mod upgrade;
 #[cfg(test)]
 mod upgrade_tests;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod frames;
 pub mod model;
 
 use std::os::fd::{AsFd, AsRawFd};

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use corelane_frame::Proto;
 
-use super::mem_model::Steer;
+use super::mem_model::{Owned, Steer};
 use super::{Program, Steering, SteeringShare, XdpCounters};
 use crate::error::Error;
 use crate::program::AttachedMode;
@@ -27,7 +27,7 @@ pub struct MemProgram {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Maps {
+struct Maps {
     /// Owned addresses -> shared with the kernel.
     owned: HashMap<IpAddr, bool>,
     tcp_ports: HashSet<u16>,
@@ -168,47 +168,27 @@ impl Maps {
             },
         }
     }
+}
 
-    /// Whether `ip` is owned, and if so whether it is shared with the kernel.
-    pub(super) fn addr(&self, ip: IpAddr) -> Option<bool> {
+impl Owned for Maps {
+    fn addr(&self, ip: IpAddr) -> Option<bool> {
         self.owned.get(&ip).copied()
     }
 
-    pub(super) fn tcp(&self, port: u16) -> bool {
+    fn tcp(&self, port: u16) -> bool {
         self.tcp_ports.contains(&port)
     }
 
-    pub(super) fn udp(&self, port: u16) -> bool {
+    fn udp(&self, port: u16) -> bool {
         self.udp_ports.contains(&port)
     }
 
-    /// Whether the program answers the TCP segment at `l4` with a SYN cookie: a bare SYN to a
-    /// port with cookies on, in an IPv4 header without options or an IPv6 one, sent to the
-    /// interface's address from a unicast one and from a source an answer may go to.
-    pub(super) fn cookie_answered(&self, f: &[u8], l4: usize) -> bool {
-        let Some(mac) = self.mac else {
-            return false;
-        };
-        let v6 = f[14] >> 4 == 6;
-        let flags = f[l4 + 13];
-        let bare_syn = flags & 0x02 != 0 && flags & (0x10 | 0x04 | 0x01) == 0;
-        let doff = usize::from(f[l4 + 12] >> 4) * 4;
-        let bad_source = if v6 {
-            let s = &f[22..38];
-            s[0] == 0xff || s == [0; 16]
-        } else {
-            let s = &f[26..30];
-            s == [0; 4] || s == [255; 4] || s[0] & 0xf0 == 0xe0
-        };
-        bare_syn
-            && (v6 || l4 == 34)
-            && self
-                .cookie_ports
-                .contains(&u16::from_be_bytes([f[l4 + 2], f[l4 + 3]]))
-            && f[6] & 1 == 0
-            && f[..6] == mac
-            && doff >= 20
-            && !bad_source
+    fn cookies(&self, port: u16) -> bool {
+        self.cookie_ports.contains(&port)
+    }
+
+    fn mac(&self) -> Option<[u8; 6]> {
+        self.mac
     }
 }
 

@@ -13,7 +13,19 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::mem::Maps;
+/// What the decision reads of the program's maps.
+pub(super) trait Owned {
+    /// Whether `ip` is owned, and if so whether it is shared with the kernel.
+    fn addr(&self, ip: IpAddr) -> Option<bool>;
+    /// TCP `port` is steered.
+    fn tcp(&self, port: u16) -> bool;
+    /// UDP `port` is steered.
+    fn udp(&self, port: u16) -> bool;
+    /// The program answers bare SYNs to TCP `port` with cookies.
+    fn cookies(&self, port: u16) -> bool;
+    /// The interface's hardware address (the program answers only frames sent to it).
+    fn mac(&self) -> Option<[u8; 6]>;
+}
 
 /// What the program does with a frame, as far as steering goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +54,7 @@ fn v6(b: &[u8]) -> IpAddr {
 }
 
 /// Where `f` goes, by the maps in `o`.
-pub(super) fn steer(o: &Maps, f: &[u8]) -> Steer {
+pub(super) fn steer(o: &dyn Owned, f: &[u8]) -> Steer {
     if f.len() < 14 {
         return Steer::No;
     }
@@ -58,7 +70,7 @@ fn yes(b: bool) -> Steer {
     if b { Steer::Yes } else { Steer::No }
 }
 
-fn arp(o: &Maps, f: &[u8]) -> Steer {
+fn arp(o: &dyn Owned, f: &[u8]) -> Steer {
     if f.len() < 14 + 28 {
         return Steer::No;
     }
@@ -70,7 +82,7 @@ fn arp(o: &Maps, f: &[u8]) -> Steer {
     yes(o.addr(v4(&a[24..28])) == Some(false))
 }
 
-fn ipv4(o: &Maps, f: &[u8]) -> Steer {
+fn ipv4(o: &dyn Owned, f: &[u8]) -> Steer {
     let n = f.len();
     if n < 34 {
         return Steer::No;
@@ -106,12 +118,12 @@ fn ipv4(o: &Maps, f: &[u8]) -> Steer {
 
 /// A TCP segment at `l4` to an owned port: the stack's, unless the program answers it with a
 /// cookie.
-fn tcp(o: &Maps, f: &[u8], l4: usize, src: IpAddr) -> Steer {
+fn tcp(o: &dyn Owned, f: &[u8], l4: usize, src: IpAddr) -> Steer {
     if f.len() < l4 + 20 {
         return Steer::No;
     }
     let port = be16(f, l4 + 2);
-    if !o.tcp(port) || o.cookie_answered(f, l4) {
+    if !o.tcp(port) || cookie_answered(o, f, l4) {
         return Steer::No;
     }
     Steer::Flow(SocketAddr::new(src, be16(f, l4)), port)
@@ -119,7 +131,7 @@ fn tcp(o: &Maps, f: &[u8], l4: usize, src: IpAddr) -> Steer {
 
 /// What follows an IPv4 header with options, or an IPv6 header whose next header is not TCP,
 /// UDP or ICMPv6: ICMP and fragments are the stack's, TCP and UDP by port.
-fn beyond(o: &Maps, f: &[u8], proto: u8, l4: usize, src: IpAddr) -> Steer {
+fn beyond(o: &dyn Owned, f: &[u8], proto: u8, l4: usize, src: IpAddr) -> Steer {
     let n = f.len();
     match proto {
         1 | 58 | 44 => Steer::Yes,
@@ -133,7 +145,7 @@ fn beyond(o: &Maps, f: &[u8], proto: u8, l4: usize, src: IpAddr) -> Steer {
 
 /// A frame to an address the kernel holds too: the stack's ports, and the ICMP errors
 /// quoting a segment or datagram sent from one.
-fn to_shared(o: &Maps, f: &[u8], proto: u8, l4: usize, src: IpAddr, is_v4: bool) -> Steer {
+fn to_shared(o: &dyn Owned, f: &[u8], proto: u8, l4: usize, src: IpAddr, is_v4: bool) -> Steer {
     let n = f.len();
     match proto {
         6 => tcp(o, f, l4, src),
@@ -144,7 +156,7 @@ fn to_shared(o: &Maps, f: &[u8], proto: u8, l4: usize, src: IpAddr, is_v4: bool)
     }
 }
 
-fn icmp_error_about_ours(o: &Maps, f: &[u8], l4: usize, is_v4: bool) -> Steer {
+fn icmp_error_about_ours(o: &dyn Owned, f: &[u8], l4: usize, is_v4: bool) -> Steer {
     let n = f.len();
     if n < l4 + 8 {
         return Steer::No;
@@ -173,7 +185,7 @@ fn icmp_error_about_ours(o: &Maps, f: &[u8], l4: usize, is_v4: bool) -> Steer {
     })
 }
 
-fn ipv6(o: &Maps, f: &[u8]) -> Steer {
+fn ipv6(o: &dyn Owned, f: &[u8]) -> Steer {
     let n = f.len();
     if n < 54 || f[14] >> 4 != 6 {
         return Steer::No;
@@ -209,4 +221,31 @@ fn ipv6(o: &Maps, f: &[u8]) -> Steer {
             _ => beyond(o, f, next, 54, src),
         },
     }
+}
+
+/// Whether the program answers the TCP segment at `l4` with a SYN cookie: a bare SYN to a
+/// port with cookies on, in an IPv4 header without options or an IPv6 one, sent to the
+/// interface's address from a unicast one and from a source an answer may go to.
+fn cookie_answered(o: &dyn Owned, f: &[u8], l4: usize) -> bool {
+    let Some(mac) = o.mac() else {
+        return false;
+    };
+    let v6 = f[14] >> 4 == 6;
+    let flags = f[l4 + 13];
+    let bare_syn = flags & 0x02 != 0 && flags & (0x10 | 0x04 | 0x01) == 0;
+    let doff = usize::from(f[l4 + 12] >> 4) * 4;
+    let bad_source = if v6 {
+        let s = &f[22..38];
+        s[0] == 0xff || s == [0; 16]
+    } else {
+        let s = &f[26..30];
+        s == [0; 4] || s == [255; 4] || s[0] & 0xf0 == 0xe0
+    };
+    bare_syn
+        && (v6 || l4 == 34)
+        && o.cookies(be16(f, l4 + 2))
+        && f[6] & 1 == 0
+        && f[..6] == mac
+        && doff >= 20
+        && !bad_source
 }

@@ -134,6 +134,8 @@ impl Lab {
             ..XskConfig::default()
         };
         let (kernel, queue) = SimKernel::open(&config)?;
+        // Nothing else is on the lab's link: what leaves for the wire is dropped.
+        kernel.discard_wire();
         let program = MemProgram::new();
         program.add_queue(0, kernel.clone());
         let shared =
@@ -164,7 +166,11 @@ impl Lab {
             core.clone(),
             Pipeline::new(dev, None),
             peers,
-            crate::PollMode::Busy,
+            // Nothing arrives from outside: an idle core sleeps at once, until a task gives it
+            // work or the stack's next deadline.
+            crate::PollMode::Adaptive {
+                spin: std::time::Duration::ZERO,
+            },
             epoch,
         );
         let exec = tokio::runtime::Builder::new_current_thread()
@@ -179,11 +185,7 @@ impl Lab {
         let _current = OnCore::enter(core.clone());
         let local = tokio::task::LocalSet::new();
         let out = local.block_on(&exec, async {
-            // Nothing else is on the lab's link: what leaves for the wire is dropped.
-            let wire = kernel.clone();
-            let driver = tokio::task::spawn_local(driver.run_in_memory(move || {
-                wire.take_wire();
-            }));
+            let driver = tokio::task::spawn_local(driver.run());
             let out = fut.await;
             shared.stop_all();
             // The lab's driver waits on its tasks' kicks and its timers, not the doorbells.

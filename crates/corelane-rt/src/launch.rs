@@ -5,11 +5,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corelane_stack::StackConfig;
+use corelane_stack::{Stack, StackConfig, XdpDevice};
 use corelane_topo::{Placement, Plan};
-use corelane_xsk::{AttachMode, AttachedMode, BindMode, XskConfig};
+use corelane_xsk::{AttachMode, AttachedMode, BindMode, XskConfig, XskQueue};
 
 use crate::control::Shared;
+use crate::cpu::pin;
+use crate::lane::{Core, CoreStats};
 use crate::queues::RestoreQueues;
 use crate::report::RunReport;
 use crate::stop::StopHandle;
@@ -381,5 +383,61 @@ impl LaneSocket {
             LaneSocket::Open(q) => Ok(*q),
             LaneSocket::Joining(j) => Ok(j.take_over()?),
         }
+    }
+}
+
+impl Runtime {
+    #[allow(clippy::type_complexity)]
+    /// Core `info`'s thread, pinned, takes its queue (its rings taken over here when it joins
+    /// an upgrade) and makes its device, stack and executor: the one place a core's queue is
+    /// named, so the core's run (`threads.rs`) and its driver stay generic over it.
+    pub(crate) fn setup_core(
+        &self,
+        info: CoreInfo,
+    ) -> Result<(Arc<Core>, XdpDevice<XskQueue>, tokio::runtime::Runtime), Error> {
+        pin(info.cpu)?;
+        let q = self
+            .sockets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(info.index)
+            .and_then(Option::take)
+            .ok_or_else(|| Error::Internal(format!("core {}: no socket", info.index)))?
+            // Joining an upgrade: the rings are taken over here, on the core that turns them
+            // from now on.
+            .ready()?;
+        let mut dev = XdpDevice::new(q, self.mtu, self.cfg.stack.batch);
+        dev.set_vlans(self.cfg.vlan.service, self.cfg.vlan.id);
+        // A frame built over the MTU is a bug: counted (`DeviceStats::tx_oversize`) and dropped,
+        // or a panic in debug builds and wherever CORELANE_STRICT=1 (every test run).
+        if std::env::var_os("CORELANE_STRICT").is_some_and(|v| v == "1") {
+            dev.set_strict(true);
+        }
+        let mut stack = Stack::new(
+            &mut dev,
+            self.mac,
+            &self.cfg.addrs,
+            StackConfig {
+                core: info.index,
+                cores: info.cores,
+                ..self.cfg.stack
+            },
+        );
+        for r in self.routes.routes() {
+            // Checked when the runtime was built; the stack's table has the same size.
+            stack.add_route(r.dst, r.via)?;
+        }
+        let exec = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let stats = CoreStats {
+            core: info.index,
+            cpu: info.cpu,
+            app_cpu: info.app_cpu,
+            queue: info.queue,
+            ..CoreStats::default()
+        };
+        let core = Arc::new(Core::new(info.index, stack, self.shared.clone(), stats));
+        Ok((core, dev, exec))
     }
 }

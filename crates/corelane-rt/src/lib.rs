@@ -50,6 +50,7 @@ mod cookies;
 mod cores;
 mod cpu;
 mod driver;
+mod driver_run;
 mod error;
 pub mod handoff;
 mod host;

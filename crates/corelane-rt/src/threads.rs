@@ -6,13 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant as StdInstant};
 
-use corelane_stack::{BatchTuner, Pipeline, Stack, StackConfig, TuneConfig, XdpDevice};
-use corelane_xsk::FrameIo as _;
-use corelane_xsk::XskQueue;
+use corelane_stack::{BatchTuner, Pipeline, TuneConfig};
 
 use crate::cpu::{pin, thread_cpu_time};
 use crate::driver::Driver;
-use crate::lane::{self, BatchStats, Core, CoreStats};
+use crate::host::FrameIo as _;
+use crate::lane::{self, BatchStats, Core};
 use crate::launch::Runtime;
 use crate::peers::CorePeers;
 use crate::report::CoreReport;
@@ -204,57 +203,6 @@ impl Runtime {
             });
         }
         Ok(report(&core, counts))
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn setup_core(
-        &self,
-        info: CoreInfo,
-    ) -> Result<(Arc<Core>, XdpDevice<XskQueue>, tokio::runtime::Runtime), Error> {
-        pin(info.cpu)?;
-        let q = self
-            .sockets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(info.index)
-            .and_then(Option::take)
-            .ok_or_else(|| Error::Internal(format!("core {}: no socket", info.index)))?
-            // Joining an upgrade: the rings are taken over here, on the core that turns them
-            // from now on.
-            .ready()?;
-        let mut dev = XdpDevice::new(q, self.mtu, self.cfg.stack.batch);
-        dev.set_vlans(self.cfg.vlan.service, self.cfg.vlan.id);
-        // A frame built over the MTU is a bug: counted (`DeviceStats::tx_oversize`) and dropped,
-        // or a panic in debug builds and wherever CORELANE_STRICT=1 (every test run).
-        if std::env::var_os("CORELANE_STRICT").is_some_and(|v| v == "1") {
-            dev.set_strict(true);
-        }
-        let mut stack = Stack::new(
-            &mut dev,
-            self.mac,
-            &self.cfg.addrs,
-            StackConfig {
-                core: info.index,
-                cores: info.cores,
-                ..self.cfg.stack
-            },
-        );
-        for r in self.routes.routes() {
-            // Checked when the runtime was built; the stack's table has the same size.
-            stack.add_route(r.dst, r.via)?;
-        }
-        let exec = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let stats = CoreStats {
-            core: info.index,
-            cpu: info.cpu,
-            app_cpu: info.app_cpu,
-            queue: info.queue,
-            ..CoreStats::default()
-        };
-        let core = Arc::new(Core::new(info.index, stack, self.shared.clone(), stats));
-        Ok((core, dev, exec))
     }
 }
 

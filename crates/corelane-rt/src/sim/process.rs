@@ -57,7 +57,7 @@ pub(super) enum Phase {
 /// One process with one core.
 pub(super) struct Process {
     pub(super) shared: Arc<Shared>,
-    pub(super) driver: Option<Driver>,
+    pub(super) driver: Option<Driver<XskQueue>>,
     pub(super) phase: Phase,
     conns: Vec<Conn>,
     listening: bool,

@@ -26,14 +26,47 @@ pub struct KernelStats {
     pub tx_ring_empty: u64,
 }
 
-/// An AF_XDP socket's descriptor, or, with the `sim` feature, a socket of the in-memory
-/// kernel (`sim.rs`).
-#[derive(Debug)]
-pub(crate) struct XdpSocket {
-    fd: Option<OwnedFd>,
+/// The system calls an AF_XDP socket answers: the kernel's ([`KernelSocket`]), or, with the
+/// `sim` feature, the in-memory kernel's (`sim_port::Port`). The rings above them are the same
+/// shared memory either way, so every queue move runs unchanged over both.
+pub(crate) trait SocketCalls: std::fmt::Debug + Send {
+    /// The descriptor the rings are mapped from: the socket's, or the in-memory rings' file.
+    fn borrow(&self) -> BorrowedFd<'_>;
+    /// Registers `region` as the socket's UMEM, in frames of `frame_size` bytes, and sizes its
+    /// fill and completion rings.
+    fn register_umem(&self, region: &Region, frame_size: u32, ring: u32) -> io::Result<()>;
+    /// Sizes and maps the RX and TX rings.
+    fn rx_tx_rings(&self, size: u32) -> io::Result<Rings>;
+    /// Maps the UMEM's fill and completion rings.
+    fn fill_comp_rings(&self, size: u32) -> io::Result<(Producer<u64>, Consumer<u64>)>;
+    /// Binds to queue `queue` of interface `ifindex` (`shared`: the socket whose UMEM it shares).
+    fn bind(
+        &self,
+        ifindex: u32,
+        queue: u32,
+        flags: u16,
+        shared: Option<BorrowedFd<'_>>,
+    ) -> io::Result<()>;
+    /// The socket's counters.
+    fn statistics(&self) -> io::Result<KernelStats>;
+    /// Waits up to `timeout_ms` (-1: forever) for frames in the RX ring.
+    fn poll_readable(&self, timeout_ms: i32) -> io::Result<bool>;
+    /// Asks the kernel to send what the TX ring holds.
+    fn kick_tx(&self) -> io::Result<()>;
+    /// The in-memory kernel's number for this socket (None: a real socket).
     #[cfg(any(test, feature = "sim"))]
-    sim: Option<super::sim_port::Port>,
+    fn sim_id(&self) -> Option<usize> {
+        None
+    }
 }
+
+/// An AF_XDP socket: its system calls, made to the kernel or to the in-memory one.
+#[derive(Debug)]
+pub(crate) struct XdpSocket(Box<dyn SocketCalls>);
+
+/// A socket of the kernel: its descriptor.
+#[derive(Debug)]
+pub(crate) struct KernelSocket(OwnedFd);
 
 fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T) -> io::Result<()> {
     // SAFETY: `v` is valid for reads of size_of::<T>() bytes; a bad option is an error return.
@@ -75,26 +108,19 @@ impl XdpSocket {
         }
         // SAFETY: `fd` was just returned by socket() and is owned by nothing else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(XdpSocket {
-            fd: Some(fd),
-            #[cfg(any(test, feature = "sim"))]
-            sim: None,
-        })
+        Ok(XdpSocket(Box::new(KernelSocket(fd))))
     }
 
-    /// A socket of the in-memory kernel.
+    /// A socket whose system calls `calls` answers (the in-memory kernel's).
     #[cfg(any(test, feature = "sim"))]
-    pub(crate) fn sim(port: super::sim_port::Port) -> XdpSocket {
-        XdpSocket {
-            fd: None,
-            sim: Some(port),
-        }
+    pub(crate) fn over(calls: impl SocketCalls + 'static) -> XdpSocket {
+        XdpSocket(Box::new(calls))
     }
 
     /// The in-memory kernel's number for this socket (None: a real socket).
     #[cfg(any(test, feature = "sim"))]
     pub(crate) fn sim_id(&self) -> Option<usize> {
-        self.sim.as_ref().map(super::sim_port::Port::id)
+        self.0.sim_id()
     }
 
     pub(crate) fn raw(&self) -> RawFd {
@@ -103,16 +129,7 @@ impl XdpSocket {
 
     /// The descriptor: the socket's, or for the in-memory kernel its rings' memory file.
     pub(crate) fn borrow(&self) -> BorrowedFd<'_> {
-        match &self.fd {
-            Some(fd) => fd.as_fd(),
-            #[cfg(any(test, feature = "sim"))]
-            None => match &self.sim {
-                Some(p) => p.file(),
-                None => unreachable!("a socket is made with one or the other"),
-            },
-            #[cfg(not(any(test, feature = "sim")))]
-            None => unreachable!("a socket is made with its descriptor"),
-        }
+        self.0.borrow()
     }
 
     /// Registers `region` as this socket's UMEM, in frames of `frame_size` bytes, and sizes its
@@ -123,17 +140,52 @@ impl XdpSocket {
         frame_size: u32,
         ring: u32,
     ) -> io::Result<()> {
-        let reg = libc::xdp_umem_reg {
-            addr: region.addr(),
-            len: region.len() as u64,
-            chunk_size: frame_size,
-            headroom: 0,
-            flags: 0,
-            tx_metadata_len: 0,
-        };
-        setsockopt(self.raw(), libc::XDP_UMEM_REG, &reg)?;
-        setsockopt(self.raw(), libc::XDP_UMEM_FILL_RING, &ring)?;
-        setsockopt(self.raw(), libc::XDP_UMEM_COMPLETION_RING, &ring)
+        self.0.register_umem(region, frame_size, ring)
+    }
+
+    /// Sizes and maps the RX and TX rings.
+    pub(crate) fn rx_tx_rings(&self, size: u32) -> io::Result<Rings> {
+        self.0.rx_tx_rings(size)
+    }
+
+    /// Maps the UMEM's fill and completion rings: this socket's own before it is bound, or, once
+    /// bound, those of the UMEM it shares (Linux 6.4 and later map them for a bound socket).
+    pub(crate) fn fill_comp_rings(&self, size: u32) -> io::Result<(Producer<u64>, Consumer<u64>)> {
+        self.0.fill_comp_rings(size)
+    }
+
+    /// Binds to queue `queue` of interface `ifindex`. `shared`: the socket whose UMEM this one
+    /// shares (then the mode and flags are that socket's, and `flags` must be 0).
+    pub(crate) fn bind(
+        &self,
+        ifindex: u32,
+        queue: u32,
+        flags: u16,
+        shared: Option<BorrowedFd<'_>>,
+    ) -> io::Result<()> {
+        self.0.bind(ifindex, queue, flags, shared)
+    }
+
+    pub(crate) fn statistics(&self) -> io::Result<KernelStats> {
+        self.0.statistics()
+    }
+
+    /// Waits up to `timeout_ms` (-1: forever) for the socket to be readable (frames in its RX
+    /// ring). Also what wakes the kernel to take fill-ring entries in copy mode.
+    pub(crate) fn poll_readable(&self, timeout_ms: i32) -> io::Result<bool> {
+        self.0.poll_readable(timeout_ms)
+    }
+
+    /// Asks the kernel to send what the TX ring holds. A busy or full kernel is not an error:
+    /// the frames stay in the ring for the next kick.
+    pub(crate) fn kick_tx(&self) -> io::Result<()> {
+        self.0.kick_tx()
+    }
+}
+
+impl KernelSocket {
+    fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
     }
 
     fn offsets(&self) -> io::Result<libc::xdp_mmap_offsets> {
@@ -154,13 +206,28 @@ impl XdpSocket {
             },
         )
     }
+}
 
-    /// Sizes and maps the RX and TX rings.
-    pub(crate) fn rx_tx_rings(&self, size: u32) -> io::Result<Rings> {
-        #[cfg(any(test, feature = "sim"))]
-        if let Some(p) = &self.sim {
-            return p.rx_tx_rings();
-        }
+impl SocketCalls for KernelSocket {
+    fn borrow(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+
+    fn register_umem(&self, region: &Region, frame_size: u32, ring: u32) -> io::Result<()> {
+        let reg = libc::xdp_umem_reg {
+            addr: region.addr(),
+            len: region.len() as u64,
+            chunk_size: frame_size,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        setsockopt(self.raw(), libc::XDP_UMEM_REG, &reg)?;
+        setsockopt(self.raw(), libc::XDP_UMEM_FILL_RING, &ring)?;
+        setsockopt(self.raw(), libc::XDP_UMEM_COMPLETION_RING, &ring)
+    }
+
+    fn rx_tx_rings(&self, size: u32) -> io::Result<Rings> {
         setsockopt(self.raw(), libc::XDP_RX_RING, &size)?;
         setsockopt(self.raw(), libc::XDP_TX_RING, &size)?;
         let off = self.offsets()?;
@@ -180,13 +247,7 @@ impl XdpSocket {
         })
     }
 
-    /// Maps the UMEM's fill and completion rings: this socket's own before it is bound, or, once
-    /// bound, those of the UMEM it shares (Linux 6.4 and later map them for a bound socket).
-    pub(crate) fn fill_comp_rings(&self, size: u32) -> io::Result<(Producer<u64>, Consumer<u64>)> {
-        #[cfg(any(test, feature = "sim"))]
-        if let Some(p) = &self.sim {
-            return p.fill_comp_rings();
-        }
+    fn fill_comp_rings(&self, size: u32) -> io::Result<(Producer<u64>, Consumer<u64>)> {
         let off = self.offsets()?;
         Ok((
             Producer::map(
@@ -204,9 +265,7 @@ impl XdpSocket {
         ))
     }
 
-    /// Binds to queue `queue` of interface `ifindex`. `shared`: the socket whose UMEM this one
-    /// shares (then the mode and flags are that socket's, and `flags` must be 0).
-    pub(crate) fn bind(
+    fn bind(
         &self,
         ifindex: u32,
         queue: u32,
@@ -235,11 +294,7 @@ impl XdpSocket {
         }
     }
 
-    pub(crate) fn statistics(&self) -> io::Result<KernelStats> {
-        #[cfg(any(test, feature = "sim"))]
-        if self.sim.is_some() {
-            return Ok(KernelStats::default());
-        }
+    fn statistics(&self) -> io::Result<KernelStats> {
         let s = getsockopt(
             self.raw(),
             libc::XDP_STATISTICS,
@@ -262,13 +317,7 @@ impl XdpSocket {
         })
     }
 
-    /// Waits up to `timeout_ms` (-1: forever) for the socket to be readable (frames in its RX
-    /// ring). Also what wakes the kernel to take fill-ring entries in copy mode.
-    pub(crate) fn poll_readable(&self, timeout_ms: i32) -> io::Result<bool> {
-        #[cfg(any(test, feature = "sim"))]
-        if let Some(p) = &self.sim {
-            return Ok(p.rx_ready());
-        }
+    fn poll_readable(&self, timeout_ms: i32) -> io::Result<bool> {
         let mut p = libc::pollfd {
             fd: self.raw(),
             events: libc::POLLIN,
@@ -290,14 +339,7 @@ impl XdpSocket {
         }
     }
 
-    /// Asks the kernel to send what the TX ring holds. A busy or full kernel is not an error:
-    /// the frames stay in the ring for the next kick.
-    pub(crate) fn kick_tx(&self) -> io::Result<()> {
-        #[cfg(any(test, feature = "sim"))]
-        if let Some(p) = &self.sim {
-            p.kick_tx();
-            return Ok(());
-        }
+    fn kick_tx(&self) -> io::Result<()> {
         // SAFETY: a zero-length send with no buffer and no address.
         let rc = unsafe {
             libc::sendto(

@@ -192,6 +192,13 @@ impl XskQueue {
         self.fd
     }
 
+    /// Whether the queue is the in-memory kernel's (its descriptor a memory file, nothing to
+    /// sleep on), not an AF_XDP socket's.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn in_memory(&self) -> bool {
+        self.socket.sim_id().is_some()
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> XskStats {
         self.stats

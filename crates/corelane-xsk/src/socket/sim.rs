@@ -66,6 +66,7 @@ impl SimKernel {
                 sockets: Vec::new(),
                 target: None,
                 wire: Vec::new(),
+                keep_wire: true,
                 dropped: 0,
                 fill_needs_wakeup: false,
                 fill_asleep: false,
@@ -96,7 +97,7 @@ impl SimKernel {
     pub(crate) fn socket(&self) -> Result<XdpSocket, Error> {
         let ring_size = self.kernel().ring_size;
         let (id, rings) = self.kernel().socket(ring_size)?;
-        Ok(XdpSocket::sim(Port {
+        Ok(XdpSocket::over(Port {
             kernel: self.kernel.clone(),
             id,
             rings,
@@ -207,6 +208,12 @@ impl SimKernel {
     /// receive must survive, at a moment a test chooses (see [`SimKernel::fill_like_zero_copy`]).
     pub fn fill_runs_dry_now(&self) {
         self.kernel().fill_ran_dry();
+    }
+
+    /// Nothing is on the link: what is sent from now on is dropped, not kept for
+    /// [`SimKernel::take_wire`] (a kernel no test reads the wire of).
+    pub fn discard_wire(&self) {
+        self.kernel().keep_wire = false;
     }
 
     /// The frames sent since the last call, in order.

@@ -7,6 +7,7 @@ use std::os::fd::BorrowedFd;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::af_xdp::{KernelStats, SocketCalls};
 use super::ring::{Consumer, Desc, Producer, Region, RingOffsets, Rings};
 use crate::error::Error;
 
@@ -57,6 +58,8 @@ pub(super) struct Kernel {
     /// The socket the program steers this queue's frames to.
     pub(super) target: Option<usize>,
     pub(super) wire: Vec<Vec<u8>>,
+    /// What is sent is kept in `wire` (false: dropped).
+    pub(super) keep_wire: bool,
     /// Frames that found no socket, no room on its RX ring or no fill-ring entry.
     pub(super) dropped: u64,
     /// Whether the driver takes fill-ring entries as a zero-copy one does: once it found the
@@ -100,7 +103,9 @@ impl Kernel {
                 .checked_add(u64::from(d.len))
                 .is_some_and(|end| end <= self.umem_len);
             if inside && self.umem.read_exact_at(&mut bytes, d.addr).is_ok() {
-                self.wire.push(bytes);
+                if self.keep_wire {
+                    self.wire.push(bytes);
+                }
             } else {
                 self.dropped += 1;
             }
@@ -156,10 +161,6 @@ impl Port {
         self.rings.file()
     }
 
-    pub(crate) fn id(&self) -> usize {
-        self.id
-    }
-
     fn kernel(&self) -> MutexGuard<'_, Kernel> {
         self.kernel.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -194,6 +195,47 @@ impl Port {
         k.sockets
             .get_mut(self.id)
             .is_some_and(|s| s.open && !s.rx.pending().is_empty())
+    }
+}
+
+impl SocketCalls for Port {
+    fn borrow(&self) -> BorrowedFd<'_> {
+        self.file()
+    }
+
+    fn register_umem(&self, _: &Region, _: u32, _: u32) -> io::Result<()> {
+        // The in-memory kernel's UMEM is its queue's, made with it (`SimKernel::new`).
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+
+    fn rx_tx_rings(&self, _: u32) -> io::Result<Rings> {
+        Port::rx_tx_rings(self)
+    }
+
+    fn fill_comp_rings(&self, _: u32) -> io::Result<(Producer<u64>, Consumer<u64>)> {
+        Port::fill_comp_rings(self)
+    }
+
+    fn bind(&self, _: u32, _: u32, _: u16, _: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        // Bound by the in-memory kernel when it made the socket (`SimKernel::bind`).
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+
+    fn statistics(&self) -> io::Result<KernelStats> {
+        Ok(KernelStats::default())
+    }
+
+    fn poll_readable(&self, _: i32) -> io::Result<bool> {
+        Ok(self.rx_ready())
+    }
+
+    fn kick_tx(&self) -> io::Result<()> {
+        Port::kick_tx(self);
+        Ok(())
+    }
+
+    fn sim_id(&self) -> Option<usize> {
+        Some(self.id)
     }
 }
 

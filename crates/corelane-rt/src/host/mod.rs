@@ -7,8 +7,18 @@
 //! - the program's maps: `corelane_xsk::Steering`, attached, granted, or in memory
 //!   (`Steering::in_memory`);
 //! - the clock: `crate::clock::Clock`, the wall's or a virtual one.
+//!
+//! A core's queue is a [`Queue`]; the driver (`crate::driver::Driver`) is generic over it, so
+//! the core's turn and its one run loop name no device. `xsk.rs` is the AF_XDP queue's side of
+//! these traits, the one module of the host that names a concrete queue.
 
-pub(crate) use corelane_xsk::{CallOff, FrameIo, UpgradeOffer, UpgradePhase, XskQueue};
+use std::os::fd::RawFd;
+
+pub(crate) use corelane_xsk::{
+    CallOff, FrameCounts, FrameIo, TX_NUDGE_AFTER, UpgradeOffer, UpgradePhase, monotonic_ns,
+};
+
+mod xsk;
 
 use crate::Error;
 
@@ -30,34 +40,22 @@ pub(crate) trait UpgradeQueue: FrameIo {
     fn outlive_partner(&mut self) -> Result<usize, Error>;
 }
 
-impl UpgradeQueue for XskQueue {
-    fn upgrade_phase(&self) -> Option<UpgradePhase> {
-        XskQueue::upgrade_phase(self)
-    }
-
-    fn offer_upgrade(&mut self) -> Result<UpgradeOffer, Error> {
-        XskQueue::offer_upgrade(self).map_err(Error::from)
-    }
-
-    fn call_off_upgrade(&mut self, partner_gone: bool) -> Result<CallOff, Error> {
-        XskQueue::call_off_upgrade(self, partner_gone).map_err(Error::from)
-    }
-
-    fn stand_down(&mut self) {
-        XskQueue::stand_down(self);
-    }
-
-    fn upgrade_called_off(&self) -> bool {
-        XskQueue::upgrade_called_off(self)
-    }
-
-    fn leave_upgrade(&mut self) -> Result<bool, Error> {
-        XskQueue::leave_upgrade(self).map_err(Error::from)
-    }
-
-    fn outlive_partner(&mut self) -> Result<usize, Error> {
-        XskQueue::outlive_partner(self).map_err(Error::from)
-    }
+/// A core's queue as its driver turns it: the frame moves ([`FrameIo`]), the upgrade's
+/// ([`UpgradeQueue`]), and what the one run loop (`Driver::run`) asks of it to wait and to
+/// measure. An AF_XDP queue (`xsk.rs`) over the kernel or over the in-memory kernel.
+pub(crate) trait Queue: UpgradeQueue + 'static {
+    /// The descriptor that turns readable when frames arrive for the core, which sleeps on
+    /// it; None where nothing arrives from outside the process (an in-memory queue: a task's
+    /// kick, a doorbell or a deadline wakes the core).
+    fn wake_fd(&self) -> Option<RawFd>;
+    /// The next frame received records its receive stamp, if stamped at `not_before_ns` (the
+    /// host's monotonic clock) or later.
+    fn want_rx_stamp(&mut self, not_before_ns: u64);
+    /// The stamp asked for with [`Queue::want_rx_stamp`], once a frame brought it.
+    fn take_rx_stamp(&mut self) -> Option<u64>;
+    /// Frames are in transmit: their completion wakes nothing, so an idle core looks again
+    /// after [`TX_NUDGE_AFTER`].
+    fn tx_in_flight(&self) -> bool;
 }
 
 /// What one process of an upgrade heard from the other ([`Talk::hear`]).

@@ -30,7 +30,7 @@ pub(crate) enum Access {
     /// A broker holds the program and the claim.
     Granted(GrantClient),
     /// The program came from the process this one takes over from (an upgrade); the claim
-    /// comes once that one has ended (`upgrade_join.rs`).
+    /// comes once that one has ended (`host/xsk/join.rs`).
     Adopted(Box<Steering>),
 }
 

@@ -38,12 +38,13 @@ pub(crate) struct CoreCapture {
 }
 
 impl CoreCapture {
-    /// None when the runtime has no capture file (it publishes through a broker's).
-    pub(crate) fn new(writer: CoreWriter, epoch: Instant) -> Option<CoreCapture> {
+    /// None when the runtime has no capture file (it publishes through a broker's). `now`:
+    /// the host's clock, read with the wall's to date the capture.
+    pub(crate) fn new(writer: CoreWriter, epoch: Instant, now: Instant) -> Option<CoreCapture> {
         let unix_now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let since = Instant::now().saturating_duration_since(epoch).as_nanos() as u64;
+        let since = now.saturating_duration_since(epoch).as_nanos() as u64;
         Some(CoreCapture {
             probe: writer.capture_tap()?,
             writer,

@@ -60,7 +60,7 @@ impl Clock {
 /// across restarts and upgrades instead of starting again from zero.
 pub(crate) fn host_epoch() -> Instant {
     let now = Instant::now();
-    let since_zero = Duration::from_nanos(corelane_xsk::monotonic_ns(now));
+    let since_zero = Duration::from_nanos(crate::host::monotonic_ns(now));
     now.checked_sub(since_zero).unwrap_or(now)
 }
 
@@ -73,7 +73,7 @@ mod tests {
         let a = host_epoch();
         std::thread::sleep(Duration::from_millis(3));
         // Read from two clocks one after the other: a preempted thread may see them apart.
-        let off = corelane_xsk::monotonic_ns(a);
+        let off = crate::host::monotonic_ns(a);
         assert!(off < 50_000_000, "the epoch stands {off} ns after the zero");
         let b = host_epoch();
         let apart = if a > b { a - b } else { b - a };

@@ -56,37 +56,6 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// A control plane over the in-memory program `program` (a simulation's, a lab's), owning
-    /// `addrs`, on `clock`, for one core whose application future runs until it drains.
-    #[cfg(any(test, feature = "sim"))]
-    pub(crate) fn in_memory(
-        program: &corelane_xsk::MemProgram,
-        addrs: &[corelane_stack::smoltcp::wire::IpCidr],
-        clock: &Clock,
-    ) -> std::io::Result<Arc<Shared>> {
-        let mut steering = program.steering("sim0");
-        for a in addrs {
-            steering
-                .own_addr(a.address().into())
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-        }
-        let shared = Arc::new(Shared {
-            cookies: XdpCookies::new(Some(false), &steering),
-            steer: Steer::new(steering),
-            addrs: AddrBook::new(addrs.to_vec()),
-            routes: RouteBook::new(Default::default()),
-            life: Life::default(),
-            telemetry: Telemetry::new(None, None),
-            auto_ports: Mutex::new(Vec::new()),
-            bells: vec![Doorbell::new()?],
-            upgrades: Default::default(),
-            clock: clock.clone(),
-            no_socket_open: Default::default(),
-        });
-        shared.life.apps_running.store(1, Ordering::SeqCst);
-        Ok(shared)
-    }
-
     pub(crate) fn stop_all(&self) {
         self.life.stop.store(true, Ordering::SeqCst);
         self.announce_shutdown();

@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::host::{CookieParams, Steering, monotonic_ns};
 use corelane_stack::Stack;
-use corelane_xsk::{CookieParams, Steering, monotonic_ns};
 
 use crate::lock::lock;
 
@@ -57,10 +57,9 @@ struct State {
 }
 
 impl XdpCookies {
-    /// As configured (`want`: the builder's choice, None for the default) for `steering`.
-    pub(crate) fn new(want: Option<bool>, steering: &Steering) -> XdpCookies {
-        let veth_native = steering.mode() == corelane_xsk::AttachedMode::Native
-            && corelane_xsk::driver_info(steering.ifname()).is_ok_and(|d| d.driver == "veth");
+    /// As configured (`want`: the builder's choice, None for the default) for `steering`;
+    /// `veth_native`: the program runs in native mode on a veth, where it is off by default.
+    pub(crate) fn new(want: Option<bool>, steering: &Steering, veth_native: bool) -> XdpCookies {
         let on = want.unwrap_or(!veth_native) && !steering.is_granted();
         XdpCookies {
             enabled: AtomicBool::new(on),

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use corelane_xsk::BindMode;
+use crate::host::BindMode;
 
 use crate::launch::{CoreInfo, Runtime};
 use crate::report::{CoreReport, RunReport};
@@ -54,59 +54,8 @@ impl Runtime {
                     "the privileged thread did not start ({e}): port and address changes may fail"
                 );
             }
-            if self.cfg.kernel_routes {
-                match corelane_xsk::RouteWatch::open(&self.cfg.ifname) {
-                    Ok(watch) => {
-                        let this = &self;
-                        let spawned = std::thread::Builder::new()
-                            .name("corelane-routes".into())
-                            .spawn_scoped(scope, move || {
-                                let _say = crate::say::enter(say);
-                                this.follow_routes(watch)
-                            });
-                        if let Err(e) = spawned {
-                            tracing::warn!("the kernel's route changes will not be followed: {e}");
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!("the kernel's route changes will not be followed: {e}")
-                    }
-                }
-            }
-            if let (Some(listener), Some((_, grace))) = (&self.upgrade_listener, &self.cfg.upgrades)
-            {
-                let run = crate::upgrade_old::OldRun {
-                    shared: &self.shared,
-                    secret: crate::upgrade_words::RunSecret::of(&self.cfg.stack),
-                    grace: *grace,
-                    restore: &self._restore,
-                };
-                let spawned = std::thread::Builder::new()
-                    .name("corelane-upgrade".into())
-                    .spawn_scoped(scope, move || {
-                        let _say = crate::say::enter(say);
-                        crate::upgrade_handover::serve(listener, &run)
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!("no upgrade can be made: {e}");
-                }
-            }
-            if let Some(joining) = crate::lock::lock(&self.joining).take() {
-                // Not scoped: it waits for the old process to end, which may outlast this run.
-                self.shared.upgrades.start_listing(n);
-                let weak = std::sync::Arc::downgrade(&self.shared);
-                let ifname = self.cfg.ifname.clone();
-                let say = say.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("corelane-succeed".into())
-                    .spawn(move || {
-                        let _say = crate::say::enter(&say);
-                        joining.serve(&weak, &ifname)
-                    });
-                if let Err(e) = spawned {
-                    tracing::error!("upgrade: the old process will not be told to switch: {e}");
-                }
-            }
+            // The threads that talk to the kernel and to another process of an upgrade.
+            self.start_host_threads(scope, say, n);
             let mut handles = Vec::new();
             for (i, (out, inb)) in producers.into_iter().zip(consumers).enumerate() {
                 let lane = &self.plan.lanes[i];
@@ -228,39 +177,5 @@ impl Runtime {
             stopped: self.shared.life.stop.load(Ordering::SeqCst) || self.shared.life.draining(),
             upgraded: self.shared.upgrades.switched(),
         })
-    }
-
-    /// While the run lasts: reads the kernel's routes again after each change of a route out
-    /// of the interface (a router advertisement, `ip route`, a DHCP client) and gives the
-    /// cores the new table, the builder's routes kept over the kernel's.
-    fn follow_routes(&self, mut watch: corelane_xsk::RouteWatch) {
-        while !self.shared.life.ending() {
-            if !watch.changed(Duration::from_millis(200)) {
-                continue;
-            }
-            let addrs = self.shared.addrs.list();
-            match crate::routing::resolve(&self.cfg.ifname, &addrs, true, &self.cfg.routes) {
-                Ok(table) => {
-                    let shown: Vec<String> =
-                        table.routes().iter().map(ToString::to_string).collect();
-                    if self.shared.routes.replace(table) {
-                        tracing::info!(
-                            "{}: the kernel's routes changed; now {}",
-                            self.cfg.ifname,
-                            if shown.is_empty() {
-                                "none".to_string()
-                            } else {
-                                shown.join(", ")
-                            }
-                        );
-                        self.shared.ring_all();
-                    }
-                }
-                Err(e) => tracing::warn!(
-                    "{}: the kernel's routes changed but could not be read: {e}",
-                    self.cfg.ifname
-                ),
-            }
-        }
     }
 }

@@ -11,7 +11,7 @@ use corelane_stack::StackError;
 pub enum Error {
     /// From the AF_XDP layer: privileges, interface, XDP mode, socket binding.
     #[error(transparent)]
-    Xsk(#[from] corelane_xsk::Error),
+    Xsk(#[from] crate::host::XskError),
     /// From the protocol stage.
     #[error(transparent)]
     Stack(#[from] StackError),

@@ -40,10 +40,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant as StdInstant;
 
+use crate::host::mem::{MemProgram, SimKernel, XskConfig};
 use corelane_stack::smoltcp::wire::IpCidr;
 use corelane_stack::{Pipeline, Stack, StackConfig, XdpDevice};
-use corelane_xsk::sim::SimKernel;
-use corelane_xsk::{MemProgram, XskConfig};
 
 use crate::clock::Clock;
 use crate::control::Shared;

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::host::Steering;
 pub use corelane_stack::Stage;
 use corelane_stack::{DeviceStats, PipelineStats, Proto, Stack, StackStats};
-use corelane_xsk::Steering;
 use tokio::sync::Notify;
 
 use crate::control::Shared;
@@ -147,7 +147,7 @@ impl Core {
     /// report).
     pub(crate) fn on_panic(&self, message: &str, restart: bool) -> Result<Duration, String> {
         let restart = restart && !self.shared.life.stop.load(Ordering::Relaxed);
-        let now = std::time::Instant::now();
+        let now = self.shared.clock.now();
         let recent = {
             let mut times = lock(&self.panic_times);
             while times

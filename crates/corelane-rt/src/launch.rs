@@ -29,10 +29,10 @@ pub struct Runtime {
     /// Each lane's AF_XDP socket, opened by `build`, taken by its core when it starts.
     pub(crate) sockets: Mutex<Vec<Option<LaneSocket>>>,
     /// Where a new process takes this one's place ([`Builder::upgrades`]).
-    pub(crate) upgrade_listener: Option<crate::upgrade_handover::Listener>,
+    pub(crate) upgrade_listener: Option<crate::host::xsk::handover::Listener>,
     /// The old process this one takes over from, until the cores run
     /// ([`Builder::upgrade_from`]).
-    pub(crate) joining: Mutex<Option<crate::upgrade_join::Joining>>,
+    pub(crate) joining: Mutex<Option<crate::host::xsk::join::Joining>>,
     // Dropped after `shared` (and with it the XDP program).
     pub(crate) _restore: RestoreQueues,
 }
@@ -439,5 +439,110 @@ impl Runtime {
         };
         let core = Arc::new(Core::new(info.index, stack, self.shared.clone(), stats));
         Ok((core, dev, exec))
+    }
+}
+
+impl Runtime {
+    /// On `scope`, the run's threads that talk to the host (run by setup, which picks it): the
+    /// one following the kernel's routes, the old process's side of an upgrade and, joining
+    /// one, the new process's (not scoped: it waits for the old process, which may outlast the
+    /// run). `n`: the run's lanes.
+    pub(crate) fn start_host_threads<'scope>(
+        &'scope self,
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        say: &'scope Option<tracing::Dispatch>,
+        n: usize,
+    ) {
+        if self.cfg.kernel_routes {
+            match corelane_xsk::RouteWatch::open(&self.cfg.ifname) {
+                Ok(watch) => {
+                    let this = self;
+                    let spawned = std::thread::Builder::new()
+                        .name("corelane-routes".into())
+                        .spawn_scoped(scope, move || {
+                            let _say = crate::say::enter(say);
+                            this.follow_routes(watch)
+                        });
+                    if let Err(e) = spawned {
+                        tracing::warn!("the kernel's route changes will not be followed: {e}");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("the kernel's route changes will not be followed: {e}")
+                }
+            }
+        }
+        if let (Some(listener), Some((_, grace))) = (&self.upgrade_listener, &self.cfg.upgrades) {
+            let run = crate::upgrade_old::OldRun {
+                shared: &self.shared,
+                secret: crate::upgrade_words::RunSecret::of(&self.cfg.stack),
+                grace: *grace,
+                restore: &self._restore,
+            };
+            let spawned = std::thread::Builder::new()
+                .name("corelane-upgrade".into())
+                .spawn_scoped(scope, move || {
+                    let _say = crate::say::enter(say);
+                    crate::host::xsk::handover::serve(listener, &run)
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("no upgrade can be made: {e}");
+            }
+        }
+        if let Some(joining) = crate::lock::lock(&self.joining).take() {
+            // Not scoped: it waits for the old process to end, which may outlast this run.
+            self.shared.upgrades.start_listing(n);
+            let weak = std::sync::Arc::downgrade(&self.shared);
+            let ifname = self.cfg.ifname.clone();
+            let say = say.clone();
+            let spawned = std::thread::Builder::new()
+                .name("corelane-succeed".into())
+                .spawn(move || {
+                    let _say = crate::say::enter(&say);
+                    joining.serve(&weak, &ifname)
+                });
+            if let Err(e) = spawned {
+                tracing::error!("upgrade: the old process will not be told to switch: {e}");
+            }
+        }
+    }
+
+    /// While the run lasts: reads the kernel's routes again after each change of a route out
+    /// of the interface (a router advertisement, `ip route`, a DHCP client) and gives the
+    /// cores the new table, the builder's routes kept over the kernel's.
+    fn follow_routes(&self, mut watch: corelane_xsk::RouteWatch) {
+        while !self.shared.life.ending() {
+            if !watch.changed(Duration::from_millis(200)) {
+                continue;
+            }
+            let addrs = self.shared.addrs.list();
+            let table = corelane_xsk::kernel_routes(&self.cfg.ifname)
+                .map_err(Error::from)
+                .and_then(|kernel| {
+                    crate::routing::resolve(&self.cfg.ifname, &addrs, &kernel, &self.cfg.routes)
+                });
+            match table {
+                Ok(table) => {
+                    let shown: Vec<String> =
+                        table.routes().iter().map(ToString::to_string).collect();
+                    if self.shared.routes.replace(table) {
+                        tracing::info!(
+                            "{}: the kernel's routes changed; now {}",
+                            self.cfg.ifname,
+                            if shown.is_empty() {
+                                "none".to_string()
+                            } else {
+                                shown.join(", ")
+                            }
+                        );
+                        self.shared.ring_all();
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    "{}: the kernel's routes changed but could not be read: {e}",
+                    self.cfg.ifname
+                ),
+            }
+        }
     }
 }

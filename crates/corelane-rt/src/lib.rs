@@ -81,8 +81,6 @@ mod telemetry;
 mod threads;
 mod upgrade;
 mod upgrade_core;
-mod upgrade_handover;
-mod upgrade_join;
 mod upgrade_new;
 mod upgrade_old;
 mod upgrade_words;

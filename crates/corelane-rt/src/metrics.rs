@@ -21,8 +21,14 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    /// Binds `addr` and serves the statistics at `path` from a thread.
-    pub(crate) fn serve(addr: SocketAddr, path: &Path) -> Result<Metrics, Error> {
+    /// Binds `addr` and serves the statistics at `path` from a thread, which first runs
+    /// `unprivileged` (the host's: it drops the thread's capabilities, since the endpoint
+    /// reads a file and answers on a bound socket).
+    pub(crate) fn serve(
+        addr: SocketAddr,
+        path: &Path,
+        unprivileged: fn(),
+    ) -> Result<Metrics, Error> {
         let listener = TcpListener::bind(addr).map_err(|source| Error::Os {
             what: format!(
                 "metrics endpoint {addr} (give a free address on the kernel's stack, e.g. \
@@ -35,7 +41,10 @@ impl Metrics {
         let (flag, path) = (stop.clone(), path.to_path_buf());
         let thread = std::thread::Builder::new()
             .name("corelane-metrics".into())
-            .spawn(move || accept_loop(&listener, &path, &flag))?;
+            .spawn(move || {
+                unprivileged();
+                accept_loop(&listener, &path, &flag)
+            })?;
         tracing::info!("metrics at http://{addr}/metrics");
         Ok(Metrics {
             stop,
@@ -62,8 +71,6 @@ const MAX_PER_PEER: usize = 2;
 const DEADLINE: Duration = Duration::from_secs(2);
 
 fn accept_loop(listener: &TcpListener, path: &Path, stop: &AtomicBool) {
-    // The endpoint reads a file and answers on a bound socket: it needs no capability.
-    let _ = corelane_xsk::retain_caps(&[]);
     let busy = Arc::new(AtomicUsize::new(0));
     let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     while !stop.load(Ordering::SeqCst) {
@@ -191,7 +198,7 @@ mod tests {
     {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let m = Metrics::serve(addr, Path::new("/nonexistent/corelane-stats"))
+        let m = Metrics::serve(addr, Path::new("/nonexistent/corelane-stats"), || {})
             .map_err(|e| io::Error::other(e.to_string()))?;
         // One address opens a connection per slot and sends nothing: each would hold its
         // slot for the whole deadline.
@@ -215,7 +222,7 @@ mod tests {
     fn an_address_in_use_is_the_os_s_error_with_the_fix() -> io::Result<()> {
         let taken = TcpListener::bind("127.0.0.1:0")?;
         let addr = taken.local_addr()?;
-        match Metrics::serve(addr, Path::new("/nonexistent/corelane-stats")) {
+        match Metrics::serve(addr, Path::new("/nonexistent/corelane-stats"), || {}) {
             Err(Error::Os { what, source }) => {
                 assert_eq!(source.kind(), io::ErrorKind::AddrInUse);
                 assert!(what.contains(&addr.to_string()) && what.contains("free address"));

@@ -58,7 +58,7 @@ impl Builder {
         // Taking over from a running process: its program, and its queues below.
         let taken = match &self.upgrade_from {
             Some((path, optional)) => {
-                crate::upgrade_join::Joining::connect(path, &self.ifname, *optional)?
+                crate::host::xsk::join::Joining::connect(path, &self.ifname, *optional)?
             }
             None => None,
         };
@@ -85,7 +85,10 @@ impl Builder {
         self.tcp_mem_default(plan.lanes.len());
         let publisher = self.publisher(&access, plan.lanes.len());
         let metrics = match (self.metrics, &publisher) {
-            (Some(addr), Some(p)) => Some(crate::metrics::Metrics::serve(addr, p.path())?),
+            (Some(addr), Some(p)) => Some(crate::metrics::Metrics::serve(addr, p.path(), || {
+                // The kernel does not refuse dropping.
+                let _ = corelane_xsk::retain_caps(&[]);
+            })?),
             (Some(_), None) => {
                 return Err(Error::Config(
                     "metrics need the published statistics (publish_stats(true))".into(),
@@ -127,8 +130,11 @@ impl Builder {
                  {a}/{prefix} dev {dev})"
             )));
         }
-        let routes =
-            crate::routing::resolve(&self.ifname, &self.addrs, self.kernel_routes, &self.routes)?;
+        let kernel = match self.kernel_routes {
+            true => corelane_xsk::kernel_routes(&self.ifname)?,
+            false => Vec::new(),
+        };
+        let routes = crate::routing::resolve(&self.ifname, &self.addrs, &kernel, &self.routes)?;
         let nqueues = channels.map_or(1, |c| c.rx_queues());
         let need = queues_needed(&plan);
         let mut restore = None;
@@ -257,7 +263,7 @@ impl Builder {
                 .collect(),
         };
         let upgrade_listener = match &self.upgrades {
-            Some((path, _)) => Some(crate::upgrade_handover::Listener::open(path)?),
+            Some((path, _)) => Some(crate::host::xsk::handover::Listener::open(path)?),
             None => None,
         };
         if !self.keep_capabilities {
@@ -268,8 +274,10 @@ impl Builder {
             .iter()
             .map(|_| handoff::Doorbell::new())
             .collect::<io::Result<Vec<_>>>()?;
+        let veth_native = steering.mode() == corelane_xsk::AttachedMode::Native
+            && corelane_xsk::driver_info(steering.ifname()).is_ok_and(|d| d.driver == "veth");
         let shared = Arc::new(Shared {
-            cookies: XdpCookies::new(self.xdp_cookies, &steering),
+            cookies: XdpCookies::new(self.xdp_cookies, &steering, veth_native),
             steer: Steer::new(steering),
             addrs: AddrBook::new(self.addrs.clone()),
             routes: RouteBook::new(routes.clone()),

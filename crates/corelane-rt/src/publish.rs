@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::host::{FrameCounts, XdpCounters};
 use corelane_stack::{Stack, TcpState};
 use corelane_stat::{Conn, CoreWriter};
-use corelane_xsk::{FrameCounts, XdpCounters};
 
 use crate::lane::CoreStats;
 
@@ -224,11 +224,12 @@ pub(crate) struct Publish {
 }
 
 impl Publish {
-    pub(crate) fn new(writer: CoreWriter, index: usize) -> Publish {
+    /// Core `index`'s publisher, first due at `now` (the host's clock).
+    pub(crate) fn new(writer: CoreWriter, index: usize, now: Instant) -> Publish {
         Publish {
             writer,
             index,
-            next: Instant::now(),
+            next: now,
         }
     }
 

@@ -1,6 +1,6 @@
 //! What a run returns: per-core counters and frame accounting, and the XDP program's counters.
 
-use corelane_xsk::{BindMode, FrameCounts, XdpCounters};
+use crate::host::{BindMode, FrameCounts, XdpCounters};
 
 use crate::CoreStats;
 

@@ -10,6 +10,7 @@ use corelane_stack::route::RouteTable;
 use corelane_stack::smoltcp::wire::{IpAddress, IpCidr};
 
 use crate::Error;
+use crate::host::KernelRoute;
 use crate::lock::lock;
 
 /// A route the application asked for with [`Builder::gateway`](crate::Builder::gateway) or
@@ -20,35 +21,34 @@ pub(crate) struct Wanted {
     pub(crate) via: IpAddr,
 }
 
-/// The table every core's stack starts with.
+/// The table every core's stack starts with: the `kernel`'s routes out of `ifname` (as the
+/// host read them; none when they are not followed), then the application's.
 pub(crate) fn resolve(
     ifname: &str,
     addrs: &[IpCidr],
-    kernel: bool,
+    kernel: &[KernelRoute],
     wanted: &[Wanted],
 ) -> Result<RouteTable, Error> {
     let mut table = RouteTable::default();
-    if kernel {
-        for r in corelane_xsk::kernel_routes(ifname)? {
-            let dst = IpCidr::new(r.dst.into(), r.prefix);
-            let via = r.via.map(IpAddress::from);
-            // The owned subnets are on the link already.
-            if via.is_none() && addrs.iter().any(|a| a.contains_subnet(&dst)) {
-                continue;
-            }
-            if let Some(g) = via
-                && !on_link(addrs, &table, g)
-            {
-                tracing::warn!(
-                    "kernel route {r} on {ifname}: its gateway is on none of the runtime's \
-                     subnets ({}), so corelane cannot reach it; skipped",
-                    list(addrs)
-                );
-                continue;
-            }
-            if let Err(e) = table.add(dst, via) {
-                tracing::warn!("kernel route {r} on {ifname} skipped: {e}");
-            }
+    for r in kernel {
+        let dst = IpCidr::new(r.dst.into(), r.prefix);
+        let via = r.via.map(IpAddress::from);
+        // The owned subnets are on the link already.
+        if via.is_none() && addrs.iter().any(|a| a.contains_subnet(&dst)) {
+            continue;
+        }
+        if let Some(g) = via
+            && !on_link(addrs, &table, g)
+        {
+            tracing::warn!(
+                "kernel route {r} on {ifname}: its gateway is on none of the runtime's \
+                 subnets ({}), so corelane cannot reach it; skipped",
+                list(addrs)
+            );
+            continue;
+        }
+        if let Err(e) = table.add(dst, via) {
+            tracing::warn!("kernel route {r} on {ifname} skipped: {e}");
         }
     }
     for w in wanted {
@@ -153,14 +153,14 @@ mod tests {
                 via: p("fd00:1::1")?,
             },
         ];
-        let t = resolve("lo", &addrs, false, &ok).map_err(|e| e.to_string())?;
+        let t = resolve("lo", &addrs, &[], &ok).map_err(|e| e.to_string())?;
         assert_eq!(t.routes().len(), 2);
         assert_eq!(t.routes()[0].to_string(), "default via 10.1.0.1");
         let bad = [Wanted {
             dst: p("0.0.0.0/0")?,
             via: p("10.2.0.1")?,
         }];
-        match resolve("lo", &addrs, false, &bad) {
+        match resolve("lo", &addrs, &[], &bad) {
             Err(Error::Config(m)) => {
                 assert!(m.contains("10.2.0.1") && m.contains(".addr()"), "{m}")
             }
@@ -170,7 +170,7 @@ mod tests {
             dst: p("::/0")?,
             via: p("10.1.0.1")?,
         }];
-        assert!(resolve("lo", &addrs, false, &family).is_err());
+        assert!(resolve("lo", &addrs, &[], &family).is_err());
         Ok(())
     }
 
@@ -183,7 +183,7 @@ mod tests {
             dst: p("::/0")?,
             via: p("fe80::1")?,
         }];
-        let t = resolve("lo", &addrs, false, &ra).map_err(|e| e.to_string())?;
+        let t = resolve("lo", &addrs, &[], &ra).map_err(|e| e.to_string())?;
         assert_eq!(t.routes()[0].to_string(), "default via fe80::1");
         Ok(())
     }

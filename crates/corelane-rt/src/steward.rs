@@ -16,7 +16,7 @@ use std::cell::Cell;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use corelane_xsk::{CookieParams, Steering};
+use crate::host::{CookieParams, Steering};
 
 use crate::Error;
 use crate::cookies::CookieProgram;

@@ -62,8 +62,10 @@ impl Runtime {
         let (core, mut dev, exec) = setup?;
         let bind_mode = dev.io().mode();
         let info = CoreInfo { bind_mode, ..info };
+        let clock = self.shared.clock.clone();
         let now = || {
-            corelane_stack::smoltcp::time::Instant::from_micros(epoch.elapsed().as_micros() as i64)
+            let since = clock.now().saturating_duration_since(epoch);
+            corelane_stack::smoltcp::time::Instant::from_micros(since.as_micros() as i64)
         };
         let report = |core: &Core, frames| {
             let mut stats = core.snapshot();
@@ -135,8 +137,9 @@ impl Runtime {
                 .as_ref()
                 .and_then(|p| p.core(info.index))
         };
-        driver.publish = slot().map(|w| crate::publish::Publish::new(w, info.index));
-        driver.capture = slot().and_then(|w| crate::capture::CoreCapture::new(w, epoch));
+        let at = self.shared.clock.now();
+        driver.publish = slot().map(|w| crate::publish::Publish::new(w, info.index, at));
+        driver.capture = slot().and_then(|w| crate::capture::CoreCapture::new(w, epoch, at));
         let linger = self.cfg.linger;
         if let Some(app) = app {
             // A split lane: the application runs on its own thread; this one runs the pipeline.

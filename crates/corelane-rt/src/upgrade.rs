@@ -1,6 +1,6 @@
 //! Handing the run to a new process without dropping a connection: the state the cores and
-//! the upgrade's threads share. The old process's thread is `upgrade_handover.rs`, each core's
-//! part `upgrade_core.rs`, the new process's side `upgrade_join.rs`.
+//! the upgrade's threads share. The old process's thread is `host/xsk/handover.rs`, each core's
+//! part `upgrade_core.rs`, the new process's side `host/xsk/join.rs`.
 //!
 //! The old runtime listens on a unix socket ([`Builder::upgrades`](crate::Builder::upgrades)).
 //! When a new process connects, the runtime's thread `corelane-upgrade` walks the cores
@@ -51,8 +51,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::host::{Partner, UpgradeOffer};
 use corelane_stack::Stack;
-use corelane_xsk::UpgradeOffer;
 
 use crate::lock::lock;
 
@@ -97,38 +97,6 @@ pub(crate) const SHARED_NAP: Duration = Duration::from_micros(250);
 /// How long a core waits, at its end, for its last sends to complete before leaving.
 pub(crate) const LEAVE_WAIT: Duration = Duration::from_secs(3);
 
-/// The new process of an upgrade, as the old one sees whether it has ended.
-#[derive(Debug)]
-pub(crate) enum PartnerProcess {
-    /// A pidfd of the process (readable once it has ended), and its pid (for messages).
-    Pidfd { pid: u32, fd: OwnedFd },
-    /// A simulation's process: set once it has ended.
-    #[cfg(any(test, feature = "sim"))]
-    Sim(std::sync::Arc<std::sync::atomic::AtomicBool>),
-}
-
-impl PartnerProcess {
-    fn ended(&self) -> bool {
-        match self {
-            PartnerProcess::Pidfd { fd, .. } => corelane_xsk::grant::process_ended(fd),
-            #[cfg(any(test, feature = "sim"))]
-            PartnerProcess::Sim(gone) => gone.load(Ordering::Acquire),
-        }
-    }
-
-    /// Ends the process (`SIGKILL` through its pidfd, which names it and no other): once it
-    /// has ended, nothing of it touches a ring or a frame. Returns its pid.
-    fn kill(&self) -> Result<u32, String> {
-        match self {
-            PartnerProcess::Pidfd { pid, fd } => corelane_xsk::grant::kill_process(fd)
-                .map(|()| *pid)
-                .map_err(|e| format!("process {pid} cannot be ended: {e}")),
-            #[cfg(any(test, feature = "sim"))]
-            PartnerProcess::Sim(_) => Err("a simulated process is not ended from here".into()),
-        }
-    }
-}
-
 /// The upgrade's state, shared by the cores and the thread that talks to the new process.
 #[derive(Default)]
 pub(crate) struct Upgrades {
@@ -153,11 +121,11 @@ pub(crate) struct Upgrades {
     /// The connection to the new process: closed once every core has left.
     pub(crate) partner: Mutex<Option<OwnedFd>>,
     /// The new process's hold on the interface's record, once the old process has gone
-    /// (`upgrade_join.rs`).
+    /// (`host/xsk/join.rs`).
     pub(crate) inherited: Mutex<Option<crate::queues::RestoreQueues>>,
     /// The old process: the new process (a pidfd), to see whether it has ended while an
     /// upgrade is called off.
-    pub(crate) partner_process: Mutex<Option<PartnerProcess>>,
+    pub(crate) partner_process: Mutex<Option<Box<dyn Partner>>>,
     /// The new process: the upgrade was called off; each core stands down from its queue.
     pub(crate) stand_down: std::sync::atomic::AtomicBool,
     /// The new process: a core has reported its queue called off (once).
@@ -185,7 +153,7 @@ impl Upgrades {
     pub(crate) fn partner_ended(&self) -> bool {
         lock(&self.partner_process)
             .as_ref()
-            .is_some_and(PartnerProcess::ended)
+            .is_some_and(|p| p.ended())
     }
 
     /// Ends the new process of a call-off that did not stand down in time (see

@@ -302,7 +302,7 @@ fn forget(steer: &Arc<Steer>, flows: Vec<(SocketAddr, u16)>) {
         for (peer, port) in flows {
             s.forget_flow(peer, port)?;
         }
-        Ok::<(), corelane_xsk::Error>(())
+        Ok::<(), crate::host::XskError>(())
     });
     if let Err(e) = r
         .map_err(|e| e.to_string())

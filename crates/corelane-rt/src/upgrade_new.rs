@@ -1,5 +1,5 @@
 //! The new process's side of an upgrade as one machine ([`NewSide`]), polled by its thread
-//! (`Joining::serve` in `upgrade_join.rs`) or a simulation's step with the time, once its
+//! (`Joining::serve` in `host/xsk/join.rs`) or a simulation's step with the time, once its
 //! cores run: it says `joined` once the application listens where the old process did, waits
 //! for the switch, and ends the split once the old process has gone. Every wait is a
 //! deadline a poll compares.

@@ -13,8 +13,8 @@ use super::{DEATH_WAIT, NewSide};
 use crate::clock::Clock;
 use crate::control::Shared;
 use crate::host::{Heard, Talk};
+use crate::sim::SimProcess;
 use crate::sim::talk::{self, MemTalk};
-use crate::upgrade::PartnerProcess;
 use crate::upgrade_new::LISTEN_WAIT;
 use crate::upgrade_words::Word;
 use crate::upgrade_words::{Extras, RunSecret};
@@ -36,7 +36,7 @@ fn setup() -> Setup {
     let shared = crate::sim::process::shared(&program, addr, &clock).expect("a control plane");
     let old_gone = Arc::new(AtomicBool::new(false));
     *crate::lock::lock(&shared.upgrades.partner_process) =
-        Some(PartnerProcess::Sim(old_gone.clone()));
+        Some(Box::new(SimProcess(old_gone.clone())));
     shared.upgrades.start_listing(1);
     let (old, new) = talk::pair(&clock, [Duration::ZERO; 2], [false; 2]);
     Setup {

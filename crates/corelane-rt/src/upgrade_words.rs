@@ -77,7 +77,7 @@ impl RunSecret {
 pub(crate) struct Extras {
     pub(crate) secret: RunSecret,
     pub(crate) generation: u32,
-    pub(crate) channels: Option<corelane_xsk::Channels>,
+    pub(crate) channels: Option<crate::host::Channels>,
     /// The TCP ports the old process listens on.
     pub(crate) ports: Vec<u16>,
 }
@@ -142,7 +142,7 @@ impl Extras {
                 let [rx, tx, combined, max_rx, max_tx, max_combined] = n[..] else {
                     return None;
                 };
-                Some(corelane_xsk::Channels {
+                Some(crate::host::Channels {
                     rx,
                     tx,
                     combined,
@@ -153,7 +153,7 @@ impl Extras {
             }
             Some(_) => return None,
         };
-        (generation < corelane_xsk::GENERATIONS).then_some(Extras {
+        (generation < crate::host::GENERATIONS).then_some(Extras {
             secret,
             generation,
             channels,

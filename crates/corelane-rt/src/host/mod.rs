@@ -14,11 +14,16 @@
 
 use std::os::fd::RawFd;
 
+// The host's data: what its traits and the program's handle say, no behaviour.
 pub(crate) use corelane_xsk::{
-    CallOff, FrameCounts, FrameIo, TX_NUDGE_AFTER, UpgradeOffer, UpgradePhase, monotonic_ns,
+    BindMode, CallOff, Channels, CookieParams, Error as XskError, FrameCounts, FrameIo,
+    GENERATIONS, KernelRoute, Steering, SteeringShare, TX_NUDGE_AFTER, UpgradeOffer, UpgradePhase,
+    XdpCounters, monotonic_ns,
 };
 
-mod xsk;
+#[cfg(any(test, feature = "sim"))]
+pub(crate) mod mem;
+pub(crate) mod xsk;
 
 use crate::Error;
 
@@ -58,6 +63,16 @@ pub(crate) trait Queue: UpgradeQueue + 'static {
     fn tx_in_flight(&self) -> bool;
 }
 
+/// The other process of an upgrade, as this one sees whether it has ended, and ends it: a
+/// pidfd (`xsk.rs`), or a simulation's process.
+pub(crate) trait Partner: std::fmt::Debug + Send {
+    /// Whether the process has ended.
+    fn ended(&self) -> bool;
+    /// Ends the process (`SIGKILL` through its pidfd, which names it and no other): once it
+    /// has ended, nothing of it touches a ring or a frame. Returns its pid.
+    fn kill(&self) -> Result<u32, String>;
+}
+
 /// What one process of an upgrade heard from the other ([`Talk::hear`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Heard {
@@ -70,7 +85,7 @@ pub(crate) enum Heard {
 }
 
 /// The connection between the two processes of an upgrade: a unix socket (`SocketTalk` in
-/// `upgrade_handover.rs`), or a simulation's mailbox. Never blocks: the sides are machines a
+/// `host/xsk/handover.rs`), or a simulation's mailbox. Never blocks: the sides are machines a
 /// thread (or a simulation's step) polls.
 pub(crate) trait Talk {
     /// Says `word` to the other process.
@@ -82,7 +97,7 @@ pub(crate) trait Talk {
     /// ports).
     fn hand_over(
         &mut self,
-        program: Option<corelane_xsk::SteeringShare>,
+        program: Option<SteeringShare>,
         offers: Vec<UpgradeOffer>,
         extras: &str,
     ) -> Result<(), Error>;

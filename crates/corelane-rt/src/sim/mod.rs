@@ -34,7 +34,7 @@ mod world;
 
 use std::time::Duration;
 
-use corelane_xsk::SplitMix64 as Rng;
+use crate::host::mem::SplitMix64 as Rng;
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -129,6 +129,21 @@ impl std::fmt::Display for Failure {
 }
 
 impl std::error::Error for Failure {}
+
+/// A simulated process of an upgrade, as the other sees it: set once it has ended (what its
+/// pidfd tells a real one).
+#[derive(Debug)]
+pub(crate) struct SimProcess(pub(crate) std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl crate::host::Partner for SimProcess {
+    fn ended(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn kill(&self) -> Result<u32, String> {
+        Err("a simulated process is not ended from here".into())
+    }
+}
 
 /// One run with `seed`.
 ///

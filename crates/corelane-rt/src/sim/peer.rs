@@ -6,10 +6,10 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::task::Poll;
 
+use crate::host::mem::{MemLink, MemPort};
 use corelane_stack::smoltcp::time::Instant;
 use corelane_stack::smoltcp::wire::IpCidr;
 use corelane_stack::{FlowId, Node, StackConfig};
-use corelane_xsk::{MemLink, MemPort};
 
 use super::process::MTU;
 

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Instant;
 
+use crate::host::mem::{MemProgram, XskQueue};
 use corelane_stack::smoltcp::wire::IpCidr;
 use corelane_stack::{FlowId, Pipeline, Proto, Stack, StackConfig, XdpDevice};
-use corelane_xsk::{MemProgram, XskQueue};
 
 use crate::clock::Clock;
 use crate::control::Shared;

@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::host::mem::PendingJoin;
 use corelane_stack::smoltcp::wire::IpCidr;
-use corelane_xsk::PendingJoin;
 
 use super::{SERVER, World};
 use crate::control::Shared;
 use crate::sim::Failure;
+use crate::sim::SimProcess;
 use crate::sim::process::{self, Process};
 use crate::sim::talk::MemTalk;
-use crate::upgrade::PartnerProcess;
 use crate::upgrade_new::NewSide;
 use crate::upgrade_words::{Extras, RunSecret};
 
@@ -71,7 +71,7 @@ impl World {
                         .map_err(|e| self.fail(e.to_string()))?;
                     // Whether the old process has ended, as its pidfd tells the new one.
                     *crate::lock::lock(&shared.upgrades.partner_process) =
-                        Some(PartnerProcess::Sim(self.old.gone.clone()));
+                        Some(Box::new(SimProcess(self.old.gone.clone())));
                     let (generation, fd) = (extras.generation, join.fd());
                     shared
                         .steer

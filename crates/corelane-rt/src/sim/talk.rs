@@ -118,7 +118,7 @@ impl Talk for MemTalk {
 
     fn hand_over(
         &mut self,
-        program: Option<corelane_xsk::SteeringShare>,
+        program: Option<crate::host::SteeringShare>,
         offers: Vec<UpgradeOffer>,
         extras: &str,
     ) -> Result<(), Error> {

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::host::mem::{MemProgram, SimKernel, XskConfig};
 use corelane_stack::smoltcp::wire::{IpCidr, Ipv4Address};
-use corelane_xsk::sim::SimKernel;
-use corelane_xsk::{MemProgram, XskConfig};
 
 use super::peer::{Peer, State};
 use super::process::{self, Phase, Process};
@@ -22,7 +21,8 @@ mod checks;
 mod successor;
 use crate::clock::Clock;
 use crate::queues::RestoreQueues;
-use crate::upgrade::{JOIN_WAIT, PartnerProcess};
+use crate::sim::SimProcess;
+use crate::upgrade::JOIN_WAIT;
 use crate::upgrade_old::OldRun;
 use crate::upgrade_old::OldSide;
 use crate::upgrade_words::RunSecret;
@@ -337,7 +337,7 @@ impl World {
             let (a, b) = talk::pair(&self.clock, self.plan.lag, self.plan.twice);
             let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
             *crate::lock::lock(&self.old.shared.upgrades.partner_process) =
-                Some(PartnerProcess::Sim(gone.clone()));
+                Some(Box::new(SimProcess(gone.clone())));
             self.new_gone = gone;
             let run = OldRun {
                 shared: &self.old.shared,

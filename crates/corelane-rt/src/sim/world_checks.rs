@@ -4,8 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use corelane_xsk::XskQueue;
-use corelane_xsk::sim::Misplaced;
+use crate::host::mem::{Misplaced, XskQueue};
 
 use super::successor::New;
 use super::{Crash, World};

@@ -1,11 +1,17 @@
-//! The AF_XDP queue as the runtime's host queue: [`XskQueue`]'s side of [`UpgradeQueue`] and
-//! [`Queue`], over the kernel's sockets or (with the `sim` feature) the in-memory kernel's.
+//! The AF_XDP host: [`XskQueue`]'s side of [`UpgradeQueue`] and [`Queue`] (over the kernel's
+//! sockets or, with the `sim` feature, the in-memory kernel's), the other process of an
+//! upgrade by its pidfd ([`Pidfd`]), and the upgrade's unix-socket sides: the old process's
+//! listener and its [`Talk`](super::Talk) (`handover.rs`), the new process's joining
+//! (`join.rs`).
 
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 
 use corelane_xsk::XskQueue;
 
-use super::{CallOff, Queue, UpgradeOffer, UpgradePhase, UpgradeQueue};
+pub(crate) mod handover;
+pub(crate) mod join;
+
+use super::{CallOff, Partner, Queue, UpgradeOffer, UpgradePhase, UpgradeQueue};
 use crate::Error;
 
 impl UpgradeQueue for XskQueue {
@@ -58,5 +64,25 @@ impl Queue for XskQueue {
 
     fn tx_in_flight(&self) -> bool {
         XskQueue::tx_in_flight(self)
+    }
+}
+
+/// The other process of an upgrade, by its pidfd (readable once it has ended), with its pid
+/// (for messages).
+#[derive(Debug)]
+pub(crate) struct Pidfd {
+    pub(crate) pid: u32,
+    pub(crate) fd: OwnedFd,
+}
+
+impl Partner for Pidfd {
+    fn ended(&self) -> bool {
+        corelane_xsk::grant::process_ended(&self.fd)
+    }
+
+    fn kill(&self) -> Result<u32, String> {
+        corelane_xsk::grant::kill_process(&self.fd)
+            .map(|()| self.pid)
+            .map_err(|e| format!("process {} cannot be ended: {e}", self.pid))
     }
 }

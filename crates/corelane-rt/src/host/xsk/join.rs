@@ -23,8 +23,8 @@ use corelane_xsk::{PendingJoin, Steering, UpgradeOffer};
 use crate::Error;
 use crate::access::Access;
 use crate::control::Shared;
+use crate::host::xsk::handover::SocketTalk;
 use crate::lock::lock;
-use crate::upgrade_handover::SocketTalk;
 use crate::upgrade_new::NewSide;
 use crate::upgrade_words::Extras;
 
@@ -209,8 +209,9 @@ impl Joining {
             }
         };
         let Some(start) = weak.upgrade().map(|s| {
-            *lock(&s.upgrades.partner_process) =
-                old_process.map(|(pid, fd)| crate::upgrade::PartnerProcess::Pidfd { pid, fd });
+            *lock(&s.upgrades.partner_process) = old_process.map(|(pid, fd)| {
+                Box::new(super::Pidfd { pid, fd }) as Box<dyn crate::host::Partner>
+            });
             s.clock.now()
         }) else {
             return;

@@ -84,10 +84,10 @@ pub(crate) fn serve(listener: &Listener, run: &OldRun<'_>) {
         };
         // Whether it ends is what lets the cores take their queues back should the upgrade
         // be called off while it holds them.
-        *lock(&shared.upgrades.partner_process) = Some(crate::upgrade::PartnerProcess::Pidfd {
+        *lock(&shared.upgrades.partner_process) = Some(Box::new(super::Pidfd {
             pid: successor.pid,
             fd: successor.pidfd,
-        });
+        }));
         if run_upgrade(conn, run) {
             return;
         }

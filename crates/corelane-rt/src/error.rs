@@ -11,7 +11,7 @@ use corelane_stack::StackError;
 pub enum Error {
     /// From the AF_XDP layer: privileges, interface, XDP mode, socket binding.
     #[error(transparent)]
-    Xsk(#[from] crate::host::XskError),
+    Xsk(#[from] crate::host::data::XskError),
     /// From the protocol stage.
     #[error(transparent)]
     Stack(#[from] StackError),

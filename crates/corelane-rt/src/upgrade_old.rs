@@ -65,7 +65,7 @@ impl OldSide {
             Ok(Err(e)) => return OldSide::Over(Err(e.to_string())),
             Err(e) => return OldSide::Over(Err(e.to_string())),
         };
-        let new_gen = (old_gen + 1) % crate::host::GENERATIONS;
+        let new_gen = (old_gen + 1) % crate::host::data::GENERATIONS;
         up.old_gen.store(old_gen as u8, Ordering::Release);
         *lock(&up.offers) = (0..cores).map(|_| None).collect();
         // The cores publish their listening ports from now on (each at its offer, then as they

@@ -77,7 +77,7 @@ impl RunSecret {
 pub(crate) struct Extras {
     pub(crate) secret: RunSecret,
     pub(crate) generation: u32,
-    pub(crate) channels: Option<crate::host::Channels>,
+    pub(crate) channels: Option<crate::host::data::Channels>,
     /// The TCP ports the old process listens on.
     pub(crate) ports: Vec<u16>,
 }
@@ -142,7 +142,7 @@ impl Extras {
                 let [rx, tx, combined, max_rx, max_tx, max_combined] = n[..] else {
                     return None;
                 };
-                Some(crate::host::Channels {
+                Some(crate::host::data::Channels {
                     rx,
                     tx,
                     combined,
@@ -153,7 +153,7 @@ impl Extras {
             }
             Some(_) => return None,
         };
-        (generation < crate::host::GENERATIONS).then_some(Extras {
+        (generation < crate::host::data::GENERATIONS).then_some(Extras {
             secret,
             generation,
             channels,

@@ -14,13 +14,12 @@
 
 use std::os::fd::RawFd;
 
-// The host's data: what its traits and the program's handle say, no behaviour.
-pub(crate) use corelane_xsk::{
-    BindMode, CallOff, Channels, CookieParams, Error as XskError, FrameCounts, FrameIo,
-    GENERATIONS, KernelRoute, Steering, SteeringShare, TX_NUDGE_AFTER, UpgradeOffer, UpgradePhase,
-    XdpCounters, monotonic_ns,
+pub(crate) use data::{
+    BindMode, CallOff, CookieParams, FrameCounts, FrameIo, KernelRoute, Steering, SteeringShare,
+    TX_NUDGE_AFTER, UpgradeOffer, UpgradePhase, XdpCounters, XskError, monotonic_ns,
 };
 
+pub(crate) mod data;
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod mem;
 pub(crate) mod xsk;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::host::mem::MemProgram;
 use corelane_stack::smoltcp::wire::{IpCidr, Ipv4Address};
-use corelane_xsk::MemProgram;
 
 use super::{DEATH_WAIT, NewSide};
 use crate::clock::Clock;

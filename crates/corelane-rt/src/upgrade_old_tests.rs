@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::host::mem::{MemProgram, SimKernel, XskConfig, XskQueue};
 use corelane_stack::smoltcp::wire::{IpCidr, Ipv4Address};
-use corelane_xsk::sim::SimKernel;
-use corelane_xsk::{MemProgram, XskConfig, XskQueue};
 
 use super::OldSide;
 use crate::clock::Clock;

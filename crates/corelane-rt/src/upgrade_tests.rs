@@ -42,7 +42,7 @@ fn every_word_reads_back_as_written_and_anything_else_is_other() {
 
 #[test]
 fn the_secret_the_generation_the_ports_and_the_queues_travel_whole() {
-    let channels = corelane_xsk::Channels {
+    let channels = crate::host::data::Channels {
         rx: 0,
         tx: 0,
         combined: 4,

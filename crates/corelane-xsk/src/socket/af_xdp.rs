@@ -117,69 +117,17 @@ impl XdpSocket {
         XdpSocket(Box::new(calls))
     }
 
-    /// The in-memory kernel's number for this socket (None: a real socket).
-    #[cfg(any(test, feature = "sim"))]
-    pub(crate) fn sim_id(&self) -> Option<usize> {
-        self.0.sim_id()
-    }
-
     pub(crate) fn raw(&self) -> RawFd {
         self.borrow().as_raw_fd()
     }
+}
 
-    /// The descriptor: the socket's, or for the in-memory kernel its rings' memory file.
-    pub(crate) fn borrow(&self) -> BorrowedFd<'_> {
-        self.0.borrow()
-    }
+/// Every system call of the socket is its implementation's.
+impl std::ops::Deref for XdpSocket {
+    type Target = dyn SocketCalls;
 
-    /// Registers `region` as this socket's UMEM, in frames of `frame_size` bytes, and sizes its
-    /// fill and completion rings.
-    pub(crate) fn register_umem(
-        &self,
-        region: &Region,
-        frame_size: u32,
-        ring: u32,
-    ) -> io::Result<()> {
-        self.0.register_umem(region, frame_size, ring)
-    }
-
-    /// Sizes and maps the RX and TX rings.
-    pub(crate) fn rx_tx_rings(&self, size: u32) -> io::Result<Rings> {
-        self.0.rx_tx_rings(size)
-    }
-
-    /// Maps the UMEM's fill and completion rings: this socket's own before it is bound, or, once
-    /// bound, those of the UMEM it shares (Linux 6.4 and later map them for a bound socket).
-    pub(crate) fn fill_comp_rings(&self, size: u32) -> io::Result<(Producer<u64>, Consumer<u64>)> {
-        self.0.fill_comp_rings(size)
-    }
-
-    /// Binds to queue `queue` of interface `ifindex`. `shared`: the socket whose UMEM this one
-    /// shares (then the mode and flags are that socket's, and `flags` must be 0).
-    pub(crate) fn bind(
-        &self,
-        ifindex: u32,
-        queue: u32,
-        flags: u16,
-        shared: Option<BorrowedFd<'_>>,
-    ) -> io::Result<()> {
-        self.0.bind(ifindex, queue, flags, shared)
-    }
-
-    pub(crate) fn statistics(&self) -> io::Result<KernelStats> {
-        self.0.statistics()
-    }
-
-    /// Waits up to `timeout_ms` (-1: forever) for the socket to be readable (frames in its RX
-    /// ring). Also what wakes the kernel to take fill-ring entries in copy mode.
-    pub(crate) fn poll_readable(&self, timeout_ms: i32) -> io::Result<bool> {
-        self.0.poll_readable(timeout_ms)
-    }
-
-    /// Asks the kernel to send what the TX ring holds. A busy or full kernel is not an error:
-    /// the frames stay in the ring for the next kick.
-    pub(crate) fn kick_tx(&self) -> io::Result<()> {
-        self.0.kick_tx()
+    fn deref(&self) -> &Self::Target {
+        &*self.0
     }
 }
 

@@ -67,6 +67,8 @@
 
 #[cfg(feature = "lab")]
 pub use corelane_rt::lab;
+#[cfg(feature = "quic")]
+pub use corelane_rt::quic;
 
 /// Runs an `async fn main` on every core of a corelane runtime: `#[tokio::main]`, ported by
 /// changing the attribute. The runtime takes the interface, the addresses and the core count

@@ -69,6 +69,8 @@ mod outcome;
 mod peers;
 mod publish;
 mod queues;
+#[cfg(feature = "quic")]
+pub mod quic;
 mod report;
 mod routing;
 mod say;

@@ -58,7 +58,11 @@ impl UdpSocket {
     /// holds it (the message names the socket; port 0 picks past such ports), and `Other`
     /// outside a corelane core.
     pub async fn bind(addr: impl ToSocketAddr) -> io::Result<UdpSocket> {
-        let sa = addr.to_socket_addr()?;
+        UdpSocket::bind_now(addr.to_socket_addr()?)
+    }
+
+    /// [`UdpSocket::bind`], which waits for nothing.
+    pub(crate) fn bind_now(sa: SocketAddr) -> io::Result<UdpSocket> {
         let core = current()?;
         let owned = core
             .stack()

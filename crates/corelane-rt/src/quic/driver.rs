@@ -1,0 +1,342 @@
+//! The endpoint's state and its driver: the task that feeds the state machine the datagrams
+//! that come in, runs its timers, and sends what its connections may send.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use quinn_proto::{
+    ClientConfig, ConnectError, ConnectionError, ConnectionHandle, DatagramEvent, Event, VarInt,
+};
+
+use super::Shared;
+use crate::net::UdpSocket;
+
+/// Connections a client has begun and the application has not yet accepted, at most: past
+/// these a new one is refused (a flood of first packets holds no more).
+const MAX_INCOMING: usize = 256;
+/// Datagrams one connection builds at most in one call (the state machine's GSO batch).
+const BATCH: usize = 16;
+/// The largest UDP payload read.
+const MAX_DATAGRAM: usize = 65535;
+
+/// One connection as the endpoint holds it.
+pub(crate) struct Conn {
+    pub(crate) c: quinn_proto::Connection,
+    pub(crate) connected: bool,
+    pub(crate) lost: Option<ConnectionError>,
+    /// Tasks waiting on the connection (its handshake, a stream, an accept): woken at each of
+    /// its events.
+    wakers: Vec<Waker>,
+}
+
+impl Conn {
+    /// `cx`'s task is woken at the connection's next event.
+    pub(crate) fn wait(&mut self, cx: &Context<'_>) {
+        if !self.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            self.wakers.push(cx.waker().clone());
+        }
+    }
+
+    fn wake(&mut self) {
+        for w in self.wakers.drain(..) {
+            w.wake();
+        }
+    }
+}
+
+/// The endpoint: its state machine, its connections, the connections waiting to be
+/// accepted.
+pub(crate) struct State {
+    ep: quinn_proto::Endpoint,
+    pub(crate) client_config: Option<ClientConfig>,
+    pub(crate) conns: HashMap<ConnectionHandle, Conn>,
+    incoming: VecDeque<quinn_proto::Incoming>,
+    accept_waker: Option<Waker>,
+    idle_waker: Option<Waker>,
+    closed: bool,
+    /// What the state machine asked to send, not yet sent: (destination, datagram).
+    out: Vec<(SocketAddr, Bytes)>,
+    buf: Vec<u8>,
+    clock: crate::clock::Clock,
+}
+
+impl State {
+    pub(crate) fn new(ep: quinn_proto::Endpoint, clock: crate::clock::Clock) -> State {
+        State {
+            ep,
+            client_config: None,
+            conns: HashMap::new(),
+            incoming: VecDeque::new(),
+            accept_waker: None,
+            idle_waker: None,
+            closed: false,
+            out: Vec::new(),
+            buf: Vec::new(),
+            clock,
+        }
+    }
+
+    /// The core's clock now.
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    pub(crate) fn connect(
+        &mut self,
+        config: ClientConfig,
+        addr: SocketAddr,
+        server_name: &str,
+    ) -> Result<ConnectionHandle, ConnectError> {
+        if self.closed {
+            return Err(ConnectError::EndpointStopping);
+        }
+        let now = self.now();
+        let (h, c) = self.ep.connect(now, config, addr, server_name)?;
+        self.insert(h, c);
+        Ok(h)
+    }
+
+    pub(crate) fn accept(
+        &mut self,
+        incoming: quinn_proto::Incoming,
+    ) -> Result<ConnectionHandle, ConnectionError> {
+        let now = self.now();
+        self.buf.clear();
+        match self.ep.accept(incoming, now, &mut self.buf, None) {
+            Ok((h, c)) => {
+                self.insert(h, c);
+                Ok(h)
+            }
+            Err(e) => {
+                if let Some(t) = e.response {
+                    self.queue(&t);
+                }
+                Err(e.cause)
+            }
+        }
+    }
+
+    pub(crate) fn refuse(&mut self, incoming: quinn_proto::Incoming) {
+        self.buf.clear();
+        let t = self.ep.refuse(incoming, &mut self.buf);
+        self.queue(&t);
+    }
+
+    fn insert(&mut self, h: ConnectionHandle, c: quinn_proto::Connection) {
+        self.conns.insert(
+            h,
+            Conn {
+                c,
+                connected: false,
+                lost: None,
+                wakers: Vec::new(),
+            },
+        );
+    }
+
+    pub(crate) fn poll_incoming(
+        &mut self,
+        cx: &Context<'_>,
+    ) -> Poll<Option<quinn_proto::Incoming>> {
+        if let Some(i) = self.incoming.pop_front() {
+            return Poll::Ready(Some(i));
+        }
+        if self.closed {
+            return Poll::Ready(None);
+        }
+        self.accept_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    pub(crate) fn poll_idle(&mut self, cx: &Context<'_>) -> Poll<()> {
+        if self.conns.is_empty() {
+            return Poll::Ready(());
+        }
+        self.idle_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    pub(crate) fn close_all(&mut self, code: VarInt, reason: &[u8]) {
+        self.closed = true;
+        let now = self.now();
+        let reason = Bytes::copy_from_slice(reason);
+        for conn in self.conns.values_mut() {
+            conn.c.close(now, code, reason.clone());
+        }
+        while let Some(i) = self.incoming.pop_front() {
+            self.buf.clear();
+            let t = self.ep.refuse(i, &mut self.buf);
+            self.queue(&t);
+        }
+        if let Some(w) = self.accept_waker.take() {
+            w.wake();
+        }
+    }
+
+    /// The datagram `t` the state machine wrote into `buf`, queued to be sent (cut into its
+    /// segments when it holds several).
+    fn queue(&mut self, t: &quinn_proto::Transmit) {
+        let data = &self.buf[..t.size.min(self.buf.len())];
+        let seg = t.segment_size.unwrap_or(t.size).max(1);
+        for d in data.chunks(seg) {
+            self.out.push((t.destination, Bytes::copy_from_slice(d)));
+        }
+    }
+
+    /// A datagram from `from`.
+    fn datagram(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
+        self.buf.clear();
+        match self
+            .ep
+            .handle(now, from, None, None, BytesMut::from(data), &mut self.buf)
+        {
+            Some(DatagramEvent::ConnectionEvent(h, ev)) => {
+                if let Some(conn) = self.conns.get_mut(&h) {
+                    conn.c.handle_event(ev);
+                }
+            }
+            Some(DatagramEvent::NewConnection(i)) => {
+                if self.closed || self.incoming.len() >= MAX_INCOMING {
+                    self.refuse(i);
+                } else {
+                    self.incoming.push_back(i);
+                    if let Some(w) = self.accept_waker.take() {
+                        w.wake();
+                    }
+                }
+            }
+            Some(DatagramEvent::Response(t)) => self.queue(&t),
+            None => {}
+        }
+    }
+
+    /// One pass over every connection: its timers, the events between it and the endpoint,
+    /// its application's events (the tasks waiting on it woken), and the datagrams it may
+    /// send now. Returns the earliest timer left.
+    fn pass(&mut self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let handles: Vec<ConnectionHandle> = self.conns.keys().copied().collect();
+        for h in handles {
+            let Some(conn) = self.conns.get_mut(&h) else {
+                continue;
+            };
+            if conn.c.poll_timeout().is_some_and(|t| t <= now) {
+                conn.c.handle_timeout(now);
+            }
+            while let Some(ev) = conn.c.poll_endpoint_events() {
+                if let Some(back) = self.ep.handle_event(h, ev) {
+                    conn.c.handle_event(back);
+                }
+            }
+            let mut woke = false;
+            while let Some(ev) = conn.c.poll() {
+                match ev {
+                    Event::Connected => conn.connected = true,
+                    Event::ConnectionLost { reason } => conn.lost = Some(reason),
+                    _ => {}
+                }
+                woke = true;
+            }
+            if woke {
+                conn.wake();
+            }
+            loop {
+                self.buf.clear();
+                let Some(t) = conn.c.poll_transmit(now, BATCH, &mut self.buf) else {
+                    break;
+                };
+                let data = &self.buf[..t.size.min(self.buf.len())];
+                let seg = t.segment_size.unwrap_or(t.size).max(1);
+                for d in data.chunks(seg) {
+                    self.out.push((t.destination, Bytes::copy_from_slice(d)));
+                }
+            }
+            if conn.c.is_drained() {
+                if conn.lost.is_none() {
+                    conn.lost = Some(ConnectionError::LocallyClosed);
+                }
+                conn.wake();
+                self.conns.remove(&h);
+                continue;
+            }
+            if let Some(t) = conn.c.poll_timeout() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        if self.conns.is_empty()
+            && let Some(w) = self.idle_waker.take()
+        {
+            w.wake();
+        }
+        next
+    }
+}
+
+/// The endpoint's driver, a task of its core: until every handle of the endpoint is gone
+/// and every connection has ended.
+pub(crate) async fn drive(shared: Weak<Shared>, socket: UdpSocket) {
+    let mut rx = vec![0u8; MAX_DATAGRAM];
+    let mut out = Vec::new();
+    let mut orphaned = false;
+    loop {
+        let Some(sh) = shared.upgrade() else {
+            return;
+        };
+        let next = {
+            let mut st = sh.lock();
+            let now = st.now();
+            loop {
+                match socket.try_recv_from(&mut rx) {
+                    Ok((n, from)) => st.datagram(now, from, &rx[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        tracing::warn!("quic endpoint {}: receive: {e}", sh.local);
+                        break;
+                    }
+                }
+            }
+            // Only the driver holds the endpoint: no handle is left to use a connection.
+            if Arc::strong_count(&sh) == 1 && !orphaned {
+                orphaned = true;
+                st.close_all(VarInt::from_u32(0), b"");
+            }
+            let next = st.pass(now);
+            std::mem::swap(&mut out, &mut st.out);
+            if orphaned && st.conns.is_empty() && out.is_empty() {
+                return;
+            }
+            next.map(|t| t.saturating_duration_since(now))
+        };
+        for (to, d) in out.drain(..) {
+            if let Err(e) = socket.send_to(&d, to).await {
+                tracing::debug!("quic endpoint {}: send to {to}: {e}", sh.local);
+            }
+        }
+        wait(&sh, &socket, next).await;
+    }
+}
+
+/// Until a datagram is waiting, a handle asks for a pass, or `timer` has run.
+async fn wait(sh: &Shared, socket: &UdpSocket, timer: Option<Duration>) {
+    let mut sleep = std::pin::pin!(tokio::time::sleep(
+        timer.unwrap_or(Duration::from_secs(3600))
+    ));
+    std::future::poll_fn(|cx| {
+        *sh.driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+        if sh.pass_asked.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        if socket.poll_recv_ready(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await
+}

@@ -45,6 +45,13 @@ fn lab_a_quic_client_and_server_echo_streams_and_see_the_close() -> Result {
                 Ok(c) => c,
                 Err(e) => return format!("handshake: {e}"),
             };
+            // Datagrams: each one sent back doubled.
+            let dgrams = conn.clone();
+            tokio::task::spawn_local(async move {
+                while let Ok(d) = dgrams.read_datagram().await {
+                    let _ = dgrams.send_datagram([&d[..], &d[..]].concat().into());
+                }
+            });
             let mut echoes = Vec::new();
             let why = loop {
                 match conn.accept_bi().await {
@@ -88,13 +95,22 @@ fn lab_a_quic_client_and_server_echo_streams_and_see_the_close() -> Result {
         for s in streams {
             same.push(s.await.unwrap_or(false));
         }
+        // A datagram and its answer (unreliable: the lab's link loses nothing).
+        let max = conn.max_datagram_size().unwrap_or(0);
+        conn.send_datagram(bytes::Bytes::from_static(b"ping"))?;
+        let back = conn.read_datagram().await?;
+        same.push(max > 1000 && &back[..] == b"pingping");
         conn.close(VarInt::from_u32(7), b"done");
         let seen = served.await.unwrap_or_else(|e| format!("server task: {e}"));
         client.wait_idle().await;
         Ok((same, seen))
     })?;
     let (same, seen) = out?;
-    assert_eq!(same, vec![true, true, true], "every stream came back whole");
+    assert_eq!(
+        same,
+        vec![true, true, true, true],
+        "every stream came back whole, and the datagram doubled"
+    );
     assert_eq!(
         seen, "closed 7",
         "the server saw the client's close with its code"

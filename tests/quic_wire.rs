@@ -275,7 +275,9 @@ fn a_corelane_client_gets_its_streams_echoed_by_quinn_on_the_kernel() -> Result 
                 std::result::Result::<Vec<bool>, String>::Ok(same)
             }
         })??;
-        let seen = kernel.join().map_err(|_| "the kernel server panicked")???;
+        let seen = kernel
+            .join()
+            .map_err(|_| "the kernel server panicked")???;
         assert_eq!(
             same,
             vec![true, true],

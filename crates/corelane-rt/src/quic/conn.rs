@@ -184,6 +184,65 @@ impl Connection {
         }
     }
 
+    /// Sends `data` as one unreliable datagram (RFC 9221); the oldest waiting are dropped to
+    /// make room when the send buffer is full.
+    ///
+    /// # Errors
+    /// The peer takes no datagrams, `data` is larger than [`Connection::max_datagram_size`],
+    /// or the connection was lost.
+    pub fn send_datagram(&self, data: Bytes) -> Result<(), SendDatagramError> {
+        let r = {
+            let mut st = self.shared.lock();
+            match st.conns.get_mut(&self.handle) {
+                Some(conn) => match &conn.lost {
+                    Some(e) => Err(SendDatagramError::ConnectionLost(e.clone())),
+                    None => conn.c.datagrams().send(data, true).map_err(|e| match e {
+                        quinn_proto::SendDatagramError::UnsupportedByPeer => {
+                            SendDatagramError::UnsupportedByPeer
+                        }
+                        quinn_proto::SendDatagramError::Disabled => SendDatagramError::Disabled,
+                        quinn_proto::SendDatagramError::TooLarge
+                        | quinn_proto::SendDatagramError::Blocked(_) => SendDatagramError::TooLarge,
+                    }),
+                },
+                None => Err(SendDatagramError::ConnectionLost(
+                    ConnectionError::LocallyClosed,
+                )),
+            }
+        };
+        self.shared.wake_driver();
+        r
+    }
+
+    /// The largest datagram the peer takes now (None: it takes none).
+    pub fn max_datagram_size(&self) -> Option<usize> {
+        let mut st = self.shared.lock();
+        st.conns
+            .get_mut(&self.handle)
+            .and_then(|conn| conn.c.datagrams().max_size())
+    }
+
+    /// The next datagram the peer sent.
+    ///
+    /// # Errors
+    /// The connection was lost.
+    pub async fn read_datagram(&self) -> Result<Bytes, ConnectionError> {
+        let (shared, h) = (self.shared.clone(), self.handle);
+        std::future::poll_fn(move |cx| {
+            with(&shared, h, |conn| {
+                if let Some(d) = conn.c.datagrams().recv() {
+                    return Poll::Ready(Ok(d));
+                }
+                if let Some(e) = &conn.lost {
+                    return Poll::Ready(Err(e.clone()));
+                }
+                conn.wait(cx);
+                Poll::Pending
+            })
+        })
+        .await
+    }
+
     /// Closes the connection with `code` and `reason`: streams not yet delivered are lost
     /// (finish them and wait for the peer first to deliver everything).
     pub fn close(&self, code: VarInt, reason: &[u8]) {
@@ -219,6 +278,33 @@ impl Drop for Connection {
         self.shared.wake_driver();
     }
 }
+
+/// Why a datagram was not sent ([`Connection::send_datagram`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SendDatagramError {
+    /// The peer takes no datagrams.
+    UnsupportedByPeer,
+    /// This endpoint's transport config turned datagrams off.
+    Disabled,
+    /// Larger than the peer takes ([`Connection::max_datagram_size`]).
+    TooLarge,
+    /// The connection was lost.
+    ConnectionLost(ConnectionError),
+}
+
+impl std::fmt::Display for SendDatagramError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendDatagramError::UnsupportedByPeer => f.write_str("the peer takes no datagrams"),
+            SendDatagramError::Disabled => f.write_str("datagrams are turned off"),
+            SendDatagramError::TooLarge => f.write_str("datagram larger than the peer takes"),
+            SendDatagramError::ConnectionLost(e) => write!(f, "connection lost: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SendDatagramError {}
 
 fn lost(e: ConnectionError) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionAborted, e)

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-pub use conn::{Connecting, Connection, RecvStream, SendStream};
+pub use conn::{Connecting, Connection, RecvStream, SendDatagramError, SendStream};
 pub use quinn_proto::{
     ClientConfig, ConnectError, ConnectionError, EndpointConfig, ServerConfig, TransportConfig,
     VarInt,
@@ -91,8 +91,12 @@ impl Endpoint {
     /// # Errors
     /// As [`UdpSocket::bind`](crate::net::UdpSocket::bind): an address the runtime does not
     /// own, a port in use, outside a corelane core.
+    ///
+    /// The endpoint sets the config's address-validation token key from the runtime's
+    /// master key: every core of the run, and the next process of an upgrade, accepts the
+    /// tokens the others gave.
     pub fn server(config: ServerConfig, addr: impl ToSocketAddr) -> io::Result<Endpoint> {
-        Endpoint::open(Some(Arc::new(config)), addr)
+        Endpoint::open(Some(config), addr)
     }
 
     /// A client endpoint on `addr` of the calling core (port 0 picks one this core owns).
@@ -103,12 +107,22 @@ impl Endpoint {
         Endpoint::open(None, addr)
     }
 
-    fn open(server: Option<Arc<ServerConfig>>, addr: impl ToSocketAddr) -> io::Result<Endpoint> {
+    fn open(server: Option<ServerConfig>, addr: impl ToSocketAddr) -> io::Result<Endpoint> {
         let socket = UdpSocket::bind_now(addr.to_socket_addr()?)?;
         let local = socket.local_addr()?;
-        let clock = crate::lane::current()?.shared.clock.clone();
-        let ep =
-            quinn_proto::Endpoint::new(Arc::new(EndpointConfig::default()), server, true, None);
+        let core = crate::lane::current()?;
+        let clock = core.shared.clock.clone();
+        // The stateless reset key follows the host's restart key, so the next process resets
+        // this one's connections in words their peers recognise; the token key is the run's.
+        let (reset, token) = core.stack().quic_keys();
+        let server = server.map(|mut s| {
+            let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, &[]);
+            s.token_key(Arc::new(salt.extract(&token)));
+            Arc::new(s)
+        });
+        let reset = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &reset);
+        let config = EndpointConfig::new(Arc::new(reset));
+        let ep = quinn_proto::Endpoint::new(Arc::new(config), server, true, None);
         let shared = Arc::new(Shared {
             state: Mutex::new(State::new(ep, clock)),
             driver: Mutex::new(None),

@@ -54,6 +54,15 @@ impl std::fmt::Debug for SynCookieTemplate {
 }
 
 impl Stack {
+    /// The keys of a QUIC endpoint on this stack, 256 bits each, drawn from the stack's
+    /// master key (`StackConfig::key`: every core of a run, and the next process of an
+    /// upgrade, has the same): its stateless reset key (from `StackConfig::restart_key` when
+    /// set, so the next process of the host resets the last one's connections in words their
+    /// peers recognise) and its address-validation token key.
+    pub fn quic_keys(&self) -> ([u8; 32], [u8; 32]) {
+        self.secret.quic_keys()
+    }
+
     /// What a program answering SYNs for this stack needs (see [`SynCookieTemplate`]), or
     /// None when the stack sends no cookies (`TcpConfig::syn_cookies` off).
     pub fn syn_cookie_template(&self) -> Option<SynCookieTemplate> {

@@ -54,6 +54,11 @@ pub(crate) struct Secret {
     ids: (u64, u64),
     ports: (u64, u64),
     tables: (u64, u64),
+    /// QUIC's stateless reset key: from the restart key when there is one, so that the next
+    /// process resets the last one's connections in words their peers recognise.
+    quic_reset: (u64, u64),
+    /// QUIC's address-validation token key (Retry and NEW_TOKEN).
+    quic_token: (u64, u64),
 }
 
 /// Counters of [`IdGen`].
@@ -103,7 +108,7 @@ impl IdGen {
 }
 
 /// The purposes, in the order a seed is expanded into keys.
-const PURPOSES: usize = 6;
+const PURPOSES: usize = 8;
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -163,6 +168,8 @@ impl Secret {
             ids: k[3],
             ports: k[4],
             tables: k[5],
+            quic_reset: k[6],
+            quic_token: k[7],
         }
     }
 
@@ -175,7 +182,20 @@ impl Secret {
         let r = Secret::from_master(restart);
         self.isn = r.isn;
         self.ts = r.ts;
+        self.quic_reset = r.quic_reset;
         self
+    }
+
+    /// QUIC's keys, 256 bits each, expanded from their 128-bit ones: (stateless reset, token).
+    pub(crate) fn quic_keys(&self) -> ([u8; 32], [u8; 32]) {
+        let expand = |k: (u64, u64)| {
+            let mut out = [0u8; 32];
+            for (i, w) in out.chunks_exact_mut(8).enumerate() {
+                w.copy_from_slice(&siphash(k, &[0x7175_6963, i as u64]).to_le_bytes());
+            }
+            out
+        };
+        (expand(self.quic_reset), expand(self.quic_token))
     }
 
     /// The cookie key, for a program that makes this stack's cookies on its behalf (it can
@@ -289,6 +309,27 @@ mod tests {
             IpEndpoint::new(smoltcp::wire::IpAddress::v4(0, 0, 0, 0), 0),
             Into::into,
         )
+    }
+
+    #[test]
+    fn quic_keys_follow_the_master_key_and_the_reset_key_the_restart_key() {
+        let a = Secret::from_master((1, 2));
+        let b = Secret::from_master((1, 2));
+        let c = Secret::from_master((3, 4));
+        assert_eq!(
+            a.quic_keys(),
+            b.quic_keys(),
+            "one master key, one pair of QUIC keys"
+        );
+        let (reset, token) = a.quic_keys();
+        assert_ne!(reset, token, "each purpose its own key");
+        assert_ne!(c.quic_keys().0, reset);
+        assert_ne!(c.quic_keys().1, token);
+        // Two processes of a host: different master keys, one restart key: the same reset
+        // key (a peer's connection is reset by the next process), their own token keys.
+        let (p1, p2) = (a.with_restart_key((9, 9)), c.with_restart_key((9, 9)));
+        assert_eq!(p1.quic_keys().0, p2.quic_keys().0);
+        assert_ne!(p1.quic_keys().1, p2.quic_keys().1);
     }
 
     #[test]

@@ -22,6 +22,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 # The facade's public API against its record: a change shows as a diff (record a meant one
 # with --write).
 python3 scripts/public-api.py --check docs/public-api.txt
+# The runtime's optional parts, as docs.rs builds them (their links checked too).
+RUSTDOCFLAGS="-D warnings" cargo doc --locked -p corelane-rt --features quic,hyper,tonic,sim \
+  --no-deps --quiet
 done_with target/debug target/doc
 # Release mode: the end-to-end tests push 64 MiB through the stack. `cargo test` on the whole
 # workspace also builds the examples the privileged tests run.

@@ -2,7 +2,7 @@
 //! over one of the core's UDP sockets, with quinn-shaped types.
 //!
 //! A quinn user ports by the imports and the entry point, as with TCP: [`Endpoint::server`]
-//! and [`Endpoint::client`] bind a [`UdpSocket`](crate::net::UdpSocket) of the calling core
+//! and [`Endpoint::client`] bind a [`UdpSocket`] of the calling core
 //! (serve one port from every core by binding it on every core), [`Endpoint::accept`] and
 //! [`Endpoint::connect`] give [`Connection`]s, whose [`SendStream`] and [`RecvStream`] are
 //! tokio's `AsyncWrite` and `AsyncRead`. The configs are quinn-proto's ([`ServerConfig`],

@@ -117,3 +117,132 @@ fn lab_a_quic_client_and_server_echo_streams_and_see_the_close() -> Result {
     );
     Ok(())
 }
+
+#[test]
+fn lab_sixteen_quic_connections_at_once_each_with_a_hundred_requests() -> Result {
+    let (server_config, client_config) = configs()?;
+    let out: Result<Vec<usize>> = corelane::lab::run(async move {
+        let server = Endpoint::server(server_config, "127.0.0.1:4434")?;
+        let addr = server.local_addr()?;
+        // The server: on every connection, every stream answered with its request reversed.
+        tokio::task::spawn_local(async move {
+            while let Some(incoming) = server.accept().await {
+                tokio::task::spawn_local(async move {
+                    let Ok(conn) = incoming.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        tokio::task::spawn_local(async move {
+                            let mut req = Vec::new();
+                            if recv.read_to_end(&mut req).await.is_ok() {
+                                req.reverse();
+                                let _ = send.write_all(&req).await;
+                            }
+                            let _ = send.shutdown().await;
+                        });
+                    }
+                });
+            }
+        });
+        let client = Endpoint::client("127.0.0.1:0")?;
+        client.set_default_client_config(client_config);
+        let mut conns = Vec::new();
+        for c in 0..16u32 {
+            let conn = client.connect(addr, "localhost")?;
+            conns.push(tokio::task::spawn_local(async move {
+                let Ok(conn) = conn.await else { return 0 };
+                let mut good = 0;
+                // A hundred requests, ten at a time.
+                for batch in 0..10u32 {
+                    let mut reqs = Vec::new();
+                    for r in 0..10u32 {
+                        let conn = conn.clone();
+                        reqs.push(tokio::task::spawn_local(async move {
+                            let msg = format!("conn {c} request {}", batch * 10 + r).into_bytes();
+                            let Ok((mut send, mut recv)) = conn.open_bi().await else {
+                                return false;
+                            };
+                            if send.write_all(&msg).await.is_err() || send.shutdown().await.is_err()
+                            {
+                                return false;
+                            }
+                            let mut back = Vec::new();
+                            let ok = recv.read_to_end(&mut back).await.is_ok();
+                            back.reverse();
+                            ok && back == msg
+                        }));
+                    }
+                    for r in reqs {
+                        good += usize::from(r.await.unwrap_or(false));
+                    }
+                }
+                conn.close(VarInt::from_u32(0), b"");
+                good
+            }));
+        }
+        let mut answered = Vec::new();
+        for c in conns {
+            answered.push(c.await.unwrap_or(0));
+        }
+        client.wait_idle().await;
+        Ok(answered)
+    })?;
+    assert_eq!(
+        out?,
+        vec![100; 16],
+        "every request of every connection answered"
+    );
+    Ok(())
+}
+
+#[test]
+fn lab_a_quic_server_sends_at_most_three_times_what_an_unvalidated_address_sent() -> Result {
+    let (server_config, client_config) = configs()?;
+    let out: Result<(usize, usize)> = corelane::lab::run(async move {
+        let server = Endpoint::server(server_config, "127.0.0.1:4435")?;
+        let addr = server.local_addr()?;
+        tokio::task::spawn_local(async move {
+            // Accepted, as a server does: its handshake answers, and waits for an answer that
+            // never comes.
+            while let Some(incoming) = server.accept().await {
+                tokio::task::spawn_local(async move {
+                    let _ = incoming.await;
+                });
+            }
+        });
+        // A client's first datagram, made by a state machine of its own, sent once from a
+        // plain UDP socket that answers nothing (a spoofed source would look the same).
+        let mut proto = quinn_proto::Endpoint::new(
+            Arc::new(quinn_proto::EndpointConfig::default()),
+            None,
+            false,
+            None,
+        );
+        let now = std::time::Instant::now();
+        let (_, mut conn) = proto.connect(now, client_config, addr, "localhost")?;
+        let mut first = Vec::new();
+        let t = conn
+            .poll_transmit(now, 1, &mut first)
+            .ok_or("the client made no first datagram")?;
+        first.truncate(t.size);
+        let sock = corelane::net::UdpSocket::bind("127.0.0.1:0").await?;
+        sock.send_to(&first, addr).await?;
+        // Everything the server sends back over three seconds (its retransmissions too).
+        let mut got = 0;
+        let mut buf = vec![0u8; 65536];
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+        while let Ok(Ok((n, _))) = tokio::time::timeout_at(until, sock.recv_from(&mut buf)).await {
+            got += n;
+        }
+        Ok((first.len(), got))
+    })?;
+    let (sent, got) = out?;
+    assert!(
+        sent >= 1200,
+        "a client's first datagram is padded to 1200 bytes: {sent}"
+    );
+    assert!(got > 0, "the server answered the first datagram");
+    assert!(
+        got <= 3 * sent,
+        "{got} bytes sent to an address that sent {sent} and never proved it is there"
+    );
+    Ok(())
+}

@@ -42,29 +42,42 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = T> + 'static,
 {
-    let ifname = net.server_if().to_string();
-    let got = net
-        .server_ns()
-        .run(move || -> std::result::Result<T, String> {
-            let rt = corelane::Runtime::builder(&ifname)
-                .addr(format!("{SERVER_V4}/24"))
-                .cores(1)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let out = Arc::new(std::sync::Mutex::new(None));
-            let slot = out.clone();
-            rt.run(move |_| {
-                let slot = slot.clone();
-                let fut = f();
-                async move {
-                    let v = fut.await;
-                    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
-                }
-            })
+    on_corelane_at(net.server_ns(), net.server_if(), SERVER_V4, f)
+}
+
+/// Runs `f` on one corelane core serving `ifname` in `ns` at `addr/24`, to its end.
+fn on_corelane_at<T, F, Fut>(
+    ns: &corelane_testnet::Netns,
+    ifname: &str,
+    addr: &str,
+    f: F,
+) -> Result<T>
+where
+    T: Send + 'static,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+{
+    let (ifname, addr) = (ifname.to_string(), addr.to_string());
+    let got = ns.run(move || -> std::result::Result<T, String> {
+        let rt = corelane::Runtime::builder(&ifname)
+            .addr(format!("{addr}/24"))
+            .cores(1)
+            .build()
             .map_err(|e| e.to_string())?;
-            let v = out.lock().unwrap_or_else(|p| p.into_inner()).take();
-            v.ok_or_else(|| "the core's future did not finish".to_string())
-        })??;
+        let out = Arc::new(std::sync::Mutex::new(None));
+        let slot = out.clone();
+        rt.run(move |_| {
+            let slot = slot.clone();
+            let fut = f();
+            async move {
+                let v = fut.await;
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+        let v = out.lock().unwrap_or_else(|p| p.into_inner()).take();
+        v.ok_or_else(|| "the core's future did not finish".to_string())
+    })??;
     Ok(got)
 }
 
@@ -286,6 +299,114 @@ fn a_corelane_client_gets_its_streams_echoed_by_quinn_on_the_kernel() -> Result 
         assert_eq!(
             seen, "closed 11",
             "quinn saw corelane's close with its code"
+        );
+        Ok(())
+    })
+}
+
+#[test]
+fn quinn_through_five_percent_loss_both_ways_gets_its_streams_echoed_whole() -> Result {
+    if !require_root("quic_wire: through loss") {
+        return Ok(());
+    }
+    const KERNEL_SERVER: &str = "10.89.0.1";
+    const CLIENT: &str = "10.89.0.2";
+    const CORELANE: &str = "10.89.0.3";
+    let net = lossy_path(KERNEL_SERVER, CLIENT);
+    net.set_loss(
+        corelane_testnet::Loss::percent(5.0),
+        corelane_testnet::Loss::percent(5.0),
+    )?;
+    let (server_config, roots) = certificate()?;
+    std::thread::scope(|scope| -> Result {
+        let server = scope.spawn(|| {
+            on_corelane_at(net.server_ns(), net.server_if(), CORELANE, move || {
+                let config = server_config.clone();
+                async move {
+                    match Endpoint::server(config, format!("{CORELANE}:{PORT}")) {
+                        Ok(e) => echo_one_connection(e).await,
+                        Err(e) => format!("bind: {e}"),
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())
+        });
+        let to: SocketAddr = format!("{CORELANE}:{PORT}").parse()?;
+        let client =
+            net.client_ns()
+                .run(move || -> std::result::Result<Vec<bool>, String> {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    rt.block_on(async move {
+                        let bind: SocketAddr = format!("{CLIENT}:0")
+                            .parse()
+                            .map_err(|e: std::net::AddrParseError| e.to_string())?;
+                        let mut endpoint =
+                            quinn::Endpoint::client(bind).map_err(|e| e.to_string())?;
+                        let config = quinn::ClientConfig::with_root_certificates(Arc::new(roots))
+                            .map_err(|e| e.to_string())?;
+                        endpoint.set_default_client_config(config);
+                        let mut conn = None;
+                        for _ in 0..5 {
+                            let c = endpoint
+                                .connect(to, "localhost")
+                                .map_err(|e| e.to_string())?;
+                            if let Ok(Ok(c)) =
+                                tokio::time::timeout(Duration::from_secs(10), c).await
+                            {
+                                conn = Some(c);
+                                break;
+                            }
+                        }
+                        let conn = conn.ok_or("no handshake through the lossy path")?;
+                        let mut same = Vec::new();
+                        // One large stream and twenty small ones, all at once.
+                        let mut tasks = Vec::new();
+                        for (seed, len) in
+                            std::iter::once((0u8, 1usize << 20)).chain((1..=20u8).map(|s| (s, 500)))
+                        {
+                            let conn = conn.clone();
+                            tasks.push(tokio::spawn(async move {
+                                let Ok((mut send, mut recv)) = conn.open_bi().await else {
+                                    return false;
+                                };
+                                let data = pattern(seed, len);
+                                let sent = data.clone();
+                                let writer = tokio::spawn(async move {
+                                    send.write_all(&sent).await?;
+                                    send.finish()?;
+                                    std::io::Result::Ok(())
+                                });
+                                let read = tokio::time::timeout(
+                                    Duration::from_secs(60),
+                                    recv.read_to_end(4 << 20),
+                                )
+                                .await;
+                                let wrote = writer.await;
+                                matches!(read, Ok(Ok(ref back)) if *back == data)
+                                    && matches!(wrote, Ok(Ok(())))
+                            }));
+                        }
+                        for t in tasks {
+                            same.push(t.await.unwrap_or(false));
+                        }
+                        conn.close(VarInt::from_u32(3), b"done");
+                        endpoint.wait_idle().await;
+                        Ok(same)
+                    })
+                })??;
+        let seen = server.join().map_err(|_| "the server thread panicked")??;
+        assert_eq!(
+            client,
+            vec![true; 21],
+            "every stream came back whole through the loss"
+        );
+        // The close itself may be lost: the server then ends by its idle timeout.
+        assert!(
+            seen == "closed 3" || seen.starts_with("lost: timed out"),
+            "the server's end: {seen}"
         );
         Ok(())
     })

@@ -125,7 +125,7 @@ impl Connection {
                 }
             });
             if open && r.is_ready() {
-                shared.wake_driver();
+                shared.poke(h);
             }
             r
         })
@@ -210,7 +210,7 @@ impl Connection {
                 )),
             }
         };
-        self.shared.wake_driver();
+        self.shared.poke(self.handle);
         r
     }
 
@@ -253,7 +253,7 @@ impl Connection {
                 conn.c.close(now, code, Bytes::copy_from_slice(reason));
             }
         }
-        self.shared.wake_driver();
+        self.shared.poke(self.handle);
     }
 
     /// Waits until the connection is lost, and says why.
@@ -342,7 +342,7 @@ impl SendStream {
                 None => Err(lost(ConnectionError::LocallyClosed)),
             }
         };
-        self.shared.wake_driver();
+        self.shared.poke(self.handle);
         r
     }
 }
@@ -369,7 +369,7 @@ impl AsyncWrite for SendStream {
         });
         match r {
             Poll::Ready(Ok(Ok(n))) => {
-                self.shared.wake_driver();
+                self.shared.poke(self.handle);
                 Poll::Ready(Ok(n))
             }
             Poll::Ready(Ok(Err(e))) => Poll::Ready(Err(e)),
@@ -450,7 +450,7 @@ impl AsyncRead for RecvStream {
         match r {
             Poll::Ready(Ok(r)) => {
                 // What was read frees flow-control credit the peer may need to hear of.
-                self.shared.wake_driver();
+                self.shared.poke(self.handle);
                 Poll::Ready(r)
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(lost(e))),

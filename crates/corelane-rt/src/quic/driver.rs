@@ -1,7 +1,8 @@
 //! The endpoint's state and its driver: the task that feeds the state machine the datagrams
 //! that come in, runs its timers, and sends what its connections may send.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -34,6 +35,10 @@ pub(crate) struct Conn {
     /// Tasks waiting on the connection (its handshake, a stream, an accept): woken at each of
     /// its events.
     wakers: Vec<Waker>,
+    /// In the next pass's list.
+    queued: bool,
+    /// The timer last put in the endpoint's heap for it.
+    armed: Option<Instant>,
 }
 
 impl Conn {
@@ -63,6 +68,12 @@ pub(crate) struct State {
     closed: bool,
     /// What the state machine asked to send, not yet sent: (destination, datagram).
     out: Vec<(SocketAddr, Bytes)>,
+    /// The connections the next pass looks at: those a datagram, a timer or a handle touched
+    /// (a pass costs what moved, not what the table holds).
+    dirty: Vec<ConnectionHandle>,
+    /// Every connection's timer, earliest first (an entry a later one replaced is passed
+    /// over when it comes due).
+    timers: BinaryHeap<Reverse<(Instant, ConnectionHandle)>>,
     buf: Vec<u8>,
     clock: crate::clock::Clock,
 }
@@ -78,8 +89,20 @@ impl State {
             idle_waker: None,
             closed: false,
             out: Vec::new(),
+            dirty: Vec::new(),
+            timers: BinaryHeap::new(),
             buf: Vec::new(),
             clock,
+        }
+    }
+
+    /// Connection `h` has something to do: the next pass looks at it.
+    pub(crate) fn mark(&mut self, h: ConnectionHandle) {
+        if let Some(conn) = self.conns.get_mut(&h)
+            && !conn.queued
+        {
+            conn.queued = true;
+            self.dirty.push(h);
         }
     }
 
@@ -137,8 +160,11 @@ impl State {
                 connected: false,
                 lost: None,
                 wakers: Vec::new(),
+                queued: false,
+                armed: None,
             },
         );
+        self.mark(h);
     }
 
     pub(crate) fn poll_incoming(
@@ -169,6 +195,10 @@ impl State {
         let reason = Bytes::copy_from_slice(reason);
         for conn in self.conns.values_mut() {
             conn.c.close(now, code, reason.clone());
+        }
+        let all: Vec<ConnectionHandle> = self.conns.keys().copied().collect();
+        for h in all {
+            self.mark(h);
         }
         while let Some(i) = self.incoming.pop_front() {
             self.buf.clear();
@@ -201,6 +231,7 @@ impl State {
                 if let Some(conn) = self.conns.get_mut(&h) {
                     conn.c.handle_event(ev);
                 }
+                self.mark(h);
             }
             Some(DatagramEvent::NewConnection(i)) => {
                 if self.closed || self.incoming.len() >= MAX_INCOMING {
@@ -217,16 +248,26 @@ impl State {
         }
     }
 
-    /// One pass over every connection: its timers, the events between it and the endpoint,
-    /// its application's events (the tasks waiting on it woken), and the datagrams it may
-    /// send now. Returns the earliest timer left.
+    /// One pass over the connections something touched (a datagram, a handle, a timer come
+    /// due): each one's timers, the events between it and the endpoint, its application's
+    /// events (the tasks waiting on it woken), and the datagrams it may send now. Returns the
+    /// earliest timer left.
     fn pass(&mut self, now: Instant) -> Option<Instant> {
-        let mut next: Option<Instant> = None;
-        let handles: Vec<ConnectionHandle> = self.conns.keys().copied().collect();
+        while let Some(Reverse((t, h))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if self.conns.get(&h).is_some_and(|c| c.armed == Some(t)) {
+                self.mark(h);
+            }
+        }
+        let handles = std::mem::take(&mut self.dirty);
         for h in handles {
             let Some(conn) = self.conns.get_mut(&h) else {
                 continue;
             };
+            conn.queued = false;
             if conn.c.poll_timeout().is_some_and(|t| t <= now) {
                 conn.c.handle_timeout(now);
             }
@@ -266,8 +307,12 @@ impl State {
                 self.conns.remove(&h);
                 continue;
             }
-            if let Some(t) = conn.c.poll_timeout() {
-                next = Some(next.map_or(t, |n| n.min(t)));
+            let timer = conn.c.poll_timeout();
+            if timer != conn.armed {
+                conn.armed = timer;
+                if let Some(t) = timer {
+                    self.timers.push(Reverse((t, h)));
+                }
             }
         }
         if self.conns.is_empty()
@@ -275,7 +320,8 @@ impl State {
         {
             w.wake();
         }
-        next
+        // Entries of connections gone or re-armed since are passed over when they come due.
+        self.timers.peek().map(|Reverse((t, _))| *t)
     }
 }
 

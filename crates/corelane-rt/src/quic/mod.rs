@@ -75,6 +75,13 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Connection `h` has something to do (the application wrote, read, opened, closed):
+    /// the driver's next pass looks at it.
+    pub(crate) fn poke(&self, h: quinn_proto::ConnectionHandle) {
+        self.lock().mark(h);
+        self.wake_driver();
+    }
+
     /// Asks the driver for a pass: something may be sent now.
     pub(crate) fn wake_driver(&self) {
         self.pass_asked.store(true, Ordering::Release);

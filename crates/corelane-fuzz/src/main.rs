@@ -18,6 +18,7 @@
 //! Needs no privilege: everything runs in this process.
 
 mod coverage;
+mod quic;
 mod stat;
 mod words;
 
@@ -30,7 +31,7 @@ use corelane_stack::fuzzing::{Mutator, Target};
 #[derive(Parser, Debug)]
 #[command(about = "The protocol crate's fuzz targets, for as long as asked")]
 struct Args {
-    /// A target (parse, reassemble, node, stat, grant, upgrade-words) or all.
+    /// A target (parse, reassemble, node, stat, grant, upgrade-words, quic) or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seconds per target.
@@ -70,6 +71,7 @@ enum Fuzz {
     Stack(Target),
     Stat,
     Words(words::Words),
+    Quic,
 }
 
 impl Fuzz {
@@ -78,6 +80,7 @@ impl Fuzz {
         v.push(Fuzz::Stat);
         v.push(Fuzz::Words(words::Words::Grant));
         v.push(Fuzz::Words(words::Words::Upgrade));
+        v.push(Fuzz::Quic);
         v
     }
 
@@ -90,6 +93,7 @@ impl Fuzz {
             Fuzz::Stack(t) => t.name(),
             Fuzz::Stat => "stat",
             Fuzz::Words(w) => w.name(),
+            Fuzz::Quic => "quic",
         }
     }
 
@@ -98,6 +102,7 @@ impl Fuzz {
             Fuzz::Stack(t) => t.run(input),
             Fuzz::Stat => stat::run(input),
             Fuzz::Words(w) => w.run(input),
+            Fuzz::Quic => quic::run(input),
         }
     }
 
@@ -106,6 +111,7 @@ impl Fuzz {
             Fuzz::Stack(t) => t.seeds(),
             Fuzz::Stat => stat::seeds(),
             Fuzz::Words(w) => w.seeds(),
+            Fuzz::Quic => quic::seeds(),
         }
     }
 
@@ -120,6 +126,7 @@ impl Fuzz {
             Fuzz::Stack(t) => m.mutate(t, base, other),
             Fuzz::Stat => stat::mutate(r, base, other),
             Fuzz::Words(w) => w.mutate(r, base, other),
+            Fuzz::Quic => quic::mutate(r, base, other),
         }
     }
 }
@@ -131,7 +138,7 @@ fn corpus_dir(t: Fuzz) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     match t {
         Fuzz::Stack(t) => root.join("../corelane-stack/fuzz/corpus").join(t.name()),
-        Fuzz::Stat | Fuzz::Words(_) => root.join("corpus").join(t.name()),
+        Fuzz::Stat | Fuzz::Words(_) | Fuzz::Quic => root.join("corpus").join(t.name()),
     }
 }
 
@@ -153,14 +160,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{}: {} bytes ran without a panic", t.name(), input.len());
         return Ok(());
     }
-    let targets: Vec<Fuzz> =
-        if args.target == "all" {
-            Fuzz::all()
-        } else {
-            vec![Fuzz::from_name(&args.target).ok_or(
-                "unknown target: parse, reassemble, node, stat, grant, upgrade-words or all",
-            )?]
-        };
+    let targets: Vec<Fuzz> = if args.target == "all" {
+        Fuzz::all()
+    } else {
+        vec![Fuzz::from_name(&args.target).ok_or(
+            "unknown target: parse, reassemble, node, stat, grant, upgrade-words, quic or all",
+        )?]
+    };
     if args.write_seeds {
         for t in targets {
             let dir = corpus_dir(t);

@@ -95,6 +95,10 @@ pub mod fuzzing {
     pub fn upgrade_words(input: &[u8]) {
         crate::upgrade_words::fuzz(input);
     }
+
+    /// A QUIC server's demux and its accept path (see `corelane-fuzz --target quic`).
+    #[cfg(feature = "quic")]
+    pub use crate::quic::fuzz::QuicServer;
 }
 
 use std::time::Duration;

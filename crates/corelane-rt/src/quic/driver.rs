@@ -220,8 +220,20 @@ impl State {
         }
     }
 
+    /// Accepts every connection waiting (the fuzz target's application).
+    pub(crate) fn accept_all(&mut self) {
+        while let Some(i) = self.incoming.pop_front() {
+            let _ = self.accept(i);
+        }
+    }
+
+    /// What the state machine asked to send, taken.
+    pub(crate) fn take_out(&mut self) -> Vec<(SocketAddr, Bytes)> {
+        std::mem::take(&mut self.out)
+    }
+
     /// A datagram from `from`.
-    fn datagram(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
+    pub(crate) fn datagram(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
         self.buf.clear();
         match self
             .ep
@@ -252,7 +264,7 @@ impl State {
     /// due): each one's timers, the events between it and the endpoint, its application's
     /// events (the tasks waiting on it woken), and the datagrams it may send now. Returns the
     /// earliest timer left.
-    fn pass(&mut self, now: Instant) -> Option<Instant> {
+    pub(crate) fn pass(&mut self, now: Instant) -> Option<Instant> {
         while let Some(Reverse((t, h))) = self.timers.peek().copied() {
             if t > now {
                 break;

@@ -33,6 +33,7 @@
 
 mod conn;
 mod driver;
+pub(crate) mod fuzz;
 
 use std::future::{Future, IntoFuture};
 use std::io;

@@ -127,14 +127,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_seed_s_first_datagram_starts_a_connection_and_idle_time_ends_it() {
-        let (server, _) = configs().expect("a certificate");
-        let first = first_datagram(1).expect("a first datagram");
+    fn a_seed_s_first_datagram_starts_a_connection_and_idle_time_ends_it() -> Result<(), String> {
+        let (server, _) = configs().ok_or("no certificate")?;
+        let first = first_datagram(1).ok_or("no first datagram")?;
         let mut s = QuicServer::new(server.clone());
         s.datagram(40001, 0, &first);
         assert_eq!(s.connections(), 1, "the first datagram was accepted");
         // A second client, and the first one's datagram again (a retransmission).
-        s.datagram(40002, 1, &first_datagram(2).expect("another"));
+        s.datagram(40002, 1, &first_datagram(2).ok_or("no second client")?);
         s.datagram(40001, 1, &first);
         assert_eq!(s.connections(), 2, "one connection per client");
         // Nobody answers: the handshakes time out and the connections go.
@@ -142,5 +142,6 @@ mod tests {
             s.datagram(0, 10_000, &[]);
         }
         assert_eq!(s.connections(), 0, "no connection is held forever");
+        Ok(())
     }
 }

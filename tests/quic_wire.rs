@@ -42,14 +42,16 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = T> + 'static,
 {
-    on_corelane_at(net.server_ns(), net.server_if(), SERVER_V4, f)
+    on_corelane_at(net.server_ns(), net.server_if(), SERVER_V4, 1, f)
 }
 
-/// Runs `f` on one corelane core serving `ifname` in `ns` at `addr/24`, to its end.
+/// Runs `f` on `cores` corelane cores serving `ifname` in `ns` at `addr/24`, to their end;
+/// what the last core to end returned.
 fn on_corelane_at<T, F, Fut>(
     ns: &corelane_testnet::Netns,
     ifname: &str,
     addr: &str,
+    cores: usize,
     f: F,
 ) -> Result<T>
 where
@@ -61,7 +63,7 @@ where
     let got = ns.run(move || -> std::result::Result<T, String> {
         let rt = corelane::Runtime::builder(&ifname)
             .addr(format!("{addr}/24"))
-            .cores(1)
+            .cores(cores)
             .build()
             .map_err(|e| e.to_string())?;
         let out = Arc::new(std::sync::Mutex::new(None));
@@ -320,7 +322,7 @@ fn quinn_through_five_percent_loss_both_ways_gets_its_streams_echoed_whole() -> 
     let (server_config, roots) = certificate()?;
     std::thread::scope(|scope| -> Result {
         let server = scope.spawn(|| {
-            on_corelane_at(net.server_ns(), net.server_if(), CORELANE, move || {
+            on_corelane_at(net.server_ns(), net.server_if(), CORELANE, 1, move || {
                 let config = server_config.clone();
                 async move {
                     match Endpoint::server(config, format!("{CORELANE}:{PORT}")) {
@@ -407,6 +409,117 @@ fn quinn_through_five_percent_loss_both_ways_gets_its_streams_echoed_whole() -> 
         assert!(
             seen == "closed 3" || seen.starts_with("lost: timed out"),
             "the server's end: {seen}"
+        );
+        Ok(())
+    })
+}
+
+#[test]
+fn eight_quinn_clients_are_served_by_the_endpoints_of_two_cores() -> Result {
+    if !require_root("quic_wire: two cores") {
+        return Ok(());
+    }
+    let net = net(2);
+    let (server_config, roots) = certificate()?;
+    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|scope| -> Result {
+        let (served2, done2) = (served.clone(), done.clone());
+        let net = &net;
+        let server = scope.spawn(move || {
+            // Every core binds the port: each serves the connections its queue receives.
+            on_corelane_at(net.server_ns(), net.server_if(), SERVER_V4, 2, move || {
+                let (config, served, done) =
+                    (server_config.clone(), served2.clone(), done2.clone());
+                async move {
+                    let Ok(endpoint) = Endpoint::server(config, format!("{SERVER_V4}:{PORT}"))
+                    else {
+                        return;
+                    };
+                    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                        let next =
+                            tokio::time::timeout(Duration::from_millis(50), endpoint.accept());
+                        let Ok(Some(incoming)) = next.await else {
+                            continue;
+                        };
+                        let served = served.clone();
+                        tokio::task::spawn_local(async move {
+                            let Ok(conn) = incoming.await else { return };
+                            served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                                tokio::task::spawn_local(async move {
+                                    let _ = tokio::io::copy(&mut recv, &mut send).await;
+                                    let _ = send.shutdown().await;
+                                });
+                            }
+                        });
+                    }
+                    endpoint.close(VarInt::from_u32(0), b"");
+                }
+            })
+            .map_err(|e| e.to_string())
+        });
+        let to: SocketAddr = format!("{SERVER_V4}:{PORT}").parse()?;
+        let echoed = net
+            .client_ns()
+            .run(move || -> std::result::Result<usize, String> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(async move {
+                    let config = quinn::ClientConfig::with_root_certificates(Arc::new(roots))
+                        .map_err(|e| e.to_string())?;
+                    // Eight clients, each its own UDP port (its own four-tuple, so its own
+                    // queue as the veth's hash picks it).
+                    let mut clients = Vec::new();
+                    for c in 0..8u8 {
+                        let config = config.clone();
+                        clients.push(tokio::spawn(async move {
+                            let bind: SocketAddr = format!("{KERNEL}:0").parse().ok()?;
+                            let mut endpoint = quinn::Endpoint::client(bind).ok()?;
+                            endpoint.set_default_client_config(config);
+                            let mut conn = None;
+                            for _ in 0..5 {
+                                let attempt = endpoint.connect(to, "localhost").ok()?;
+                                if let Ok(Ok(c)) =
+                                    tokio::time::timeout(Duration::from_secs(10), attempt).await
+                                {
+                                    conn = Some(c);
+                                    break;
+                                }
+                            }
+                            let conn = conn?;
+                            let (mut send, mut recv) = conn.open_bi().await.ok()?;
+                            let data = pattern(c, 100_000);
+                            send.write_all(&data).await.ok()?;
+                            send.finish().ok()?;
+                            let back = tokio::time::timeout(
+                                Duration::from_secs(30),
+                                recv.read_to_end(1 << 20),
+                            )
+                            .await
+                            .ok()?
+                            .ok()?;
+                            conn.close(VarInt::from_u32(0), b"");
+                            endpoint.wait_idle().await;
+                            (back == data).then_some(())
+                        }));
+                    }
+                    let mut echoed = 0;
+                    for c in clients {
+                        echoed += usize::from(matches!(c.await, Ok(Some(()))));
+                    }
+                    Ok(echoed)
+                })
+            });
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        server.join().map_err(|_| "the server thread panicked")??;
+        assert_eq!(echoed??, 8, "every client's stream came back whole");
+        assert_eq!(
+            served.load(std::sync::atomic::Ordering::SeqCst),
+            8,
+            "the two cores' endpoints served eight connections between them"
         );
         Ok(())
     })

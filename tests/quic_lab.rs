@@ -246,3 +246,54 @@ fn lab_a_quic_server_sends_at_most_three_times_what_an_unvalidated_address_sent(
     );
     Ok(())
 }
+
+#[test]
+fn lab_a_server_that_retries_accepts_the_client_once_it_proves_its_address() -> Result {
+    let (server_config, client_config) = configs()?;
+    let out: Result<(Vec<bool>, bool)> = corelane::lab::run(async move {
+        let server = Endpoint::server(server_config, "127.0.0.1:4436")?;
+        let addr = server.local_addr()?;
+        // Every first attempt retried: what the server saw of each, validated or not.
+        let seen = tokio::task::spawn_local(async move {
+            let mut seen = Vec::new();
+            while let Some(incoming) = server.accept().await {
+                let validated = incoming.remote_address_validated();
+                seen.push(validated);
+                if !validated {
+                    if let Err(i) = incoming.retry() {
+                        i.refuse();
+                    }
+                    continue;
+                }
+                let Ok(conn) = incoming.await else { break };
+                if let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                    let _ = tokio::io::copy(&mut recv, &mut send).await;
+                    let _ = send.shutdown().await;
+                }
+                let _ = conn.closed().await;
+                break;
+            }
+            seen
+        });
+        let client = Endpoint::client("127.0.0.1:0")?;
+        client.set_default_client_config(client_config);
+        let conn = client.connect(addr, "localhost")?.await?;
+        let (mut send, mut recv) = conn.open_bi().await?;
+        send.write_all(b"after a retry").await?;
+        send.shutdown().await?;
+        let mut back = Vec::new();
+        recv.read_to_end(&mut back).await?;
+        conn.close(VarInt::from_u32(0), b"");
+        let seen = seen.await.unwrap_or_default();
+        client.wait_idle().await;
+        Ok((seen, back == b"after a retry"))
+    })?;
+    let (seen, echoed) = out?;
+    assert_eq!(
+        seen,
+        vec![false, true],
+        "the first attempt came unvalidated and was retried, the second with its token"
+    );
+    assert!(echoed, "the retried connection carried its stream");
+    Ok(())
+}

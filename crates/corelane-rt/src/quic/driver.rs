@@ -146,6 +146,22 @@ impl State {
         }
     }
 
+    /// Answers with a Retry (the client must come back with a token that proves its
+    /// address); the Incoming back when it may not be retried (it came with a token).
+    pub(crate) fn retry(
+        &mut self,
+        incoming: quinn_proto::Incoming,
+    ) -> Result<(), quinn_proto::Incoming> {
+        self.buf.clear();
+        match self.ep.retry(incoming, &mut self.buf) {
+            Ok(t) => {
+                self.queue(&t);
+                Ok(())
+            }
+            Err(e) => Err(e.into_incoming()),
+        }
+    }
+
     pub(crate) fn refuse(&mut self, incoming: quinn_proto::Incoming) {
         self.buf.clear();
         let t = self.ep.refuse(incoming, &mut self.buf);

@@ -257,6 +257,33 @@ impl Incoming {
         Ok(Connecting::new(self.shared.clone(), handle))
     }
 
+    /// Whether the client's address is validated: it came back with a token this endpoint
+    /// (or another core's, or the last process's) gave it.
+    pub fn remote_address_validated(&self) -> bool {
+        self.incoming
+            .as_ref()
+            .is_some_and(quinn_proto::Incoming::remote_address_validated)
+    }
+
+    /// Answers with a Retry: the client comes back with a token that proves its address (a
+    /// new `Incoming`, [`Incoming::remote_address_validated`]), and until then the server
+    /// holds nothing for it. What a server under a flood of first packets does.
+    ///
+    /// # Errors
+    /// The client came with a token already (it may not be retried twice): the `Incoming`
+    /// comes back, to accept or refuse.
+    pub fn retry(mut self) -> Result<(), Incoming> {
+        let Some(i) = self.incoming.take() else {
+            return Ok(());
+        };
+        let r = self.shared.lock().retry(i);
+        self.shared.wake_driver();
+        r.map_err(|i| Incoming {
+            shared: self.shared.clone(),
+            incoming: Some(i),
+        })
+    }
+
     /// Refuses the connection (the client is told so).
     pub fn refuse(mut self) {
         if let Some(i) = self.incoming.take() {

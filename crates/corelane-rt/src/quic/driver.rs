@@ -151,14 +151,14 @@ impl State {
     pub(crate) fn retry(
         &mut self,
         incoming: quinn_proto::Incoming,
-    ) -> Result<(), quinn_proto::Incoming> {
+    ) -> Result<(), Box<quinn_proto::Incoming>> {
         self.buf.clear();
         match self.ep.retry(incoming, &mut self.buf) {
             Ok(t) => {
                 self.queue(&t);
                 Ok(())
             }
-            Err(e) => Err(e.into_incoming()),
+            Err(e) => Err(Box::new(e.into_incoming())),
         }
     }
 

@@ -189,7 +189,7 @@ impl Endpoint {
             .await
             .map(|incoming| Incoming {
                 shared: self.shared.clone(),
-                incoming: Some(incoming),
+                incoming: Some(Box::new(incoming)),
             })
     }
 
@@ -225,7 +225,7 @@ impl std::fmt::Debug for Endpoint {
 /// it, or [`Incoming::accept`]) or [`Incoming::refuse`] it.
 pub struct Incoming {
     shared: Arc<Shared>,
-    incoming: Option<quinn_proto::Incoming>,
+    incoming: Option<Box<quinn_proto::Incoming>>,
 }
 
 impl std::fmt::Debug for Incoming {
@@ -241,7 +241,7 @@ impl Incoming {
     pub fn remote_address(&self) -> SocketAddr {
         self.incoming
             .as_ref()
-            .map_or(self.shared.local, quinn_proto::Incoming::remote_address)
+            .map_or(self.shared.local, |i| i.remote_address())
     }
 
     /// Takes the connection's handshake on.
@@ -252,7 +252,7 @@ impl Incoming {
         let Some(incoming) = self.incoming.take() else {
             return Err(ConnectionError::LocallyClosed);
         };
-        let handle = self.shared.lock().accept(incoming)?;
+        let handle = self.shared.lock().accept(*incoming)?;
         self.shared.wake_driver();
         Ok(Connecting::new(self.shared.clone(), handle))
     }
@@ -262,7 +262,7 @@ impl Incoming {
     pub fn remote_address_validated(&self) -> bool {
         self.incoming
             .as_ref()
-            .is_some_and(quinn_proto::Incoming::remote_address_validated)
+            .is_some_and(|i| i.remote_address_validated())
     }
 
     /// Answers with a Retry: the client comes back with a token that proves its address (a
@@ -276,7 +276,7 @@ impl Incoming {
         let Some(i) = self.incoming.take() else {
             return Ok(());
         };
-        let r = self.shared.lock().retry(i);
+        let r = self.shared.lock().retry(*i);
         self.shared.wake_driver();
         r.map_err(|i| Incoming {
             shared: self.shared.clone(),
@@ -287,7 +287,7 @@ impl Incoming {
     /// Refuses the connection (the client is told so).
     pub fn refuse(mut self) {
         if let Some(i) = self.incoming.take() {
-            self.shared.lock().refuse(i);
+            self.shared.lock().refuse(*i);
             self.shared.wake_driver();
         }
     }
@@ -297,7 +297,7 @@ impl Drop for Incoming {
     fn drop(&mut self) {
         // Neither accepted nor refused: refused.
         if let Some(i) = self.incoming.take() {
-            self.shared.lock().refuse(i);
+            self.shared.lock().refuse(*i);
             self.shared.wake_driver();
         }
     }

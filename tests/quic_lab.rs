@@ -297,3 +297,62 @@ fn lab_a_server_that_retries_accepts_the_client_once_it_proves_its_address() -> 
     assert!(echoed, "the retried connection carried its stream");
     Ok(())
 }
+
+#[test]
+fn lab_a_dropped_send_stream_is_finished_and_a_dropped_receive_stream_stops_its_sender() -> Result {
+    let (server_config, client_config) = configs()?;
+    let out: Result<(Vec<u8>, bool)> = corelane::lab::run(async move {
+        let server = Endpoint::server(server_config, "127.0.0.1:4437")?;
+        let addr = server.local_addr()?;
+        let served = tokio::task::spawn_local(async move {
+            let conn = server.accept().await?.await.ok()?;
+            // The first stream: read to its end, which comes though the client never
+            // finished it, only dropped it.
+            let (_, mut recv) = conn.accept_bi().await.ok()?;
+            let mut got = Vec::new();
+            recv.read_to_end(&mut got).await.ok()?;
+            // The second: the client drops its receiving half; writing on here comes to an
+            // error once the client's STOP_SENDING arrives.
+            let (mut send, _) = conn.accept_bi().await.ok()?;
+            let chunk = vec![0u8; 64 << 10];
+            let mut stopped = false;
+            for _ in 0..1000 {
+                if let Err(e) = send.write_all(&chunk).await {
+                    // Stopped by the peer (not the connection's end, which comes later).
+                    stopped = e.kind() == std::io::ErrorKind::BrokenPipe;
+                    break;
+                }
+            }
+            let _ = conn.closed().await;
+            Some((got, stopped))
+        });
+        let client = Endpoint::client("127.0.0.1:0")?;
+        client.set_default_client_config(client_config);
+        let conn = client.connect(addr, "localhost")?.await?;
+        {
+            let (mut send, _recv) = conn.open_bi().await?;
+            send.write_all(b"dropped, not finished").await?;
+        }
+        {
+            let (mut send, recv) = conn.open_bi().await?;
+            send.write_all(b"x").await?;
+            drop(recv);
+            // Kept open (and this core free to run the server) while the server finds out.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        conn.close(VarInt::from_u32(0), b"");
+        let got = served.await.ok().flatten();
+        client.wait_idle().await;
+        got.ok_or_else(|| "the server saw no stream".into())
+    })?;
+    let (got, stopped) = out?;
+    assert_eq!(
+        got, b"dropped, not finished",
+        "a dropped send stream ends where it was"
+    );
+    assert!(
+        stopped,
+        "a dropped receive stream stopped its peer's writes"
+    );
+    Ok(())
+}

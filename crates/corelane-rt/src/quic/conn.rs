@@ -388,8 +388,21 @@ impl AsyncWrite for SendStream {
 }
 
 impl Drop for SendStream {
+    /// Finishes the stream if it was not (as quinn's does): the peer reads what was written
+    /// and then its end, instead of waiting for the connection's.
     fn drop(&mut self) {
-        self.shared.wake_driver();
+        {
+            let mut st = self.shared.lock();
+            if let Some(conn) = st.conns.get_mut(&self.handle)
+                && conn.lost.is_none()
+            {
+                let mut s = conn.c.send_stream(self.id);
+                if let Err(quinn_proto::FinishError::Stopped(code)) = s.finish() {
+                    let _ = s.reset(code);
+                }
+            }
+        }
+        self.shared.poke(self.handle);
     }
 }
 
@@ -460,7 +473,17 @@ impl AsyncRead for RecvStream {
 }
 
 impl Drop for RecvStream {
+    /// Asks the peer to stop sending what nobody will read (as quinn's does), unless the
+    /// stream was read to its end.
     fn drop(&mut self) {
-        self.shared.wake_driver();
+        {
+            let mut st = self.shared.lock();
+            if let Some(conn) = st.conns.get_mut(&self.handle)
+                && conn.lost.is_none()
+            {
+                let _ = conn.c.recv_stream(self.id).stop(VarInt::from_u32(0));
+            }
+        }
+        self.shared.poke(self.handle);
     }
 }

@@ -27,6 +27,37 @@ const BATCH: usize = 16;
 /// The largest UDP payload read.
 const MAX_DATAGRAM: usize = 65535;
 
+/// Datagrams to send, in one buffer the driver keeps from pass to pass (no allocation per
+/// datagram): each a destination and its bytes' range.
+#[derive(Default)]
+pub(crate) struct Outgoing {
+    bytes: Vec<u8>,
+    sends: Vec<(SocketAddr, std::ops::Range<usize>)>,
+}
+
+impl Outgoing {
+    /// The datagram `t` the state machine wrote into `buf`, cut into its segments when it
+    /// holds several.
+    fn push(&mut self, t: &quinn_proto::Transmit, buf: &[u8]) {
+        let data = &buf[..t.size.min(buf.len())];
+        let seg = t.segment_size.unwrap_or(t.size).max(1);
+        for d in data.chunks(seg) {
+            let at = self.bytes.len();
+            self.bytes.extend_from_slice(d);
+            self.sends.push((t.destination, at..at + d.len()));
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sends.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.sends.clear();
+    }
+}
+
 /// One connection as the endpoint holds it.
 pub(crate) struct Conn {
     pub(crate) c: quinn_proto::Connection,
@@ -66,8 +97,8 @@ pub(crate) struct State {
     accept_waker: Option<Waker>,
     idle_waker: Option<Waker>,
     closed: bool,
-    /// What the state machine asked to send, not yet sent: (destination, datagram).
-    out: Vec<(SocketAddr, Bytes)>,
+    /// What the state machine asked to send, not yet sent.
+    out: Outgoing,
     /// The connections the next pass looks at: those a datagram, a timer or a handle touched
     /// (a pass costs what moved, not what the table holds).
     dirty: Vec<ConnectionHandle>,
@@ -88,7 +119,7 @@ impl State {
             accept_waker: None,
             idle_waker: None,
             closed: false,
-            out: Vec::new(),
+            out: Outgoing::default(),
             dirty: Vec::new(),
             timers: BinaryHeap::new(),
             buf: Vec::new(),
@@ -229,11 +260,7 @@ impl State {
     /// The datagram `t` the state machine wrote into `buf`, queued to be sent (cut into its
     /// segments when it holds several).
     fn queue(&mut self, t: &quinn_proto::Transmit) {
-        let data = &self.buf[..t.size.min(self.buf.len())];
-        let seg = t.segment_size.unwrap_or(t.size).max(1);
-        for d in data.chunks(seg) {
-            self.out.push((t.destination, Bytes::copy_from_slice(d)));
-        }
+        self.out.push(t, &self.buf);
     }
 
     /// Accepts every connection waiting (the fuzz target's application).
@@ -243,9 +270,9 @@ impl State {
         }
     }
 
-    /// What the state machine asked to send, taken.
-    pub(crate) fn take_out(&mut self) -> Vec<(SocketAddr, Bytes)> {
-        std::mem::take(&mut self.out)
+    /// What the state machine asked to send, dropped.
+    pub(crate) fn drop_out(&mut self) {
+        self.out.clear();
     }
 
     /// A datagram from `from`.
@@ -321,11 +348,7 @@ impl State {
                 let Some(t) = conn.c.poll_transmit(now, BATCH, &mut self.buf) else {
                     break;
                 };
-                let data = &self.buf[..t.size.min(self.buf.len())];
-                let seg = t.segment_size.unwrap_or(t.size).max(1);
-                for d in data.chunks(seg) {
-                    self.out.push((t.destination, Bytes::copy_from_slice(d)));
-                }
+                self.out.push(&t, &self.buf);
             }
             if conn.c.is_drained() {
                 if conn.lost.is_none() {
@@ -357,7 +380,7 @@ impl State {
 /// and every connection has ended.
 pub(crate) async fn drive(shared: Weak<Shared>, socket: UdpSocket) {
     let mut rx = vec![0u8; MAX_DATAGRAM];
-    let mut out = Vec::new();
+    let mut out = Outgoing::default();
     let mut orphaned = false;
     loop {
         let Some(sh) = shared.upgrade() else {
@@ -388,11 +411,12 @@ pub(crate) async fn drive(shared: Weak<Shared>, socket: UdpSocket) {
             }
             next.map(|t| t.saturating_duration_since(now))
         };
-        for (to, d) in out.drain(..) {
-            if let Err(e) = socket.send_to(&d, to).await {
+        for (to, r) in &out.sends {
+            if let Err(e) = socket.send_to(&out.bytes[r.clone()], *to).await {
                 tracing::debug!("quic endpoint {}: send to {to}: {e}", sh.local);
             }
         }
+        out.clear();
         wait(&sh, &socket, next).await;
     }
 }

@@ -46,7 +46,7 @@ impl QuicServer {
         self.st.datagram(self.now, peer, data);
         self.st.accept_all();
         self.st.pass(self.now);
-        self.st.take_out();
+        self.st.drop_out();
     }
 
     /// Connections held.

@@ -39,6 +39,18 @@ impl UdpSocket {
         }
     }
 
+    /// `Ready` once a datagram waits, also while the runtime shuts down (where
+    /// [`poll_recv_ready`](Self::poll_recv_ready) is ready at once, with an error): for a
+    /// protocol above UDP that finishes its connections in the shutdown's drain.
+    #[cfg(feature = "quic")]
+    pub(crate) fn poll_datagram(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.core.stack().udp_wait_datagram(self.id, cx.waker()) {
+            Ok(true) => Poll::Ready(Ok(())),
+            Ok(false) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
     /// Queues one datagram to `target`, or `Pending` (waker registered) while the send queue
     /// is full.
     ///

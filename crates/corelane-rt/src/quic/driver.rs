@@ -392,7 +392,16 @@ pub(crate) async fn drive(shared: Weak<Shared>, socket: UdpSocket) {
             loop {
                 match socket.try_recv_from(&mut rx) {
                     Ok((n, from)) => st.datagram(now, from, &rx[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // NotConnected: none waits and the runtime is shutting down. The
+                    // connections finish in its drain (their handles end them).
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected
+                        ) =>
+                    {
+                        break;
+                    }
                     Err(e) => {
                         tracing::warn!("quic endpoint {}: receive: {e}", sh.local);
                         break;
@@ -431,7 +440,7 @@ async fn wait(sh: &Shared, socket: &UdpSocket, timer: Option<Duration>) {
         if sh.pass_asked.swap(false, Ordering::AcqRel) {
             return Poll::Ready(());
         }
-        if socket.poll_recv_ready(cx).is_ready() {
+        if socket.poll_datagram(cx).is_ready() {
             return Poll::Ready(());
         }
         sleep.as_mut().poll(cx)

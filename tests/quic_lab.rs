@@ -319,7 +319,7 @@ fn lab_a_dropped_send_stream_is_finished_and_a_dropped_receive_stream_stops_its_
             for _ in 0..1000 {
                 if let Err(e) = send.write_all(&chunk).await {
                     // Stopped by the peer (not the connection's end, which comes later).
-                    stopped = e.kind() == std::io::ErrorKind::BrokenPipe;
+                    stopped = e == corelane_rt::quic::WriteError::Stopped(VarInt::from_u32(0));
                     break;
                 }
             }

@@ -2,7 +2,6 @@
 //! state, each call a short lock of it, the driver woken when something may be sent.
 
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,10 +9,10 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use quinn_proto::{ConnectionError, ConnectionHandle, Dir, StreamId, VarInt};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::Shared;
 use super::driver::Conn;
+use super::stream::{RecvStream, SendStream};
 
 /// The connection `h` of `shared`, or why there is none any more.
 fn with<T>(
@@ -103,32 +102,40 @@ impl Connection {
         remote(&self.shared, self.handle)
     }
 
+    /// A stream opened (`open`) or accepted in `dir`, as a poll: `Pending` (and `cx` woken)
+    /// while the peer allows no more, or has opened none.
+    pub(crate) fn poll_stream(
+        &self,
+        cx: &mut Context<'_>,
+        dir: Dir,
+        open: bool,
+    ) -> Poll<Result<StreamId, ConnectionError>> {
+        let r = with(&self.shared, self.handle, |conn| {
+            if let Some(e) = &conn.lost {
+                return Poll::Ready(Err(e.clone()));
+            }
+            let mut s = conn.c.streams();
+            let id = if open { s.open(dir) } else { s.accept(dir) };
+            match id {
+                Some(id) => Poll::Ready(Ok(id)),
+                None => {
+                    conn.wait(cx);
+                    Poll::Pending
+                }
+            }
+        });
+        if open && r.is_ready() {
+            self.shared.poke(self.handle);
+        }
+        r
+    }
+
     fn streams(
         &self,
         dir: Dir,
         open: bool,
-    ) -> impl Future<Output = Result<StreamId, ConnectionError>> {
-        let (shared, h) = (self.shared.clone(), self.handle);
-        std::future::poll_fn(move |cx| {
-            let r = with(&shared, h, |conn| {
-                if let Some(e) = &conn.lost {
-                    return Poll::Ready(Err(e.clone()));
-                }
-                let mut s = conn.c.streams();
-                let id = if open { s.open(dir) } else { s.accept(dir) };
-                match id {
-                    Some(id) => Poll::Ready(Ok(id)),
-                    None => {
-                        conn.wait(cx);
-                        Poll::Pending
-                    }
-                }
-            });
-            if open && r.is_ready() {
-                shared.poke(h);
-            }
-            r
-        })
+    ) -> impl Future<Output = Result<StreamId, ConnectionError>> + '_ {
+        std::future::poll_fn(move |cx| self.poll_stream(cx, dir, open))
     }
 
     /// Opens a bidirectional stream (waiting while the peer allows no more).
@@ -168,20 +175,12 @@ impl Connection {
         Ok(self.recv_stream(id))
     }
 
-    fn send_stream(&self, id: StreamId) -> SendStream {
-        SendStream {
-            shared: self.shared.clone(),
-            handle: self.handle,
-            id,
-        }
+    pub(crate) fn send_stream(&self, id: StreamId) -> SendStream {
+        SendStream::new(self.shared.clone(), self.handle, id)
     }
 
-    fn recv_stream(&self, id: StreamId) -> RecvStream {
-        RecvStream {
-            shared: self.shared.clone(),
-            handle: self.handle,
-            id,
-        }
+    pub(crate) fn recv_stream(&self, id: StreamId) -> RecvStream {
+        RecvStream::new(self.shared.clone(), self.handle, id)
     }
 
     /// Sends `data` as one unreliable datagram (RFC 9221); the oldest waiting are dropped to
@@ -305,185 +304,3 @@ impl std::fmt::Display for SendDatagramError {
 }
 
 impl std::error::Error for SendDatagramError {}
-
-fn lost(e: ConnectionError) -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionAborted, e)
-}
-
-/// The sending half of a stream: tokio's `AsyncWrite`; `shutdown` finishes it.
-pub struct SendStream {
-    shared: Arc<Shared>,
-    handle: ConnectionHandle,
-    id: StreamId,
-}
-
-impl std::fmt::Debug for SendStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendStream")
-            .field("id", &self.id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl SendStream {
-    /// Finishes the stream: the peer reads to its end once everything written has arrived.
-    ///
-    /// # Errors
-    /// The stream was finished or reset already, or the connection was lost.
-    pub fn finish(&mut self) -> io::Result<()> {
-        let r = {
-            let mut st = self.shared.lock();
-            match st.conns.get_mut(&self.handle) {
-                Some(conn) => conn
-                    .c
-                    .send_stream(self.id)
-                    .finish()
-                    .map_err(|e| io::Error::new(io::ErrorKind::NotConnected, e)),
-                None => Err(lost(ConnectionError::LocallyClosed)),
-            }
-        };
-        self.shared.poke(self.handle);
-        r
-    }
-}
-
-impl AsyncWrite for SendStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let id = self.id;
-        let r = with(&self.shared, self.handle, |conn| {
-            if let Some(e) = &conn.lost {
-                return Poll::Ready(Err(e.clone()));
-            }
-            match conn.c.send_stream(id).write(buf) {
-                Ok(n) => Poll::Ready(Ok(Ok(n))),
-                Err(quinn_proto::WriteError::Blocked) => {
-                    conn.wait(cx);
-                    Poll::Pending
-                }
-                Err(e) => Poll::Ready(Ok(Err(io::Error::new(io::ErrorKind::BrokenPipe, e)))),
-            }
-        });
-        match r {
-            Poll::Ready(Ok(Ok(n))) => {
-                self.shared.poke(self.handle);
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Ok(Err(e))) => Poll::Ready(Err(e)),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(lost(e))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.get_mut().finish())
-    }
-}
-
-impl Drop for SendStream {
-    /// Finishes the stream if it was not (as quinn's does): the peer reads what was written
-    /// and then its end, instead of waiting for the connection's.
-    fn drop(&mut self) {
-        {
-            let mut st = self.shared.lock();
-            if let Some(conn) = st.conns.get_mut(&self.handle)
-                && conn.lost.is_none()
-            {
-                let mut s = conn.c.send_stream(self.id);
-                if let Err(quinn_proto::FinishError::Stopped(code)) = s.finish() {
-                    let _ = s.reset(code);
-                }
-            }
-        }
-        self.shared.poke(self.handle);
-    }
-}
-
-/// The receiving half of a stream: tokio's `AsyncRead`, at its end once the peer finished
-/// it and everything arrived.
-pub struct RecvStream {
-    shared: Arc<Shared>,
-    handle: ConnectionHandle,
-    id: StreamId,
-}
-
-impl std::fmt::Debug for RecvStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvStream")
-            .field("id", &self.id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl AsyncRead for RecvStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let id = self.id;
-        let r = with(&self.shared, self.handle, |conn| {
-            let mut rs = conn.c.recv_stream(id);
-            let mut chunks = match rs.read(true) {
-                Ok(c) => c,
-                // Read to its end already.
-                Err(quinn_proto::ReadableError::ClosedStream) => return Poll::Ready(Ok(Ok(()))),
-                Err(e) => {
-                    return Poll::Ready(Ok(Err(io::Error::new(io::ErrorKind::InvalidInput, e))));
-                }
-            };
-            let got = chunks.next(buf.remaining());
-            let _ = chunks.finalize();
-            match got {
-                Ok(Some(chunk)) => {
-                    buf.put_slice(&chunk.bytes);
-                    Poll::Ready(Ok(Ok(())))
-                }
-                Ok(None) => Poll::Ready(Ok(Ok(()))),
-                Err(quinn_proto::ReadError::Blocked) => {
-                    if let Some(e) = &conn.lost {
-                        return Poll::Ready(Err(e.clone()));
-                    }
-                    conn.wait(cx);
-                    Poll::Pending
-                }
-                Err(quinn_proto::ReadError::Reset(code)) => Poll::Ready(Ok(Err(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    format!("stream reset by the peer (code {code})"),
-                )))),
-            }
-        });
-        match r {
-            Poll::Ready(Ok(r)) => {
-                // What was read frees flow-control credit the peer may need to hear of.
-                self.shared.poke(self.handle);
-                Poll::Ready(r)
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(lost(e))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl Drop for RecvStream {
-    /// Asks the peer to stop sending what nobody will read (as quinn's does), unless the
-    /// stream was read to its end.
-    fn drop(&mut self) {
-        {
-            let mut st = self.shared.lock();
-            if let Some(conn) = st.conns.get_mut(&self.handle)
-                && conn.lost.is_none()
-            {
-                let _ = conn.c.recv_stream(self.id).stop(VarInt::from_u32(0));
-            }
-        }
-        self.shared.poke(self.handle);
-    }
-}

@@ -34,6 +34,9 @@
 mod conn;
 mod driver;
 pub(crate) mod fuzz;
+#[cfg(feature = "h3")]
+pub mod h3;
+mod stream;
 
 use std::future::{Future, IntoFuture};
 use std::io;
@@ -43,11 +46,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-pub use conn::{Connecting, Connection, RecvStream, SendDatagramError, SendStream};
+pub use conn::{Connecting, Connection, SendDatagramError};
 pub use quinn_proto::{
-    ClientConfig, ConnectError, ConnectionError, EndpointConfig, ServerConfig, TransportConfig,
-    VarInt,
+    ClientConfig, ClosedStream, ConnectError, ConnectionError, EndpointConfig, ServerConfig,
+    StreamId, TransportConfig, VarInt,
 };
+pub use stream::{ReadError, RecvStream, SendStream, WriteError};
 
 use crate::net::{ToSocketAddr, UdpSocket};
 use driver::State;

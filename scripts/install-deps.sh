@@ -27,3 +27,14 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# aioquic: the Python HTTP/3 client the HTTP/3 tests fetch with (tests/http3_wire.rs,
+# scripts/h3client.py), for the `python3` the tests run. Debian's own Python is marked
+# externally managed: there it goes in beside the system's packages.
+if ! python3 -c "import aioquic" 2>/dev/null; then
+  echo "install-deps: installing aioquic (PyPI)"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
+  python3 -m pip install --quiet --disable-pip-version-check "aioquic==1.7.2" 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "aioquic==1.7.2"
+fi

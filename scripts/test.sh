@@ -23,14 +23,14 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
 # with --write).
 python3 scripts/public-api.py --check docs/public-api.txt
 # The runtime's optional parts, as docs.rs builds them (their links checked too).
-RUSTDOCFLAGS="-D warnings" cargo doc --locked -p corelane-rt --features quic,hyper,tonic,sim \
+RUSTDOCFLAGS="-D warnings" cargo doc --locked -p corelane-rt --features quic,h3,hyper,tonic,sim \
   --no-deps --quiet
 done_with target/debug target/doc
 # Release mode: the end-to-end tests push 64 MiB through the stack. `cargo test` on the whole
 # workspace also builds the examples the privileged tests run.
 # CORELANE_STRICT=1: a frame any runtime builds over its MTU panics (a bug) instead of being
 # counted and dropped.
-CORELANE_STRICT=1 cargo test --locked --release --workspace
+CORELANE_STRICT=1 cargo test --locked --release --workspace --features corelane/h3
 # The protocol crate again with debug assertions and overflow checks on (Cargo.toml's `checked`
 # profile): the asserts in tcp/ring.rs and tcp/wire.rs and every subtraction on sequence
 # space and the scoreboard are checked under the conformance scripts and the simulation's

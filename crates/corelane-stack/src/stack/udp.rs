@@ -233,12 +233,8 @@ impl Stack {
         self.udp_take(id, buf, waker, true)
     }
 
-    /// Whether a datagram waits on socket `id`; when none does, `waker` is woken at the next
-    /// one. Unlike a receive, this waits on while the runtime drains: a protocol above UDP
-    /// (QUIC) finishes its connections in the drain, and needs their datagrams.
-    ///
-    /// # Errors
-    /// The socket is gone.
+    /// Whether a datagram waits on socket `id` (else `waker` is woken at the next), also in
+    /// the drain, where QUIC above finishes its connections. Errors: the socket is gone.
     pub fn udp_wait_datagram(&mut self, id: FlowId, waker: &Waker) -> io::Result<bool> {
         let Some(s) = self.udp_sock(id) else {
             return Err(super::socket::gone());

@@ -233,8 +233,7 @@ impl Stack {
         self.udp_take(id, buf, waker, true)
     }
 
-    /// Whether a datagram waits on socket `id` (else `waker` is woken at the next), also in
-    /// the drain, where QUIC above finishes its connections. Errors: the socket is gone.
+    /// A datagram waits on `id` (else `waker` is woken at the next), also in the drain.
     pub fn udp_wait_datagram(&mut self, id: FlowId, waker: &Waker) -> io::Result<bool> {
         let Some(s) = self.udp_sock(id) else {
             return Err(super::socket::gone());

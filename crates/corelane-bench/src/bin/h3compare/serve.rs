@@ -124,7 +124,8 @@ pub(crate) fn corelane(
                 let ready = ready.lock().ok().and_then(|mut r| r.take());
                 let cfg = cfg.clone();
                 async move {
-                    let ep = corelane::quic::Endpoint::server(cfg, port).map_err(|e| e.to_string());
+                    let ep =
+                        corelane_rt::quic::Endpoint::server(cfg, port).map_err(|e| e.to_string());
                     if let Some(t) = ready {
                         let _ = t.send(ep.as_ref().map(|_| ()).map_err(Clone::clone));
                     }
@@ -132,7 +133,7 @@ pub(crate) fn corelane(
                     while let Some(incoming) = ep.accept().await {
                         tokio::task::spawn_local(async move {
                             if let Ok(c) = incoming.await {
-                                serve_conn(corelane::quic::h3::Connection::new(c)).await;
+                                serve_conn(corelane_rt::quic::h3::Connection::new(c)).await;
                             }
                         });
                     }

@@ -35,6 +35,7 @@ pub mod fuzzing;
 pub mod keyed;
 mod node;
 mod pipeline;
+pub mod quic_cid;
 pub mod route;
 pub mod sim;
 mod stack;
@@ -62,6 +63,8 @@ pub use tune::{BatchTuner, LevelStats, TuneConfig};
 mod tests;
 #[cfg(test)]
 mod tests_memory_attack;
+#[cfg(test)]
+mod tests_quic_steer;
 #[cfg(test)]
 mod tests_quiet;
 #[cfg(test)]

@@ -57,6 +57,14 @@ pub trait Peers {
 
     /// The turn is over: wake the cores that were handed frames.
     fn end_turn(&mut self);
+
+    /// A frame a flow here takes, but that belongs to core `core` (a QUIC datagram whose
+    /// connection ID names that core): hand it there, or say [`Disposition::Answer`] to keep
+    /// it here (no such core). The default keeps it.
+    fn hand_to(&mut self, core: usize, bytes: &[u8]) -> Disposition {
+        let _ = (core, bytes);
+        Disposition::Answer
+    }
 }
 
 /// No other cores: nothing comes in, everything unclaimed is answered here.

@@ -33,6 +33,9 @@ pub struct UdpStats {
     /// Datagrams dropped because no route led to the peer, or its hardware address never
     /// came.
     pub tx_dropped: u64,
+    /// Datagrams of a QUIC endpoint's socket handed to the core their connection ID names
+    /// (the peer's address or port changed, and its datagrams landed on this core's queue).
+    pub steered: u64,
 }
 
 impl std::ops::AddAssign for UdpStats {
@@ -41,6 +44,7 @@ impl std::ops::AddAssign for UdpStats {
         self.tx += o.tx;
         self.rx_dropped += o.rx_dropped;
         self.tx_dropped += o.tx_dropped;
+        self.steered += o.steered;
     }
 }
 
@@ -68,6 +72,9 @@ pub(crate) struct UdpSock {
     /// The address the socket was bound to, which its datagrams leave from (None: the
     /// unspecified address, each datagram from the owned address routing picks).
     pub(crate) bound: Option<IpAddress>,
+    /// A QUIC endpoint's socket: short-header datagrams go to the core their connection ID
+    /// names (`Stack::udp_steer_quic`).
+    pub(crate) steer: Option<crate::quic_cid::CidSteer>,
     pub(crate) stats: UdpStats,
 }
 
@@ -97,6 +104,7 @@ impl UdpSock {
             tx_waker: None,
             refused: None,
             bound: None,
+            steer: None,
             parked: VecDeque::new(),
             stats: UdpStats::default(),
         }

@@ -386,6 +386,9 @@ impl Stack {
             match self.route(class) {
                 Route::Flow(i) => {
                     self.stats.demux_hits += 1;
+                    if self.steer_udp(dev, peers, i, hops) {
+                        continue;
+                    }
                     self.feed(now, dev, i);
                 }
                 Route::Reopen(i) => {

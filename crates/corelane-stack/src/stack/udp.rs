@@ -24,7 +24,7 @@ const RESOLVE_WAIT: Duration = Duration::from_secs(3);
 const ICMP_BURST: u32 = 50;
 
 /// The parts of a received UDP frame: the peer, this side's address, the payload.
-fn parse(frame: &[u8]) -> Option<(IpEndpoint, IpAddress, [u8; 6], &[u8])> {
+pub(super) fn parse(frame: &[u8]) -> Option<(IpEndpoint, IpAddress, [u8; 6], &[u8])> {
     let src_mac: [u8; 6] = frame.get(6..12)?.try_into().ok()?;
     let ip = frame.get(14..)?;
     let (src, dst, udp) = match frame.get(12..14)? {
@@ -78,7 +78,7 @@ impl Stack {
     }
 
     /// The UDP socket of flow `id` (None if the id is stale or not UDP).
-    fn udp_sock(&mut self, id: FlowId) -> Option<&mut UdpSock> {
+    pub(super) fn udp_sock(&mut self, id: FlowId) -> Option<&mut UdpSock> {
         match &mut self.flow(id)?.sock {
             Sock::Udp(s) => Some(s),
             Sock::Tcp(_) => None,

@@ -198,6 +198,15 @@ impl Secret {
         (expand(self.quic_reset), expand(self.quic_token))
     }
 
+    /// The key of the connection IDs that name this run's cores: from the stateless reset
+    /// key, so every core of the run reads the others' IDs, and the next process of the host
+    /// reads the last one's (and resets their connections, rather than taking the IDs for
+    /// noise).
+    pub(crate) fn quic_cid_key(&self) -> (u64, u64) {
+        let k = self.quic_reset;
+        (siphash(k, &[0x6369_6430]), siphash(k, &[0x6369_6431]))
+    }
+
     /// The cookie key, for a program that makes this stack's cookies on its behalf (it can
     /// make and check cookies with it, nothing else).
     pub(crate) fn key(&self) -> (u64, u64) {

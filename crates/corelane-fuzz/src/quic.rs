@@ -1,8 +1,9 @@
 //! A QUIC server's demux as a fuzz target (`corelane_rt::fuzzing::QuicServer`): datagrams from
-//! anyone, as a server endpoint of a core takes them off its UDP socket, handed to the state
-//! machine, every connection they start accepted, a pass after each. Whatever arrives must
-//! come back as datagrams to send or nothing, never a panic, and a connection it starts must
-//! end. An input is records: the client's port (one byte, added to 40000), milliseconds since
+//! anyone, steered by their connection ID as a core's stack steers them (one naming the other
+//! core goes there), the rest as a server endpoint of a core takes them off its UDP socket,
+//! handed to the state machine (with the connection IDs a run gives out), every connection
+//! they start accepted, a pass after each. Whatever arrives must come back as datagrams to
+//! send or nothing, never a panic, and a connection it starts must end. An input is records: the client's port (one byte, added to 40000), milliseconds since
 //! the last record (one byte), the datagram's length (two bytes, big-endian), the datagram.
 
 use std::sync::{Arc, OnceLock};
@@ -143,5 +144,27 @@ mod tests {
         }
         assert_eq!(s.connections(), 0, "no connection is held forever");
         Ok(())
+    }
+
+    #[test]
+    fn a_short_header_naming_the_other_core_is_steered_away_before_the_state_machine() {
+        use corelane_stack::quic_cid::CidSteer;
+        let Some((server, _)) = configs() else {
+            panic!("no certificate");
+        };
+        let mut s = QuicServer::new(server.clone());
+        // The fuzz server is core 0 of two under key (1, 2).
+        let other = CidSteer::new((1, 2), 1, 2).cid([1, 2, 3, 4, 5, 6, 7]);
+        let here = CidSteer::new((1, 2), 0, 2).cid([1, 2, 3, 4, 5, 6, 7]);
+        let short = |cid: [u8; 8]| [&[0x40][..], &cid, &[0u8; 60]].concat();
+        s.datagram(40001, 0, &short(other));
+        assert_eq!(s.handed(), 1, "named core 1: handed there");
+        s.datagram(40001, 0, &short(here));
+        assert_eq!(
+            s.handed(),
+            1,
+            "named this core: kept (and dropped as unknown)"
+        );
+        assert_eq!(s.connections(), 0);
     }
 }

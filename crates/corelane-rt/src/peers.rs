@@ -124,6 +124,13 @@ impl Peers for CorePeers {
         (handed, dropped)
     }
 
+    fn hand_to(&mut self, core: usize, bytes: &[u8]) -> Disposition {
+        if core == self.me || core >= self.cores {
+            return Disposition::Answer;
+        }
+        self.hand(core, 1, bytes)
+    }
+
     fn end_turn(&mut self) {
         for (to, r) in self.rung.iter_mut().enumerate() {
             if std::mem::take(r) {

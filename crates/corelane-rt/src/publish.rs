@@ -101,6 +101,7 @@ pub(crate) const NAMES: &[&str] = &[
     "rx_wait_awake_ns",
     "tcp_syn_timeouts",
     "tcp_syn_old_acks",
+    "udp_quic_steered",
 ];
 
 fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<u64> {
@@ -195,6 +196,7 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         st.rx_wait_awake.nanos,
         t.syn_timeouts,
         t.syn_old_acks,
+        s.udp.steered,
     ]
 }
 

@@ -51,6 +51,15 @@ impl UdpSocket {
         }
     }
 
+    /// Marks the socket as a QUIC endpoint's: short-header datagrams whose connection ID
+    /// names another core go to that core (and the IDs this core makes: returned).
+    #[cfg(feature = "quic")]
+    pub(crate) fn steer_quic(&self) -> io::Result<corelane_stack::quic_cid::CidSteer> {
+        let mut stack = self.core.stack();
+        stack.udp_steer_quic(self.id, true)?;
+        Ok(stack.quic_cid_steer())
+    }
+
     /// Queues one datagram to `target`, or `Pending` (waker registered) while the send queue
     /// is full.
     ///

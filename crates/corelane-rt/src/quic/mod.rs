@@ -11,7 +11,10 @@
 //! The endpoint's driver is a task on the core: it reads every datagram waiting, hands each
 //! to the state machine, and sends what every connection may send now; its timers are the
 //! core's clock (the host's, so a simulation can drive it). Nothing is shared with another
-//! core: a connection lives on the core whose socket it came in on.
+//! core: a connection lives on the core whose socket its first packet came in on, and the
+//! connection IDs it gives out name that core, so a later datagram that lands on another
+//! core's queue (the client's address or port changed: a NAT rebinding, a migration) is
+//! handed back to it by the stack.
 //!
 //! ```no_run
 //! # async fn serve(config: corelane_rt::quic::ServerConfig) -> std::io::Result<()> {
@@ -31,11 +34,14 @@
 //! # Ok(()) }
 //! ```
 
+mod cid;
 mod conn;
 mod driver;
 pub(crate) mod fuzz;
 #[cfg(feature = "h3")]
 pub mod h3;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod stream;
 
 use std::future::{Future, IntoFuture};
@@ -124,17 +130,9 @@ impl Endpoint {
         let local = socket.local_addr()?;
         let core = crate::lane::current()?;
         let clock = core.shared.clock.clone();
-        // The stateless reset key follows the host's restart key, so the next process resets
-        // this one's connections in words their peers recognise; the token key is the run's.
-        let (reset, token) = core.stack().quic_keys();
-        let server = server.map(|mut s| {
-            let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, &[]);
-            s.token_key(Arc::new(salt.extract(&token)));
-            Arc::new(s)
-        });
-        let reset = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &reset);
-        let config = EndpointConfig::new(Arc::new(reset));
-        let ep = quinn_proto::Endpoint::new(Arc::new(config), server, true, None);
+        let keys = core.stack().quic_keys();
+        let steer = socket.steer_quic()?;
+        let ep = state_machine(keys, server, move || cid::CoreCids::new(steer), None);
         let shared = Arc::new(Shared {
             state: Mutex::new(State::new(ep, clock)),
             driver: Mutex::new(None),
@@ -208,6 +206,29 @@ impl Endpoint {
     pub async fn wait_idle(&self) {
         std::future::poll_fn(|cx| self.shared.lock().poll_idle(cx)).await
     }
+}
+
+/// The endpoint's state machine, under the stack's QUIC `keys` (stateless reset, token):
+/// the reset key follows the host's restart key, so the next process resets this one's
+/// connections in words their peers recognise; the token key is the run's, so every core and
+/// the next process of an upgrade accept the others' tokens. Its connection IDs come from
+/// `cids`, which name this core: a datagram another core receives (the peer's address or port
+/// changed) is handed here.
+fn state_machine(
+    (reset, token): ([u8; 32], [u8; 32]),
+    server: Option<ServerConfig>,
+    cids: impl Fn() -> cid::CoreCids + Send + Sync + 'static,
+    rng_seed: Option<[u8; 32]>,
+) -> quinn_proto::Endpoint {
+    let server = server.map(|mut s| {
+        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, &[]);
+        s.token_key(Arc::new(salt.extract(&token)));
+        Arc::new(s)
+    });
+    let reset = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &reset);
+    let mut config = EndpointConfig::new(Arc::new(reset));
+    config.cid_generator(move || Box::new(cids()));
+    quinn_proto::Endpoint::new(Arc::new(config), server, true, rng_seed)
 }
 
 impl Drop for Endpoint {

@@ -435,6 +435,56 @@ impl CorelaneServer {
     }
 }
 
+/// What a seed sweep's program takes (`runtime-sim`, `upgrade-sim`, `quic-sim`): flattened
+/// into its own arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// Runs one seed and prints its report (a replay).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Seeds.
+    #[arg(long, default_value_t = 10_000)]
+    pub seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    pub from: u64,
+    /// Threads (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Writes the table here (Markdown).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
+
+impl SweepArgs {
+    /// The threads to sweep on.
+    pub fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// With `--seed`: runs it, prints its report, and ends the process (status 1 when it
+    /// failed, its failure printed). Without: nothing.
+    pub fn replay<R: std::fmt::Debug, E: std::fmt::Display>(
+        &self,
+        run: impl FnOnce(u64) -> Result<R, E>,
+    ) {
+        let Some(seed) = self.seed else {
+            return;
+        };
+        match run(seed) {
+            Ok(r) => {
+                println!("{r:#?}");
+                std::process::exit(0);
+            }
+            Err(f) => {
+                eprintln!("{f}");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
 /// Runs `run` for each seed of `from..from + seeds` on `threads` threads, each failure printed
 /// as it comes. Returns the reports (in no order), the failures and the time taken.
 pub fn sweep<R: Send>(

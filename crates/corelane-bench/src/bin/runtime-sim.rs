@@ -14,44 +14,20 @@
 use std::collections::BTreeMap;
 
 use clap::Parser;
-use corelane_bench::markdown_table;
+use corelane_bench::{SweepArgs, markdown_table};
 use corelane_rt::sim::{Fault, Outcome, run};
 
 #[derive(Parser, Debug)]
 #[command(about = "Whole runtimes, upgraded under faults, simulated over seeds")]
 struct Args {
-    /// Runs one seed and prints its report (a replay).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Seeds.
-    #[arg(long, default_value_t = 10_000)]
-    seeds: u64,
-    /// The first seed.
-    #[arg(long, default_value_t = 0)]
-    from: u64,
-    /// Threads (default: the machine's cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Writes the table here (Markdown).
-    #[arg(long)]
-    out: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    sweep: SweepArgs,
 }
 
 fn main() {
-    let args = Args::parse();
-    if let Some(seed) = args.seed {
-        match run(seed) {
-            Ok(r) => println!("{r:#?}"),
-            Err(f) => {
-                eprintln!("{f}");
-                std::process::exit(1);
-            }
-        }
-        return;
-    }
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let Args { sweep: args } = Args::parse();
+    args.replay(run);
+    let threads = args.threads();
     let (reports, failures, took) = corelane_bench::sweep(args.from, args.seeds, threads, |s| {
         run(s).map_err(|f| f.to_string())
     });

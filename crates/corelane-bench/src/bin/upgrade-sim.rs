@@ -14,50 +14,26 @@
 use std::collections::BTreeMap;
 
 use clap::Parser;
-use corelane_bench::markdown_table;
+use corelane_bench::{SweepArgs, markdown_table};
 use corelane_xsk::sim::upgrade::{Outcome, run};
 
 #[derive(Parser, Debug)]
 #[command(about = "The upgrade of a queue simulated over seeds")]
 struct Args {
-    /// Runs one seed and prints its report (a replay).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Seeds.
-    #[arg(long, default_value_t = 10_000)]
-    seeds: u64,
-    /// The first seed.
-    #[arg(long, default_value_t = 0)]
-    from: u64,
+    #[command(flatten)]
+    sweep: SweepArgs,
     /// Steps per run before the upgrade is settled.
     #[arg(long, default_value_t = 300)]
     steps: usize,
-    /// Threads (default: the machine's cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Writes the table here (Markdown).
-    #[arg(long)]
-    out: Option<std::path::PathBuf>,
 }
 
 fn main() {
-    let args = Args::parse();
-    if let Some(seed) = args.seed {
-        match run(seed, args.steps) {
-            Ok(r) => println!("{r:#?}"),
-            Err(f) => {
-                eprintln!("{f}");
-                std::process::exit(1);
-            }
-        }
-        return;
-    }
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let Args { sweep: args, steps } = Args::parse();
+    args.replay(|seed| run(seed, steps));
+    let threads = args.threads();
     let end = args.from + args.seeds;
     let (reports, failures, took) = corelane_bench::sweep(args.from, args.seeds, threads, |seed| {
-        run(seed, args.steps).map_err(|f| f.to_string())
+        run(seed, steps).map_err(|f| f.to_string())
     });
     // Per outcome: runs, runs with a call-off first, requests delivered and answered.
     let mut by: BTreeMap<Outcome, (u64, u64, u64, u64)> = BTreeMap::new();

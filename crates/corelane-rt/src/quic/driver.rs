@@ -107,6 +107,9 @@ pub(crate) struct State {
     timers: BinaryHeap<Reverse<(Instant, ConnectionHandle)>>,
     buf: Vec<u8>,
     clock: crate::clock::Clock,
+    /// Why each connection let go ended, as it went (a simulation reads them).
+    #[cfg(feature = "sim")]
+    pub(crate) ended: Vec<(ConnectionHandle, ConnectionError)>,
 }
 
 impl State {
@@ -124,6 +127,8 @@ impl State {
             timers: BinaryHeap::new(),
             buf: Vec::new(),
             clock,
+            #[cfg(feature = "sim")]
+            ended: Vec::new(),
         }
     }
 
@@ -275,6 +280,16 @@ impl State {
         self.out.clear();
     }
 
+    /// What the state machine asked to send, each datagram handed to `send` with its
+    /// destination (a simulation's driver), then dropped.
+    #[cfg(feature = "sim")]
+    pub(crate) fn take_out(&mut self, mut send: impl FnMut(SocketAddr, &[u8])) {
+        for (to, r) in &self.out.sends {
+            send(*to, &self.out.bytes[r.clone()]);
+        }
+        self.out.clear();
+    }
+
     /// A datagram from `from`.
     pub(crate) fn datagram(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
         self.buf.clear();
@@ -355,6 +370,10 @@ impl State {
                     conn.lost = Some(ConnectionError::LocallyClosed);
                 }
                 conn.wake();
+                #[cfg(feature = "sim")]
+                if let Some(why) = &conn.lost {
+                    self.ended.push((h, why.clone()));
+                }
                 self.conns.remove(&h);
                 continue;
             }

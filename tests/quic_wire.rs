@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::quic::{certificate, pattern};
 use common::*;
 use corelane_rt::quic::{ConnectionError, Endpoint, VarInt};
 use corelane_testnet::require_root;
@@ -17,23 +18,6 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const KERNEL: &str = "10.77.0.2";
 const PORT: u16 = 4433;
-
-/// A certificate for "localhost": the server's config, and the roots a client trusts it by.
-fn certificate() -> Result<(quinn::ServerConfig, rustls::RootCertStore)> {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
-    let cert = ck.cert.der().clone();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
-    let server = quinn::ServerConfig::with_single_cert(vec![cert.clone()], key)?;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert)?;
-    Ok((server, roots))
-}
-
-fn pattern(seed: u8, n: usize) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
-}
 
 /// Runs `f` on one corelane core serving the veth pair's server end, to its end.
 fn on_corelane<T, F, Fut>(net: &corelane_testnet::VethPair, f: F) -> Result<T>

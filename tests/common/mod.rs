@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use corelane_testnet::VethPair;
 use sha2::{Digest, Sha256};
 
+pub mod quic;
+
 /// A binary of another workspace package (built by `cargo test --workspace` for that
 /// package's own tests), next to the test binaries' directory.
 pub fn workspace_bin(name: &str) -> Result<PathBuf, String> {

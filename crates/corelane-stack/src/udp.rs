@@ -19,6 +19,8 @@ const SPARE: usize = 16;
 pub(crate) struct Datagram {
     pub(crate) peer: IpEndpoint,
     pub(crate) data: Vec<u8>,
+    /// Its two ECN bits: as received, or to send with (0: the socket's own).
+    pub(crate) ecn: u8,
 }
 
 /// Counters of one UDP socket.
@@ -130,15 +132,16 @@ impl UdpSock {
         }
     }
 
-    /// A datagram arrived from `peer`. False (dropped, counted) when the queue is full.
-    pub(crate) fn received(&mut self, peer: IpEndpoint, data: &[u8]) -> bool {
+    /// A datagram arrived from `peer`, with ECN bits `ecn`. False (dropped, counted) when the
+    /// queue is full.
+    pub(crate) fn received(&mut self, peer: IpEndpoint, data: &[u8], ecn: u8) -> bool {
         if self.rx.len() >= self.max_packets || self.rx_bytes + data.len() > self.max_bytes {
             self.stats.rx_dropped += 1;
             return false;
         }
         let data = self.buffer(data);
         self.rx_bytes += data.len();
-        self.rx.push_back(Datagram { peer, data });
+        self.rx.push_back(Datagram { peer, data, ecn });
         self.stats.rx += 1;
         if let Some(w) = self.rx_waker.take() {
             w.wake();
@@ -172,14 +175,20 @@ impl UdpSock {
         self.tx.len() < self.max_packets && self.tx_bytes < self.max_bytes
     }
 
-    /// Queues `data` for `peer`. False when the send queue has no room for it now.
-    pub(crate) fn write(&mut self, peer: IpEndpoint, data: &[u8]) -> bool {
+    /// The ECN bits of the next datagram to read (0 when none waits).
+    pub(crate) fn front_ecn(&self) -> u8 {
+        self.rx.front().map_or(0, |d| d.ecn)
+    }
+
+    /// Queues `data` for `peer`, with ECN bits `ecn` (0: the socket's). False when the send
+    /// queue has no room for it now.
+    pub(crate) fn write(&mut self, peer: IpEndpoint, data: &[u8], ecn: u8) -> bool {
         if self.tx.len() >= self.max_packets || self.tx_bytes + data.len() > self.max_bytes {
             return false;
         }
         let data = self.buffer(data);
         self.tx_bytes += data.len();
-        self.tx.push_back(Datagram { peer, data });
+        self.tx.push_back(Datagram { peer, data, ecn });
         true
     }
 
@@ -289,23 +298,24 @@ mod tests {
     fn queues_are_bounded_in_datagrams_and_bytes_and_reuse_their_buffers() -> Result<(), String> {
         let mut s = UdpSock::new(2, 100);
         let peer = IpEndpoint::new(smoltcp::wire::IpAddress::v4(10, 0, 0, 2), 9);
-        assert!(s.received(peer, &[1; 40]));
-        assert!(s.received(peer, &[2; 40]));
-        assert!(!s.received(peer, &[3; 1]), "two datagrams at most");
+        assert!(s.received(peer, &[1; 40], 0));
+        assert!(s.received(peer, &[2; 40], 3));
+        assert!(!s.received(peer, &[3; 1], 0), "two datagrams at most");
         assert_eq!(s.stats.rx_dropped, 1);
         let mut buf = [0u8; 64];
         assert_eq!(s.peek(&mut buf), Some((40, peer)));
         assert_eq!(s.read(&mut buf), Some((40, peer)), "peeked, still there");
         assert_eq!(buf[0], 1);
+        assert_eq!(s.front_ecn(), 3, "the second came marked CE");
         let mut small = [0u8; 10];
         assert_eq!(s.read(&mut small), Some((10, peer)), "too long: cut");
         assert_eq!(small, [2; 10]);
         assert_eq!(s.read(&mut buf), None);
         assert_eq!(s.spare.len(), 2, "both buffers kept for reuse");
-        assert!(s.write(peer, &[0; 60]));
-        assert!(!s.write(peer, &[0; 60]), "100 bytes at most");
+        assert!(s.write(peer, &[0; 60], 2));
+        assert!(!s.write(peer, &[0; 60], 0), "100 bytes at most");
         let d = s.pop_out().ok_or("a datagram")?;
-        assert_eq!(d.data.len(), 60);
+        assert_eq!((d.data.len(), d.ecn), (60, 2));
         s.finish(d, true);
         assert!(s.next_peer().is_none());
         assert_eq!(s.stats.tx, 1);

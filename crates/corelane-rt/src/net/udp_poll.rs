@@ -60,6 +60,34 @@ impl UdpSocket {
         Ok(stack.quic_cid_steer())
     }
 
+    /// [`try_recv_from`](Self::try_recv_from) with the datagram's ECN bits (a QUIC
+    /// endpoint's read).
+    #[cfg(feature = "quic")]
+    pub(crate) fn try_recv_from_ecn(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, u8)> {
+        match self.core.stack().udp_recv_from_ecn(self.id, buf, None) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// [`send_to`](Self::send_to) with the datagram's ECN bits (a QUIC endpoint's send).
+    #[cfg(feature = "quic")]
+    pub(crate) async fn send_to_ecn(
+        &self,
+        buf: &[u8],
+        to: SocketAddr,
+        ecn: u8,
+    ) -> io::Result<usize> {
+        let sent = std::future::poll_fn(|cx| {
+            self.core
+                .stack()
+                .udp_send_to_ecn(self.id, buf, to, ecn, Some(cx.waker()))
+        })
+        .await?;
+        self.core.wake_driver();
+        Ok(sent)
+    }
+
     /// Queues one datagram to `target`, or `Pending` (waker registered) while the send queue
     /// is full.
     ///

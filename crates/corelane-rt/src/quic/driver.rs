@@ -28,11 +28,11 @@ const BATCH: usize = 16;
 const MAX_DATAGRAM: usize = 65535;
 
 /// Datagrams to send, in one buffer the driver keeps from pass to pass (no allocation per
-/// datagram): each a destination and its bytes' range.
+/// datagram): each a destination, its bytes' range and its ECN bits.
 #[derive(Default)]
 pub(crate) struct Outgoing {
     bytes: Vec<u8>,
-    sends: Vec<(SocketAddr, std::ops::Range<usize>)>,
+    sends: Vec<(SocketAddr, std::ops::Range<usize>, u8)>,
 }
 
 impl Outgoing {
@@ -41,10 +41,11 @@ impl Outgoing {
     fn push(&mut self, t: &quinn_proto::Transmit, buf: &[u8]) {
         let data = &buf[..t.size.min(buf.len())];
         let seg = t.segment_size.unwrap_or(t.size).max(1);
+        let ecn = t.ecn.map_or(0, |e| e as u8);
         for d in data.chunks(seg) {
             let at = self.bytes.len();
             self.bytes.extend_from_slice(d);
-            self.sends.push((t.destination, at..at + d.len()));
+            self.sends.push((t.destination, at..at + d.len(), ecn));
         }
     }
 
@@ -283,19 +284,20 @@ impl State {
     /// What the state machine asked to send, each datagram handed to `send` with its
     /// destination (a simulation's driver), then dropped.
     #[cfg(feature = "sim")]
-    pub(crate) fn take_out(&mut self, mut send: impl FnMut(SocketAddr, &[u8])) {
-        for (to, r) in &self.out.sends {
-            send(*to, &self.out.bytes[r.clone()]);
+    pub(crate) fn take_out(&mut self, mut send: impl FnMut(SocketAddr, &[u8], u8)) {
+        for (to, r, ecn) in &self.out.sends {
+            send(*to, &self.out.bytes[r.clone()], *ecn);
         }
         self.out.clear();
     }
 
-    /// A datagram from `from`.
-    pub(crate) fn datagram(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
+    /// A datagram from `from`, with ECN bits `ecn` as received.
+    pub(crate) fn datagram(&mut self, now: Instant, from: SocketAddr, ecn: u8, data: &[u8]) {
         self.buf.clear();
+        let ecn = quinn_proto::EcnCodepoint::from_bits(ecn);
         match self
             .ep
-            .handle(now, from, None, None, BytesMut::from(data), &mut self.buf)
+            .handle(now, from, None, ecn, BytesMut::from(data), &mut self.buf)
         {
             Some(DatagramEvent::ConnectionEvent(h, ev)) => {
                 if let Some(conn) = self.conns.get_mut(&h) {
@@ -409,8 +411,8 @@ pub(crate) async fn drive(shared: Weak<Shared>, socket: UdpSocket) {
             let mut st = sh.lock();
             let now = st.now();
             loop {
-                match socket.try_recv_from(&mut rx) {
-                    Ok((n, from)) => st.datagram(now, from, &rx[..n]),
+                match socket.try_recv_from_ecn(&mut rx) {
+                    Ok((n, from, ecn)) => st.datagram(now, from, ecn, &rx[..n]),
                     // NotConnected: none waits and the runtime is shutting down. The
                     // connections finish in its drain (their handles end them).
                     Err(e)
@@ -439,8 +441,8 @@ pub(crate) async fn drive(shared: Weak<Shared>, socket: UdpSocket) {
             }
             next.map(|t| t.saturating_duration_since(now))
         };
-        for (to, r) in &out.sends {
-            if let Err(e) = socket.send_to(&out.bytes[r.clone()], *to).await {
+        for (to, r, ecn) in &out.sends {
+            if let Err(e) = socket.send_to_ecn(&out.bytes[r.clone()], *to, *ecn).await {
                 tracing::debug!("quic endpoint {}: send to {to}: {e}", sh.local);
             }
         }

@@ -60,7 +60,7 @@ impl QuicServer {
             return;
         }
         let peer = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)), from);
-        self.st.datagram(self.now, peer, data);
+        self.st.datagram(self.now, peer, 0, data);
         self.st.accept_all();
         self.st.pass(self.now);
         self.st.drop_out();

@@ -38,6 +38,7 @@ mod prune;
 mod socket;
 mod stats;
 mod udp;
+mod udp_opts;
 mod udp_steer;
 
 pub use cookies::SynCookieTemplate;

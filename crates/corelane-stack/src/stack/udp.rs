@@ -99,6 +99,18 @@ impl Stack {
         to: SocketAddr,
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
+        self.udp_send(id, buf, to, 0, waker)
+    }
+
+    /// [`Stack::udp_send_to`], the datagram's two ECN bits set to `ecn` (when not 0).
+    pub(super) fn udp_send(
+        &mut self,
+        id: FlowId,
+        buf: &[u8],
+        to: SocketAddr,
+        ecn: u8,
+        waker: Option<&Waker>,
+    ) -> Poll<io::Result<usize>> {
         if to.port() == 0 || to.ip().is_unspecified() || to.ip().is_multicast() {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -119,7 +131,7 @@ impl Stack {
                 ),
             )));
         }
-        if s.write(IpEndpoint::from(to), buf) {
+        if s.write(IpEndpoint::from(to), buf, ecn & 3) {
             self.queue_egress(id.index);
             Poll::Ready(Ok(buf.len()))
         } else {
@@ -148,62 +160,6 @@ impl Stack {
         Poll::Pending
     }
 
-    /// Sets the TTL (IPv4) or hop limit (IPv6) of UDP flow `id`'s datagrams (1..=255).
-    ///
-    /// # Errors
-    /// `InvalidInput` for 0 or more than 255; `NotConnected` when the flow is gone.
-    pub fn udp_set_ttl(&mut self, id: FlowId, ttl: u32) -> io::Result<()> {
-        if self.udp_sock(id).is_none() {
-            return Err(super::socket::gone());
-        }
-        self.tcp_set_ttl(id, ttl)
-    }
-
-    /// The TTL (IPv4) or hop limit (IPv6) of UDP flow `id`'s datagrams.
-    ///
-    /// # Errors
-    /// `NotConnected` when the flow is gone.
-    pub fn udp_ttl(&mut self, id: FlowId) -> io::Result<u32> {
-        if self.udp_sock(id).is_none() {
-            return Err(super::socket::gone());
-        }
-        self.tcp_ttl(id)
-    }
-
-    /// True once (then forgotten) when an ICMP error said `peer` refused a datagram UDP flow
-    /// `id` sent (port or protocol unreachable): a connected socket's next receive or send
-    /// fails with `ConnectionRefused`, as the kernel's does. A refusal by another peer is
-    /// forgotten too (an unconnected kernel socket ignores them).
-    pub fn udp_take_refused(&mut self, id: FlowId, peer: std::net::SocketAddr) -> bool {
-        self.udp_sock(id)
-            .and_then(|s| s.refused.take())
-            .is_some_and(|r| r == IpEndpoint::from(peer))
-    }
-
-    /// Sets the IPv4 type of service or IPv6 traffic class of UDP flow `id`'s datagrams
-    /// (`IP_TOS`, `IPV6_TCLASS`: all eight bits, ECN's two included, as the kernel's UDP).
-    ///
-    /// # Errors
-    /// `InvalidInput` for more than 255; `NotConnected` when the flow is gone.
-    pub fn udp_set_tos(&mut self, id: FlowId, tos: u32) -> io::Result<()> {
-        if self.udp_sock(id).is_none() {
-            return Err(super::socket::gone());
-        }
-        self.set_tos(id, tos)
-    }
-
-    /// The IPv4 type of service or IPv6 traffic class of UDP flow `id`'s datagrams (0 unless
-    /// set).
-    ///
-    /// # Errors
-    /// `NotConnected` when the flow is gone.
-    pub fn udp_tos(&mut self, id: FlowId) -> io::Result<u32> {
-        if self.udp_sock(id).is_none() {
-            return Err(super::socket::gone());
-        }
-        self.tos(id)
-    }
-
     /// Takes the next datagram UDP flow `id` received: the bytes copied into `buf` (a longer
     /// datagram is cut to `buf`, as a kernel UDP socket does) and its sender. `Pending` means
     /// none is waiting (`waker`, if given, is woken when one arrives).
@@ -218,6 +174,7 @@ impl Stack {
         waker: Option<&Waker>,
     ) -> Poll<io::Result<(usize, SocketAddr)>> {
         self.udp_take(id, buf, waker, false)
+            .map_ok(|(n, from, _)| (n, from))
     }
 
     /// As [`Stack::udp_recv_from`], leaving the datagram queued.
@@ -231,6 +188,7 @@ impl Stack {
         waker: Option<&Waker>,
     ) -> Poll<io::Result<(usize, SocketAddr)>> {
         self.udp_take(id, buf, waker, true)
+            .map_ok(|(n, from, _)| (n, from))
     }
 
     /// A datagram waits on `id` (else `waker` is woken at the next), also in the drain.
@@ -245,20 +203,22 @@ impl Stack {
         Ok(false)
     }
 
-    fn udp_take(
+    /// The next datagram (taken, or left when `peek`): its length, sender and ECN bits.
+    pub(super) fn udp_take(
         &mut self,
         id: FlowId,
         buf: &mut [u8],
         waker: Option<&Waker>,
         peek: bool,
-    ) -> Poll<io::Result<(usize, SocketAddr)>> {
+    ) -> Poll<io::Result<(usize, SocketAddr, u8)>> {
         let draining = self.draining;
         let Some(s) = self.udp_sock(id) else {
             return Poll::Ready(Err(super::socket::gone()));
         };
+        let ecn = s.front_ecn();
         let got = if peek { s.peek(buf) } else { s.read(buf) };
         match got {
-            Some((n, peer)) => Poll::Ready(Ok((n, SocketAddr::new(peer.addr.into(), peer.port)))),
+            Some((n, p)) => Poll::Ready(Ok((n, SocketAddr::new(p.addr.into(), p.port), ecn))),
             None if draining => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::NotConnected,
                 "no datagram waits and the runtime is shutting down",
@@ -287,7 +247,7 @@ impl Stack {
             .as_mut()
             .map(|f| &mut f.sock)
         {
-            s.received(peer, payload);
+            s.received(peer, payload, super::udp_opts::ecn_of(frame));
         }
     }
 
@@ -319,7 +279,7 @@ impl Stack {
                     (Some(local), Some((mac, _))) if *emitted < budget => {
                         if self.send_udp(
                             dev,
-                            (mac, ttl, tos),
+                            (mac, ttl, with_ecn(tos, p.d.ecn)),
                             local,
                             local_port,
                             p.d.peer,
@@ -366,7 +326,8 @@ impl Stack {
                 self.ask(now, dev, local, hop);
             }
             let d = self.udp_sock_at(index)?.pop_out()?;
-            let sent = self.send_udp(dev, (mac, ttl, tos), local, local_port, peer, &d.data);
+            let hdr = (mac, ttl, with_ecn(tos, d.ecn));
+            let sent = self.send_udp(dev, hdr, local, local_port, peer, &d.data);
             let s = self.udp_sock_at(index)?;
             if !sent {
                 // No transmit frame free: again on the next pass.
@@ -546,6 +507,15 @@ impl Stack {
 }
 
 /// The address's bytes (4 or 16).
+/// The type of service (traffic class) `tos` with a datagram's own ECN bits, when it has any.
+fn with_ecn(tos: u8, ecn: u8) -> u8 {
+    if ecn == 0 {
+        tos
+    } else {
+        (tos & !3) | (ecn & 3)
+    }
+}
+
 fn octets(a: IpAddress) -> Vec<u8> {
     match a {
         IpAddress::Ipv4(v) => v.octets().to_vec(),

@@ -25,23 +25,21 @@
 //! random values are each run's, which changes no size and no time.
 
 mod app;
+mod host;
 mod wire;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use corelane_stack::smoltcp::time::Instant as StackInstant;
-use corelane_stack::smoltcp::wire::{IpCidr, Ipv4Address};
-use corelane_stack::{Alone, FlowId, Peers, Pipeline, Stack, StackConfig, XdpDevice};
-use corelane_xsk::{MemLink, MemPort, SplitMix64};
+use corelane_stack::{Alone, StackConfig};
+use corelane_xsk::SplitMix64;
 
 use super::cid::CoreCids;
 use super::driver::State;
-use super::{ClientConfig, ServerConfig, state_machine};
+use super::state_machine;
 use crate::clock::Clock;
 use crate::peers::CorePeers;
+use host::{Ep, Host, configs, pass, read, seed_bytes, server_addr};
 use wire::{Impairments, To, Wire};
 
 const MTU: usize = 1500;
@@ -75,6 +73,13 @@ pub struct Report {
     pub duplicated: u64,
     /// Frames held back behind later ones.
     pub reordered: u64,
+    /// ECN-capable frames the wire marked CE (congestion experienced).
+    pub ce_marked: u64,
+    /// Congestion events both ends' senders saw (from losses, and from CE marks their peer
+    /// read and reported).
+    pub congestion_events: u64,
+    /// The wire's impairments lost, reordered or duplicated nothing (only CE marks, if any).
+    pub clean: bool,
     /// How the server saw the connection end (the client's close, or its idle timeout when
     /// every copy of the close was lost).
     pub server_end: String,
@@ -123,44 +128,6 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
     })
 }
 
-/// One host's stack over its link; the other end of the link is the wire's.
-struct Host {
-    stack: Stack,
-    pipe: Pipeline<MemPort>,
-    wire: MemPort,
-}
-
-impl Host {
-    fn new(mac: [u8; 6], last: u8, cfg: StackConfig) -> Host {
-        let link = MemLink {
-            frames: 1024,
-            frame_size: 2048,
-            ring_size: 512,
-        };
-        let (mut io, wire) = link.pair();
-        io.set_capture(true);
-        let mut dev = XdpDevice::new(io, MTU, 64);
-        let addr = Ipv4Address::new(10, 9, 0, last);
-        let stack = Stack::new(&mut dev, mac, &[IpCidr::new(addr.into(), 24)], cfg);
-        Host {
-            stack,
-            pipe: Pipeline::new(dev, None),
-            wire,
-        }
-    }
-
-    fn turn(&mut self, now: StackInstant, peers: &mut dyn Peers) -> bool {
-        self.pipe.turn(&mut self.stack, now, peers).busy()
-    }
-}
-
-/// An endpoint's state over a host's sockets: it reads every one, and sends from the last.
-struct Ep {
-    st: State,
-    socks: Vec<FlowId>,
-    timer: Option<Instant>,
-}
-
 struct World {
     clock: Clock,
     start: Instant,
@@ -176,28 +143,9 @@ struct World {
     home: Option<usize>,
     /// How the server saw the connection end, once it did.
     server_end: Option<String>,
+    /// The most congestion events each end's connection had counted (client, server).
+    congestion: [u64; 2],
     buf: Vec<u8>,
-}
-
-fn server_addr() -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 9, 0, 1)), PORT)
-}
-
-/// A certificate for "localhost" made for the simulation (nothing else trusts it), and its
-/// key: the server's config and the client's that trusts it.
-fn configs() -> Result<(ServerConfig, ClientConfig), String> {
-    let cert =
-        quinn_proto::rustls::pki_types::CertificateDer::from(&include_bytes!("sim-cert.der")[..]);
-    let key = quinn_proto::rustls::pki_types::PrivateKeyDer::Pkcs8(
-        include_bytes!("sim-key.der").to_vec().into(),
-    );
-    let server = ServerConfig::with_single_cert(vec![cert.clone().into_owned()], key)
-        .map_err(|e| e.to_string())?;
-    let mut roots = quinn_proto::rustls::RootCertStore::empty();
-    roots.add(cert.into_owned()).map_err(|e| e.to_string())?;
-    let client =
-        ClientConfig::with_root_certificates(Arc::new(roots)).map_err(|e| e.to_string())?;
-    Ok((server, client))
 }
 
 impl World {
@@ -300,6 +248,7 @@ impl World {
             migrations: 0,
             home: None,
             server_end: None,
+            congestion: [0; 2],
             buf: vec![0; 65536],
         })
     }
@@ -456,8 +405,20 @@ impl World {
         Ok(())
     }
 
+    fn congestion_events(&self) -> u64 {
+        self.congestion.iter().sum()
+    }
+
     /// The invariants after every step.
     fn check(&mut self) -> Result<(), String> {
+        let ends = std::iter::once(&self.client_ep).chain(self.servers.iter().map(|s| &s.1));
+        for (i, ep) in ends.enumerate() {
+            for c in ep.st.conns.values() {
+                let seen = c.c.stats().path.congestion_events;
+                let k = usize::from(i > 0);
+                self.congestion[k] = self.congestion[k].max(seen);
+            }
+        }
         let holding: Vec<usize> = (0..2)
             .filter(|&k| !self.servers[k].1.st.conns.is_empty())
             .collect();
@@ -545,46 +506,13 @@ impl World {
             lost: w.lost,
             duplicated: w.duplicated,
             reordered: w.reordered,
+            ce_marked: w.ce_marked,
+            congestion_events: self.congestion_events(),
+            clean: w.lost + w.reordered + w.duplicated == 0,
             server_end: self.server_end.clone().unwrap_or_default(),
             took: self.elapsed(),
         })
     }
-}
-
-/// Every datagram waiting on the endpoint's sockets, to its state.
-fn read(host: &mut Host, ep: &mut Ep, now: Instant, buf: &mut [u8]) -> bool {
-    let mut moved = false;
-    for &sock in &ep.socks {
-        while let Poll::Ready(Ok((n, from))) = host.stack.udp_recv_from(sock, buf, None) {
-            ep.st.datagram(now, from, &buf[..n]);
-            moved = true;
-        }
-    }
-    moved
-}
-
-/// The endpoint's pass, and what it sends queued on its newest socket.
-fn pass(host: &mut Host, ep: &mut Ep, now: Instant) -> bool {
-    ep.timer = ep.st.pass(now);
-    let Some(&sock) = ep.socks.last() else {
-        return false;
-    };
-    let mut moved = false;
-    ep.st.take_out(|to, bytes| {
-        // A full send queue drops the datagram, as UDP may.
-        let _ = host.stack.udp_send_to(sock, bytes, to, None);
-        moved = true;
-    });
-    moved
-}
-
-fn seed_bytes(x: u64) -> [u8; 32] {
-    let mut r = SplitMix64(x);
-    let mut out = [0u8; 32];
-    for c in out.chunks_exact_mut(8) {
-        c.copy_from_slice(&r.draw().to_le_bytes());
-    }
-    out
 }
 
 #[cfg(test)]

@@ -13,6 +13,9 @@ fn quic_through_every_impairment_and_port_move_the_seeds_pick() {
     let (mut steered_runs, mut moved_runs, mut homes) = (0u64, 0u64, [0u64; 2]);
     let (mut lost, mut dup, mut reordered, mut bytes) = (0u64, 0u64, 0u64, 0u64);
     let mut timed_out = 0u64;
+    // Runs whose wire only marked CE: how many, how many CE marks, congestion events; and
+    // runs whose wire did nothing at all: their congestion events.
+    let (mut ce_runs, mut ce_marks, mut ce_events, mut clean_events) = (0u64, 0u64, 0u64, 0u64);
     for seed in 0..seeds {
         let r = run(seed).unwrap_or_else(|f| panic!("{f}"));
         moved_runs += u64::from(r.migrations > 0);
@@ -23,12 +26,24 @@ fn quic_through_every_impairment_and_port_move_the_seeds_pick() {
         reordered += r.reordered;
         bytes += r.bytes;
         timed_out += u64::from(r.server_end.contains("timed out"));
+        if r.clean && r.ce_marked > 0 {
+            ce_runs += 1;
+            ce_marks += r.ce_marked;
+            ce_events += r.congestion_events;
+        } else if r.clean {
+            clean_events += r.congestion_events;
+        }
     }
     eprintln!(
         "quic sim: {seeds} seeds, {bytes} bytes echoed, {moved_runs} runs moved ({steered_runs} \
          steered), homes {homes:?}, frames lost {lost}, duplicated {dup}, reordered {reordered}, \
-         {timed_out} servers saw only their idle timeout"
+         {timed_out} servers saw only their idle timeout; {ce_runs} runs only marked CE \
+         ({ce_marks} marks, {ce_events} congestion events), clean runs' congestion events \
+         {clean_events}"
     );
+    // Nothing on a clean wire looks like congestion; a CE mark does, once the receiver has
+    // read it off the frame and reported it (ECN counts in its ACKs) and the sender reacted.
+    assert_eq!(clean_events, 0, "no congestion on a clean wire");
     if seeds >= 100 {
         assert!(steered_runs > 0, "some move landed on the other core");
         assert!(
@@ -36,6 +51,10 @@ fn quic_through_every_impairment_and_port_move_the_seeds_pick() {
             "connections on both cores: {homes:?}"
         );
         assert!(lost > 0 && dup > 0 && reordered > 0);
+        assert!(
+            ce_runs > 0 && ce_events > 0,
+            "CE marks were read and answered"
+        );
     }
 }
 

@@ -27,6 +27,9 @@ pub(super) struct Impairments {
     pub(super) dup: u64,
     /// Frames held back (delivered after later ones) in a thousand.
     pub(super) reorder: u64,
+    /// ECN-capable frames marked CE (congestion experienced) in a thousand, as a router
+    /// with active queue management marks instead of dropping.
+    pub(super) ce: u64,
 }
 
 impl Impairments {
@@ -40,6 +43,17 @@ impl Impairments {
                 loss: [0, 0],
                 dup: 0,
                 reorder: 0,
+                ce: 0,
+            };
+        }
+        // One run in eight marks CE and does nothing else.
+        if rng.below(7) == 0 {
+            return Impairments {
+                delay,
+                loss: [0, 0],
+                dup: 0,
+                reorder: 0,
+                ce: 1 + rng.below(50),
             };
         }
         let mut some = |max: u64| {
@@ -54,6 +68,7 @@ impl Impairments {
             loss: [some(50), some(50)],
             dup: some(20),
             reorder: some(100),
+            ce: some(50),
         }
     }
 }
@@ -65,6 +80,7 @@ pub(super) struct WireStats {
     pub(super) lost: u64,
     pub(super) duplicated: u64,
     pub(super) reordered: u64,
+    pub(super) ce_marked: u64,
 }
 
 /// A frame in flight: when it is delivered, its place in the order sent (ties go in that
@@ -105,11 +121,14 @@ impl Wire {
     }
 
     /// `bytes` sent at `now` toward `to` (`to_server`: from the client).
-    pub(super) fn send(&mut self, now: Duration, to_server: bool, bytes: Vec<u8>) {
+    pub(super) fn send(&mut self, now: Duration, to_server: bool, mut bytes: Vec<u8>) {
         self.stats.frames += 1;
         if self.rng.below(1000) < self.imp.loss[usize::from(!to_server)] {
             self.stats.lost += 1;
             return;
+        }
+        if self.rng.below(1000) < self.imp.ce && mark_ce(&mut bytes) {
+            self.stats.ce_marked += 1;
         }
         let to = if to_server {
             To::Core(self.core_for(&bytes))
@@ -155,6 +174,34 @@ impl Wire {
     }
 }
 
+/// Marks an ECN-capable IPv4 frame CE, its header checksum made good again: true when it was
+/// ECN-capable (a not-ECT frame is left alone, as a router leaves it).
+fn mark_ce(frame: &mut [u8]) -> bool {
+    if frame.get(12..14) != Some(&[0x08, 0x00][..]) {
+        return false;
+    }
+    let Some(ihl) = frame.get(14).map(|b| usize::from(b & 0x0f) * 4) else {
+        return false;
+    };
+    let Some(ip) = frame.get_mut(14..14 + ihl) else {
+        return false;
+    };
+    if ihl < 20 || ip[1] & 3 == 0 {
+        return false;
+    }
+    ip[1] |= 3;
+    ip[10..12].fill(0);
+    let mut sum: u32 = ip
+        .chunks_exact(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    true
+}
+
 /// Source address and both ports of a UDP over IPv4 frame, in one word.
 fn udp4_tuple(frame: &[u8]) -> Option<u64> {
     if frame.get(12..14)? != [0x08, 0x00] {
@@ -192,6 +239,7 @@ mod tests {
                 loss: [0, 0],
                 dup: 0,
                 reorder: 0,
+                ce: 0,
             },
             3,
         );
@@ -211,6 +259,7 @@ mod tests {
             loss: [0, 0],
             dup: 0,
             reorder: 500,
+            ce: 0,
         };
         let mut w = Wire::new(imp, 11);
         for i in 0..100u8 {

@@ -9,6 +9,7 @@ mib=${1:-256}
 streams=${2:-4}
 bash scripts/install-deps.sh
 cargo build --locked --release --example echo --example http
+cargo build --locked --release --example http3 --features h3
 srv=cldemo-srv-$$ cli=cldemo-cli-$$
 cleanup() {
   [ -n "${pid:-}" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
@@ -87,6 +88,23 @@ ip netns exec "$cli" curl -sS --max-time 5 http://10.99.0.3:8080/
 ip netns exec "$cli" wrk -t2 -c64 -d5s http://10.99.0.3:8080/
 kill -INT "$pid"; wait "$pid"; pid=
 grep -E "^(core|stats|frames)" "$log"
+echo
+echo "== HTTP/3: the h3 crate on corelane's QUIC, fetched by aioquic on the kernel's UDP:"
+ca=$(mktemp --suffix=.pem)
+ip netns exec "$srv" target/release/examples/http3 --iface cl-srv --addr 10.99.0.3/24 \
+  --cert-out "$ca" >"$log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "http3: serving" "$log" && break; sleep 0.1; done
+grep "http3:" "$log" | head -2
+h3() { ip netns exec "$cli" python3 scripts/h3client.py --summary --ca "$ca" "$@"; }
+echo "GET / -> $(h3 https://10.99.0.3:4433/)"
+echo "GET /bytes/10485760 -> $(h3 https://10.99.0.3:4433/bytes/10485760)"
+echo "POST /echo, 1 MB -> $(h3 --post 1000000 https://10.99.0.3:4433/echo)"
+echo "16 connections x 8 GET /bytes/10000 -> \
+$(h3 --connections 16 --requests 8 https://10.99.0.3:4433/bytes/10000)"
+kill -INT "$pid"; wait "$pid"; pid=
+rm -f "$ca"
+grep -E "^(core|stats|frames)" "$log" || true
 echo
 echo "== ip link after exit (no xdp line expected):"
 ip -n "$srv" link show cl-srv | sed -n '1,3p'

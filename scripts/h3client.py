@@ -107,6 +107,7 @@ async def main():
     p.add_argument("--connections", type=int, default=1, help="connections at once")
     p.add_argument("--post", type=int, default=None, metavar="N", help="POST N bytes each time")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds each request may take")
+    p.add_argument("--summary", action="store_true", help="one line for a person, not JSON")
     args = p.parse_args()
 
     u = urlparse(args.url)
@@ -140,7 +141,12 @@ async def main():
     }
     if body is not None:
         summary["sent_sha256"] = hashlib.sha256(body).hexdigest()
-    print(json.dumps(summary))
+    if args.summary:
+        lens = sorted({a["len"] for a in answers})
+        print(f"answered {len(answers)}/{summary['asked']}, statuses {summary['statuses']}, "
+              f"body lengths {lens}, {summary['seconds']} s, errors {errors}")
+    else:
+        print(json.dumps(summary))
     return 0 if not errors and len(answers) == summary["asked"] else 1
 
 

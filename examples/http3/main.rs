@@ -148,8 +148,8 @@ fn certificate(
                     .map_err(|e| format!("--cert-out {}: {e}", out.display()))?;
             }
             println!(
-                "http3: serving a self-signed certificate made at start (a lab default; give \
-                 --tls-cert and --tls-key for a real one){}",
+                "http3: a self-signed certificate made at start, to be served (a lab default; \
+                 give --tls-cert and --tls-key for a real one){}",
                 match &args.cert_out {
                     Some(p) => format!(", written to {}", p.display()),
                     None => String::new(),

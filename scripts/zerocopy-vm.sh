@@ -53,7 +53,9 @@ echo "zerocopy-vm: guest kernel $(cat "$kernel_dir/version")"
 
 # What runs in the guest.
 cargo build --locked --release --example echo --example http -p corelane -q
+cargo build --locked --release --example http3 --features h3 -p corelane -q
 cargo build --locked --release -p corelane-testnet --bin echo-check -q
+cargo build --locked --release -p corelane-bench --bin h3get -q
 
 work=$(mktemp -d)
 trap 'rm -rf "$work" ${apt_dir:+"$apt_dir"}' EXIT
@@ -73,6 +75,8 @@ add() {
 add "$root/target/release/examples/echo" /bin/echo-server
 add "$root/target/release/examples/http" /bin/http-server
 add "$root/target/release/echo-check" /bin/echo-check
+add "$root/target/release/examples/http3" /bin/http3-server
+add "$root/target/release/h3get" /bin/h3get
 # iproute2's ip for network namespaces (busybox's has none), the shared-address test moving
 # the kernel's peer NIC into one; not named ip* (iproute2 reads "ipr" as "ip route").
 add /usr/sbin/ip /usr/bin/nsip

@@ -111,6 +111,7 @@ use std::time::{Duration, Instant};
 
 use plotters::prelude::*;
 
+pub mod h3;
 mod sink;
 pub use sink::{Sink, SinkSample, load_name, offered_panels, parse_loads, write_report};
 

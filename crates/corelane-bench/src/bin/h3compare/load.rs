@@ -2,12 +2,9 @@
 //! CPU, in a closed loop (each connection one request at a time).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use corelane_bench::h3::{BoxError, client_endpoint, get_len as get, open};
 
 /// What one measured run did.
 #[derive(Debug, Default, Clone)]
@@ -61,57 +58,6 @@ pub(crate) enum Load {
     Handshakes { conns: usize },
 }
 
-fn client_endpoint(
-    cert: &rustls::pki_types::CertificateDer<'static>,
-) -> Result<quinn::Endpoint, BoxError> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.clone())?;
-    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
-    let mut ep = quinn::Endpoint::client("0.0.0.0:0".parse()?)?;
-    ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-    Ok(ep)
-}
-
-type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
-
-/// A connection with its h3 driver running on a task of its own.
-async fn open(
-    ep: &quinn::Endpoint,
-    to: SocketAddr,
-) -> Result<(quinn::Connection, Sender), BoxError> {
-    let conn = tokio::time::timeout(Duration::from_secs(5), ep.connect(to, "localhost")?)
-        .await
-        .map_err(|_| "handshake timed out")??;
-    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone())).await?;
-    tokio::task::spawn_local(async move {
-        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
-    });
-    Ok((conn, send))
-}
-
-/// One `GET path`, read whole: the body's length.
-async fn get(send: &mut Sender, path: &str) -> Result<u64, BoxError> {
-    let req = http::Request::get(format!("https://localhost{path}")).body(())?;
-    let mut stream = send.send_request(req).await?;
-    stream.finish().await?;
-    let resp = stream.recv_response().await?;
-    if resp.status() != 200 {
-        return Err(format!("status {}", resp.status()).into());
-    }
-    let mut n = 0u64;
-    while let Some(chunk) = stream.recv_data().await? {
-        n += chunk.remaining() as u64;
-    }
-    Ok(n)
-}
-
 /// Runs `load` against `to` for `warmup` and then `seconds`, on the calling thread (a tokio
 /// runtime of its own); what the measured part did.
 pub(crate) fn run(
@@ -127,7 +73,8 @@ pub(crate) fn run(
         .map_err(|e| e.to_string())?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let ep = client_endpoint(&cert).map_err(|e| e.to_string())?;
+        let any: SocketAddr = "0.0.0.0:0".parse().map_err(|e| format!("{e}"))?;
+        let ep = client_endpoint(&cert, any).map_err(|e| e.to_string())?;
         let start = Instant::now() + warmup;
         let end = start + seconds;
         let (conns, path) = match load {

@@ -1,9 +1,9 @@
 //! The endpoint's state and its driver: the task that feeds the state machine the datagrams
 //! that come in, runs its timers, and sends what its connections may send.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
+use std::hash::BuildHasherDefault;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -59,6 +59,31 @@ impl Outgoing {
     }
 }
 
+/// Hashes a connection handle (a small integer the state machine hands out and reuses, never
+/// anything from the wire) by one multiplication: the endpoint's table is looked up several
+/// times a datagram.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct HandleHasher(u64);
+
+impl std::hash::Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// The endpoint's table's hasher.
+pub(crate) type Handles = BuildHasherDefault<HandleHasher>;
+
 /// One connection as the endpoint holds it.
 pub(crate) struct Conn {
     pub(crate) c: quinn_proto::Connection,
@@ -69,7 +94,7 @@ pub(crate) struct Conn {
     wakers: Vec<Waker>,
     /// In the next pass's list.
     queued: bool,
-    /// The timer last put in the endpoint's heap for it.
+    /// Its entry in the endpoint's timers.
     armed: Option<Instant>,
 }
 
@@ -93,7 +118,7 @@ impl Conn {
 pub(crate) struct State {
     ep: quinn_proto::Endpoint,
     pub(crate) client_config: Option<ClientConfig>,
-    pub(crate) conns: HashMap<ConnectionHandle, Conn>,
+    pub(crate) conns: HashMap<ConnectionHandle, Conn, Handles>,
     incoming: VecDeque<quinn_proto::Incoming>,
     accept_waker: Option<Waker>,
     idle_waker: Option<Waker>,
@@ -103,9 +128,9 @@ pub(crate) struct State {
     /// The connections the next pass looks at: those a datagram, a timer or a handle touched
     /// (a pass costs what moved, not what the table holds).
     dirty: Vec<ConnectionHandle>,
-    /// Every connection's timer, earliest first (an entry a later one replaced is passed
-    /// over when it comes due).
-    timers: BinaryHeap<Reverse<(Instant, ConnectionHandle)>>,
+    /// Every connection's next timer, earliest first: one entry per connection (re-arming
+    /// replaces it), so the set holds what the table holds, not what the timers did.
+    timers: BTreeSet<(Instant, ConnectionHandle)>,
     buf: Vec<u8>,
     clock: crate::clock::Clock,
     /// Why each connection let go ended, as it went (a simulation reads them).
@@ -118,14 +143,14 @@ impl State {
         State {
             ep,
             client_config: None,
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             incoming: VecDeque::new(),
             accept_waker: None,
             idle_waker: None,
             closed: false,
             out: Outgoing::default(),
             dirty: Vec::new(),
-            timers: BinaryHeap::new(),
+            timers: BTreeSet::new(),
             buf: Vec::new(),
             clock,
             #[cfg(feature = "sim")]
@@ -276,6 +301,12 @@ impl State {
         }
     }
 
+    /// Entries in the timers (one per connection at most: a simulation checks it).
+    #[cfg(feature = "sim")]
+    pub(crate) fn timers_held(&self) -> usize {
+        self.timers.len()
+    }
+
     /// What the state machine asked to send, dropped.
     pub(crate) fn drop_out(&mut self) {
         self.out.clear();
@@ -325,14 +356,15 @@ impl State {
     /// events (the tasks waiting on it woken), and the datagrams it may send now. Returns the
     /// earliest timer left.
     pub(crate) fn pass(&mut self, now: Instant) -> Option<Instant> {
-        while let Some(Reverse((t, h))) = self.timers.peek().copied() {
+        while let Some(&(t, h)) = self.timers.first() {
             if t > now {
                 break;
             }
-            self.timers.pop();
-            if self.conns.get(&h).is_some_and(|c| c.armed == Some(t)) {
-                self.mark(h);
+            self.timers.pop_first();
+            if let Some(c) = self.conns.get_mut(&h) {
+                c.armed = None;
             }
+            self.mark(h);
         }
         let handles = std::mem::take(&mut self.dirty);
         for h in handles {
@@ -376,15 +408,21 @@ impl State {
                 if let Some(why) = &conn.lost {
                     self.ended.push((h, why.clone()));
                 }
+                if let Some(old) = conn.armed {
+                    self.timers.remove(&(old, h));
+                }
                 self.conns.remove(&h);
                 continue;
             }
             let timer = conn.c.poll_timeout();
             if timer != conn.armed {
-                conn.armed = timer;
-                if let Some(t) = timer {
-                    self.timers.push(Reverse((t, h)));
+                if let Some(old) = conn.armed {
+                    self.timers.remove(&(old, h));
                 }
+                if let Some(t) = timer {
+                    self.timers.insert((t, h));
+                }
+                conn.armed = timer;
             }
         }
         if self.conns.is_empty()
@@ -392,8 +430,7 @@ impl State {
         {
             w.wake();
         }
-        // Entries of connections gone or re-armed since are passed over when they come due.
-        self.timers.peek().map(|Reverse((t, _))| *t)
+        self.timers.first().map(|&(t, _)| t)
     }
 }
 

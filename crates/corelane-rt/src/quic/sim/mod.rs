@@ -413,6 +413,13 @@ impl World {
     fn check(&mut self) -> Result<(), String> {
         let ends = std::iter::once(&self.client_ep).chain(self.servers.iter().map(|s| &s.1));
         for (i, ep) in ends.enumerate() {
+            if ep.st.timers_held() > ep.st.conns.len() {
+                return Err(format!(
+                    "an endpoint holds {} timers for {} connections",
+                    ep.st.timers_held(),
+                    ep.st.conns.len()
+                ));
+            }
             for c in ep.st.conns.values() {
                 let seen = c.c.stats().path.congestion_events;
                 let k = usize::from(i > 0);

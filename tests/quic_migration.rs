@@ -4,7 +4,7 @@
 //! - a client that rebinds its port mid-transfer (a NAT rebinding, a migration) keeps its
 //!   connection on a server of two cores, whichever core's queue its new port lands on: the
 //!   server's connection IDs name the core that holds the connection, and the core that
-//!   receives a datagram hands it there;
+//!   receives a datagram hands it there; its streams and an unreliable datagram come back;
 //! - a client whose server restarted (the old process gone without a word) is told so at once
 //!   by a stateless reset from the new process, instead of waiting out its idle timeout.
 
@@ -56,6 +56,13 @@ fn echo_server(
                         };
                         tokio::task::spawn_local(async move {
                             let Ok(conn) = incoming.await else { return };
+                            // Datagrams: each sent back doubled.
+                            let dgrams = conn.clone();
+                            tokio::task::spawn_local(async move {
+                                while let Ok(d) = dgrams.read_datagram().await {
+                                    let _ = dgrams.send_datagram([&d[..], &d[..]].concat().into());
+                                }
+                            });
                             while let Ok((mut send, mut recv)) = conn.accept_bi().await {
                                 tokio::task::spawn_local(async move {
                                     let _ = tokio::io::copy(&mut recv, &mut send).await;
@@ -170,9 +177,25 @@ fn a_quinn_client_that_rebinds_its_port_mid_transfer_keeps_its_connection_on_two
                     s2.write_all(b"after").await.map_err(|e| e.to_string())?;
                     s2.finish().map_err(|e| e.to_string())?;
                     let after = r2.read_to_end(100).await.map_err(|e| e.to_string())?;
+                    // An unreliable datagram on the moved connection comes back doubled (sent
+                    // again until one does: the wire may lose one).
+                    let ping = format!("dgram {c}");
+                    let mut dgram_back = false;
+                    for _ in 0..20 {
+                        conn.send_datagram(ping.clone().into_bytes().into())
+                            .map_err(|e| e.to_string())?;
+                        let wait = tokio::time::timeout(
+                            std::time::Duration::from_millis(200),
+                            conn.read_datagram(),
+                        );
+                        if let Ok(Ok(d)) = wait.await {
+                            dgram_back = d[..] == *format!("{ping}{ping}").as_bytes();
+                            break;
+                        }
+                    }
                     conn.close(VarInt::from_u32(0), b"");
                     endpoint.wait_idle().await;
-                    Ok::<_, String>((back == data && after == b"after", ports))
+                    Ok::<_, String>((back == data && after == b"after" && dgram_back, ports))
                 }));
             }
             let mut out = Vec::new();
@@ -187,7 +210,10 @@ fn a_quinn_client_that_rebinds_its_port_mid_transfer_keeps_its_connection_on_two
         for (i, r) in client.iter().enumerate() {
             match r {
                 Ok((whole, ports)) => {
-                    assert!(whole, "client {i}: its streams came back whole");
+                    assert!(
+                        whole,
+                        "client {i}: its streams came back whole, and its datagram doubled"
+                    );
                     let distinct: std::collections::HashSet<_> = ports.iter().collect();
                     assert_eq!(distinct.len(), REBINDS + 1, "client {i} moved: {ports:?}");
                 }

@@ -68,6 +68,12 @@ impl CidSteer {
         usize::from(self.core)
     }
 
+    /// Whether the IDs name cores at all (a run of more than 256 cores names none, and every
+    /// core keeps what it receives).
+    pub fn names_cores(&self) -> bool {
+        self.cores != 0
+    }
+
     /// The ID with `nonce` (seven bytes from a cryptographic random source) naming this core.
     pub fn cid(&self, nonce: [u8; 7]) -> [u8; CID_LEN] {
         let mut id = [0u8; CID_LEN];
@@ -169,6 +175,8 @@ mod tests {
             named, 4,
             "four of the 256 first bytes name one of four cores"
         );
-        assert_eq!(CidSteer::new((1, 1), 0, 300).owner(&[0; 8]), None);
+        let big = CidSteer::new((1, 1), 0, 300);
+        assert_eq!(big.owner(&[0; 8]), None);
+        assert!(!big.names_cores() && r.names_cores());
     }
 }

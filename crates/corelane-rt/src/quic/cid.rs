@@ -59,7 +59,15 @@ impl ConnectionIdGenerator for CoreCids {
     }
 
     fn validate(&self, cid: &ConnectionId) -> Result<(), InvalidCid> {
-        // An ID that names none of the run's cores is none of ours.
+        // An ID that names none of the run's cores is none of ours; in a run too large to
+        // name its cores, any ID of the length is.
+        if !self.steer.names_cores() {
+            return if cid.len() == CID_LEN {
+                Ok(())
+            } else {
+                Err(InvalidCid)
+            };
+        }
         self.steer.owner(cid).map(|_| ()).ok_or(InvalidCid)
     }
 
@@ -88,5 +96,15 @@ mod tests {
         }
         let distinct: std::collections::HashSet<_> = ids.iter().map(|i| i.to_vec()).collect();
         assert_eq!(distinct.len(), ids.len(), "every ID its own");
+    }
+
+    #[test]
+    fn a_run_too_large_to_name_its_cores_still_takes_its_own_ids() {
+        let mut g = CoreCids::new(CidSteer::new((1, 2), 3, 300));
+        for _ in 0..16 {
+            let id = g.generate_cid();
+            assert!(g.validate(&id).is_ok(), "{id:?}");
+        }
+        assert!(g.validate(&ConnectionId::new(&[1, 2, 3, 4])).is_err());
     }
 }

@@ -6,55 +6,64 @@ use corelane_stack::quic_cid::{CID_LEN, CidSteer};
 use quinn_proto::{ConnectionId, ConnectionIdGenerator, InvalidCid};
 use ring::rand::{SecureRandom, SystemRandom};
 
-/// quinn-proto's generator of this core's IDs.
-pub(crate) struct CoreCids {
+/// Where an ID's seven-byte nonce comes from: the system's random source in a run
+/// ([`SystemNonces`]); a seeded generator in a simulation or a fuzz target, so that it
+/// replays. None when the source failed.
+pub(crate) trait Nonces: Send + Sync + 'static {
+    fn nonce(&mut self) -> Option<[u8; 7]>;
+}
+
+/// The system's random source: what a run's IDs take.
+pub(crate) struct SystemNonces(SystemRandom);
+
+impl Nonces for SystemNonces {
+    fn nonce(&mut self) -> Option<[u8; 7]> {
+        let mut n = [0u8; 7];
+        self.0.fill(&mut n).ok()?;
+        Some(n)
+    }
+}
+
+/// A seeded generator (not secret): a simulation's or a fuzz target's.
+impl Nonces for corelane_xsk::SplitMix64 {
+    fn nonce(&mut self) -> Option<[u8; 7]> {
+        let mut n = [0u8; 7];
+        n.copy_from_slice(&self.draw().to_le_bytes()[..7]);
+        Some(n)
+    }
+}
+
+/// quinn-proto's generator of this core's IDs, their nonces from `N`.
+pub(crate) struct CoreCids<N: Nonces> {
     steer: CidSteer,
-    rng: Nonces,
+    nonces: N,
 }
 
-/// Where the IDs' nonces come from.
-enum Nonces {
-    /// The system's random source: what a run uses.
-    System(SystemRandom),
-    /// A seeded generator: a simulation's or a fuzz target's, so that a run replays.
-    Seeded(corelane_xsk::SplitMix64),
-}
-
-impl CoreCids {
-    pub(crate) fn new(steer: CidSteer) -> CoreCids {
-        CoreCids {
-            steer,
-            rng: Nonces::System(SystemRandom::new()),
-        }
-    }
-
-    /// IDs whose nonces come from `seed` (a simulation's or a fuzz target's: not secret).
-    pub(crate) fn seeded(steer: CidSteer, seed: u64) -> CoreCids {
-        CoreCids {
-            steer,
-            rng: Nonces::Seeded(corelane_xsk::SplitMix64(seed)),
-        }
+impl CoreCids<SystemNonces> {
+    /// A run's: nonces from the system's random source.
+    pub(crate) fn new(steer: CidSteer) -> Self {
+        CoreCids::with_nonces(steer, SystemNonces(SystemRandom::new()))
     }
 }
 
-impl ConnectionIdGenerator for CoreCids {
+impl<N: Nonces> CoreCids<N> {
+    pub(crate) fn with_nonces(steer: CidSteer, nonces: N) -> Self {
+        CoreCids { steer, nonces }
+    }
+}
+
+impl<N: Nonces> ConnectionIdGenerator for CoreCids<N> {
     fn generate_cid(&mut self) -> ConnectionId {
-        let mut nonce = [0u8; 7];
-        let filled = match &mut self.rng {
-            Nonces::System(r) => r.fill(&mut nonce).is_ok(),
-            Nonces::Seeded(r) => {
-                nonce.copy_from_slice(&r.draw().to_le_bytes()[..7]);
-                true
-            }
-        };
-        if !filled {
+        let nonce = self.nonces.nonce().unwrap_or_else(|| {
             // The system's random source failed (it does not, on Linux after boot): an ID from
-            // the clock and a counter still names the core; only its unlinkability is lost.
+            // the clock still names the core; only its unlinkability is lost.
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
-            nonce.copy_from_slice(&t.to_le_bytes()[..7]);
-        }
+            let mut n = [0u8; 7];
+            n.copy_from_slice(&t.to_le_bytes()[..7]);
+            n
+        });
         ConnectionId::new(&self.steer.cid(nonce))
     }
 

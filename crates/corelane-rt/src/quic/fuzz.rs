@@ -35,7 +35,7 @@ impl QuicServer {
         let ep = super::state_machine(
             ([7; 32], [8; 32]),
             Some(config),
-            move || CoreCids::seeded(steer, 9),
+            move || CoreCids::with_nonces(steer, corelane_xsk::SplitMix64(9)),
             Some([9; 32]),
         );
         QuicServer {

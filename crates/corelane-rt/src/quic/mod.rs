@@ -214,10 +214,10 @@ impl Endpoint {
 /// the next process of an upgrade accept the others' tokens. Its connection IDs come from
 /// `cids`, which name this core: a datagram another core receives (the peer's address or port
 /// changed) is handed here.
-fn state_machine(
+fn state_machine<N: cid::Nonces>(
     (reset, token): ([u8; 32], [u8; 32]),
     server: Option<ServerConfig>,
-    cids: impl Fn() -> cid::CoreCids + Send + Sync + 'static,
+    cids: impl Fn() -> cid::CoreCids<N> + Send + Sync + 'static,
     rng_seed: Option<[u8; 32]>,
 ) -> quinn_proto::Endpoint {
     let server = server.map(|mut s| {

@@ -184,7 +184,7 @@ impl World {
             let ep = state_machine(
                 host.stack.quic_keys(),
                 Some(server_config.clone()),
-                move || CoreCids::seeded(steer, cid_seed),
+                move || CoreCids::with_nonces(steer, SplitMix64(cid_seed)),
                 Some(seed_bytes(rng.draw())),
             );
             let ep = Ep {
@@ -208,7 +208,7 @@ impl World {
         let ep = state_machine(
             client.stack.quic_keys(),
             None,
-            move || CoreCids::seeded(steer, cid_seed),
+            move || CoreCids::with_nonces(steer, SplitMix64(cid_seed)),
             Some(seed_bytes(rng.draw())),
         );
         let mut st = State::new(ep, clock.clone());

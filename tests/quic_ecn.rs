@@ -75,24 +75,7 @@ fn quinn_and_corelane_keep_ecn_through_a_marking_router_and_answer_its_marks() {
                 .map_err(|e| e.to_string())?;
             rt.block_on(async move {
                 let bind: SocketAddr = format!("{CLIENT}:0").parse().map_err(|e| format!("{e}"))?;
-                let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| e.to_string())?;
-                let config = quinn::ClientConfig::with_root_certificates(Arc::new(roots))
-                    .map_err(|e| e.to_string())?;
-                endpoint.set_default_client_config(config);
-                let mut conn = None;
-                for _ in 0..40 {
-                    let c = endpoint
-                        .connect(to, "localhost")
-                        .map_err(|e| e.to_string())?;
-                    match tokio::time::timeout(Duration::from_millis(500), c).await {
-                        Ok(Ok(c)) => {
-                            conn = Some(c);
-                            break;
-                        }
-                        _ => tokio::time::sleep(Duration::from_millis(100)).await,
-                    }
-                }
-                let conn = conn.ok_or("no handshake with the corelane server")?;
+                let (endpoint, conn) = common::quic::connect(bind, to, roots).await?;
                 let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
                 let data = pattern(7, N);
                 let sent = data.clone();

@@ -90,20 +90,7 @@ async fn connect(
     let to: SocketAddr = format!("{SERVER_V4}:{PORT}")
         .parse()
         .map_err(|e| format!("{e}"))?;
-    let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| e.to_string())?;
-    let config =
-        quinn::ClientConfig::with_root_certificates(Arc::new(roots)).map_err(|e| e.to_string())?;
-    endpoint.set_default_client_config(config);
-    for _ in 0..40 {
-        let attempt = endpoint
-            .connect(to, "localhost")
-            .map_err(|e| e.to_string())?;
-        match tokio::time::timeout(Duration::from_millis(500), attempt).await {
-            Ok(Ok(c)) => return Ok((endpoint, c)),
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    Err("no handshake with the corelane server".into())
+    common::quic::connect(bind, to, roots).await
 }
 
 /// Runs `f` on a current-thread tokio runtime in the client's namespace.

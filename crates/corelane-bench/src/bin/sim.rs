@@ -8,6 +8,8 @@
 //! cargo run --release -p corelane-bench --bin sim -- --seeds 2000            # every scenario
 //! cargo run --release -p corelane-bench --bin sim -- --scenario echo/loss-5% --seeds 100000
 //! cargo run --release -p corelane-bench --bin sim -- --scenario rpc/mix --seed 1234   # replay
+//! # the reordering sweep: frames held behind 1..16 later ones, 1..40% of them, each way
+//! cargo run --release -p corelane-bench --bin sim -- --hold-depths 1,2,4,8,16 --seeds 50
 //! ```
 //!
 //! Needs no privilege: the two stacks run in this process over the in-memory link.
@@ -17,7 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::Parser;
 use corelane_bench::markdown_table;
-use corelane_stack::sim::{Scenario, SimConfig, SimFailure, SimReport, run_with, scenarios};
+use corelane_stack::sim::{
+    Scenario, SimConfig, SimFailure, SimReport, hold_scenarios, run_with, scenarios,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "The deterministic TCP simulation swept over seeds")]
@@ -58,6 +62,15 @@ struct Args {
     /// With `--seed`: prints every frame offered to the path and what became of it.
     #[arg(long)]
     trace: bool,
+    /// The reordering sweep instead of the scenarios: every shape through a lossless path of
+    /// a veth's pace holding `--hold-shares` of the frames each way behind each of these many
+    /// later ones (scenarios `<shape>/hold-D-P`), and through the same path holding none
+    /// (`<shape>/hold-0-0`), whose median time the table divides by.
+    #[arg(long, value_delimiter = ',')]
+    hold_depths: Vec<u32>,
+    /// The held shares (percent each way) of the reordering sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10,20,40")]
+    hold_shares: Vec<f64>,
 }
 
 /// What the runs of one scenario gave.
@@ -102,7 +115,12 @@ fn main() {
         }
         run_with(s, &cfg)
     };
-    let all: Vec<Scenario> = scenarios()
+    let listed = if args.hold_depths.is_empty() {
+        scenarios()
+    } else {
+        hold_scenarios(&args.hold_depths, &args.hold_shares)
+    };
+    let all: Vec<Scenario> = listed
         .into_iter()
         .filter(|s| args.scenario.as_ref().is_none_or(|p| s.name.starts_with(p)))
         .collect();
@@ -158,6 +176,8 @@ fn main() {
     });
     let mut rows = Vec::new();
     let mut failures = 0;
+    // Per shape, the median time through the same path holding nothing (the sweep's baseline).
+    let mut baseline: Vec<(String, f64)> = Vec::new();
     for (s, t) in all.iter().zip(tallies) {
         let mut t = t.into_inner().unwrap_or_else(|e| e.into_inner());
         t.failed.sort_by_key(|f| f.seed);
@@ -171,11 +191,18 @@ fn main() {
         let retx: f64 = t.ok.iter().map(|r| r.retransmits as f64).sum::<f64>();
         let segs: f64 = t.ok.iter().map(|r| r.segments as f64).sum::<f64>();
         let rtos: u64 = t.ok.iter().map(|r| r.rtos).sum();
+        let p50 = pct(&mut done, 0.5);
+        let (shape, cell) = s.name.split_once('/').unwrap_or((&s.name, ""));
+        if cell == "hold-0-0" {
+            baseline.push((shape.to_string(), p50));
+        }
+        let base = baseline.iter().find(|(n, _)| n == shape).map(|b| b.1);
         rows.push(vec![
             s.name.clone(),
             format!("{}", t.ok.len() + t.failed.len()),
             format!("{}", t.failed.len()),
-            format!("{:.1}", pct(&mut done, 0.5)),
+            format!("{p50:.1}"),
+            base.map_or("-".into(), |b| format!("{:.2}", p50 / b)),
             format!("{:.1}", pct(&mut done, 0.99)),
             format!("{:.1}", pct(&mut done, 1.0)),
             format!("{:.1}", pct(&mut stall, 0.99)),
@@ -192,6 +219,7 @@ fn main() {
                 "runs",
                 "failed",
                 "done p50 ms",
+                "/ held none",
                 "p99",
                 "max",
                 "worst stall p99 ms",

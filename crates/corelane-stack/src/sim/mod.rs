@@ -154,6 +154,8 @@ pub struct SimReport {
     pub wire: [WireStats; 2],
     /// Simulation steps taken.
     pub steps: u64,
+    /// Both stacks' TCP counters added together.
+    pub tcp: crate::TcpStats,
 }
 
 /// A broken invariant, with what replays it.
@@ -299,7 +301,10 @@ impl Sim {
 
     fn report(&self) -> SimReport {
         let (s, c) = (self.server.stack.stats().tcp, self.client.stack.stats().tcp);
+        let mut tcp = s;
+        tcp += c;
         SimReport {
+            tcp,
             retransmits: s.retrans_segs + c.retrans_segs,
             rtos: s.rto_expiries + c.rto_expiries,
             segments: s.segs_out + c.segs_out,
@@ -511,6 +516,37 @@ pub fn scenarios() -> Vec<Scenario> {
                 up: i,
                 down: i,
             });
+        }
+    }
+    v
+}
+
+/// The reordering sweep: for each depth `d` of `depths` and share `p` of `shares` (percent),
+/// each workload shape through a path of a veth's pace (50 us each way) that holds `p`% of the
+/// frames each way behind `d` later ones and loses nothing, named `<shape>/hold-<d>-<p>`; and
+/// `<shape>/hold-0-0`, the same path with nothing held, to compare against.
+pub fn hold_scenarios(depths: &[u32], shares: &[f64]) -> Vec<Scenario> {
+    let mut v = Vec::new();
+    for shape in Shape::all() {
+        let cell = |d: u32, p: f64| {
+            let i = Impair {
+                reorder_ppm: (p * 10_000.0).round().clamp(0.0, 1_000_000.0) as u32,
+                reorder_hold: d,
+                delay: Duration::from_micros(50),
+                ..Impair::default()
+            };
+            Scenario {
+                name: format!("{}/hold-{d}-{p}", shape.name()),
+                shape,
+                up: i,
+                down: i,
+            }
+        };
+        v.push(cell(0, 0.0));
+        for &d in depths {
+            for &p in shares {
+                v.push(cell(d, p));
+            }
         }
     }
     v

@@ -19,6 +19,7 @@
 
 mod proto;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -49,9 +50,17 @@ struct Args {
         default_value = "send,receive,echo,rpc-16k,rpc-1m,both"
     )]
     work: Vec<String>,
-    /// Impairments (see --list).
+    /// Impairments (see --list), or `hold-D-P`: P% of the frames each way held behind D later
+    /// ones.
     #[arg(long, value_delimiter = ',')]
     impair: Vec<String>,
+    /// Adds a `hold-D-P` cell for every depth D of these (with `--hold-shares`): the
+    /// reordering sweep, e.g. `--hold-depths 1,2,4,8,16 --hold-shares 1,5,10,20,40`.
+    #[arg(long, value_delimiter = ',')]
+    hold_depths: Vec<u32>,
+    /// The held shares (percent each way) of the `--hold-depths` sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10,20,40")]
+    hold_shares: Vec<f64>,
     /// Paths: plain, 1g, 5ms.
     #[arg(long, value_delimiter = ',', default_value = "plain,1g,5ms")]
     paths: Vec<String>,
@@ -78,9 +87,9 @@ struct Args {
 
 /// One impairment: percent of frames dropped, duplicated and reordered, toward the server and
 /// toward the client.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Impairment {
-    name: &'static str,
+    name: Cow<'static, str>,
     loss: (f64, f64),
     dup: (f64, f64),
     reorder: (f64, f64),
@@ -96,7 +105,7 @@ const fn imp(
     reorder: (f64, f64),
 ) -> Impairment {
     Impairment {
-        name,
+        name: Cow::Borrowed(name),
         loss,
         dup,
         reorder,
@@ -119,14 +128,48 @@ const IMPAIRMENTS: [Impairment; 14] = [
     imp("reorder-5", (0.0, 0.0), (0.0, 0.0), (5.0, 5.0)),
     imp("reorder-20", (0.0, 0.0), (0.0, 0.0), (20.0, 20.0)),
     Impairment {
+        name: Cow::Borrowed("reorder-deep"),
+        loss: (0.0, 0.0),
+        dup: (0.0, 0.0),
+        reorder: (20.0, 20.0),
         depth: 8,
-        ..imp("reorder-deep", (0.0, 0.0), (0.0, 0.0), (20.0, 20.0))
     },
     imp("dup-5", (0.0, 0.0), (5.0, 5.0), (0.0, 0.0)),
     imp("mix", (1.0, 1.0), (10.0, 10.0), (10.0, 10.0)),
 ];
 
 impl Impairment {
+    /// A listed impairment, or `hold-D-P`: P% of the frames each way (0 < P <= 100) held
+    /// behind D later ones (1 <= D <= 64).
+    fn parse(n: &str) -> Result<Impairment, String> {
+        if let Some(im) = IMPAIRMENTS.iter().find(|i| i.name == n) {
+            return Ok(im.clone());
+        }
+        let bad = || format!("unknown impairment {n:?} (see --list; or hold-DEPTH-PERCENT)");
+        let (d, p) = n
+            .strip_prefix("hold-")
+            .and_then(|r| r.split_once('-'))
+            .ok_or_else(bad)?;
+        let depth: u32 = d.parse().map_err(|_| bad())?;
+        let share: f64 = p.parse().map_err(|_| bad())?;
+        Impairment::hold(depth, share)
+    }
+
+    /// `share`% of the frames each way held behind `depth` later ones.
+    fn hold(depth: u32, share: f64) -> Result<Impairment, String> {
+        if !((1..=64).contains(&depth) && share > 0.0 && share <= 100.0) {
+            return Err(format!(
+                "a held share of {share}% behind {depth} frames: the depth goes 1..=64, the \
+                 share above 0 up to 100"
+            ));
+        }
+        Ok(Impairment {
+            name: Cow::Owned(format!("hold-{depth}-{share}")),
+            depth,
+            ..imp("", (0.0, 0.0), (0.0, 0.0), (share, share))
+        })
+    }
+
     fn describe(&self) -> String {
         let two = |(s, c): (f64, f64)| {
             if s == c {
@@ -241,6 +284,10 @@ fn main() {
         for im in &IMPAIRMENTS {
             println!("{:<18} {}", im.name, im.describe());
         }
+        println!(
+            "{:<18} P% of the frames each way held behind D later ones",
+            "hold-D-P"
+        );
         return;
     }
     proto::CONN_STATS.store(args.conn_stats, std::sync::atomic::Ordering::Relaxed);
@@ -264,20 +311,19 @@ fn run(args: &Args) -> Result<(), String> {
         .iter()
         .map(|p| Path::parse(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let impairments: Vec<Impairment> = if args.impair.is_empty() {
-        IMPAIRMENTS.to_vec()
-    } else {
-        args.impair
-            .iter()
-            .map(|n| {
-                IMPAIRMENTS
-                    .iter()
-                    .find(|i| i.name == n)
-                    .copied()
-                    .ok_or_else(|| format!("unknown impairment {n:?} (see --list)"))
-            })
-            .collect::<Result<_, _>>()?
-    };
+    let mut impairments: Vec<Impairment> = args
+        .impair
+        .iter()
+        .map(|n| Impairment::parse(n))
+        .collect::<Result<_, _>>()?;
+    for &d in &args.hold_depths {
+        for &p in &args.hold_shares {
+            impairments.push(Impairment::hold(d, p)?);
+        }
+    }
+    if impairments.is_empty() {
+        impairments = IMPAIRMENTS.to_vec();
+    }
     let net = LossyPath::builder()
         .server_addr(&format!("{KERNEL}/24"))
         .client_addr("10.82.0.2/24")
@@ -331,7 +377,7 @@ fn run(args: &Args) -> Result<(), String> {
                         let c = net.counters().map_err(|e| e.to_string())?;
                         let mut r = Run {
                             path: path.name().into(),
-                            impairment: im.name.into(),
+                            impairment: im.name.to_string(),
                             work: work.name().into(),
                             setup: setup.into(),
                             server_retrans,
@@ -432,8 +478,8 @@ fn report(
             let mut row = vec![format!("{} ({})", im.name, im.describe())];
             for &w in works {
                 let (k, c) = (
-                    cell(p, im.name, w, "kernel"),
-                    cell(p, im.name, w, "corelane"),
+                    cell(p, &im.name, w, "kernel"),
+                    cell(p, &im.name, w, "corelane"),
                 );
                 if k.is_empty() || c.is_empty() {
                     row.push("-".into());
@@ -458,7 +504,7 @@ fn report(
                 };
                 detail.push(vec![
                     p.name().into(),
-                    im.name.into(),
+                    im.name.to_string(),
                     w.name().into(),
                     format!("{:.0} / {:.0}", stall(&k), stall(&c)),
                     format!("{} / {}", retx(&k), retx(&c)),

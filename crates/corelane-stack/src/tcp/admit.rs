@@ -60,8 +60,8 @@ impl Conn {
     /// Remembers `[start, end)`, data that arrived again, for the next ACK's D-SACK block
     /// (RFC 2883 section 4: the first duplicate since the last ACK), and ACKs at once.
     pub(super) fn note_duplicate(&mut self, start: Seq, end: Seq) {
-        if self.sack_ok && end.gt(start) && self.dsack.is_none() {
-            self.dsack = Some((start, end));
+        if self.sack_ok {
+            self.dsack.note(start, end);
         }
         self.ack_now = true;
     }

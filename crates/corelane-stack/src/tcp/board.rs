@@ -61,8 +61,15 @@ impl TxSeg {
 pub(crate) struct Delivered {
     /// Bytes newly acknowledged cumulatively or selectively.
     pub(crate) bytes: usize,
-    /// A round-trip sample from a segment sent once (Karn's rule).
+    /// The shortest round trip among the segments delivered that were sent once (Karn's
+    /// rule): the minimum RTT's sample.
     pub(crate) rtt: Option<Duration>,
+    /// The longest of those: SRTT's sample (as Linux takes it, from the oldest segment an
+    /// ACK newly covers). A segment the path held back behind later ones is timed with its
+    /// wait, so that SRTT, and RACK's reordering window that SRTT bounds, learn how long the
+    /// path holds segments; the shortest alone left SRTT at the unheld round trip, and a
+    /// segment held longer than that was deemed lost every time.
+    pub(crate) rtt_long: Option<Duration>,
     /// The newest transmit time and end among what was delivered (for RACK).
     pub(crate) newest: Option<(Instant, Seq)>,
     /// Whether that newest one was a retransmission (its ACK may answer the first
@@ -527,6 +534,7 @@ fn note(out: &mut Delivered, s: &TxSeg, now: Instant) {
     if s.retx == 0 {
         let rtt = now - s.xmit;
         out.rtt = Some(out.rtt.map_or(rtt, |r| r.min(rtt)));
+        out.rtt_long = Some(out.rtt_long.map_or(rtt, |r| r.max(rtt)));
         out.low_original = Some(out.low_original.map_or(s.end, |l| l.min(s.end)));
     }
     out.high = Some(out.high.map_or(s.end, |h| h.max(s.end)));

@@ -9,6 +9,7 @@ use smoltcp::wire::{IpAddress, IpEndpoint, TcpRepr};
 use super::TcpConfig;
 use super::board_box::BoardBox;
 use super::cc::{Cc, Congestion};
+use super::dsack::Dsacks;
 use super::due::Due;
 use super::probe::LossProbe;
 use super::ring::Ring;
@@ -54,6 +55,13 @@ pub(super) struct Undo {
     pub left: u32,
     /// SND.UNA when the episode began: D-SACKs below it are of older segments.
     pub from: Seq,
+    /// This side's TSval when the episode's first retransmission was sent.
+    pub retx_ts: Option<u32>,
+    /// The highest end among the episode's retransmissions.
+    pub retx_high: Seq,
+    /// An ACK covered a retransmission and echoed a timestamp no older than `retx_ts`: the
+    /// retransmission may have been needed, so the echo proves nothing for this episode.
+    pub echoed_retx: bool,
 }
 
 /// What one side learnt from the other's SYN.
@@ -120,9 +128,9 @@ pub(crate) struct Conn {
     pub(super) ooo: Vec<(Seq, Seq)>,
     /// Starts of the out-of-order arrivals not yet reported in a SACK block, newest last.
     pub(super) sack_fresh: Vec<Seq>,
-    /// Data that arrived again since the last ACK: the next one reports it first (a D-SACK,
-    /// RFC 2883), so that the peer learns its retransmission was spurious.
-    pub(super) dsack: Option<(Seq, Seq)>,
+    /// Data that arrived again since the last ACK: the next ones report it first (D-SACKs,
+    /// RFC 2883), so that the peer learns its retransmissions were spurious.
+    pub(super) dsack: Dsacks,
     pub(super) peer_fin: Option<Seq>,
     /// `RCV.UP`: the sequence number after the urgent data the peer last pointed to, while
     /// some of it is still unread (RFC 9293 3.8.5, MUST-30/31; RFC 6093's reading).
@@ -179,7 +187,7 @@ pub(crate) struct Conn {
     /// When an ACK last answered a segment without data that was outside the window or
     /// failed PAWS (at most one per `OOW_ACK_GAP`).
     pub(super) oow_ack_at: Due,
-    pub(super) challenges: u32,
+    pub(super) challenges: u8,
     // Congestion and loss recovery.
     pub(super) board: BoardBox,
     pub(super) cc: Cc,
@@ -188,11 +196,11 @@ pub(crate) struct Conn {
     pub(super) rack_rtt: Duration,
     pub(super) reordering: bool,
     /// RACK's reordering window in quarters of the minimum RTT (RFC 8985 section 6.2).
-    pub(super) reo_mult: u32,
+    pub(super) reo_mult: u8,
     /// The round a D-SACK last widened the window in: widened again once this is acked.
     pub(super) reo_round: Option<Seq>,
     /// Recoveries since the last D-SACK; after 16 the window is back to one quarter.
-    pub(super) reo_quiet: u32,
+    pub(super) reo_quiet: u8,
     /// The highest sequence delivered so far (RACK.fack).
     pub(super) rack_fack: Option<Seq>,
     /// What undoes the last fast recovery's reduction if it proves spurious.
@@ -284,7 +292,7 @@ impl Conn {
             rcv_wscale: scale_for(sizes.rx_max),
             ooo: Vec::new(),
             sack_fresh: Vec::new(),
-            dsack: None,
+            dsack: Dsacks::default(),
             peer_fin: None,
             fin_rcvd: false,
             last_ack_sent: Seq(0),

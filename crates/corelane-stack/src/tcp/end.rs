@@ -51,7 +51,7 @@ impl Conn {
         self.rcv.free();
         self.ooo = Vec::new();
         self.sack_fresh = Vec::new();
-        self.dsack = None;
+        self.dsack.clear();
         self.board.clear();
     }
 

@@ -407,8 +407,9 @@ impl Conn {
             }
         }
         self.note_reordering(&d);
-        if let Some(r) = d.rtt {
-            self.rtt.sample(r);
+        self.note_echo(&d, seg);
+        if let (Some(short), Some(long)) = (d.rtt, d.rtt_long) {
+            self.rtt.sample_span(long, short);
         } else if acked > 0
             && d.retx_acked > 0
             && self.ts_ok
@@ -457,7 +458,9 @@ impl Conn {
             self.recovery = None;
             if !timeout {
                 match self.undo.take() {
-                    Some(u) if u.left == 0 => self.apply_undo(*u),
+                    Some(u) if u.left == 0 || self.echo_proves_spurious(&u, seg) => {
+                        self.apply_undo(*u);
+                    }
                     other => {
                         self.undo = other;
                         self.cc.cwnd = self.cc.ssthresh.max(2 * mss);
@@ -530,6 +533,9 @@ impl Conn {
                 prior: self.cc.clone(),
                 left: 0,
                 from: self.snd_una,
+                retx_ts: None,
+                retx_high: self.snd_una,
+                echoed_retx: false,
             }));
             self.enter_recovery();
             self.stats.rare().fast_recoveries += 1;

@@ -37,6 +37,8 @@ mod conformance_pacing;
 #[cfg(test)]
 mod conformance_recovery;
 #[cfg(test)]
+mod conformance_spurious;
+#[cfg(test)]
 mod conformance_timeouts;
 #[cfg(test)]
 mod conformance_urgent;
@@ -45,6 +47,7 @@ mod conformance_window;
 #[cfg(test)]
 mod conformance_wrap;
 mod conn;
+mod dsack;
 mod due;
 mod ecn;
 mod end;

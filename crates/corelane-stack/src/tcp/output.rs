@@ -281,7 +281,7 @@ impl Conn {
                 return n;
             }
             self.board.resent(i, now);
-            self.sent_again(s.len() - usize::from(s.fin));
+            self.sent_again(now, &s);
             if self.rto_at.is_none() {
                 self.rto_at = Due::from(Some(now + self.rtt.rto()));
             }
@@ -310,7 +310,7 @@ impl Conn {
                     return n;
                 }
                 self.board.resent(i, now);
-                self.sent_again(s.len() - usize::from(s.fin));
+                self.sent_again(now, &s);
                 n += 1;
             } else if new_data {
                 force = true;
@@ -319,7 +319,7 @@ impl Conn {
                     return n;
                 }
                 self.board.probe_last(now);
-                self.sent_again(s.len() - usize::from(s.fin));
+                self.sent_again(now, &s);
                 n += 1;
             }
             self.rto_at = Due::from(Some(now + self.rtt.rto()));
@@ -438,10 +438,11 @@ impl Conn {
                 n += 1;
             }
         }
-        // Arrivals whose blocks did not fit the last segment's three: ACKs until each block
-        // was reported once (a few at most; Linux ACKs every out-of-order segment).
+        // Arrivals whose blocks did not fit the last segment's three, and duplicates after
+        // the first: ACKs until each block was reported once (a few at most; Linux ACKs every
+        // out-of-order segment and every duplicate).
         for _ in 0..4 {
-            if !self.sack_ok || self.sack_fresh.is_empty() {
+            if !self.sack_ok || (self.sack_fresh.is_empty() && self.dsack.is_empty()) {
                 break;
             }
             let o = self.header(now);
@@ -462,7 +463,7 @@ impl Conn {
     /// Option bytes of the SACK blocks the next segment carries (see `header`): a kind and
     /// length padded to four bytes, then eight bytes a block, at most three.
     fn sack_options_len(&self) -> usize {
-        let blocks = self.ooo.len() + usize::from(self.dsack.is_some());
+        let blocks = self.ooo.len() + usize::from(!self.dsack.is_empty());
         if self.sack_ok && blocks > 0 {
             4 + 8 * blocks.min(3)
         } else {
@@ -506,14 +507,18 @@ impl Conn {
         self.board.back().copied()
     }
 
-    fn sent_again(&mut self, bytes: usize) {
+    fn sent_again(&mut self, now: Instant, s: &TxSeg) {
+        let bytes = s.len() - usize::from(s.fin);
         self.stats.rare().retrans_segs += 1;
         self.stats.rare().retrans_bytes += bytes as u64;
         if let Some(rec) = &mut self.recovery {
             rec.prr_out += bytes;
         }
+        let ts = self.ts_now(now);
         if let Some(u) = &mut self.undo {
             u.left += 1;
+            u.retx_ts.get_or_insert(ts);
+            u.retx_high = u.retx_high.max(s.end);
         }
     }
 }

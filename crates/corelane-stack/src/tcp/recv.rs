@@ -249,7 +249,7 @@ impl Conn {
             p.lt(self.rcv_nxt)
                 && !self.unacked_segs.is_multiple_of(2)
                 && self.ooo.is_empty()
-                && self.dsack.is_none()
+                && self.dsack.is_empty()
                 && !self.fin_rcvd
         });
         let Some(point) = held else {

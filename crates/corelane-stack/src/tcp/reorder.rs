@@ -4,8 +4,10 @@
 
 use smoltcp::time::{Duration, Instant};
 
+use smoltcp::wire::TcpRepr;
+
 use super::board::Delivered;
-use super::conn::Conn;
+use super::conn::{Conn, Undo};
 use super::seq::Seq;
 
 /// Once the path has been seen to reorder, the reordering timer fires no sooner than this
@@ -39,7 +41,7 @@ impl Conn {
         }
         self.reo_quiet = 0;
         if self.reo_round.is_none_or(|r| self.snd_una.gt(r)) {
-            self.reo_mult = (self.reo_mult + 1).min(255);
+            self.reo_mult = self.reo_mult.saturating_add(1);
             self.reo_round = Some(self.snd_nxt);
         }
     }
@@ -76,6 +78,36 @@ impl Conn {
             due.map(|t| t.max(now + REO_TIMER_FLOOR))
         } else {
             due
+        }
+    }
+
+    /// Whether the ACK that ends a fast recovery shows the episode's retransmissions were not
+    /// needed (RFC 3522's detection, from RFC 7323's echo): it echoes a timestamp older than
+    /// the first retransmission, so the segment that closed the last hole was sent before
+    /// any, and no ACK that covered a retransmission echoed a newer one. A path that holds
+    /// segments back long enough to be deemed lost loses the reduction's D-SACKs as well (the
+    /// ACKs that carry them are held back and overtaken too); this one needs none.
+    pub(super) fn echo_proves_spurious(&self, u: &Undo, seg: &TcpRepr<'_>) -> bool {
+        let (Some(first), Some(ts)) = (u.retx_ts, seg.timestamp) else {
+            return false;
+        };
+        self.ts_ok && !u.echoed_retx && (ts.tsecr.wrapping_sub(first) as i32) < 0
+    }
+
+    /// An ACK covered retransmitted segments: if it echoes a timestamp no older than the
+    /// episode's first retransmission, a retransmission may have closed the hole, and the
+    /// echo can no longer prove the episode spurious.
+    pub(super) fn note_echo(&mut self, d: &Delivered, seg: &TcpRepr<'_>) {
+        if d.retx_acked == 0 {
+            return;
+        }
+        if let Some(u) = &mut self.undo
+            && let Some(first) = u.retx_ts
+            && seg
+                .timestamp
+                .is_none_or(|t| (t.tsecr.wrapping_sub(first) as i32) >= 0)
+        {
+            u.echoed_retx = true;
         }
     }
 }

@@ -68,6 +68,13 @@ impl Rtt {
         self.backoff = 0;
     }
 
+    /// One ACK's samples: `long` (its oldest segment's) for SRTT and RTTVAR, `short` (its
+    /// newest's) for the minimum.
+    pub(crate) fn sample_span(&mut self, long: Duration, short: Duration) {
+        self.sample(long);
+        self.min_rtt = self.min_rtt.min(short.total_micros().max(1));
+    }
+
     /// The smoothed RTT, if any sample was taken.
     pub(crate) fn srtt(&self) -> Option<Duration> {
         self.srtt.map(Duration::from_micros)

@@ -143,3 +143,43 @@ fn srtt_takes_the_oldest_segment_an_ack_covers_and_the_minimum_the_newest() {
     assert_eq!(s.c.rtt.srtt(), Some(Duration::from_millis(6)));
     assert_eq!(s.c.rtt.min_rtt(), Some(Duration::from_millis(1)));
 }
+
+#[test]
+fn an_original_arriving_late_widens_the_reordering_window_to_its_lateness() {
+    let (mut s, una) = Script::established(false);
+    s.c.rtt = Rtt::new(
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    s.c.rtt.sample(Duration::from_micros(100));
+    s.c.write(&[9u8; 5000]);
+    assert_eq!(s.out().len(), 5);
+    // The second segment arrives 100 us after it left...
+    s.advance(Duration::from_micros(100));
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 1000, una + 2000));
+    s.input(ack);
+    let before = s.c.reo_wnd();
+    assert!(before < Duration::from_micros(100), "{before}");
+    // ...and the first, sent with it, 3 ms after: 2.9 ms later than the round trip of the
+    // one that overtook it. No quarter-of-the-minimum-RTT step (nor SRTT, 100 us) would
+    // reach that; the window now does.
+    s.advance(Duration::from_micros(2900));
+    s.input(seg(PEER_ISN + 1, una + 2000));
+    assert!(s.c.reordering);
+    assert_eq!(s.c.stats.get().retrans_segs, 0);
+    assert!(
+        s.c.reo_wnd() >= Duration::from_micros(2900),
+        "{}",
+        s.c.reo_wnd()
+    );
+    // A segment held a second is not waited for: the window stops at its bound.
+    s.advance(Duration::from_millis(100));
+    let mut ack = seg(PEER_ISN + 1, una + 2000);
+    ack.sack[0] = Some((una + 3000, una + 4000));
+    s.input(ack);
+    s.advance(Duration::from_secs(1));
+    s.input(seg(PEER_ISN + 1, una + 4000));
+    assert_eq!(s.c.reo_wnd(), super::reorder::REO_LATE_MAX);
+}

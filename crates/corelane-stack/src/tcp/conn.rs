@@ -201,6 +201,10 @@ pub(crate) struct Conn {
     pub(super) reo_round: Option<Seq>,
     /// Recoveries since the last D-SACK; after 16 the window is back to one quarter.
     pub(super) reo_quiet: u8,
+    /// The latest an original segment was seen to arrive behind a later one, in
+    /// microseconds past the round trip of that later one (what RACK's window would have
+    /// had to be to wait for it); forgotten with the window's widening.
+    pub(super) reo_late_us: u32,
     /// The highest sequence delivered so far (RACK.fack).
     pub(super) rack_fack: Option<Seq>,
     /// What undoes the last fast recovery's reduction if it proves spurious.
@@ -340,6 +344,7 @@ impl Conn {
             reo_mult: 1,
             reo_round: None,
             reo_quiet: 0,
+            reo_late_us: 0,
             rack_fack: None,
             undo: None,
             dupacks: 0,

@@ -544,6 +544,7 @@ impl Conn {
             if self.reo_quiet >= 16 {
                 self.reo_mult = 1;
                 self.reo_quiet = 0;
+                self.reo_late_us = 0;
             }
         }
     }

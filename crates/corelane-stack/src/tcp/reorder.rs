@@ -1,9 +1,19 @@
 //! RACK's view of reordering (RFC 8985 section 6.2): the evidence that the path reorders
 //! (a D-SACK, or an original segment delivered below one delivered before it), the reordering
-//! window that evidence widens, and the reordering timer's floor once it has been seen.
+//! window that evidence widens, the reordering timer's floor once it has been seen, and the
+//! undo of a recovery the echoed timestamps prove spurious.
+//!
+//! The window goes past RFC 8985's bound (SRTT) in one case: an original segment seen to
+//! arrive late, behind a later one. How late it was past that later one's round trip is what
+//! the window would have had to be; the window is at least the latest such lateness (up to
+//! `REO_LATE_MAX`, forgotten when the quarters are: after 16 recoveries with no D-SACK). A
+//! path that holds a segment behind sixteen later ones holds it for sixteen segments' time,
+//! which at a small window is several round trips: bounded by SRTT, RACK deemed such segments
+//! lost every time, each spurious recovery cut the window, and a smaller window made the holds
+//! longer still (16 MiB echo with 40% of frames held: 85 Mbit/s and 3,000 segments resent,
+//! against 580-610 Mbit/s and 25-64 resent with the measured window).
 
 use smoltcp::time::{Duration, Instant};
-
 use smoltcp::wire::TcpRepr;
 
 use super::board::Delivered;
@@ -16,6 +26,11 @@ use super::seq::Seq;
 /// precise; Linux's timer (two ticks at least) waits a millisecond or more. Losses found by
 /// arriving ACKs are not delayed by it.
 pub(super) const REO_TIMER_FLOOR: Duration = Duration::from_millis(1);
+
+/// The longest RACK's window may grow from what the path showed: a real loss is found by
+/// ACKs no later than this past the round trip (and by the loss probe and the retransmission
+/// timer, 200 ms at the least, as before).
+pub(super) const REO_LATE_MAX: Duration = Duration::from_millis(50);
 
 impl Conn {
     /// A D-SACK: the path reorders more than the window allowed for; widen it by a quarter
@@ -47,14 +62,17 @@ impl Conn {
     }
 
     /// RACK's reordering window (RFC 8985 section 6.2, step 4): none in recovery unless
-    /// reordering was seen, else `reo_mult` quarters of the minimum RTT, never more than SRTT.
+    /// reordering was seen, else `reo_mult` quarters of the minimum RTT, never more than SRTT;
+    /// and at least the latest lateness seen (see the module's docs).
     pub(super) fn reo_wnd(&self) -> Duration {
         if !self.reordering && (self.recovery.is_some() || self.board.sacked() >= 3 * self.smss) {
             return Duration::ZERO;
         }
         let min = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
         let q = Duration::from_micros(min.total_micros() / 4 * u64::from(self.reo_mult));
-        self.rtt.srtt().map_or(q, |s| q.min(s))
+        let q = self.rtt.srtt().map_or(q, |s| q.min(s));
+        let late = Duration::from_micros(u64::from(self.reo_late_us)).min(REO_LATE_MAX);
+        q.max(late)
     }
 
     /// RACK's reordering detection (RFC 8985 section 6.2, step 2): an original transmission
@@ -65,6 +83,14 @@ impl Conn {
             && low.lt(fack)
         {
             self.reordering = true;
+            if let Some(long) = d.rtt_long
+                && self.rack.is_some()
+            {
+                let late = long
+                    .total_micros()
+                    .saturating_sub(self.rack_rtt.total_micros());
+                self.reo_late_us = self.reo_late_us.max(late.min(u64::from(u32::MAX)) as u32);
+            }
         }
         if let Some(high) = d.high {
             self.rack_fack = Some(self.rack_fack.map_or(high, |f| f.max(high)));

@@ -12,7 +12,42 @@ use super::seq::Seq;
 /// At most one ACK per this long answers segments without data outside the window.
 pub(super) const OOW_ACK_GAP: Duration = Duration::from_millis(500);
 
+/// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
+const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
+
+/// How many ticks behind TS.Recent a segment with data not yet received may be and still
+/// be taken (see `paws_rejects`).
+pub(super) const PAWS_REORDER_TICKS: u32 = 8;
+
 impl Conn {
+    /// PAWS (RFC 7323 section 5.3): whether the segment's timestamp marks it an old
+    /// duplicate. One tick behind TS.Recent is let through (as Linux's `TCP_PAWS_WINDOW`): a
+    /// reordered segment sent in the tick before the one that set TS.Recent. A segment that
+    /// carries data not yet received may be up to `PAWS_REORDER_TICKS` behind: a path that
+    /// holds segments behind later ones delivers an original after the retransmission that
+    /// filled the hole below it (and moved TS.Recent on), and dropped, that original is a
+    /// loss the sender recovers only when its reordering window, grown to the path's, runs
+    /// out. What PAWS guards against is a segment some 2^31 bytes older aliased into the
+    /// window by wrapped sequence numbers: within eight ticks that takes 2.1 Tbit/s at a
+    /// millisecond tick (Linux's and the BSDs'), and at the slowest tick RFC 7323 allows
+    /// (1 s) 2.1 Gbit/s held for eight seconds, where one tick's leniency already lets
+    /// 17 Gbit/s through.
+    pub(super) fn paws_rejects(
+        &self,
+        now: Instant,
+        seg: &TcpRepr<'_>,
+        seq: Seq,
+        len: usize,
+    ) -> bool {
+        let Some(ts) = seg.timestamp.filter(|_| self.ts_ok) else {
+            return false;
+        };
+        let behind = self.ts_recent.wrapping_sub(ts.tsval) as i32;
+        let new_data = len > 0 && seq.plus(len).gt(self.rcv_nxt);
+        let allowed = if new_data { PAWS_REORDER_TICKS } else { 1 };
+        behind > allowed as i32 && now - self.ts_recent_at < PAWS_IDLE
+    }
+
     /// Whether a new SYN for this connection's four-tuple may end it and open a new one
     /// (RFC 6191): always once closed; in TIME-WAIT only when the SYN's timestamp is newer
     /// than the last one this connection saw, or, without timestamps on both, when its

@@ -79,6 +79,11 @@ pub(crate) struct Delivered {
     pub(crate) retx_acked: usize,
     /// The lowest end among the segments delivered that were sent once.
     pub(crate) low_original: Option<Seq>,
+    /// The lowest segment delivered: its end, its last transmit time, and whether it was
+    /// sent once. When an ACK covers a hole and what lay above it, the hole's segment is the
+    /// one that just arrived; those above may have arrived long before (their report is
+    /// what was late).
+    pub(crate) lowest: Option<(Seq, Instant, bool)>,
     /// The highest end among the segments delivered.
     pub(crate) high: Option<Seq>,
 }
@@ -538,6 +543,9 @@ fn note(out: &mut Delivered, s: &TxSeg, now: Instant) {
         out.low_original = Some(out.low_original.map_or(s.end, |l| l.min(s.end)));
     }
     out.high = Some(out.high.map_or(s.end, |h| h.max(s.end)));
+    if out.lowest.is_none_or(|(e, _, _)| s.end.lt(e)) {
+        out.lowest = Some((s.end, s.xmit, s.retx == 0));
+    }
     let newer = out
         .newest
         .is_none_or(|(t, e)| s.xmit > t || (s.xmit == t && s.end.gt(e)));

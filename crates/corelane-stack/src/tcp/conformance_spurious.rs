@@ -183,3 +183,106 @@ fn an_original_arriving_late_widens_the_reordering_window_to_its_lateness() {
     s.input(seg(PEER_ISN + 1, una + 4000));
     assert_eq!(s.c.reo_wnd(), super::reorder::REO_LATE_MAX);
 }
+
+#[test]
+fn paws_takes_new_data_held_a_few_ticks_behind_but_not_a_duplicate_or_older_data() {
+    let (mut s, una) = Script::established(true);
+    // A retransmission fills the hole at the left edge and moves TS.Recent to 60...
+    let mut filler = seg(PEER_ISN + 1, una);
+    filler.len = 100;
+    filler.ts = Some((60, 0));
+    s.input(filler);
+    // ...and the original above it, sent five ticks earlier and held on the path, arrives.
+    let mut held = seg(PEER_ISN + 101, una);
+    held.len = 100;
+    held.ts = Some((55, 0));
+    s.input(held);
+    assert_eq!(s.c.readable(), 200, "taken");
+    assert_eq!(s.c.stats.get().paws_dropped, 0);
+    // A copy of data already received, two ticks behind, is an old duplicate.
+    let mut dup = seg(PEER_ISN + 1, una);
+    dup.len = 100;
+    dup.ts = Some((58, 0));
+    s.input(dup);
+    assert_eq!(s.c.stats.get().paws_dropped, 1);
+    // New data further behind than the reordering allowance is too.
+    let mut old = seg(PEER_ISN + 201, una);
+    old.len = 100;
+    old.ts = Some((60 - super::admit::PAWS_REORDER_TICKS - 1, 0));
+    s.input(old);
+    assert_eq!(s.c.stats.get().paws_dropped, 2);
+    assert_eq!(s.c.readable(), 200);
+}
+
+#[test]
+fn a_sacked_retransmission_moves_rack_on_whatever_the_echo() {
+    // The left edge's echo is what an ACK of out-of-order data carries (RFC 7323 section
+    // 4.3): a retransmission SACKed a round trip after it left is news to RACK.
+    let (mut s, una) = Script::established(true);
+    s.c.rtt = Rtt::new(
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    s.c.rtt.sample(Duration::from_micros(100));
+    let m = s.c.smss as u32;
+    s.c.write(&vec![9u8; 4 * m as usize]);
+    assert_eq!(s.out().len(), 4);
+    let first = s.c.ts_now(s.now);
+    // The second and fourth arrive; the first and third are deemed lost when the
+    // reordering timer fires, and resent.
+    s.advance(Duration::from_millis(1));
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.ts = Some((3, first));
+    ack.sack = [
+        Some((una + 3 * m, una + 4 * m)),
+        Some((una + m, una + 2 * m)),
+        None,
+    ];
+    s.input(ack);
+    s.jump();
+    let again: Vec<u32> = s.out().iter().map(|o| o.seq).collect();
+    assert_eq!(again, vec![una, una + 2 * m]);
+    let resent_at = s.now;
+    // The third's copy is SACKed 200 us later (the first still missing): the echo is the
+    // left edge's, from before the retransmissions.
+    s.advance(Duration::from_micros(200));
+    let mut sack = seg(PEER_ISN + 1, una);
+    sack.ts = Some((4, first));
+    sack.sack = [Some((una + m, una + 4 * m)), None, None];
+    s.input(sack);
+    assert_eq!(
+        s.c.rack.map(|r| r.0),
+        Some(resent_at),
+        "RACK took the SACKed retransmission"
+    );
+}
+
+#[test]
+fn a_recovery_begun_by_the_reordering_timer_has_its_probe_armed() {
+    // A recovery that cannot send at once (its window full of segments the peer will not
+    // take) must not be left to the retransmission timer: its probe is armed when it begins,
+    // not only after a transmission or an ACK's progress.
+    let (mut s, una) = Script::established(false);
+    s.c.rtt = Rtt::new(
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    s.c.rtt.sample(Duration::from_micros(100));
+    s.c.write(&[9u8; 10_000]);
+    assert_eq!(s.out().len(), 10);
+    s.advance(Duration::from_micros(100));
+    let mut ack = seg(PEER_ISN + 1, una);
+    ack.sack[0] = Some((una + 1000, una + 2000));
+    s.input(ack);
+    assert!(s.c.recovery.is_none(), "the first is not due yet");
+    // The reordering timer deems the first lost: recovery, before anything is sent.
+    s.jump();
+    s.c.on_time(s.now);
+    assert!(s.c.recovery.is_some());
+    assert!(
+        s.c.probe.deadline().is_some(),
+        "no probe armed when the recovery began"
+    );
+}

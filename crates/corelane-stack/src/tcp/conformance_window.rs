@@ -289,3 +289,29 @@ fn reading_after_the_peer_s_fin_sends_no_window_update_and_a_later_reset_keeps_t
     s.input(rst);
     assert!(s.c.fin_received(), "the FIN came before the reset");
 }
+
+#[test]
+fn a_zero_window_overtaken_by_the_update_that_reopened_it_is_not_taken() {
+    let (mut s, una) = Script::established(true);
+    let m = s.c.smss as u32;
+    s.c.write(&vec![9u8; 2 * m as usize]);
+    assert_eq!(s.out().len(), 2);
+    let sent = s.c.ts_now(s.now);
+    // The peer's buffer filled ("zero"), its reader caught up ("open"), in the same tick and
+    // with the same numbers; the path delivers the update first.
+    let mut open = seg(PEER_ISN + 1, una + 2 * m);
+    open.ts = Some((10, sent));
+    let mut zero = open;
+    zero.window = 0;
+    s.input(open);
+    s.input(zero);
+    assert!(s.c.snd_wnd > 0, "a stale zero window was taken");
+    // A zero window with a newer timestamp is the peer's word now.
+    zero.ts = Some((11, sent));
+    s.input(zero);
+    assert_eq!(s.c.snd_wnd, 0);
+    // And an update with the same numbers opens it again.
+    open.ts = Some((11, sent));
+    s.input(open);
+    assert!(s.c.snd_wnd > 0);
+}

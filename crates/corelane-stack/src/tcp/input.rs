@@ -13,9 +13,6 @@ use super::ecn::EcnIn;
 use super::probe::Arming;
 use super::seq::Seq;
 
-/// PAWS does not apply to a timestamp this old (RFC 7323 section 5.5: 24 days).
-const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
-
 impl Conn {
     /// A segment for this connection arrived, with no ECN marks.
     #[cfg(test)]
@@ -66,15 +63,8 @@ impl Conn {
             return true;
         }
 
-        // PAWS (RFC 7323 section 5.3), one tick lenient (as Linux's `TCP_PAWS_WINDOW`): a
-        // reordered segment sent in the millisecond before the one that set TS.Recent is no
-        // old duplicate, and dropping it would cost the peer a retransmission.
-        if self.ts_ok
-            && !rst
-            && let Some(ts) = seg.timestamp
-            && Seq(ts.tsval).lt(Seq(self.ts_recent.wrapping_sub(1)))
-            && now - self.ts_recent_at < PAWS_IDLE
-        {
+        // PAWS (RFC 7323 section 5.3; see `paws_rejects`).
+        if !rst && self.paws_rejects(now, seg, seq, len) {
             self.stats.rare().paws_dropped += 1;
             let end = seq.plus(seg.payload.len()).min(self.rcv_nxt);
             if !seg.payload.is_empty() && seq.lt(end) {
@@ -146,6 +136,10 @@ impl Conn {
         };
         let ack = Seq(ack.0 as u32);
 
+        let fresh_ts = !self.ts_ok
+            || seg
+                .timestamp
+                .is_none_or(|t| Seq(t.tsval).gt(Seq(self.ts_recent)));
         // TS.Recent (RFC 7323 section 4.3).
         if self.ts_ok
             && let Some(ts) = seg.timestamp
@@ -186,7 +180,7 @@ impl Conn {
             self.challenge(now);
             return false;
         }
-        self.process_ack(now, seg, seq, ack);
+        self.process_ack(now, seg, seq, ack, fresh_ts);
         if matches!(self.state, TcpState::Closed) || ack_only {
             return true;
         }
@@ -320,7 +314,8 @@ impl Conn {
     }
 
     /// The ACK, the window and the SACK blocks of an acceptable segment.
-    fn process_ack(&mut self, now: Instant, seg: &TcpRepr<'_>, seq: Seq, ack: Seq) {
+    /// `fresh_ts`: the segment's timestamp is newer than any before it (see `take_window`).
+    fn process_ack(&mut self, now: Instant, seg: &TcpRepr<'_>, seq: Seq, ack: Seq, fresh_ts: bool) {
         let mut d = Delivered::default();
         let mut acked = 0;
         if ack.gt(self.snd_una) {
@@ -358,32 +353,8 @@ impl Conn {
             self.dupacks += 1;
         }
 
-        // The send window (RFC 9293 section 3.10.7.4, the fifth check), and from any segment
-        // whose ACK is newer than the one that last set it (as Linux takes it): a peer's
-        // retransmission carries an old sequence number but its current ACK and window, and
-        // SND.UNA moved by that ACK with the older, larger window kept would put the right edge
-        // past what the peer offered. A segment with the same sequence number and ACK as the
-        // one that set it carries nothing newer: it may be an older window update overtaken on
-        // the path, so it may open the window (or close it to zero) but never shrink it (as
-        // Linux's `tcp_may_update_window`); taken as it came, a stale small window after the
-        // peer's update left the sender waiting for the override timer with nothing lost.
-        let wnd = usize::from(seg.window_len) << self.snd_wscale;
-        if self.snd_wl1.lt(seq)
-            || self.snd_wl2.lt(ack)
-            || (self.snd_wl1 == seq && self.snd_wl2 == ack && (wnd > self.snd_wnd || wnd == 0))
-        {
-            if wnd > self.snd_wnd {
-                self.wake_tx();
-            }
-            if wnd == 0 && self.snd_wnd == 0 {
-                // The peer answers our zero-window probes: it is alive.
-                self.last_progress = now;
-            }
-            self.snd_wnd = wnd;
-            self.max_snd_wnd = self.max_snd_wnd.max(wnd);
-            self.snd_wl1 = seq;
-            self.snd_wl2 = ack;
-        }
+        self.take_window(now, seg, seq, ack, fresh_ts);
+        let newest_acked = d.newest;
 
         if self.sack_ok {
             // The first block inside the second is a D-SACK too (RFC 2883 section 4).
@@ -406,7 +377,7 @@ impl Conn {
                 }
             }
         }
-        self.note_reordering(&d);
+        self.note_reordering(&d, now);
         self.note_echo(&d, seg);
         if let (Some(short), Some(long)) = (d.rtt, d.rtt_long) {
             self.rtt.sample_span(long, short);
@@ -427,12 +398,19 @@ impl Conn {
             self.rtt.sample(now - xmit);
         }
         // RACK's newest delivery (RFC 8985 section 6.2, step 2), unless it was a
-        // retransmission whose ACK may answer the first transmission: one echoing an older
-        // timestamp, or one sooner than any round trip seen.
+        // retransmission whose ACK may answer the first transmission: one sooner than any
+        // round trip seen, or, when this ACK's cumulative part covered it, one echoing an
+        // older timestamp. A SACK block's echo is the left edge's (RFC 7323 section 4.3), not
+        // the SACKed segment's, so it tells nothing of which transmission arrived (Linux
+        // takes the round-trip test alone for both): read as it was, a loss probe's copy of
+        // the last segment, SACKed while a hole below waited, never moved RACK on, and a hole
+        // sent after the newest original delivered waited for the retransmission timer.
+        let sacked = d.newest != newest_acked;
         let ambiguous = d.newest_retx
             && d.newest.is_some_and(|(xmit, _)| {
                 self.rtt.min_rtt().is_some_and(|m| now - xmit < m)
                     || (self.ts_ok
+                        && !sacked
                         && seg
                             .timestamp
                             .is_some_and(|t| (self.ts_now(xmit).wrapping_sub(t.tsecr) as i32) > 0))
@@ -539,7 +517,11 @@ impl Conn {
             }));
             self.enter_recovery();
             self.stats.rare().fast_recoveries += 1;
+            // The recovery's own probe from now: a recovery that cannot send (its window
+            // full of segments the peer will never take) probes after a silence rather than
+            // wait for the retransmission timer.
             self.probe.disarm();
+            self.arm_tlp(now);
             self.reo_quiet += 1;
             if self.reo_quiet >= 16 {
                 self.reo_mult = 1;

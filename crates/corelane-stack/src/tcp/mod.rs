@@ -65,6 +65,7 @@ mod ring;
 mod rtt;
 mod secret;
 mod seq;
+mod sndwnd;
 mod timers;
 mod types;
 mod user;

@@ -30,7 +30,7 @@ pub(super) const REO_TIMER_FLOOR: Duration = Duration::from_millis(1);
 /// The longest RACK's window may grow from what the path showed: a real loss is found by
 /// ACKs no later than this past the round trip (and by the loss probe and the retransmission
 /// timer, 200 ms at the least, as before).
-pub(super) const REO_LATE_MAX: Duration = Duration::from_millis(50);
+pub(super) const REO_LATE_MAX: Duration = Duration::from_millis(20);
 
 impl Conn {
     /// A D-SACK: the path reorders more than the window allowed for; widen it by a quarter
@@ -78,15 +78,18 @@ impl Conn {
     /// RACK's reordering detection (RFC 8985 section 6.2, step 2): an original transmission
     /// delivered below the highest sequence delivered before it arrived late. Also moves
     /// that highest sequence (`RACK.fack`) over what this ACK delivered.
-    pub(super) fn note_reordering(&mut self, d: &Delivered) {
+    pub(super) fn note_reordering(&mut self, d: &Delivered, now: Instant) {
         if let (Some(low), Some(fack)) = (d.low_original, self.rack_fack)
             && low.lt(fack)
         {
             self.reordering = true;
-            if let Some(long) = d.rtt_long
+            // How late the segment that arrived was: the lowest one delivered, when it was
+            // sent once (a retransmission's time says nothing of the original's).
+            if let Some((end, xmit, true)) = d.lowest
+                && end.lt(fack)
                 && self.rack.is_some()
             {
-                let late = long
+                let late = (now - xmit)
                     .total_micros()
                     .saturating_sub(self.rack_rtt.total_micros());
                 self.reo_late_us = self.reo_late_us.max(late.min(u64::from(u32::MAX)) as u32);

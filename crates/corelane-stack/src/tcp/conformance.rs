@@ -7,6 +7,7 @@ use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{IpEndpoint, TcpControl, TcpRepr, TcpSeqNumber, TcpTimestampRepr};
 
 use super::conn::{Conn, Sizes, TcpState};
+use super::rtt::Rtt;
 use super::secret::Secret;
 use super::seq::Seq;
 use super::wire::{FIN, Out, PSH, RST, SYN};
@@ -181,6 +182,17 @@ impl Script {
 
     pub(super) fn advance(&mut self, d: Duration) {
         self.now += d;
+    }
+
+    /// A path whose only round trip seen is `rtt`: the estimator afresh (floor 200 ms,
+    /// ceiling 60 s, initial 1 s) with that one sample (the scripted handshake took no time).
+    pub(super) fn path_rtt(&mut self, rtt: Duration) {
+        self.c.rtt = Rtt::new(
+            Duration::from_millis(200),
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+        );
+        self.c.rtt.sample(rtt);
     }
 
     /// Moves the clock to the connection's next deadline.

@@ -5,7 +5,6 @@
 
 use super::conformance::{PEER_ISN, Script, seg};
 use super::reorder::REO_TIMER_FLOOR;
-use super::rtt::Rtt;
 use smoltcp::time::Duration;
 
 #[test]
@@ -169,12 +168,7 @@ fn an_original_delivered_late_is_reordering_and_slows_the_reordering_timer()
 -> Result<(), &'static str> {
     let (mut s, una) = Script::established(false);
     // A 100 us path (the scripted handshake took no time).
-    s.c.rtt = Rtt::new(
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    );
-    s.c.rtt.sample(Duration::from_micros(100));
+    s.path_rtt(Duration::from_micros(100));
     s.c.write(&[9u8; 5000]);
     assert_eq!(s.out().len(), 5);
     s.advance(Duration::from_micros(100));
@@ -298,12 +292,7 @@ fn an_ack_for_a_first_transmission_in_the_same_tick_is_no_rtt_sample() -> Result
     // echoes the retransmission's too. Its time since the retransmission is no round trip
     // (RFC 8985 section 6.2, step 2): neither the RTT estimator nor RACK may take it.
     let (mut s, una) = Script::established(true);
-    s.c.rtt = Rtt::new(
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    );
-    s.c.rtt.sample(Duration::from_micros(300));
+    s.path_rtt(Duration::from_micros(300));
     let into_tick = (s.now.total_micros() % 1000) as u64;
     s.advance(Duration::from_micros((1000 - into_tick) % 1000));
     let m = s.c.smss as u32;

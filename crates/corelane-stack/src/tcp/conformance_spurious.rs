@@ -147,12 +147,7 @@ fn srtt_takes_the_oldest_segment_an_ack_covers_and_the_minimum_the_newest() {
 #[test]
 fn an_original_arriving_late_widens_the_reordering_window_to_its_lateness() {
     let (mut s, una) = Script::established(false);
-    s.c.rtt = Rtt::new(
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    );
-    s.c.rtt.sample(Duration::from_micros(100));
+    s.path_rtt(Duration::from_micros(100));
     s.c.write(&[9u8; 5000]);
     assert_eq!(s.out().len(), 5);
     // The second segment arrives 100 us after it left...
@@ -219,12 +214,7 @@ fn a_sacked_retransmission_moves_rack_on_whatever_the_echo() {
     // The left edge's echo is what an ACK of out-of-order data carries (RFC 7323 section
     // 4.3): a retransmission SACKed a round trip after it left is news to RACK.
     let (mut s, una) = Script::established(true);
-    s.c.rtt = Rtt::new(
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    );
-    s.c.rtt.sample(Duration::from_micros(100));
+    s.path_rtt(Duration::from_micros(100));
     let m = s.c.smss as u32;
     s.c.write(&vec![9u8; 4 * m as usize]);
     assert_eq!(s.out().len(), 4);
@@ -264,12 +254,7 @@ fn a_recovery_begun_by_the_reordering_timer_has_its_probe_armed() {
     // take) must not be left to the retransmission timer: its probe is armed when it begins,
     // not only after a transmission or an ACK's progress.
     let (mut s, una) = Script::established(false);
-    s.c.rtt = Rtt::new(
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    );
-    s.c.rtt.sample(Duration::from_micros(100));
+    s.path_rtt(Duration::from_micros(100));
     s.c.write(&[9u8; 10_000]);
     assert_eq!(s.out().len(), 10);
     s.advance(Duration::from_micros(100));

@@ -57,8 +57,6 @@ pub(super) struct Undo {
     pub from: Seq,
     /// This side's TSval when the episode's first retransmission was sent.
     pub retx_ts: Option<u32>,
-    /// The highest end among the episode's retransmissions.
-    pub retx_high: Seq,
     /// An ACK covered a retransmission and echoed a timestamp no older than `retx_ts`: the
     /// retransmission may have been needed, so the echo proves nothing for this episode.
     pub echoed_retx: bool,

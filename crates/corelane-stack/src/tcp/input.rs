@@ -512,7 +512,6 @@ impl Conn {
                 left: 0,
                 from: self.snd_una,
                 retx_ts: None,
-                retx_high: self.snd_una,
                 echoed_retx: false,
             }));
             self.enter_recovery();

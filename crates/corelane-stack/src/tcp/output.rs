@@ -518,7 +518,6 @@ impl Conn {
         if let Some(u) = &mut self.undo {
             u.left += 1;
             u.retx_ts.get_or_insert(ts);
-            u.retx_high = u.retx_high.max(s.end);
         }
     }
 }

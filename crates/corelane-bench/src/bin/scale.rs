@@ -39,7 +39,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 #[command(about = "corelane on 1..=N cores against kernel clients on the rest")]
 struct Cli {
     /// Serving cores at most (N): the rows go 1..=N.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=MAX_CORES as i64))]
     cores: u16,
     /// Cases: rr, bulk, placement, accept.
     #[arg(
@@ -248,14 +248,17 @@ fn row(case: &str, k: usize, placement: &str, m: Measured, before: &[Row]) -> Ro
     r
 }
 
-/// A corelane runtime on `net`'s server side, each core accepting on `PORT` and running
-/// `serve` for each connection; `accepted` counts per core. Returns the stop handle and the
-/// thread that ends with the run's report.
+/// A running server: its stop handle and the thread that ends with the run's report.
 type Server = (
     corelane::StopHandle,
     corelane_testnet::NsThread<Result<corelane::RunReport, String>>,
 );
 
+/// Cores the per-core accept counters cover (the most `--cores` takes).
+const MAX_CORES: usize = 64;
+
+/// A corelane runtime on `net`'s server side, each core accepting on `PORT` and counting in
+/// `accepted[core]`; each connection is echoed (`echo`) or held open until the client closes.
 fn start(
     net: &VethPair,
     tune: impl FnOnce(corelane::Builder) -> corelane::Builder + Send + 'static,
@@ -340,8 +343,11 @@ fn rr(
     secs: Duration,
     tune: impl FnOnce(corelane::Builder) -> corelane::Builder + Send + 'static,
 ) -> Result<Measured, String> {
-    let cores = 64;
-    let accepted = Arc::new((0..cores).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+    let accepted = Arc::new(
+        (0..MAX_CORES)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>(),
+    );
     let (stop, thread) = start(net, tune, accepted.clone(), true)?;
     let clients = clients.to_vec();
     let done = net
@@ -415,7 +421,11 @@ fn accept(
     total: usize,
     tune: impl FnOnce(corelane::Builder) -> corelane::Builder + Send + 'static,
 ) -> Result<Measured, String> {
-    let accepted = Arc::new((0..64).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+    let accepted = Arc::new(
+        (0..MAX_CORES)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>(),
+    );
     let (stop, thread) = start(net, tune, accepted.clone(), false)?;
     // The listeners up: one connection first, closed.
     let warm = net.client_ns().run(connect).map_err(|e| e.to_string())?;

@@ -84,9 +84,9 @@ impl Conn {
         {
             self.reordering = true;
             // How late the segment that arrived was: the lowest one delivered, when it was
-            // sent once (a retransmission's time says nothing of the original's).
-            if let Some((end, xmit, true)) = d.lowest
-                && end.lt(fack)
+            // sent once (a retransmission's time says nothing of the original's; sent once,
+            // its end is `low`, below RACK.fack).
+            if let Some((_, xmit, true)) = d.lowest
                 && self.rack.is_some()
             {
                 let late = (now - xmit)

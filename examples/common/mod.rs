@@ -79,6 +79,10 @@ pub(crate) struct Common {
     /// Zero-copy: try (fall back to copy), off, require.
     #[arg(long, default_value = "try")]
     pub(crate) zero_copy: String,
+    /// Leave TCP checksums to the kernel and the NIC (`XskConfig::tx_checksum_offload`;
+    /// copy mode, Linux 6.11+; over a veth only towards a kernel stack).
+    #[arg(long)]
+    pub(crate) tx_checksum_offload: bool,
     /// TCP listen backlog.
     #[arg(long, default_value_t = 256)]
     pub(crate) backlog: usize,
@@ -185,6 +189,7 @@ impl Common {
             .xdp(xdp)
             .xsk(XskConfig {
                 zero_copy,
+                tx_checksum_offload: self.tx_checksum_offload,
                 ..XskConfig::default()
             })
             .backlog(self.backlog)
@@ -317,7 +322,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
     let x = &r.xdp;
     println!(
         "stats: connections {accepted} accepted; rx {} frames ({} bad checksum, {} malformed, {} SYN dropped, {} handed over; \
-         {} dropped by the kernel with the receive ring full); tx {} frames in {} batches; xdp steered {} passed {} malformed \
+         {} dropped by the kernel with the receive ring full); tx {} frames in {} batches ({} checksums offloaded); xdp steered {} passed {} malformed \
          {} no-socket {}",
         d.rx_frames,
         d.rx_bad_checksum,
@@ -327,6 +332,7 @@ pub(crate) fn print_report(name: &str, r: &RunReport) -> Result<(), String> {
         d.rx_ring_drops,
         d.tx_frames,
         d.tx_batches,
+        d.tx_checksum_offloaded,
         x.steered,
         x.passed,
         x.malformed,
@@ -423,6 +429,7 @@ where
     }
     let cores = rt.cores();
     let every = c.stats_every;
+    let offload_asked = c.tx_checksum_offload;
     let ready = std::sync::Arc::new(Ready::new(cores));
     let failed = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
     let report = rt.run(|core| {
@@ -432,6 +439,16 @@ where
         async move {
             let bound = bound.await;
             ready.core_ready(|| {
+                if offload_asked {
+                    println!(
+                        "{name}: transmit checksums: {}",
+                        if core.tx_checksum_offload {
+                            "left to the kernel and the NIC (AF_XDP TX metadata)"
+                        } else {
+                            "summed here (AF_XDP TX metadata is used in copy mode only, on Linux 6.11 or later)"
+                        }
+                    );
+                }
                 println!(
                     "{name}: serving {what} on {cores} core(s), AF_XDP sockets in {} mode; Ctrl-C stops",
                     core.bind_mode

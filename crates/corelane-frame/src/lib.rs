@@ -181,4 +181,19 @@ pub trait FrameIo {
     /// Received frames dropped below this side so far, for want of a fill frame or RX ring room
     /// (may cost a system call: read it every so many turns, not every frame).
     fn rx_drops(&mut self) -> u64;
+
+    /// Whether a frame's TCP or UDP checksum may be left to the device
+    /// ([`FrameIo::finish_checksum`]); false (the default) where it cannot finish one.
+    fn checksum_offload(&self) -> bool {
+        false
+    }
+
+    /// Asks the device to finish `frame`'s TCP or UDP checksum (the frame written, its length
+    /// set): the ones'-complement sum of its bytes from `start` to the end, over the
+    /// pseudo-header's sum that the checksum field at `start + offset` holds, stored there
+    /// complemented. False when it cannot for this frame: the caller finishes it itself.
+    fn finish_checksum(&self, frame: &mut Self::Frame, start: usize, offset: usize) -> bool {
+        let _ = (frame, start, offset);
+        false
+    }
 }

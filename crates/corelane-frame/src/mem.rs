@@ -130,6 +130,8 @@ pub struct MemPort {
     captured: Option<VecDeque<Vec<u8>>>,
     /// Delivery hands the sent buffer over instead of copying its bytes.
     zero_copy: bool,
+    /// Offers transmit checksum offload ([`MemPort::set_checksum_offload`]).
+    checksum_offload: bool,
 }
 
 /// Builds a connected pair of [`MemPort`]s.
@@ -197,6 +199,7 @@ impl MemLink {
                 loss_every: 0,
                 captured: None,
                 zero_copy,
+                checksum_offload: false,
             };
             p.top_up_fill();
             p
@@ -210,6 +213,12 @@ impl MemPort {
         let mut k = self.me.borrow_mut();
         let room = k.ring_size.saturating_sub(k.fill.len());
         self.pool.post_for_receive(room, |i| k.fill.push_back(i));
+    }
+
+    /// Offers transmit checksum offload ([`FrameIo::checksum_offload`]): a checksum left to
+    /// the device is finished in the frame as a NIC finishes it on its way out.
+    pub fn set_checksum_offload(&mut self, on: bool) {
+        self.checksum_offload = on;
     }
 
     /// Drops every `n`th frame this port sends (0: none), to exercise retransmission.
@@ -314,6 +323,28 @@ impl FrameIo for MemPort {
         frame.len = len as u32;
         // SAFETY: the handle is unique, of this UMEM (checked) and mutably borrowed for 'a.
         unsafe { self.region.slice_mut(frame.index(), len) }
+    }
+
+    fn checksum_offload(&self) -> bool {
+        self.checksum_offload
+    }
+
+    fn finish_checksum(&self, frame: &mut MemFrame, start: usize, offset: usize) -> bool {
+        self.id.check(frame);
+        if !self.checksum_offload || start + offset + 2 > frame.len() {
+            return false;
+        }
+        // SAFETY: as for `bytes_mut`: a unique handle of this UMEM, mutably borrowed.
+        let b = unsafe { self.region.slice_mut(frame.index(), frame.len()) };
+        let mut sum = 0u64;
+        for w in b[start..].chunks(2) {
+            sum += u64::from(u16::from_be_bytes([w[0], w.get(1).copied().unwrap_or(0)]));
+        }
+        while sum >> 16 != 0 {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        b[start + offset..start + offset + 2].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        true
     }
 
     fn recv(&mut self, out: &mut VecDeque<MemFrame>, max: usize) -> usize {

@@ -66,6 +66,7 @@ impl Runtime {
                     app_cpu: lane.app_cpu,
                     queue: lane.queue,
                     bind_mode: BindMode::Copy,
+                    tx_checksum_offload: false,
                 };
                 let this = &self;
                 let (f, started, failed) = (&f, &started, &failed);

@@ -61,6 +61,9 @@ pub struct CoreInfo {
     pub queue: u32,
     /// Whether its AF_XDP socket copies frames or shares the NIC's buffers.
     pub bind_mode: BindMode,
+    /// Whether its TCP segments leave their checksums to the kernel and the NIC
+    /// ([`XskConfig::tx_checksum_offload`] asked for and granted: copy mode, Linux 6.11+).
+    pub tx_checksum_offload: bool,
 }
 
 impl Runtime {

@@ -61,7 +61,12 @@ impl Runtime {
         started.wait();
         let (core, mut dev, exec) = setup?;
         let bind_mode = dev.io().mode();
-        let info = CoreInfo { bind_mode, ..info };
+        let tx_checksum_offload = dev.io().checksum_offload();
+        let info = CoreInfo {
+            bind_mode,
+            tx_checksum_offload,
+            ..info
+        };
         let clock = self.shared.clock.clone();
         let now = || {
             let since = clock.now().saturating_duration_since(epoch);

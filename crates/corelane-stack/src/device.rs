@@ -400,6 +400,8 @@ pub struct TxToken<'a, P: FrameIo> {
     /// The tags to insert after the addresses.
     tags: Tags,
     strict: bool,
+    /// The device's own address: a frame to it comes back as received, its checksum whole.
+    own_mac: Option<[u8; 6]>,
 }
 
 impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
@@ -407,6 +409,30 @@ impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
     where
         F: FnOnce(&mut [u8]) -> R,
     {
+        self.write(len, false, |buf, _| (f(buf), None))
+    }
+}
+
+impl<P: FrameIo> TxToken<'_, P> {
+    /// Writes a TCP or UDP frame of `len` bytes whose checksum the device may finish: `f` is
+    /// told whether it may, and then stores the pseudo-header's sum in the checksum field and
+    /// returns where the sum starts and the field's offset from there. The device finishes
+    /// it, or this does when the device cannot for this frame (or it comes back as received).
+    pub(crate) fn write_offloading(
+        self,
+        len: usize,
+        f: impl FnOnce(&mut [u8], bool) -> Option<(usize, usize)>,
+    ) {
+        let offload = self.tags.len == 0 && self.io.checksum_offload();
+        self.write(len, offload, |buf, may| ((), f(buf, may)));
+    }
+
+    fn write<R>(
+        self,
+        len: usize,
+        offload: bool,
+        f: impl FnOnce(&mut [u8], bool) -> (R, Option<(usize, usize)>),
+    ) -> R {
         if len > self.max_frame {
             // Nothing may leave longer than the MTU: a real link drops it, or a router
             // answers "too big" and shrinks the path for nothing.
@@ -417,15 +443,26 @@ impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
             );
             self.stats.tx_oversize += 1;
             let mut scratch = vec![0u8; len];
-            return f(&mut scratch);
+            return f(&mut scratch, false).0;
         }
         let tag = self.tags.len;
         match self.free.pop() {
             Some(mut frame) if len + tag <= self.io.frame_capacity() => {
                 let buf = self.io.bytes_mut(&mut frame, len + tag);
-                let r = f(&mut buf[tag..]);
+                let (r, partial) = f(&mut buf[tag..], offload);
+                let looped = self.own_mac.is_some_and(|m| buf[..6] == m);
                 if tag != 0 {
                     self.tags.insert(buf);
+                }
+                if let Some((start, offset)) = partial {
+                    if !looped && self.io.finish_checksum(&mut frame, start, offset) {
+                        self.stats.tx_checksum_offloaded += 1;
+                    } else {
+                        // Offered but refused for this frame (tagged frames are never offered).
+                        let buf = self.io.bytes_mut(&mut frame, len);
+                        let c = crate::tcp::wire::inet_checksum(&buf[start..]);
+                        buf[start + offset..start + offset + 2].copy_from_slice(&c.to_ne_bytes());
+                    }
                 }
                 self.out.push(frame);
                 self.stats.tx_frames += 1;
@@ -439,7 +476,7 @@ impl<P: FrameIo> smoltcp::phy::TxToken for TxToken<'_, P> {
                 }
                 self.stats.tx_no_frame += 1;
                 let mut scratch = vec![0u8; len];
-                f(&mut scratch)
+                f(&mut scratch, false).0
             }
         }
     }
@@ -512,6 +549,7 @@ impl<P: FrameIo> Device for XdpDevice<P> {
                 max_frame: self.mtu + ETH_HEADER,
                 tags: self.tags,
                 strict: self.strict,
+                own_mac: self.own_mac,
             },
         ))
     }
@@ -529,6 +567,7 @@ impl<P: FrameIo> Device for XdpDevice<P> {
             max_frame: self.mtu + ETH_HEADER,
             tags: self.tags,
             strict: self.strict,
+            own_mac: self.own_mac,
         })
     }
 

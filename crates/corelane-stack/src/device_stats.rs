@@ -21,6 +21,8 @@ pub struct DeviceStats {
     pub tx_no_frame: u64,
     /// Transmit batches (one kick each).
     pub tx_batches: u64,
+    /// Frames whose TCP checksum the device finished (checksum offload).
+    pub tx_checksum_offloaded: u64,
     /// Frames the stack built longer than the link's MTU allows, dropped instead of sent. A
     /// bug counter: it stays 0 (a strict device, as in every test, panics instead).
     pub tx_oversize: u64,
@@ -48,6 +50,7 @@ impl std::ops::AddAssign for DeviceStats {
         self.tx_frames += o.tx_frames;
         self.tx_no_frame += o.tx_no_frame;
         self.tx_batches += o.tx_batches;
+        self.tx_checksum_offloaded += o.tx_checksum_offloaded;
         self.tx_oversize += o.tx_oversize;
         self.rx_oversize += o.rx_oversize;
         self.rx_ring_drops += o.rx_ring_drops;

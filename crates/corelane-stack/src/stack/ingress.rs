@@ -497,7 +497,7 @@ mod tests {
             ..Out::default()
         };
         let mut buf = vec![0u8; seg.frame_len(&path)];
-        wire::write(&mut buf, &path, &seg);
+        wire::write(&mut buf, &path, &seg, false);
         buf
     }
 

@@ -481,8 +481,9 @@ impl Stack {
         let Some(tx) = dev.transmit(Instant::ZERO) else {
             return false;
         };
-        smoltcp::phy::TxToken::consume(tx, len, |buf| {
-            crate::tcp::wire::write(buf, path, out);
+        tx.write_offloading(len, |buf, offload| {
+            crate::tcp::wire::write(buf, path, out, offload);
+            offload.then(|| (len - out.header_len() - out.payload_len(), 16))
         });
         true
     }

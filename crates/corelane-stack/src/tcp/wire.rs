@@ -1,7 +1,6 @@
 //! Segments to and from Ethernet frames. Parsing uses smoltcp's wire types (the classify stage
-//! has already checked lengths and checksums). Building writes the Ethernet, IP and TCP headers
-//! in place and copies the payload into the frame while summing it, so the checksum costs no
-//! second pass over the data.
+//! has checked lengths and checksums). Building writes the headers in place and copies the
+//! payload while summing it (no second pass for the checksum), or leaves the sum to the device.
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
@@ -12,15 +11,11 @@ use smoltcp::wire::{
 use super::ecn::EcnIn;
 use super::seq::Seq;
 
-/// TCP flag bits.
+/// TCP flag bits: FIN, SYN, RST, PSH, ACK.
 pub(crate) const FIN: u8 = 0x01;
-/// SYN.
 pub(crate) const SYN: u8 = 0x02;
-/// RST.
 pub(crate) const RST: u8 = 0x04;
-/// PSH.
 pub(crate) const PSH: u8 = 0x08;
-/// ACK.
 pub(crate) const ACK: u8 = 0x10;
 /// The URG flag: the urgent pointer field is significant.
 pub(crate) const URG: u8 = 0x20;
@@ -253,7 +248,8 @@ impl<'a> Words<'a> {
 }
 
 /// Writes the frame of `seg` on `path` into `buf` (exactly [`Out::frame_len`] bytes).
-pub(crate) fn write(buf: &mut [u8], path: &Path, seg: &Out<'_>) {
+/// `partial`: the device finishes the checksum, the field holds the pseudo-header's sum.
+pub(crate) fn write(buf: &mut [u8], path: &Path, seg: &Out<'_>, partial: bool) {
     buf[..6].copy_from_slice(&path.dst_mac);
     buf[6..12].copy_from_slice(&path.src_mac);
     let ip_len = ip_header_len(path);
@@ -329,14 +325,19 @@ pub(crate) fn write(buf: &mut [u8], path: &Path, seg: &Out<'_>) {
     let hsum = h.sum;
     let (a, b) = seg.payload;
     let (da, db) = body.split_at_mut(a.len());
-    let sa = fold(copy_sum(da, a));
-    let mut sb = fold(copy_sum(&mut db[..b.len()], b));
-    if a.len() % 2 == 1 {
-        // The second half starts in the middle of a 16-bit word.
-        sb = sb.swap_bytes();
-    }
-    let total = pseudo_sum(path, tcp_len) + hsum + u64::from(sa) + u64::from(sb);
-    let c = !fold(total);
+    let c = if partial {
+        da.copy_from_slice(a);
+        db[..b.len()].copy_from_slice(b);
+        fold(pseudo_sum(path, tcp_len))
+    } else {
+        let sa = fold(copy_sum(da, a));
+        let mut sb = fold(copy_sum(&mut db[..b.len()], b));
+        if a.len() % 2 == 1 {
+            // The second half starts in the middle of a 16-bit word.
+            sb = sb.swap_bytes();
+        }
+        !fold(pseudo_sum(path, tcp_len) + hsum + u64::from(sa) + u64::from(sb))
+    };
     hdr[16..18].copy_from_slice(&c.to_ne_bytes());
 }
 

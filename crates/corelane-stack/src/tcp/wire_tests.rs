@@ -40,7 +40,7 @@ fn built_frames_pass_the_checksum_checks_and_parse_back() -> Result {
                 ..Out::default()
             };
             let mut buf = vec![0u8; seg.frame_len(&p)];
-            write(&mut buf, &p, &seg);
+            write(&mut buf, &p, &seg, false);
             assert!(
                 matches!(classify(&buf), Class::Tcp { syn: false, .. }),
                 "v6 {v6} split {split}: {:?}",
@@ -86,7 +86,7 @@ fn every_payload_length_and_split_sums_right_in_both_families() -> Result {
                     ..Out::default()
                 };
                 let mut buf = vec![0xa5u8; seg.frame_len(&p)];
-                write(&mut buf, &p, &seg);
+                write(&mut buf, &p, &seg, false);
                 assert!(
                     matches!(classify(&buf), Class::Tcp { syn: false, .. }),
                     "v6 {v6} len {len} split {split}: {:?}",
@@ -131,7 +131,7 @@ fn the_direct_reading_agrees_with_the_general_parser() -> Result {
                 ..Out::default()
             };
             let mut clean = vec![0u8; seg.frame_len(&p)];
-            write(&mut clean, &p, &seg);
+            write(&mut clean, &p, &seg, false);
             for round in 0..2000 {
                 let mut f = clean.clone();
                 for _ in 0..(round % 4) {
@@ -184,7 +184,7 @@ fn syn_options_round_trip() -> Result {
         ..Out::default()
     };
     let mut buf = vec![0u8; seg.frame_len(&p)];
-    write(&mut buf, &p, &seg);
+    write(&mut buf, &p, &seg, false);
     assert!(matches!(classify(&buf), Class::Tcp { syn: true, .. }));
     let s = parse(&buf).ok_or("does not parse")?.seg;
     assert_eq!(
@@ -211,7 +211,7 @@ fn a_silly_option_ends_the_options_and_the_syn_still_parses() -> Result {
         ..Out::default()
     };
     let mut good = vec![0u8; seg.frame_len(&p)];
-    write(&mut good, &p, &seg);
+    write(&mut good, &p, &seg, false);
     let tcp = ETH + 20;
     let hl = usize::from(good[tcp + 12] >> 4) * 4;
     let opts = tcp + 20..tcp + hl;
@@ -252,7 +252,7 @@ fn resets_follow_rfc_9293() -> Result {
         ..Out::default()
     };
     let mut buf = vec![0u8; syn.frame_len(&p)];
-    write(&mut buf, &p, &syn);
+    write(&mut buf, &p, &syn, false);
     let inn = parse(&buf).ok_or("does not parse")?;
     let r = reset_for(&inn.seg).ok_or("no reset")?;
     assert_eq!((r.seq, r.ack, r.flags), (Seq(0), Some(Seq(501)), RST));
@@ -273,7 +273,7 @@ fn ecn_fields_round_trip_and_a_router_mark_reads_as_ce() -> Result {
             ..Out::default()
         };
         let mut buf = vec![0u8; seg.frame_len(&p)];
-        write(&mut buf, &p, &seg);
+        write(&mut buf, &p, &seg, false);
         assert!(matches!(classify(&buf), Class::Tcp { .. }), "v6 {v6}");
         let inn = parse(&buf).ok_or("does not parse")?;
         assert_eq!(
@@ -317,7 +317,7 @@ fn a_set_type_of_service_is_written_with_the_stack_s_own_ecn_bits() -> Result {
                 ..Out::default()
             };
             let mut buf = vec![0u8; seg.frame_len(&p)];
-            write(&mut buf, &p, &seg);
+            write(&mut buf, &p, &seg, false);
             let class = if v6 {
                 (buf[14] & 0x0f) << 4 | buf[15] >> 4
             } else {
@@ -354,7 +354,7 @@ fn the_urgent_pointer_is_read_in_both_layouts_and_only_with_urg() -> Result {
                 ..Out::default()
             };
             let mut buf = vec![0u8; seg.frame_len(&p)];
-            write(&mut buf, &p, &seg);
+            write(&mut buf, &p, &seg, false);
             let tcp = 14 + if v6 { 40 } else { 20 };
             // Checksums are not checked here: only the fields matter.
             buf[tcp + 18..tcp + 20].copy_from_slice(&7u16.to_be_bytes());
@@ -371,6 +371,50 @@ fn the_urgent_pointer_is_read_in_both_layouts_and_only_with_urg() -> Result {
                 30,
                 "the urgent data stays in the payload"
             );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_segment_left_for_the_device_to_sum_is_once_summed_the_segment_summed_here() -> Result {
+    let data: Vec<u8> = (0..1449u32).map(|i| (i * 131 + 5) as u8).collect();
+    for v6 in [false, true] {
+        let p = path(v6)?;
+        for len in [0usize, 1, 2, 3, 1447, 1448] {
+            for split in [0, 1, len / 2, len] {
+                let split = split.min(len);
+                for syn in [false, true] {
+                    let seg = Out {
+                        seq: Seq(0xfff0_0001),
+                        ack: Some(Seq(7)),
+                        flags: if syn { SYN } else { PSH },
+                        window: 65535,
+                        mss: syn.then_some(1460),
+                        wscale: syn.then_some(7),
+                        sack_perm: syn,
+                        ts: Some((u32::MAX, 1)),
+                        sack: [(Seq(1), Seq(9)), (Seq(0), Seq(0)), (Seq(0), Seq(0))],
+                        nsack: usize::from(!syn),
+                        payload: (&data[..split], &data[split..len]),
+                        ..Out::default()
+                    };
+                    let mut whole = vec![0u8; seg.frame_len(&p)];
+                    write(&mut whole, &p, &seg, false);
+                    let mut partial = vec![0xa5u8; whole.len()];
+                    write(&mut partial, &p, &seg, true);
+                    let start = whole.len() - seg.header_len() - seg.payload_len();
+                    assert_ne!(
+                        partial[start + 16..start + 18],
+                        whole[start + 16..start + 18]
+                    );
+                    // What a device does with the request: the sum from `start` to the end,
+                    // over the pseudo-header's sum in the field, stored complemented.
+                    let c = inet_checksum(&partial[start..]);
+                    partial[start + 16..start + 18].copy_from_slice(&c.to_ne_bytes());
+                    assert_eq!(partial, whole, "v6 {v6} len {len} split {split} syn {syn}");
+                }
+            }
         }
     }
     Ok(())

@@ -33,8 +33,15 @@ pub(crate) trait SocketCalls: std::fmt::Debug + Send {
     /// The descriptor the rings are mapped from: the socket's, or the in-memory rings' file.
     fn borrow(&self) -> BorrowedFd<'_>;
     /// Registers `region` as the socket's UMEM, in frames of `frame_size` bytes, and sizes its
-    /// fill and completion rings.
-    fn register_umem(&self, region: &Region, frame_size: u32, ring: u32) -> io::Result<()>;
+    /// fill and completion rings. `tx_metadata`: with room for AF_XDP TX metadata before each
+    /// transmitted packet (Linux 6.11+); returns whether it has that room.
+    fn register_umem(
+        &self,
+        region: &Region,
+        frame_size: u32,
+        ring: u32,
+        tx_metadata: bool,
+    ) -> io::Result<bool>;
     /// Sizes and maps the RX and TX rings.
     fn rx_tx_rings(&self, size: u32) -> io::Result<Rings>;
     /// Maps the UMEM's fill and completion rings.
@@ -161,8 +168,14 @@ impl SocketCalls for KernelSocket {
         self.0.as_fd()
     }
 
-    fn register_umem(&self, region: &Region, frame_size: u32, ring: u32) -> io::Result<()> {
-        let reg = libc::xdp_umem_reg {
+    fn register_umem(
+        &self,
+        region: &Region,
+        frame_size: u32,
+        ring: u32,
+        tx_metadata: bool,
+    ) -> io::Result<bool> {
+        let mut reg = libc::xdp_umem_reg {
             addr: region.addr(),
             len: region.len() as u64,
             chunk_size: frame_size,
@@ -170,9 +183,24 @@ impl SocketCalls for KernelSocket {
             flags: 0,
             tx_metadata_len: 0,
         };
-        setsockopt(self.raw(), libc::XDP_UMEM_REG, &reg)?;
+        if tx_metadata {
+            reg.flags = libc::XDP_UMEM_TX_METADATA_LEN;
+            reg.tx_metadata_len = super::offload::META_LEN as u32;
+        }
+        let meta = match setsockopt(self.raw(), libc::XDP_UMEM_REG, &reg) {
+            Ok(()) => tx_metadata,
+            // A kernel before 6.11 knows no such flag: registered without.
+            Err(e) if tx_metadata && e.raw_os_error() == Some(libc::EINVAL) => {
+                reg.flags = 0;
+                reg.tx_metadata_len = 0;
+                setsockopt(self.raw(), libc::XDP_UMEM_REG, &reg)?;
+                false
+            }
+            Err(e) => return Err(e),
+        };
         setsockopt(self.raw(), libc::XDP_UMEM_FILL_RING, &ring)?;
-        setsockopt(self.raw(), libc::XDP_UMEM_COMPLETION_RING, &ring)
+        setsockopt(self.raw(), libc::XDP_UMEM_COMPLETION_RING, &ring)?;
+        Ok(meta)
     }
 
     fn rx_tx_rings(&self, size: u32) -> io::Result<Rings> {

@@ -52,6 +52,12 @@ pub struct XskConfig {
     /// (`XDP_USE_SG`, Linux 6.6+): a jumbo frame comes and goes as a chain of UMEM frames, at
     /// most [`MAX_PIECES`]. 0 (the default): one frame.
     pub max_packet: u32,
+    /// TCP segments leave their checksum to the kernel and the NIC (AF_XDP TX metadata,
+    /// Linux 6.11+), in copy mode; a zero-copy socket, or an older kernel, sums them here as
+    /// without it. Off by default: over a veth the checksum reaches the other end unfinished,
+    /// as the kernel's own offloaded frames do, which that end's kernel trusts but an XDP
+    /// program there (another corelane, say) sees as wrong.
+    pub tx_checksum_offload: bool,
 }
 
 impl XskConfig {
@@ -111,6 +117,7 @@ impl Default for XskConfig {
             ring_size: 2048,
             zero_copy: ZeroCopy::Try,
             max_packet: 0,
+            tx_checksum_offload: false,
         }
     }
 }

@@ -13,6 +13,7 @@ mod chain;
 mod config;
 mod exchange;
 mod join;
+mod offload;
 mod open;
 mod partner;
 mod ring;
@@ -133,9 +134,10 @@ pub struct XskQueue {
     stats: XskStats,
     /// The other process of an upgrade, while two share this queue.
     partner: Option<Box<Partner>>,
-    /// Whether this socket fills the fill ring and consumes the completion ring (one of the
-    /// two processes sharing a queue does).
+    /// Whether this socket fills the fill ring and consumes the completion ring (one sharer does).
     owns_rings: bool,
+    /// Frames may leave their checksum to the kernel (`offload.rs`).
+    tx_checksum: bool,
 }
 
 /// What a bound socket is made of.
@@ -586,5 +588,12 @@ impl FrameIo for XskQueue {
         self.kernel_stats()
             .map(|k| k.rx_dropped + k.rx_ring_full)
             .unwrap_or(0)
+    }
+
+    fn checksum_offload(&self) -> bool {
+        self.tx_checksum
+    }
+    fn finish_checksum(&self, frame: &mut XskFrame, start: usize, offset: usize) -> bool {
+        self.request_checksum(frame, start, offset)
     }
 }

@@ -98,8 +98,15 @@ impl XskQueue {
         };
         let umem = Region::new(c.frames as usize * c.frame_bytes() as usize).map_err(umem_err)?;
         let socket = XdpSocket::new().map_err(umem_err)?;
-        socket
-            .register_umem(&umem, c.frame_bytes(), c.ring_size)
+        // TX metadata only in copy mode: a zero-copy driver without its part would send the
+        // checksum unfinished.
+        let tx_checksum = socket
+            .register_umem(
+                &umem,
+                c.frame_bytes(),
+                c.ring_size,
+                c.tx_checksum_offload && mode == BindMode::Copy,
+            )
             .map_err(umem_err)?;
         let (fq, cq) = socket.fill_comp_rings(c.ring_size).map_err(umem_err)?;
         let rings = socket.rx_tx_rings(c.ring_size).map_err(umem_err)?;
@@ -138,6 +145,7 @@ impl XskQueue {
             umem,
         };
         let mut q = XskQueue::alone(parts, c, queue_id);
+        q.tx_checksum = tx_checksum && q.mode == BindMode::Copy;
         q.top_up_fill()?;
         Ok(q)
     }
@@ -201,6 +209,7 @@ impl XskQueue {
             send_buffer,
             stats: XskStats::default(),
             partner: None,
+            tx_checksum: false,
             owns_rings: true,
         }
     }

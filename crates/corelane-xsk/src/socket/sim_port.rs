@@ -203,7 +203,7 @@ impl SocketCalls for Port {
         self.file()
     }
 
-    fn register_umem(&self, _: &Region, _: u32, _: u32) -> io::Result<()> {
+    fn register_umem(&self, _: &Region, _: u32, _: u32, _: bool) -> io::Result<bool> {
         // The in-memory kernel's UMEM is its queue's, made with it (`SimKernel::new`).
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }

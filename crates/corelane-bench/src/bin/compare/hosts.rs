@@ -233,6 +233,10 @@ pub(crate) fn corelane_server(
                 .poll_mode(knobs.poll)
                 .publish_stats(knobs.publish)
                 .adaptive_batch(knobs.adaptive_batch)
+                .xsk(corelane::XskConfig {
+                    tx_checksum_offload: knobs.tx_checksum_offload,
+                    ..corelane::XskConfig::default()
+                })
                 .build()
                 .map_err(|e| e.to_string())?;
             let _ = stop_tx.send(rt.stop_handle());

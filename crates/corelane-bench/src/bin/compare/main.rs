@@ -91,6 +91,11 @@ struct Cli {
     /// ends, the setting corelane's copy-mode AF_XDP has.
     #[arg(long)]
     offloads: bool,
+    /// Leave transmit checksum offload on at the server's end of the veth (off by default, as
+    /// a corelane client cannot take partial checksums): both servers then leave their
+    /// checksums to it, corelane's with `--corelane-tx-checksum on`.
+    #[arg(long)]
+    server_tx_checksum: bool,
     /// The kernel's congestion control in both namespaces, for every kernel-stack server and
     /// client (corelane runs CUBIC); `default` leaves the machine's (often BBR).
     #[arg(long, default_value = "cubic")]
@@ -109,6 +114,10 @@ struct Cli {
     /// corelane's batch size: adaptive (Model-T batching) or fixed.
     #[arg(long, default_value = "adaptive")]
     corelane_batch: String,
+    /// corelane's transmit checksums: summed in user space (off) or left to the kernel and
+    /// the NIC through AF_XDP TX metadata (on; `XskConfig::tx_checksum_offload`).
+    #[arg(long, default_value = "off")]
+    corelane_tx_checksum: String,
     /// Where to write compare.md, compare.json and compare.png.
     #[arg(long, default_value = "target/compare")]
     out: PathBuf,
@@ -194,7 +203,7 @@ fn run(cli: Cli) -> Result<(), String> {
         .queues(server_cpus.len() as u32)
         .server_addr(&format!("{KERNEL_SERVER}/24"))
         .client_addr(&format!("{KERNEL_CLIENT}/24"))
-        .server_tx_checksum_off(true)
+        .server_tx_checksum_off(!cli.server_tx_checksum)
         .mtu(cli.mtu)
         .build()
         .map_err(|e| format!("making the veth pair: {e}"))?;
@@ -227,6 +236,7 @@ fn run(cli: Cli) -> Result<(), String> {
         &cli.corelane_poll,
         &cli.corelane_publish,
         &cli.corelane_batch,
+        &cli.corelane_tx_checksum,
     )?;
     let ctx = Ctx {
         knobs,
@@ -299,8 +309,11 @@ fn run(cli: Cli) -> Result<(), String> {
             mtu: cli.mtu,
             kernel_cc: cli.kernel_cc.clone(),
             corelane: format!(
-                "poll {}, live statistics {}, batch {}",
-                cli.corelane_poll, cli.corelane_publish, cli.corelane_batch
+                "poll {}, live statistics {}, batch {}, transmit checksum offload {}",
+                cli.corelane_poll,
+                cli.corelane_publish,
+                cli.corelane_batch,
+                cli.corelane_tx_checksum
             ),
             seconds: cli.seconds,
             warmup: cli.warmup,

@@ -49,10 +49,16 @@ pub(crate) struct Knobs {
     pub(crate) poll: corelane::PollMode,
     pub(crate) publish: bool,
     pub(crate) adaptive_batch: bool,
+    pub(crate) tx_checksum_offload: bool,
 }
 
 impl Knobs {
-    pub(crate) fn parse(poll: &str, publish: &str, batch: &str) -> Result<Knobs, String> {
+    pub(crate) fn parse(
+        poll: &str,
+        publish: &str,
+        batch: &str,
+        tx_checksum: &str,
+    ) -> Result<Knobs, String> {
         let poll = match poll {
             "busy" => corelane::PollMode::Busy,
             "adaptive" => corelane::PollMode::default(),
@@ -84,6 +90,7 @@ impl Knobs {
             poll,
             publish: on_off("--corelane-publish", publish)?,
             adaptive_batch,
+            tx_checksum_offload: on_off("--corelane-tx-checksum", tx_checksum)?,
         })
     }
 }

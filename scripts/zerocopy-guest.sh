@@ -92,8 +92,8 @@ start() {
   serve echo-server --addr 10.99.0.2/24 "$@"
 }
 
-# Transmit checksum offload asked for: this driver has no AF_XDP TX metadata in zero-copy,
-# so the checksums are summed here, and the server says so.
+# Transmit checksum offload asked for: virtio-net's xsk-features have no tx-checksum (it takes
+# no AF_XDP TX metadata in zero-copy), so the checksums are summed here, and the server says so.
 if start --tx-checksum-offload; then
   if grep -q "zero-copy" /tmp/server.log; then
     result "ok zero-copy: the sockets say XDP_ZEROCOPY"

@@ -445,7 +445,7 @@ where
                         if core.tx_checksum_offload {
                             "left to the kernel and the NIC (AF_XDP TX metadata)"
                         } else {
-                            "summed here (AF_XDP TX metadata is used in copy mode only, on Linux 6.11 or later)"
+                            "summed here (AF_XDP TX metadata needs copy mode on Linux 6.11+, or a zero-copy driver that takes checksum requests)"
                         }
                     );
                 }

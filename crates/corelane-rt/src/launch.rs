@@ -62,7 +62,8 @@ pub struct CoreInfo {
     /// Whether its AF_XDP socket copies frames or shares the NIC's buffers.
     pub bind_mode: BindMode,
     /// Whether its TCP segments leave their checksums to the kernel and the NIC
-    /// ([`XskConfig::tx_checksum_offload`] asked for and granted: copy mode, Linux 6.11+).
+    /// ([`XskConfig::tx_checksum_offload`] asked for and granted: copy mode on Linux 6.11+,
+    /// or a zero-copy driver that takes checksum requests).
     pub tx_checksum_offload: bool,
 }
 

@@ -45,6 +45,7 @@ mod steering;
 mod sys;
 mod vlan;
 mod vlan_filter;
+mod xsk_features;
 
 pub use caps::{
     ATTACH_CAPS, Cap, SOCKET_CAPS, check_attach_privileges, check_memlock, check_privileges,

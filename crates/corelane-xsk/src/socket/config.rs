@@ -53,8 +53,9 @@ pub struct XskConfig {
     /// most [`MAX_PIECES`]. 0 (the default): one frame.
     pub max_packet: u32,
     /// TCP segments leave their checksum to the kernel and the NIC (AF_XDP TX metadata,
-    /// Linux 6.11+), in copy mode; a zero-copy socket, or an older kernel, sums them here as
-    /// without it. Off by default: over a veth the checksum reaches the other end unfinished,
+    /// Linux 6.11+): in copy mode, or in zero-copy where the driver says it takes checksum
+    /// requests (the `netdev` netlink family's `xsk-features`); elsewhere, or on an older
+    /// kernel, they are summed here as without it. Off by default: over a veth the checksum reaches the other end unfinished,
     /// as the kernel's own offloaded frames do, which that end's kernel trusts but an XDP
     /// program there (another corelane, say) sees as wrong.
     pub tx_checksum_offload: bool,

@@ -98,15 +98,21 @@ impl XskQueue {
         };
         let umem = Region::new(c.frames as usize * c.frame_bytes() as usize).map_err(umem_err)?;
         let socket = XdpSocket::new().map_err(umem_err)?;
-        // TX metadata only in copy mode: a zero-copy driver without its part would send the
-        // checksum unfinished.
+        // TX metadata in copy mode, or in zero-copy where the driver says it takes checksum
+        // requests: one without its part would send the checksum unfinished.
+        let tx_checksum = c.tx_checksum_offload
+            && match mode {
+                BindMode::Copy => true,
+                BindMode::ZeroCopy => match crate::xsk_features::xsk_features(ifindex) {
+                    Ok(f) => f & crate::xsk_features::TX_CHECKSUM != 0,
+                    Err(e) => {
+                        tracing::debug!("{ifname}: the driver's AF_XDP TX metadata: {e}");
+                        false
+                    }
+                },
+            };
         let tx_checksum = socket
-            .register_umem(
-                &umem,
-                c.frame_bytes(),
-                c.ring_size,
-                c.tx_checksum_offload && mode == BindMode::Copy,
-            )
+            .register_umem(&umem, c.frame_bytes(), c.ring_size, tx_checksum)
             .map_err(umem_err)?;
         let (fq, cq) = socket.fill_comp_rings(c.ring_size).map_err(umem_err)?;
         let rings = socket.rx_tx_rings(c.ring_size).map_err(umem_err)?;
@@ -145,7 +151,7 @@ impl XskQueue {
             umem,
         };
         let mut q = XskQueue::alone(parts, c, queue_id);
-        q.tx_checksum = tx_checksum && q.mode == BindMode::Copy;
+        q.tx_checksum = tx_checksum && q.mode == mode;
         q.top_up_fill()?;
         Ok(q)
     }

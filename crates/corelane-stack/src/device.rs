@@ -450,7 +450,7 @@ impl<P: FrameIo> TxToken<'_, P> {
             Some(mut frame) if len + tag <= self.io.frame_capacity() => {
                 let buf = self.io.bytes_mut(&mut frame, len + tag);
                 let (r, partial) = f(&mut buf[tag..], offload);
-                let looped = self.own_mac.is_some_and(|m| buf[..6] == m);
+                let looped = partial.is_some() && self.own_mac.is_some_and(|m| buf[..6] == m);
                 if tag != 0 {
                     self.tags.insert(buf);
                 }

@@ -33,6 +33,7 @@ mod handover;
 mod lab_tests;
 mod linger;
 mod netdev;
+mod netlink;
 pub mod peer;
 mod program;
 mod routes;

@@ -12,7 +12,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoVlan, LinkAttribute, LinkInfo, LinkMessage,
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use netlink_sys::protocols::NETLINK_ROUTE;
 
 use crate::error::Error;
 
@@ -32,11 +32,8 @@ fn err(what: &str, e: impl std::fmt::Display) -> Error {
 /// Sends one request and reads its acknowledgement: the errno the kernel refused it with
 /// (0: done).
 fn request(msg: RouteNetlinkMessage, flags: u16) -> Result<i32, Error> {
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| err("socket", e))?;
-    socket.bind_auto().map_err(|e| err("bind", e))?;
-    socket
-        .connect(&SocketAddr::new(0, 0))
-        .map_err(|e| err("connect", e))?;
+    let failed = |(what, e): crate::netlink::Failed| err(what, e);
+    let socket = crate::netlink::kernel_socket(NETLINK_ROUTE).map_err(failed)?;
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
     header.sequence_number = 1;
@@ -44,12 +41,8 @@ fn request(msg: RouteNetlinkMessage, flags: u16) -> Result<i32, Error> {
     packet.finalize();
     let mut buf = vec![0; packet.buffer_len()];
     packet.serialize(&mut buf[..]);
-    socket.send(&buf, 0).map_err(|e| err("send", e))?;
-    let mut rx = vec![0u8; 8192];
-    let size = socket
-        .recv(&mut &mut rx[..], 0)
-        .map_err(|e| err("recv", e))?;
-    let answer = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&rx[..size])
+    let rx = crate::netlink::exchange(&socket, &buf).map_err(failed)?;
+    let answer = <NetlinkMessage<RouteNetlinkMessage>>::deserialize(&rx)
         .map_err(|e| err("a malformed answer", e))?;
     match answer.payload {
         NetlinkPayload::Error(e) => Ok(e.code.map_or(0, |c| -c.get())),

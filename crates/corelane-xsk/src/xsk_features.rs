@@ -4,7 +4,7 @@
 //! mode the kernel honours a checksum request itself, whatever the driver; in zero-copy only a
 //! driver that says `tx-checksum` does, and the rest send the checksum field as it is.
 
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
+use netlink_sys::{Socket, protocols::NETLINK_GENERIC};
 
 /// `xsk-features`' `tx-checksum` bit (`NETDEV_XSK_FLAGS_TX_CHECKSUM`).
 pub(crate) const TX_CHECKSUM: u64 = 2;
@@ -74,24 +74,15 @@ fn attributes(answer: &[u8]) -> Result<Vec<(u16, &[u8])>, String> {
 }
 
 fn ask(socket: &Socket, msg: &[u8]) -> Result<Vec<u8>, String> {
-    socket.send(msg, 0).map_err(|e| e.to_string())?;
-    let mut buf = vec![0u8; 8192];
-    let n = socket
-        .recv(&mut &mut buf[..], 0)
-        .map_err(|e| e.to_string())?;
-    buf.truncate(n);
-    Ok(buf)
+    crate::netlink::exchange(socket, msg).map_err(|(what, e)| format!("{what}: {e}"))
 }
 
 /// The `xsk-features` of interface `ifindex`: what its driver honours of TX metadata in
 /// zero-copy. An error says why it is not known (a kernel without the `netdev` family, before
 /// 6.3, or without `xsk-features`, before 6.8).
 pub(crate) fn xsk_features(ifindex: u32) -> Result<u64, String> {
-    let mut socket = Socket::new(NETLINK_GENERIC).map_err(|e| e.to_string())?;
-    socket.bind_auto().map_err(|e| e.to_string())?;
-    socket
-        .connect(&SocketAddr::new(0, 0))
-        .map_err(|e| e.to_string())?;
+    let socket = crate::netlink::kernel_socket(NETLINK_GENERIC)
+        .map_err(|(what, e)| format!("a generic netlink socket: {what}: {e}"))?;
     let family = ask(
         &socket,
         &request(

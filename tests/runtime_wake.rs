@@ -61,3 +61,79 @@ fn a_sleeping_core_measures_what_waking_up_costs() {
     );
     assert!((0.0..20_000.0).contains(&awake), "{awake} us awake: {out}");
 }
+
+/// `read` and `write` system calls made so far by `pid`'s thread named `name`
+/// (`/proc/PID/task/TID/io`: `syscr`, `syscw`).
+fn thread_syscalls(pid: u32, name: &str) -> Option<(u64, u64)> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() != name {
+            continue;
+        }
+        let io = std::fs::read_to_string(dir.join("io")).ok()?;
+        let field = |key: &str| {
+            io.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        return Some((field("syscr:")?, field("syscw:")?));
+    }
+    None
+}
+
+/// A core that sleeps between requests and wakes for each spends no `read` or `write` on its
+/// own wake-up. Before, each request cost it two reads (its doorbell drained on every wake
+/// whether rung or not) and a write: a yield let the executor look at its timers, found none
+/// (the sleep's timer was dropped when the core woke), and the next sleep's new timer then
+/// looked the earliest, so the executor woke itself through its eventfd. Now the doorbell is
+/// drained only when rung, the driver yields by waking itself, and one timer is re-armed for
+/// every sleep. Requests come before the connection's next deadline (about a millisecond
+/// after each answer), so the core wakes for them, not for its timer (a timer that fired is
+/// registered anew, which still costs a write: the allowance below).
+#[test]
+fn a_sleeping_core_wakes_without_reads_or_writes() {
+    if !require_root("a_sleeping_core_wakes_without_reads_or_writes") {
+        return;
+    }
+    let net = net(1);
+    let echo = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
+    let pid = echo.pid();
+    let addr: std::net::SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
+    const REQUESTS: u64 = 100;
+    let counts = net
+        .client_ns()
+        .run(move || {
+            let mut s = connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.set_nodelay(true).unwrap();
+            let mut exchange = |i: u8| {
+                s.write_all(&[i; 8]).unwrap();
+                let mut back = [0u8; 8];
+                s.read_exact(&mut back).unwrap();
+                assert_eq!(back, [i; 8]);
+            };
+            exchange(0);
+            let before = thread_syscalls(pid, "corelane-0").expect("the core's thread");
+            // Requests 400 us apart: past the spin, so the core sleeps before each.
+            for i in 0..REQUESTS as u8 {
+                std::thread::sleep(Duration::from_micros(400));
+                exchange(i);
+            }
+            let after = thread_syscalls(pid, "corelane-0").expect("the core's thread");
+            (after.0 - before.0, after.1 - before.1)
+        })
+        .unwrap();
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    let (reads, writes) = counts;
+    eprintln!("{REQUESTS} requests: {reads} reads, {writes} writes on the core's thread");
+    assert!(
+        reads < REQUESTS / 10,
+        "{reads} reads for {REQUESTS} wake-ups: {out}"
+    );
+    assert!(
+        writes < REQUESTS / 4,
+        "{writes} writes for {REQUESTS} wake-ups: {out}"
+    );
+}

@@ -6,8 +6,11 @@
 
 #![allow(unsafe_code)] // The executor polls the queue's and the doorbell's descriptors.
 
+use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant as StdInstant};
 
 use corelane_stack::TIMED_EVERY;
@@ -126,6 +129,12 @@ impl<Q: Queue> Driver<Q> {
         // Moving average of the idle gaps: how long work took to come once the core went idle.
         let mut gap_ns = 0.0f64;
         let mut turns = 0u64;
+        // One timer for every sleep, reset to each sleep's end. A new timer per sleep was
+        // registered after the executor's last look at its timers had found none (the one
+        // before was dropped when the core woke), so the executor took it for the earliest
+        // and woke itself through its eventfd: a write and one more `epoll_wait` per sleep.
+        let timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(timer);
         loop {
             if self.ended(end) {
                 return self;
@@ -190,12 +199,13 @@ impl<Q: Queue> Driver<Q> {
             }
             self.core.stats().parks += 1;
             let nap = self.nap(end);
+            timer.as_mut().reset(tokio::time::Instant::now() + nap);
             tokio::select! {
                 biased;
                 _ = readable(&waits.queue) => {},
                 _ = readable(&waits.bell) => {},
                 _ = self.core.kick.notified() => {},
-                _ = tokio::time::sleep(nap) => {},
+                _ = &mut timer => {},
             }
             bell.disarm();
             // The first frame of the next turn tells how long waking up took.
@@ -256,10 +266,30 @@ impl<Q: Queue> Driver<Q> {
     async fn yield_to_tasks(&mut self) {
         self.yields += 1;
         if !self.yields.is_multiple_of(TIMED_EVERY) {
-            return tokio::task::yield_now().await;
+            return Requeue(false).await;
         }
         let t = StdInstant::now();
-        tokio::task::yield_now().await;
+        Requeue(false).await;
         self.core.stats().tasks.record_weighted(t, TIMED_EVERY);
+    }
+}
+
+/// Yields once: the driver wakes itself, which puts it at the back of the executor's run
+/// queue, behind the tasks its turn woke. `tokio::task::yield_now` defers the task instead,
+/// and the executor then looks at its I/O and timers (an `epoll_wait`) before every turn; as
+/// a queued task, the executor looks every so many polls (its event interval), and when the
+/// core sleeps.
+struct Requeue(bool);
+
+impl Future for Requeue {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }

@@ -167,6 +167,9 @@ impl Consumer {
 pub struct Doorbell {
     fd: OwnedFd,
     sleeping: AtomicBool,
+    /// Set before the eventfd is written: the owner drains it only when something rang (a
+    /// read that finds nothing is a system call per wake-up for nothing).
+    rung: AtomicBool,
 }
 
 impl Doorbell {
@@ -181,6 +184,7 @@ impl Doorbell {
             // SAFETY: `fd` is a new descriptor that nothing else owns.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             sleeping: AtomicBool::new(false),
+            rung: AtomicBool::new(false),
         }))
     }
 
@@ -195,9 +199,13 @@ impl Doorbell {
         self.sleeping.store(true, Ordering::SeqCst);
     }
 
-    /// The owner is awake again; clears any pending ring.
+    /// The owner is awake again; clears any pending ring. A ring whose write lands after this
+    /// read stays pending: it wakes the owner's next sleep once, for nothing.
     pub fn disarm(&self) {
         self.sleeping.store(false, Ordering::SeqCst);
+        if !self.rung.swap(false, Ordering::SeqCst) {
+            return;
+        }
         let mut v = 0u64;
         // SAFETY: reads 8 bytes into `v`; the fd is non-blocking, so an empty counter returns
         // EAGAIN, which is fine.
@@ -214,6 +222,7 @@ impl Doorbell {
 
     /// Wakes the owner whether or not it said it sleeps (to stop it).
     pub fn ring_always(&self) {
+        self.rung.store(true, Ordering::SeqCst);
         let v = 1u64;
         // SAFETY: writes 8 bytes from `v` to the eventfd; a full counter (EAGAIN) still leaves
         // the fd readable, which is all that matters.

@@ -172,18 +172,14 @@ impl Lab {
             },
             epoch,
         );
-        let exec = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|source| Error::Os {
-                what: "the lab's executor".into(),
-                source,
-            })?;
-        // Declared before the task set: dropped after it (its tasks' destructors reach the
+        // Declared before the executor: dropped after it (its tasks' destructors reach the
         // core), and on a panic too, so the thread is no core's once the lab is gone.
         let _current = OnCore::enter(core.clone());
-        let local = tokio::task::LocalSet::new();
-        let out = local.block_on(&exec, async {
+        let exec = crate::threads::executor().map_err(|source| Error::Os {
+            what: "the lab's executor".into(),
+            source,
+        })?;
+        let out = exec.block_on(async {
             let driver = tokio::task::spawn_local(driver.run());
             let out = fut.await;
             shared.stop_all();
@@ -193,7 +189,7 @@ impl Lab {
         });
         let (out, driver) = out;
         // The tasks still alive are dropped while the core is reachable for their destructors.
-        drop(local);
+        drop(exec);
         if let Ok(mut d) = driver {
             let since = epoch.elapsed();
             let now = corelane_stack::smoltcp::time::Instant::from_micros(

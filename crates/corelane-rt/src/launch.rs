@@ -398,7 +398,7 @@ impl Runtime {
     pub(crate) fn setup_core(
         &self,
         info: CoreInfo,
-    ) -> Result<(Arc<Core>, XdpDevice<XskQueue>, tokio::runtime::Runtime), Error> {
+    ) -> Result<(Arc<Core>, XdpDevice<XskQueue>, tokio::runtime::LocalRuntime), Error> {
         pin(info.cpu)?;
         let q = self
             .sockets
@@ -431,9 +431,7 @@ impl Runtime {
             // Checked when the runtime was built; the stack's table has the same size.
             stack.add_route(r.dst, r.via)?;
         }
-        let exec = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let exec = crate::threads::executor()?;
         let stats = CoreStats {
             core: info.index,
             cpu: info.cpu,

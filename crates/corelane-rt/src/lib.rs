@@ -2,8 +2,8 @@
 //!
 //! One thread per core, pinned, each owning one interface queue: its AF_XDP socket and UMEM, its
 //! protocol stack (flow table, sockets, timers) and a single-threaded tokio executor (a
-//! current_thread runtime with a `LocalSet`), so `tokio::time`, `tokio::sync` and `spawn_local`
-//! work and tasks need not be `Send`. Nothing is shared between cores on the per-frame path;
+//! current_thread `LocalRuntime`), so `tokio::time`, `tokio::sync` and `spawn_local` work and
+//! tasks need not be `Send`. Nothing is shared between cores on the per-frame path;
 //! frames that reach the wrong core are copied over a ring for that core ([`handoff`]).
 //!
 //! The pipeline runs as a task of the executor (the driver): one turn of

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant as StdInstant};
 
 use corelane_stack::{BatchTuner, Pipeline, TuneConfig};
+use tokio::runtime::{LocalOptions, LocalRuntime};
 
 use crate::cpu::{pin, thread_cpu_time};
 use crate::driver::Driver;
@@ -149,9 +150,9 @@ impl Runtime {
         if let Some(app) = app {
             // A split lane: the application runs on its own thread; this one runs the pipeline.
             let _ = app.send((core.clone(), info));
-            let mut driver = exec.block_on(driver.run());
+            let mut driver = run_task(&exec, driver.run());
             if !self.shared.life.stop.load(Ordering::SeqCst) {
-                driver = exec.block_on(driver.linger(linger));
+                driver = run_task(&exec, driver.linger(linger));
             }
             let counts = core.stack().shutdown(now(), &mut driver.pipe.dev)?;
             let counts = exec.block_on(driver.leave_upgrade(counts));
@@ -160,10 +161,9 @@ impl Runtime {
             return Ok(report(&core, counts));
         }
         lane::set_current(Some(core.clone()));
-        let local = tokio::task::LocalSet::new();
         let mut panicked = None;
         let restart = self.cfg.on_panic == OnPanic::RestartCore;
-        let counts = local.block_on(&exec, async {
+        let counts = exec.block_on(async {
             let mut driver_task = tokio::task::spawn_local(driver.run());
             let mut app = tokio::task::spawn_local(f(info));
             let driver = loop {
@@ -199,9 +199,9 @@ impl Runtime {
                 }
             }
         });
-        // Tasks still alive (a stop interrupted them) are dropped with the LocalSet, while the
+        // Tasks still alive (a stop interrupted them) are dropped with the executor, while the
         // core is still reachable for their destructors.
-        drop(local);
+        drop(exec);
         lane::set_current(None);
         let counts = counts?;
         if let Some(message) = panicked {
@@ -211,6 +211,30 @@ impl Runtime {
             });
         }
         Ok(report(&core, counts))
+    }
+}
+
+/// A core's executor: tokio's current-thread scheduler as a [`LocalRuntime`], which runs
+/// `spawn_local` tasks itself. A task woken while the thread is parked in the executor (by the
+/// I/O driver: the core's queue, its doorbell; or by a timer) goes straight onto the run queue.
+/// A `LocalSet`'s task woken there (outside the set's own poll) went onto the set's shared
+/// queue under a mutex and woke the `block_on` future, an eventfd write and one more
+/// `epoll_wait` before it ran: every sleeping core's wake-up paid it.
+pub(crate) fn executor() -> std::io::Result<LocalRuntime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build_local(LocalOptions::default())
+}
+
+/// Runs `fut` as a task of `exec` until it ends, for the same reason (the future `block_on`
+/// polls is woken through the eventfd); a panic in it goes on unwinding here.
+fn run_task<T: 'static>(exec: &LocalRuntime, fut: impl Future<Output = T> + 'static) -> T {
+    match exec.block_on(exec.spawn_local(fut)) {
+        Ok(v) => v,
+        Err(e) => match e.try_into_panic() {
+            Ok(p) => std::panic::resume_unwind(p),
+            Err(e) => panic!("the core's driver was cancelled: {e}"),
+        },
     }
 }
 
@@ -293,12 +317,7 @@ where
         core.shared.app_done();
         core.wake_driver();
     };
-    let exec = match (
-        pinned,
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-    ) {
+    let exec = match (pinned, executor()) {
         (Ok(()), Ok(exec)) => exec,
         (Err(e), _) => {
             stop_core(e.to_string());
@@ -312,9 +331,8 @@ where
         }
     };
     lane::set_current(Some(core.clone()));
-    let local = tokio::task::LocalSet::new();
     let restart = on_panic == OnPanic::RestartCore;
-    local.block_on(&exec, async {
+    exec.block_on(async {
         let mut app = tokio::task::spawn_local(f(info));
         let (mut a, mut b) = (core.ended.subscribe(), core.ended.subscribe());
         loop {
@@ -334,7 +352,7 @@ where
             }
         }
     });
-    drop(local);
+    drop(exec);
     lane::set_current(None);
     end.cpu_time = thread_cpu_time();
     end

@@ -175,7 +175,7 @@ impl Lab {
         // Declared before the executor: dropped after it (its tasks' destructors reach the
         // core), and on a panic too, so the thread is no core's once the lab is gone.
         let _current = OnCore::enter(core.clone());
-        let exec = crate::threads::executor().map_err(|source| Error::Os {
+        let exec = crate::executor::executor().map_err(|source| Error::Os {
             what: "the lab's executor".into(),
             source,
         })?;

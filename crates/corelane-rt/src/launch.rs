@@ -431,7 +431,7 @@ impl Runtime {
             // Checked when the runtime was built; the stack's table has the same size.
             stack.add_route(r.dst, r.via)?;
         }
-        let exec = crate::threads::executor()?;
+        let exec = crate::executor::executor()?;
         let stats = CoreStats {
             core: info.index,
             cpu: info.cpu,

@@ -52,6 +52,7 @@ mod cpu;
 mod driver;
 mod driver_run;
 mod error;
+mod executor;
 pub mod handoff;
 mod host;
 #[cfg(any(test, feature = "sim"))]

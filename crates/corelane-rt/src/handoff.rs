@@ -305,5 +305,18 @@ mod tests {
         assert!(readable(&bell));
         bell.disarm();
         assert!(!readable(&bell));
+        // A stop rings whether the owner sleeps or not; the next disarm drains it, and one
+        // with nothing rung leaves nothing behind either.
+        bell.ring_always();
+        assert!(readable(&bell));
+        bell.disarm();
+        assert!(!readable(&bell));
+        bell.disarm();
+        assert!(!readable(&bell));
+        bell.arm();
+        bell.ring();
+        bell.ring();
+        bell.disarm();
+        assert!(!readable(&bell), "two rings, one drain");
     }
 }

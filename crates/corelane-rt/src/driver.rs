@@ -151,7 +151,9 @@ impl<Q: Queue> Driver<Q> {
         );
         self.sync_tables(&mut stack, now);
         self.capture_turn(clock);
-        let turn = self.pipe.turn(&mut stack, now, &mut self.peers);
+        // A real run's host clock is the wall clock the pipeline times its stages by.
+        let wall = matches!(core.shared.clock, crate::clock::Clock::Wall).then_some(clock);
+        let turn = self.pipe.turn_from(&mut stack, now, wall, &mut self.peers);
         if let Some(e) = &turn.tx_error {
             tracing::warn!("core {}: transmit: {e}", core.index);
         }

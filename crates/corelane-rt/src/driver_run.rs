@@ -152,13 +152,15 @@ impl<Q: Queue> Driver<Q> {
                 }
             }
             if busy {
-                let now = self.clock();
+                // The clock is read only where a stretch of work begins (a busy core's turns
+                // read it once each, in the turn).
                 if let Some(idle) = idle_since.take() {
+                    let now = self.clock();
                     // How long the core waited for this work (spinning or asleep).
                     gap_ns = 0.8 * gap_ns + 0.2 * (now - idle).as_nanos() as f64;
                     busy_since = Some(now);
                 } else if busy_since.is_none() {
-                    busy_since = Some(now);
+                    busy_since = Some(self.clock());
                 }
                 self.yield_to_tasks().await;
                 continue;

@@ -137,3 +137,49 @@ fn a_sleeping_core_wakes_without_reads_or_writes() {
         "{writes} writes for {REQUESTS} wake-ups: {out}"
     );
 }
+
+/// "N sleeps" of core 0's line.
+fn sleeps(out: &str) -> Option<u64> {
+    let line = out.lines().find(|l| l.contains("core 0 ("))?;
+    let (before, _) = line.split_once(" sleeps)")?;
+    before.rsplit(' ').next()?.parse().ok()
+}
+
+/// Requests further apart than the ACK delay: each arms the connection's delayed ACK, and
+/// the answer, which carries the ACK, makes that timer moot. The core sleeps until what the
+/// connection still needs (`Stack::sleep_deadline`), not until the moot timer: before, it
+/// woke once more per request for nothing (three sleeps per request here, now two: one for
+/// the request, one for the client's ACK of the answer).
+#[test]
+fn a_timer_the_answer_made_moot_wakes_nothing() {
+    if !require_root("a_timer_the_answer_made_moot_wakes_nothing") {
+        return;
+    }
+    let net = net(1);
+    let echo = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
+    let addr: std::net::SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
+    const REQUESTS: u64 = 40;
+    net.client_ns()
+        .run(move || {
+            let mut s = connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.set_nodelay(true).unwrap();
+            for i in 0..REQUESTS as u8 {
+                std::thread::sleep(Duration::from_millis(5));
+                s.write_all(&[i; 8]).unwrap();
+                let mut back = [0u8; 8];
+                s.read_exact(&mut back).unwrap();
+                assert_eq!(back, [i; 8]);
+            }
+        })
+        .unwrap();
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    let n = sleeps(&out).unwrap_or_else(|| panic!("no sleeps counted: {out}"));
+    eprintln!("{REQUESTS} requests 5 ms apart: {n} sleeps");
+    assert!(n >= REQUESTS, "{n} sleeps for {REQUESTS} requests: {out}");
+    assert!(
+        n < REQUESTS * 5 / 2,
+        "{n} sleeps for {REQUESTS} requests (two each at most, and a few): {out}"
+    );
+}

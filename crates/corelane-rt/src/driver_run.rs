@@ -222,7 +222,7 @@ impl<Q: Queue> Driver<Q> {
     /// deadline or the shutdown's end, and shorter where something wakes nothing.
     fn nap(&self, end: End) -> Duration {
         let now = self.clock();
-        let deadline = self.core.stack().next_deadline().map(|d| {
+        let deadline = self.core.stack().sleep_deadline().map(|d| {
             let at = Duration::from_micros(d.total_micros().max(0) as u64);
             self.epoch + at
         });

@@ -72,4 +72,6 @@ mod tests_reply_path;
 #[cfg(test)]
 mod tests_secrets;
 #[cfg(test)]
+mod tests_sleep;
+#[cfg(test)]
 mod tests_stop;

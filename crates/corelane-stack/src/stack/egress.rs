@@ -151,6 +151,43 @@ impl Stack {
         self.timers.peek().map(|r| r.0.0)
     }
 
+    /// The earliest flow timer that still matters, for a core about to sleep until it. A
+    /// flow's timer stays in the heap when its connection's next deadline moves later (a
+    /// delayed ACK that the answer carried, a probe the peer's ACK made moot), and a core that
+    /// slept until it woke for nothing: a wake-up per request of a request/response
+    /// connection whose requests come further apart than the ACK delay. Such timers at the
+    /// top are taken out here and the connection's real deadline put in their place; the
+    /// rest wait until they come up. Called once per sleep, not per frame: each call takes
+    /// out what earlier arms left, so its work is bounded by them.
+    pub fn sleep_deadline(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((t, index, generation))) = self.timers.peek() {
+            let slot = &mut self.slots[index as usize];
+            let Some(f) = slot
+                .flow
+                .as_mut()
+                .filter(|f| slot.generation == generation && f.deadline == Some(t))
+            else {
+                // Superseded: the egress pass would drop it when it came up.
+                self.timers.pop();
+                continue;
+            };
+            let Sock::Tcp(c) = &f.sock else {
+                return Some(t);
+            };
+            match c.poll_at() {
+                Some(real) if real <= t => return Some(t),
+                real => {
+                    self.timers.pop();
+                    f.deadline = real;
+                    if let Some(real) = real {
+                        self.timers.push(Reverse((real, index, generation)));
+                    }
+                }
+            }
+        }
+        None
+    }
+
     /// True when nothing is left to finish: no flow is held by the application, and every TCP
     /// connection has ended or waits in TIME-WAIT (what a runtime that is ending lingers for).
     pub fn settled(&self) -> bool {

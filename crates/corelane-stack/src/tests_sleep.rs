@@ -1,0 +1,76 @@
+//! The deadline a core sleeps until (`Stack::sleep_deadline`): a timer that a connection no
+//! longer needs is not slept until.
+
+use std::task::Poll;
+
+use smoltcp::time::Duration;
+
+use crate::{Pair, StackConfig, TcpState};
+
+#[test]
+fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
+-> Result<(), Box<dyn std::error::Error>> {
+    let cfg = StackConfig {
+        seed: Some(0x5ee9),
+        ..StackConfig::default()
+    };
+    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg.clone(), cfg);
+    p.a.stack.listen_tcp(7, None)?;
+    let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
+    let mut server = None;
+    let open = p.drive(Duration::from_secs(1), |p| {
+        server = server.or_else(|| p.a.stack.accept(7));
+        server.is_some() && p.b.stack.tcp_state(c) == Some(TcpState::Established)
+    })?;
+    let s = server.filter(|_| open).ok_or("no connection")?;
+    // Whatever the handshake left to do is done.
+    p.drive_for(Duration::from_millis(300), |_| {})?;
+
+    // A request: one small segment, for which the server owes an ACK within the ACK delay.
+    assert!(matches!(
+        p.b.stack.tcp_write(c, b"request!", None),
+        Poll::Ready(Ok(8))
+    ));
+    let mut buf = [0u8; 64];
+    let mut got = 0;
+    p.drive(Duration::from_millis(10), |p| {
+        if let Poll::Ready(Ok(n)) = p.a.stack.tcp_read(s, &mut buf, None) {
+            got += n;
+        }
+        got == 8
+    })?;
+    assert_eq!(got, 8, "the request arrived");
+    let owed = p.a.stack.next_deadline().ok_or("no ACK deadline")?;
+    assert!(
+        owed > p.now(),
+        "the ACK is delayed: {owed:?} at {:?}",
+        p.now()
+    );
+
+    // The answer carries the ACK: the delayed ACK's timer no longer matters.
+    assert!(matches!(
+        p.a.stack.tcp_write(s, &buf[..8], None),
+        Poll::Ready(Ok(8))
+    ));
+    let now = p.now();
+    p.a.poll(now)?;
+    assert_eq!(
+        p.a.stack.next_deadline(),
+        Some(owed),
+        "the delayed ACK's timer is still in the heap"
+    );
+    let sleep = p.a.stack.sleep_deadline();
+    eprintln!("owed {owed:?}, sleep until {sleep:?}, now {now:?}");
+    assert!(
+        sleep.is_none_or(|t| t > owed),
+        "a core would sleep until {sleep:?}, the ACK timer that no longer matters ({owed:?})"
+    );
+    // What it sleeps until is what the connection needs: the heap's top from now on.
+    assert_eq!(p.a.stack.next_deadline(), sleep);
+    assert_eq!(
+        p.a.stack.sleep_deadline(),
+        sleep,
+        "a second look changes nothing"
+    );
+    Ok(())
+}

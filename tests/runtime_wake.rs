@@ -1,11 +1,13 @@
-//! How long a frame waits for a core that slept: the steering program stamps each frame it
-//! steers (XDP metadata, `bpf_ktime_get_ns`), and a core that wakes up reads the stamp of the
-//! first frame it finds; the exit report says what waking up cost against the wait of frames
-//! that found the core awake.
+//! A core that sleeps between requests. How long a frame waits for it: the steering program
+//! stamps each frame it steers (XDP metadata, `bpf_ktime_get_ns`), and a core that wakes up
+//! reads the stamp of the first frame it finds; the exit report says what waking up cost
+//! against the wait of frames that found the core awake. What else a wake-up costs it: no
+//! system call but the wait itself, and no wake-up for a timer nobody needs any more.
 
 mod common;
 
 use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::*;
@@ -25,6 +27,25 @@ fn waits(out: &str) -> Option<(f64, u64, f64, u64)> {
     Some((woken, n.parse().ok()?, num(awake)?, m.parse().ok()?))
 }
 
+/// A client of the echo server at `addr` (its requests and answers in single segments).
+fn client(addr: SocketAddr) -> TcpStream {
+    let s = connect_patiently(addr);
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// `n` requests of 8 bytes on `s`, `gap` apart, each answered (the same bytes) before the
+/// next is sent.
+fn requests(s: &mut TcpStream, n: u8, gap: Duration) {
+    for i in 0..n {
+        std::thread::sleep(gap);
+        s.write_all(&[i; 8]).unwrap();
+        let mut back = [0u8; 8];
+        s.read_exact(&mut back).unwrap();
+        assert_eq!(back, [i; 8]);
+    }
+}
+
 #[test]
 fn a_sleeping_core_measures_what_waking_up_costs() {
     if !require_root("a_sleeping_core_measures_what_waking_up_costs") {
@@ -32,21 +53,10 @@ fn a_sleeping_core_measures_what_waking_up_costs() {
     }
     let net = net(1);
     let echo = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
-    let addr: std::net::SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
     net.client_ns()
-        .run(move || {
-            let mut s = connect(addr).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.set_nodelay(true).unwrap();
-            // Requests 20 ms apart: far past the spin, so the core sleeps before each.
-            for i in 0..30u8 {
-                std::thread::sleep(Duration::from_millis(20));
-                s.write_all(&[i; 8]).unwrap();
-                let mut back = [0u8; 8];
-                s.read_exact(&mut back).unwrap();
-                assert_eq!(back, [i; 8]);
-            }
-        })
+        // Requests 20 ms apart: far past the spin, so the core sleeps before each.
+        .run(move || requests(&mut client(addr), 30, Duration::from_millis(20)))
         .unwrap();
     let (status, out) = echo.stop();
     assert_clean_exit(status, &out);
@@ -99,27 +109,16 @@ fn a_sleeping_core_wakes_without_reads_or_writes() {
     let net = net(1);
     let echo = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
     let pid = echo.pid();
-    let addr: std::net::SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
     const REQUESTS: u64 = 100;
     let counts = net
         .client_ns()
         .run(move || {
-            let mut s = connect(addr).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.set_nodelay(true).unwrap();
-            let mut exchange = |i: u8| {
-                s.write_all(&[i; 8]).unwrap();
-                let mut back = [0u8; 8];
-                s.read_exact(&mut back).unwrap();
-                assert_eq!(back, [i; 8]);
-            };
-            exchange(0);
+            let mut s = client(addr);
+            requests(&mut s, 1, Duration::ZERO);
             let before = thread_syscalls(pid, "corelane-0").expect("the core's thread");
             // Requests 400 us apart: past the spin, so the core sleeps before each.
-            for i in 0..REQUESTS as u8 {
-                std::thread::sleep(Duration::from_micros(400));
-                exchange(i);
-            }
+            requests(&mut s, REQUESTS as u8, Duration::from_micros(400));
             let after = thread_syscalls(pid, "corelane-0").expect("the core's thread");
             (after.0 - before.0, after.1 - before.1)
         })
@@ -157,21 +156,10 @@ fn a_timer_the_answer_made_moot_wakes_nothing() {
     }
     let net = net(1);
     let echo = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
-    let addr: std::net::SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
     const REQUESTS: u64 = 40;
     net.client_ns()
-        .run(move || {
-            let mut s = connect(addr).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.set_nodelay(true).unwrap();
-            for i in 0..REQUESTS as u8 {
-                std::thread::sleep(Duration::from_millis(5));
-                s.write_all(&[i; 8]).unwrap();
-                let mut back = [0u8; 8];
-                s.read_exact(&mut back).unwrap();
-                assert_eq!(back, [i; 8]);
-            }
-        })
+        .run(move || requests(&mut client(addr), REQUESTS as u8, Duration::from_millis(5)))
         .unwrap();
     let (status, out) = echo.stop();
     assert_clean_exit(status, &out);

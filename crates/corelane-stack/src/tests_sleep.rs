@@ -14,7 +14,7 @@ fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
         seed: Some(0x5ee9),
         ..StackConfig::default()
     };
-    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg.clone(), cfg);
+    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg, cfg);
     p.a.stack.listen_tcp(7, None)?;
     let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
     let mut server = None;

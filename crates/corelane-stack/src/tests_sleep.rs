@@ -74,3 +74,44 @@ fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
     );
     Ok(())
 }
+
+#[test]
+fn a_connection_waiting_for_its_next_hop_keeps_the_resolution_s_retry()
+-> Result<(), Box<dyn std::error::Error>> {
+    let cfg = StackConfig {
+        seed: Some(0x5ee9),
+        ..StackConfig::default()
+    };
+    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg, cfg);
+    // On the link, held by nobody: the SYN waits for an ARP answer that never comes.
+    let (c, _) = p.a.stack.connect_tcp("10.9.0.99:80".parse()?)?;
+    let now = p.now();
+    p.a.poll(now)?;
+    assert_eq!(p.a.stack.tcp_state(c), Some(TcpState::SynSent));
+    let retry =
+        p.a.stack
+            .next_deadline()
+            .ok_or("no retry of the resolution")?;
+    assert_eq!(
+        p.a.stack.sleep_deadline(),
+        Some(retry),
+        "a core must wake to ask again (and to fail the connect in the end)"
+    );
+    // And it does fail, with the core sleeping until what `sleep_deadline` says.
+    let end = now + Duration::from_secs(30);
+    let mut at = now;
+    while p.a.stack.tcp_state(c) == Some(TcpState::SynSent) && at < end {
+        at =
+            p.a.stack
+                .sleep_deadline()
+                .ok_or("nothing to wake for")?
+                .max(at);
+        p.a.poll(at)?;
+    }
+    assert_ne!(
+        p.a.stack.tcp_state(c),
+        Some(TcpState::SynSent),
+        "still waiting at {at:?}"
+    );
+    Ok(())
+}

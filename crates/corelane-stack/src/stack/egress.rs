@@ -171,9 +171,14 @@ impl Stack {
                 self.timers.pop();
                 continue;
             };
+            // A connection whose next hop is not resolved yet waits on the resolution's
+            // retry (`arm`), which is not among its own deadlines.
             let Sock::Tcp(c) = &f.sock else {
                 return Some(t);
             };
+            if f.mac.is_none() {
+                return Some(t);
+            }
             match c.poll_at() {
                 Some(real) if real <= t => return Some(t),
                 real => {

@@ -172,11 +172,12 @@ impl Stack {
                 continue;
             };
             // A connection whose next hop is not resolved yet waits on the resolution's
-            // retry (`arm`), which is not among its own deadlines.
+            // retry (`arm`), which is not among its own deadlines; one that wants to send (a
+            // segment found no free frame) is polled at its timer as before.
             let Sock::Tcp(c) = &f.sock else {
                 return Some(t);
             };
-            if f.mac.is_none() {
+            if f.mac.is_none() || c.wants_output() {
                 return Some(t);
             }
             match c.poll_at() {

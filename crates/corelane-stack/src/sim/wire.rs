@@ -74,6 +74,9 @@ pub struct WireStats {
     pub oversize: u64,
     /// The longest frame offered, bytes (Ethernet header included).
     pub longest: usize,
+    /// A hash (FNV-1a) of every frame offered, in order, byte for byte: two runs with the
+    /// same digest put the same frames on the wire.
+    pub digest: u64,
 }
 
 /// The generator behind every decision: splitmix64, so a seed replays exactly.
@@ -274,6 +277,12 @@ impl Wire {
         let s = &mut self.stats;
         s.frames += 1;
         s.longest = s.longest.max(bytes.len());
+        if s.digest == 0 {
+            s.digest = 0xcbf2_9ce4_8422_2325;
+        }
+        for &b in bytes.iter().chain(&(bytes.len() as u32).to_le_bytes()) {
+            s.digest = (s.digest ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
         if bytes.len() > self.max_frame {
             s.oversize += 1;
             return;

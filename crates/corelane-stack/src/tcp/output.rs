@@ -3,93 +3,46 @@
 //! carrying the window, timestamps and SACK blocks.
 
 use smoltcp::time::{Duration, Instant};
-use smoltcp::wire::{IpEndpoint, TcpRepr};
 
-use super::TcpConfig;
 use super::board::TxSeg;
-use super::conn::{Conn, Sizes, TcpState, default_mss, scale_for};
+use super::conn::{Conn, TcpState};
 use super::due::Due;
-use super::pacing::Rate;
+use super::pacing::{Rate, Step};
 use super::probe;
-use super::secret::Secret;
 use super::seq::Seq;
 use super::wire::{FIN, Out, PSH, RST, SYN};
 
-impl Conn {
-    /// The fields every segment after the handshake carries: the ACK, the window, the
-    /// timestamps and the SACK blocks. Sending them settles any ACK owed.
-    pub(super) fn header(&mut self, now: Instant) -> Out<'static> {
-        let ws = self.rcv_wscale;
-        let room = self.rcv_room();
-        let right = self.rcv_nxt.plus(room).max(self.rcv_adv);
-        let win = right.since(self.rcv_nxt);
-        let mut field = win >> ws;
-        if (field << ws) < self.rcv_adv.since(self.rcv_nxt) {
-            // Never move the right edge back (RFC 9293 section 3.8.6.2.2).
-            field += 1;
-        }
-        let field = field.min(0xffff);
-        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt.plus(field << ws));
-        self.last_ack_sent = self.rcv_nxt;
-        self.ack_now = false;
-        self.ack_at = Due::NONE;
-        self.unacked_segs = 0;
-        self.ack_point = None;
-        let mut o = Out {
-            seq: self.snd_nxt,
-            ack: Some(self.rcv_nxt),
-            flags: self.ecn.flags(),
-            window: field as u16,
-            ..Out::default()
-        };
-        if self.ts_ok {
-            o.ts = Some((self.ts_now(now), self.ts_recent));
-        }
-        let dsack = self.dsack.take();
-        if self.sack_ok && (dsack.is_some() || !self.ooo.is_empty()) {
-            // A duplicate's D-SACK block first, then the block holding it if it is above
-            // RCV.NXT (RFC 2883 section 4); then the block holding the newest arrival (RFC
-            // 2018 section 4), those holding the other arrivals not yet reported, newest
-            // first, then the highest (each range once: `sack_options_len` counts on it). One
-            // ACK may answer a whole batch of arrivals: every block they changed is reported,
-            // in this ACK or, past three, in the further ACKs `output` sends for them.
-            let block_of = |s: Seq| self.ooo.iter().find(|(a, e)| a.le(s) && e.gt(s)).copied();
-            let mut k = 0;
-            if let Some(d) = dsack {
-                o.sack[0] = d;
-                k = 1;
-            }
-            let holder = dsack.and_then(|d| block_of(d.0));
-            let fresh = self.sack_fresh.iter().rev().filter_map(|&s| block_of(s));
-            for b in holder
-                .into_iter()
-                .chain(fresh)
-                .chain(self.ooo.iter().rev().copied())
-            {
-                if k == 3 {
-                    break;
-                }
-                if !o.sack[usize::from(dsack.is_some())..k].contains(&b) {
-                    o.sack[k] = b;
-                    k += 1;
-                }
-            }
-            let told = o.sack;
-            self.sack_fresh
-                .retain(|&s| block_of(s).is_some_and(|b| !told[..k].contains(&b)));
-            // A FIN that arrived out of order occupies the sequence number after its data:
-            // the block holding that data covers it too, as the peer's segment did, or the
-            // peer would never see that segment arrive.
-            for b in &mut o.sack[..k] {
-                if self.peer_fin == Some(b.1) {
-                    b.1 = b.1.plus(1);
-                }
-            }
-            o.nsack = k;
-        }
-        o
-    }
+/// What one output pass works out once for all the data segments it sends.
+#[derive(Default)]
+struct Pass {
+    /// The header template: the ACK, window, timestamps and ECN flags every data segment of
+    /// the pass carries, worked out (`header`) for its first segment and kept while no SACK
+    /// block is owed (blocks change from one segment to the next; then each segment gets its
+    /// own).
+    tmpl: Option<Out<'static>>,
+    /// The pacing rate.
+    step: Step,
+}
 
+#[cfg(test)]
+thread_local! {
+    /// The reference the tests compare a pass's sharing against (`tests_pass.rs`): with it
+    /// set, each data segment works out its own header and pacing rate and arms the loss
+    /// probe's timer itself, as every segment did before a pass shared them.
+    pub(crate) static PER_SEGMENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Data segments sent from a template another segment worked out.
+    pub(crate) static FROM_TEMPLATE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[inline(always)]
+fn per_segment() -> bool {
+    #[cfg(test)]
+    return PER_SEGMENT.get();
+    #[cfg(not(test))]
+    false
+}
+
+impl Conn {
     /// Whether pacing lets a segment leave now (a refusal is remembered: the connection's
     /// next deadline includes the pacing clock's).
     fn pace_ok(&mut self, now: Instant) -> bool {
@@ -97,46 +50,79 @@ impl Conn {
     }
 
     /// `bytes` left at `now`: the pacing clock moves past them at twice (slow start) or 1.2
-    /// times (congestion avoidance) the rate of one window per round trip.
-    fn paced(&mut self, now: Instant, bytes: usize) {
+    /// times (congestion avoidance) the rate of one window per round trip. The rate is worked
+    /// out for a pass's first segment only: nothing it depends on changes while a connection
+    /// sends.
+    fn paced(&mut self, now: Instant, bytes: usize, step: &mut Step) {
         if !self.cfg.pacing {
             return;
         }
-        let Some(srtt) = self.rtt.srtt() else {
-            return;
-        };
-        // SRTT, but no more than twice the round trip of the latest delivery (RACK's): one ACK
-        // a peer held for its delayed-ACK timer (40 ms and more, where the path's round trip
-        // is a hundred microseconds) lifts SRTT a hundredfold for dozens of ACKs, and a rate
-        // paced on it would be as much too slow; the latest delivery says what the path does
-        // now.
-        let rtt = if self.rack_rtt > Duration::ZERO {
-            srtt.min(self.rack_rtt * 2)
-        } else {
-            srtt
-        };
-        let rate = Rate {
-            cwnd: self.cc.cwnd,
-            rtt,
-            slow_start: self.cc.slow_start(),
-            smss: self.smss,
-            burst: self.cfg.burst,
-        };
-        self.pacer.sent(now, bytes, rate);
+        let (rtt, rack_rtt, cwnd, slow_start) = (
+            self.rtt.srtt(),
+            self.rack_rtt,
+            self.cc.cwnd,
+            self.cc.slow_start(),
+        );
+        let (smss, burst) = (self.smss, self.cfg.burst);
+        self.pacer.sent_in_pass(now, bytes, step, || {
+            let srtt = rtt?;
+            // SRTT, but no more than twice the round trip of the latest delivery (RACK's):
+            // one ACK a peer held for its delayed-ACK timer (40 ms and more, where the path's
+            // round trip is a hundred microseconds) lifts SRTT a hundredfold for dozens of
+            // ACKs, and a rate paced on it would be as much too slow; the latest delivery
+            // says what the path does now.
+            let rtt = if rack_rtt > Duration::ZERO {
+                srtt.min(rack_rtt * 2)
+            } else {
+                srtt
+            };
+            Some(Rate {
+                cwnd,
+                rtt,
+                slow_start,
+                smss,
+                burst,
+            })
+        });
     }
 
-    /// Sends the data (and FIN) of `[start, end)` from the send ring.
+    /// Sends the data (and FIN) of `[start, end)` from the send ring, with the header and
+    /// pacing rate `pass` holds (see `Pass`).
     fn send_range(
         &mut self,
         now: Instant,
-        start: Seq,
-        end: Seq,
-        fin: bool,
+        (start, end, fin): (Seq, Seq, bool),
+        pass: &mut Pass,
         emit: &mut dyn FnMut(&Out<'_>) -> bool,
     ) -> bool {
         let len = end.since(start) - usize::from(fin);
         let off = start.since(self.data_base());
-        let mut o = self.header(now);
+        if per_segment() {
+            *pass = Pass::default();
+        }
+        let tmpl = &mut pass.tmpl;
+        let mut o = match *tmpl {
+            Some(t) => {
+                #[cfg(test)]
+                FROM_TEMPLATE.set(FROM_TEMPLATE.get() + 1);
+                // What the segment would carry had it worked out its own header (its sequence
+                // number is set below).
+                #[cfg(debug_assertions)]
+                {
+                    let own = self.header(now);
+                    debug_assert_eq!(t, Out { seq: t.seq, ..own }, "a stale header template");
+                }
+                t
+            }
+            None => {
+                let h = self.header(now);
+                // A D-SACK block goes once; blocks above RCV.NXT change as they are reported.
+                if h.nsack == 0 && self.sack_options_len() == 0 {
+                    *tmpl = Some(h);
+                }
+                h
+            }
+        };
         o.seq = start;
         if fin {
             o.flags |= FIN;
@@ -159,7 +145,7 @@ impl Conn {
         let ok = emit(&o);
         if ok {
             self.stats.segs_out += 1;
-            self.paced(now, len + 64);
+            self.paced(now, len + 64, &mut pass.step);
             if cwr != 0 {
                 self.ecn.cwr_sent();
             }
@@ -218,6 +204,7 @@ impl Conn {
     ) -> usize {
         let mut n = 0;
         self.pacer.new_pass();
+        let mut pass = Pass::default();
         if let Some(seq) = self.rst_due_for.take() {
             let o = Out {
                 seq,
@@ -277,7 +264,7 @@ impl Conn {
             if !self.pace_ok(now) {
                 break;
             }
-            if !self.send_range(now, s.start, s.end, s.fin, emit) {
+            if !self.send_range(now, (s.start, s.end, s.fin), &mut pass, emit) {
                 return n;
             }
             self.board.resent(i, now);
@@ -306,7 +293,7 @@ impl Conn {
             let again = probe::target(recovering, hole, new_data, || self.board.newest_in_flight());
             let again = self.fitted(again);
             if let Some((i, s)) = again {
-                if !self.send_range(now, s.start, s.end, s.fin, emit) {
+                if !self.send_range(now, (s.start, s.end, s.fin), &mut pass, emit) {
                     return n;
                 }
                 self.board.resent(i, now);
@@ -315,7 +302,7 @@ impl Conn {
             } else if new_data {
                 force = true;
             } else if let Some(s) = self.last_fitted() {
-                if !self.send_range(now, s.start, s.end, s.fin, emit) {
+                if !self.send_range(now, (s.start, s.end, s.fin), &mut pass, emit) {
                     return n;
                 }
                 self.board.probe_last(now);
@@ -327,7 +314,10 @@ impl Conn {
             self.arm_tlp(now);
         }
 
-        // New data.
+        // New data: the pass's segments share one header template, and the loss probe's timer
+        // is armed once, after the last of them (each arming replaces the one before).
+        let first_new = self.snd_nxt;
+        let mut stopped = false;
         while n < budget {
             let unsent = self.unsent();
             let fin_ready = self.close_requested
@@ -380,8 +370,9 @@ impl Conn {
             }
             let start = self.snd_nxt;
             let end = start.plus(len + usize::from(fin));
-            if !self.send_range(now, start, end, fin, emit) {
-                return n;
+            if !self.send_range(now, (start, end, fin), &mut pass, emit) {
+                stopped = true;
+                break;
             }
             if self.board.is_empty() {
                 // The user timeout counts from the oldest unacknowledged data, not from an
@@ -404,7 +395,7 @@ impl Conn {
             if self.rto_at.is_none() {
                 self.rto_at = Due::from(Some(now + self.rtt.rto()));
             }
-            if !force {
+            if per_segment() && !force {
                 self.arm_tlp(now);
             }
             self.peak_flight = self.peak_flight.max(self.board.in_flight());
@@ -412,6 +403,12 @@ impl Conn {
             if fin || force {
                 break;
             }
+        }
+        if !force && self.snd_nxt != first_new {
+            self.arm_tlp(now);
+        }
+        if stopped {
+            return n;
         }
 
         if self.keep_probe_due {
@@ -455,30 +452,6 @@ impl Conn {
         n
     }
 
-    /// Option bytes every segment after the handshake carries: the timestamps.
-    pub(super) fn fixed_options_len(&self) -> usize {
-        if self.ts_ok { 12 } else { 0 }
-    }
-
-    /// Option bytes of the SACK blocks the next segment carries (see `header`): a kind and
-    /// length padded to four bytes, then eight bytes a block, at most three.
-    fn sack_options_len(&self) -> usize {
-        let blocks = self.ooo.len() + usize::from(!self.dsack.is_empty());
-        if self.sack_ok && blocks > 0 {
-            4 + 8 * blocks.min(3)
-        } else {
-            0
-        }
-    }
-
-    /// Payload bytes the next segment may carry with the options it will carry, so that no
-    /// frame is longer than the MTU (RFC 9293 section 3.7.1, RFC 6691).
-    fn payload_room(&self) -> usize {
-        self.seg_room
-            .saturating_sub(self.fixed_options_len() + self.sack_options_len())
-            .max(1)
-    }
-
     /// Segment `seg` of the board, cut (on the board too) to what one frame carries with the
     /// options the next segment carries: SACK blocks may have appeared since it was first
     /// sent, or the path's MTU shrunk.
@@ -519,52 +492,5 @@ impl Conn {
             u.left += 1;
             u.retx_ts.get_or_insert(ts);
         }
-    }
-}
-
-/// The window field and window scale of a cookie SYN-ACK (`cookie_syn_ack`).
-pub(crate) fn cookie_window(cfg: &TcpConfig, sizes: Sizes) -> (u16, u8) {
-    (
-        cfg.rx_initial.min(sizes.rx_max).min(0xffff) as u16,
-        scale_for(sizes.rx_max),
-    )
-}
-
-/// The SYN-ACK of a listener whose SYN backlog is full: its ISN is a SYN cookie, and when the
-/// SYN had timestamps the low bits of this side's TSval carry the peer's window scale and
-/// SACK-permitted, so nothing need be kept (RFC 4987 section 3.6). Without timestamps the
-/// connection does without window scaling and SACK.
-pub(crate) fn cookie_syn_ack(
-    cfg: &TcpConfig,
-    secret: &Secret,
-    (local, remote): (IpEndpoint, IpEndpoint),
-    syn: &TcpRepr<'_>,
-    sizes: Sizes,
-    now: Instant,
-) -> Out<'static> {
-    let peer_isn = Seq(syn.seq_number.0 as u32);
-    let peer_mss = syn.max_seg_size.unwrap_or_else(|| default_mss(remote.addr));
-    let isn = secret.cookie(local, remote, peer_isn, peer_mss.min(sizes.mss), now);
-    let ts = syn.timestamp.filter(|_| cfg.timestamps).map(|t| {
-        let ws = syn.window_scale.map_or(0xf, |w| u32::from(w.min(14)));
-        let sack = u32::from(cfg.sack && syn.sack_permitted);
-        let clock = (now.total_millis() as u32).wrapping_add(secret.ts_offset(local, remote));
-        // The options replace the low 5 bits of a value from the 32 ms before now, never of
-        // one after it: the connection's later timestamps must not look older to the peer's
-        // PAWS check.
-        ((clock.wrapping_sub(0x20) & !0x1f) | ws | sack << 4, t.tsval)
-    });
-    Out {
-        seq: isn,
-        ack: Some(peer_isn.plus(1)),
-        flags: SYN,
-        window: cookie_window(cfg, sizes).0,
-        mss: Some(sizes.mss),
-        wscale: ts
-            .and(syn.window_scale)
-            .map(|_| cookie_window(cfg, sizes).1),
-        sack_perm: ts.is_some() && cfg.sack && syn.sack_permitted,
-        ts,
-        ..Out::default()
     }
 }

@@ -49,6 +49,11 @@ pub(crate) struct Pacer {
     blocked: bool,
 }
 
+/// A pass's pacing rate in bytes per nanosecond and its burst allowance in nanoseconds: the
+/// window and round trip do not change while a connection sends, so an output pass works
+/// them out once, not once a segment (kept by the pass, not the connection).
+pub(crate) type Step = Option<(f64, u64)>;
+
 impl Pacer {
     /// Whether a segment may leave at `now`. When not, the pacer remembers that one waits.
     pub(crate) fn allows(&mut self, now: Instant) -> bool {
@@ -69,13 +74,37 @@ impl Pacer {
     }
 
     /// `bytes` left at `now`: moves the clock past them at `rate`, allowing its burst.
+    #[cfg(test)]
     pub(crate) fn sent(&mut self, now: Instant, bytes: usize, rate: Rate) {
-        let per_ns = rate.per_ns();
+        self.sent_in_pass(now, bytes, &mut None, || Some(rate));
+    }
+
+    /// `sent`, with the rate asked for once a pass: `rate` is called when `step` holds none
+    /// yet (the pass's first segment), and nothing is paced when it gives none.
+    pub(crate) fn sent_in_pass(
+        &mut self,
+        now: Instant,
+        bytes: usize,
+        step: &mut Step,
+        rate: impl FnOnce() -> Option<Rate>,
+    ) {
+        let (per_ns, burst) = match *step {
+            Some(step) => step,
+            None => {
+                let Some(rate) = rate() else {
+                    return;
+                };
+                let per_ns = rate.per_ns();
+                // The burst allowance: `burst` segments, or the pacing rate's worth of
+                // BURST_TIME when that is more (a fast path's turns take longer than `burst`
+                // segments' gaps, and a fixed count would cap the rate at `burst` segments
+                // per turn).
+                let burst =
+                    ((rate.burst.max(1) * rate.smss) as f64 / per_ns).max(BURST_TIME_NS) as u64;
+                *step.insert((per_ns, burst))
+            }
+        };
         let gap = (bytes as f64 / per_ns) as u64;
-        // The burst allowance: `burst` segments, or the pacing rate's worth of BURST_TIME when
-        // that is more (a fast path's turns take longer than `burst` segments' gaps, and a
-        // fixed count would cap the rate at `burst` segments per turn).
-        let burst = ((rate.burst.max(1) * rate.smss) as f64 / per_ns).max(BURST_TIME_NS) as u64;
         let t = now_ns(now);
         self.next_ns = self.next_ns.max(t.saturating_sub(burst)) + gap;
     }

@@ -43,7 +43,7 @@ pub(crate) struct Path {
 }
 
 /// One segment to send.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Out<'a> {
     /// Sequence number.
     pub(crate) seq: Seq,

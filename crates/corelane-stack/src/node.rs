@@ -175,7 +175,7 @@ impl<P: FrameIo> Pair<P> {
     /// Moves the clock to the earlier of the two nodes' next deadlines, but not past `until`.
     /// Returns false when neither node has a deadline before `until` (nothing will happen).
     fn jump(&mut self, until: Instant) -> bool {
-        let next = [self.a.stack.next_deadline(), self.b.stack.next_deadline()];
+        let next = [self.a.stack.sleep_deadline(), self.b.stack.sleep_deadline()];
         jump_clock(&mut self.now, next, until)
     }
 

@@ -7,14 +7,19 @@ use smoltcp::time::Duration;
 
 use crate::{Pair, StackConfig, TcpState};
 
-#[test]
-fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
--> Result<(), Box<dyn std::error::Error>> {
+/// Two seeded stacks on an in-memory link.
+fn pair() -> Pair {
     let cfg = StackConfig {
         seed: Some(0x5ee9),
         ..StackConfig::default()
     };
-    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg, cfg);
+    Pair::with(corelane_frame::MemLink::default(), cfg, cfg)
+}
+
+#[test]
+fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
+-> Result<(), Box<dyn std::error::Error>> {
+    let mut p = pair();
     p.a.stack.listen_tcp(7, None)?;
     let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
     let mut server = None;
@@ -78,11 +83,7 @@ fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
 #[test]
 fn a_connection_waiting_for_its_next_hop_keeps_the_resolution_s_retry()
 -> Result<(), Box<dyn std::error::Error>> {
-    let cfg = StackConfig {
-        seed: Some(0x5ee9),
-        ..StackConfig::default()
-    };
-    let mut p = Pair::with(corelane_frame::MemLink::default(), cfg, cfg);
+    let mut p = pair();
     // On the link, held by nobody: the SYN waits for an ARP answer that never comes.
     let (c, _) = p.a.stack.connect_tcp("10.9.0.99:80".parse()?)?;
     let now = p.now();

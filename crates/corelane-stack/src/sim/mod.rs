@@ -291,8 +291,8 @@ impl Sim {
     /// `until`. Returns false when nothing is due before `until`.
     pub fn jump(&mut self, until: Instant) -> bool {
         let next = [
-            self.server.stack.next_deadline(),
-            self.client.stack.next_deadline(),
+            self.server.stack.sleep_deadline(),
+            self.client.stack.sleep_deadline(),
             self.wires[0].next_at(),
             self.wires[1].next_at(),
         ];

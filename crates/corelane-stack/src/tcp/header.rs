@@ -13,9 +13,10 @@ use super::seq::Seq;
 use super::wire::{Out, SYN};
 
 impl Conn {
-    /// The fields every segment after the handshake carries: the ACK, the window, the
-    /// timestamps and the SACK blocks. Sending them settles any ACK owed.
-    pub(super) fn header(&mut self, now: Instant) -> Out<'static> {
+    /// The ACK, window, ECN flags and timestamps a segment sent now carries, without SACK
+    /// blocks, and without settling anything (`header` does). Working it out again before
+    /// anything arrives gives the same fields: a pass's data segments share it.
+    pub(super) fn ack_fields(&self, now: Instant) -> Out<'static> {
         let ws = self.rcv_wscale;
         let room = self.rcv_room();
         let right = self.rcv_nxt.plus(room).max(self.rcv_adv);
@@ -26,22 +27,27 @@ impl Conn {
             field += 1;
         }
         let field = field.min(0xffff);
-        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt.plus(field << ws));
+        Out {
+            seq: self.snd_nxt,
+            ack: Some(self.rcv_nxt),
+            flags: self.ecn.flags(),
+            window: field as u16,
+            ts: self.ts_ok.then(|| (self.ts_now(now), self.ts_recent)),
+            ..Out::default()
+        }
+    }
+
+    /// The fields every segment after the handshake carries: the ACK, the window, the
+    /// timestamps and the SACK blocks. Sending them settles any ACK owed.
+    pub(super) fn header(&mut self, now: Instant) -> Out<'static> {
+        let mut o = self.ack_fields(now);
+        let edge = self.rcv_nxt.plus(usize::from(o.window) << self.rcv_wscale);
+        self.rcv_adv = self.rcv_adv.max(edge);
         self.last_ack_sent = self.rcv_nxt;
         self.ack_now = false;
         self.ack_at = Due::NONE;
         self.unacked_segs = 0;
         self.ack_point = None;
-        let mut o = Out {
-            seq: self.snd_nxt,
-            ack: Some(self.rcv_nxt),
-            flags: self.ecn.flags(),
-            window: field as u16,
-            ..Out::default()
-        };
-        if self.ts_ok {
-            o.ts = Some((self.ts_now(now), self.ts_recent));
-        }
         let dsack = self.dsack.take();
         if self.sack_ok && (dsack.is_some() || !self.ooo.is_empty()) {
             // A duplicate's D-SACK block first, then the block holding it if it is above

@@ -106,12 +106,16 @@ impl Conn {
                 #[cfg(test)]
                 FROM_TEMPLATE.set(FROM_TEMPLATE.get() + 1);
                 // What the segment would carry had it worked out its own header (its sequence
-                // number is set below).
-                #[cfg(debug_assertions)]
-                {
-                    let own = self.header(now);
-                    debug_assert_eq!(t, Out { seq: t.seq, ..own }, "a stale header template");
-                }
+                // number is set below), with nothing owed that `header` would have settled.
+                debug_assert_eq!(
+                    t,
+                    Out {
+                        seq: t.seq,
+                        ..self.ack_fields(now)
+                    },
+                    "a stale header template"
+                );
+                debug_assert!(!self.ack_now && self.sack_options_len() == 0);
                 t
             }
             None => {

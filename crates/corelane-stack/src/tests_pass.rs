@@ -1,9 +1,10 @@
 //! An output pass shares one header template and one pacing rate among its data segments and
 //! arms the loss probe's timer once: the frames on the wire must be the very frames that
 //! segments working each out for themselves would send (sequence numbers, lengths, options,
-//! checksums, order), through every impairment of the simulation, both directions.
+//! checksums, order), through every impairment of the simulation, both directions, and through
+//! deep reordering (a slice of the hold sweep).
 
-use crate::sim::{Scenario, SimReport, run_scenario, scenarios};
+use crate::sim::{Scenario, SimReport, hold_scenarios, run_scenario, scenarios};
 use crate::tcp::output::{FROM_TEMPLATE, PER_SEGMENT};
 
 fn run(s: &Scenario, seed: u64, per_segment: bool) -> SimReport {
@@ -15,7 +16,8 @@ fn run(s: &Scenario, seed: u64, per_segment: bool) -> SimReport {
 
 #[test]
 fn a_pass_sends_the_frames_each_segment_would_have_sent_alone() {
-    let all = scenarios();
+    let mut all = scenarios();
+    all.extend(hold_scenarios(&[2, 16], &[5.0, 40.0]));
     let mut shared = 0;
     for s in &all {
         FROM_TEMPLATE.set(0);

@@ -5,6 +5,10 @@
 //! computed and verified on both. Each iteration moves 256 KiB; criterion reports bytes/s and
 //! data segments/s (ns per segment is its inverse).
 //!
+//! `cargo bench --bench pipeline -- --ratio` measures the goal's ratio instead: the two sides
+//! interleaved round by round (see `ratio`), which a noisy host moves much less than runs
+//! made one after the other.
+//!
 //! corelane's rows run over the zero-copy in-memory link (a sent frame's buffer becomes the
 //! peer's received frame, as on a zero-copy NIC), so they measure the stacks' own work; the
 //! `corelane_copy_link` row runs over the copying link (AF_XDP copy mode's extra copy per frame
@@ -21,7 +25,7 @@ use corelane_stack::smoltcp::socket::tcp;
 use corelane_stack::smoltcp::time::{Duration, Instant};
 use corelane_stack::smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
 use corelane_stack::{BatchTuner, FlowId, Node, StackConfig, TuneConfig};
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 
 const CHUNK: usize = 256 * 1024;
 const BUFFER: usize = 256 * 1024;
@@ -296,4 +300,69 @@ criterion_group! {
     config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(3));
     targets = bench
 }
-criterion_main!(benches);
+
+/// `--ratio [ROUNDS]`: corelane's pipeline (batch 64) against smoltcp's Loopback, the two
+/// interleaved: each round times a burst of transfers of one and then of the other (the order
+/// alternating), so that a host that slows down or speeds up between runs, as a shared
+/// virtual machine does, moves both sides of each round's ratio alike. Prints each side's
+/// median time per 256 KiB and the median ratio with its spread over the rounds.
+fn ratio(rounds: usize) {
+    let data: Vec<u8> = (0..CHUNK).map(|i| (i * 7) as u8).collect();
+    let mut sink = vec![0u8; 64 * 1024];
+    let mut sides: [(&str, Box<dyn Pipe>); 2] = [
+        ("smoltcp_loopback", Box::new(plain())),
+        ("corelane_pipeline/64", Box::new(corelane(64, true))),
+    ];
+    for (_, p) in &mut sides {
+        segments_per_chunk(p.as_mut(), &data, &mut sink);
+    }
+    // A burst of about 50 ms of the slower side.
+    let burst = 400;
+    let mut times = [Vec::new(), Vec::new()];
+    let mut ratios = Vec::new();
+    for round in 0..rounds {
+        let mut per = [0f64; 2];
+        for k in 0..2 {
+            let i = if round % 2 == 0 { k } else { 1 - k };
+            let p = sides[i].1.as_mut();
+            let t = std::time::Instant::now();
+            for _ in 0..burst {
+                p.transfer(black_box(&data), &mut sink);
+            }
+            per[i] = t.elapsed().as_secs_f64() * 1e6 / burst as f64;
+            times[i].push(per[i]);
+        }
+        ratios.push(per[1] / per[0]);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (i, (name, _)) in sides.iter().enumerate() {
+        println!(
+            "{name}: median {:.1} us per 256 KiB over {rounds} rounds of {burst}",
+            median(&mut times[i])
+        );
+    }
+    let m = median(&mut ratios);
+    println!(
+        "corelane / smoltcp: median {m:.3}x (rounds from {:.3}x to {:.3}x)",
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--ratio") {
+        let rounds = args
+            .get(at + 1)
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(21usize)
+            .max(1);
+        ratio(rounds);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -171,3 +171,52 @@ fn a_timer_the_answer_made_moot_wakes_nothing() {
         "{n} sleeps for {REQUESTS} requests (two each at most, and a few): {out}"
     );
 }
+
+/// "longest spin N us" of core 0's line.
+fn longest_spin_us(out: &str) -> Option<u64> {
+    let line = out.lines().find(|l| l.contains("core 0 ("))?;
+    let rest = line.split("longest spin ").nth(1)?;
+    rest.split(' ').next()?.parse().ok()
+}
+
+/// The longest spin follows what a wake-up costs here, not the configured spin alone. With a
+/// 5 ms spin configured and requests 2 ms apart, the fixed rule (spin through gaps under half
+/// the spin) spun through every gap once the first few had set its average: about twenty
+/// sleeps in all. Once a frame has woken the core, its longest spin is four times the measured
+/// cost (here tens to a few hundred microseconds), so it sleeps through each 2 ms gap.
+#[test]
+fn the_spin_is_set_from_what_waking_up_costs() {
+    if !require_root("the_spin_is_set_from_what_waking_up_costs") {
+        return;
+    }
+    let net = net(1);
+    let echo = Echo::start(&net, &["--addr", "10.77.0.3/24", "--spin-us", "5000"]);
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
+    const REQUESTS: u64 = 40;
+    net.client_ns()
+        .run(move || {
+            let mut s = client(addr);
+            // Past the 5 ms spin: the core sleeps, and the request's frame wakes it.
+            requests(&mut s, 1, Duration::from_millis(20));
+            requests(&mut s, REQUESTS as u8, Duration::from_millis(2));
+        })
+        .unwrap();
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    let n = sleeps(&out).unwrap_or_else(|| panic!("no sleeps counted: {out}"));
+    let spin = longest_spin_us(&out).unwrap_or_else(|| panic!("no spin reported: {out}"));
+    let (woken, measured, awake, _) = waits(&out).unwrap_or_else(|| panic!("no waits: {out}"));
+    eprintln!(
+        "{REQUESTS} requests 2 ms apart: {n} sleeps, longest spin {spin} us \
+         ({woken:.1} us after a sleep, {measured} measured; {awake:.1} us awake)"
+    );
+    assert!(measured >= 1, "no wake-up measured: {out}");
+    assert!(
+        (10..5000).contains(&spin),
+        "longest spin {spin} us, not set from the wake-up's cost: {out}"
+    );
+    assert!(
+        n >= REQUESTS,
+        "{n} sleeps for {REQUESTS} requests 2 ms apart: {out}"
+    );
+}

@@ -89,7 +89,8 @@ pub(crate) struct Common {
     /// Poll mode: adaptive (spin, then sleep) or busy (never sleep).
     #[arg(long, default_value = "adaptive")]
     pub(crate) poll: String,
-    /// Spin time before sleeping in adaptive mode, in microseconds.
+    /// The longest spin before sleeping in adaptive mode, in microseconds (the spin itself is
+    /// four times what a wake-up is measured to cost, at most this).
     #[arg(long, default_value_t = 200)]
     pub(crate) spin_us: u64,
     /// Caps the socket buffers at a bandwidth-delay product: link rate in Gbit/s (default 10
@@ -285,12 +286,17 @@ fn wait_line(s: &corelane::CoreStats) -> String {
     if w.items + a.items == 0 {
         return "frame waits: none measured (no receive stamps)".into();
     }
+    let cost = s.wake_cost.map_or("not measured".into(), |c| {
+        format!("{:.1} us", c.as_secs_f64() * 1e6)
+    });
     format!(
-        "frame waits: {:.1} us after a sleep ({} measured), {:.1} us awake ({} sampled)",
+        "frame waits: {:.1} us after a sleep ({} measured), {:.1} us awake ({} sampled); \
+         wake-up cost {cost}, longest spin {} us",
         us(w),
         w.items,
         us(a),
-        a.items
+        a.items,
+        s.spin.as_micros()
     )
 }
 

@@ -58,6 +58,8 @@ pub(crate) struct Driver<Q: Queue> {
     pub(crate) last_turn: StdInstant,
     /// When this core next looks for the next hops its flows wait for (a shared address's).
     pub(crate) neighbours_at: Option<StdInstant>,
+    /// What a wake-up costs a frame here, which sets how long the core spins once idle.
+    pub(crate) wake: crate::spin::WakeCost,
 }
 
 /// How often a core with flows waiting for a next hop reads what the steering program noted
@@ -108,6 +110,7 @@ impl<Q: Queue> Driver<Q> {
             stamp: None,
             last_turn,
             neighbours_at: None,
+            wake: Default::default(),
         }
     }
 
@@ -286,11 +289,21 @@ impl<Q: Queue> Driver<Q> {
         let mut st = core.stats();
         if let Some((kind, ns)) = waited {
             let w = match kind {
-                Wait::Woken => &mut st.rx_wait_woken,
-                Wait::Awake => &mut st.rx_wait_awake,
+                Wait::Woken => {
+                    self.wake.woken(ns);
+                    &mut st.rx_wait_woken
+                }
+                Wait::Awake => {
+                    self.wake.awake(ns);
+                    &mut st.rx_wait_awake
+                }
             };
             w.items += 1;
             w.nanos += ns;
+            st.wake_cost = self.wake.cost();
+            if let PollMode::Adaptive { spin } = self.mode {
+                st.spin = self.wake.spin(spin);
+            }
         }
         st.pipeline = self.pipe.stats();
         if let Some(tu) = &self.pipe.tuner {

@@ -170,7 +170,7 @@ impl<Q: Queue> Driver<Q> {
                     self.yield_to_tasks().await;
                     continue;
                 }
-                PollMode::Adaptive { spin } => spin,
+                PollMode::Adaptive { spin } => self.wake.spin(spin),
             };
             let now = self.clock();
             let since = *idle_since.get_or_insert_with(|| {
@@ -202,16 +202,19 @@ impl<Q: Queue> Driver<Q> {
             self.core.stats().parks += 1;
             let nap = self.nap(end);
             timer.as_mut().reset(tokio::time::Instant::now() + nap);
-            tokio::select! {
+            let by_frame = tokio::select! {
                 biased;
-                _ = readable(&waits.queue) => {},
-                _ = readable(&waits.bell) => {},
-                _ = self.core.kick.notified() => {},
-                _ = &mut timer => {},
-            }
+                _ = readable(&waits.queue) => true,
+                _ = readable(&waits.bell) => false,
+                _ = self.core.kick.notified() => false,
+                _ = &mut timer => false,
+            };
             bell.disarm();
-            // The first frame of the next turn tells how long waking up took.
-            self.want_stamp(Wait::Woken);
+            // The frame that woke the core tells how long waking up took. (Woken otherwise,
+            // the next frame may come later, to a core awake: its wait says nothing of waking.)
+            if by_frame {
+                self.want_stamp(Wait::Woken);
+            }
             // idle_since stays: the gap runs until the next turn that finds work.
             busy_since = None;
             spin_for = Duration::ZERO;

@@ -37,6 +37,13 @@ pub struct CoreStats {
     /// frames that arrived since the turn before are sampled (an older stamp cannot be told
     /// from a stale one), so a frame a full batch left in the ring is not.
     pub rx_wait_awake: Stage,
+    /// What sleeping adds to a frame's wait here: the median of the recent waits after a
+    /// sleep less that of the recent waits awake (None until a frame woke the core).
+    pub wake_cost: Option<Duration>,
+    /// The longest spin of an idle core now ([`crate::PollMode::Adaptive`]: four times
+    /// `wake_cost`, within the configured spin; zero until a wait was measured, and when
+    /// busy polling).
+    pub spin: Duration,
     /// Application tasks: time between the driver yielding and running again.
     pub tasks: Stage,
     /// Accept polls that found nothing after being woken (should stay 0: wake-one).

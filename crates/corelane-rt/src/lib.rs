@@ -78,6 +78,7 @@ mod say;
 mod signals;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
+mod spin;
 mod steward;
 mod stop;
 mod telemetry;
@@ -124,16 +125,24 @@ pub use stop::StopHandle;
 pub enum PollMode {
     /// Never sleep: lowest latency, one CPU fully used per core.
     Busy,
-    /// Once idle, spin through a gap the recent ones say is short (under half of `spin`: the
-    /// whole `spin`), else as long as the stretch of work just done took (at least 2 µs, at most
-    /// `spin`), then sleep until a frame, a handoff, a task's output or the next protocol timer.
-    /// Under steady load the next frame arrives within the spin, at light load the core sleeps
-    /// through the gaps. A sleep and its wake-up cost about 30 µs of latency and more CPU per
-    /// request than spinning through a gap of that size (docs/results/tail.md), hence the
-    /// default spin of 200 µs: a one-connection ping-pong, its gaps 35-70 µs, is answered
-    /// spinning.
+    /// Once idle, spin through a gap the recent ones say is short (under half the longest
+    /// spin: the whole longest spin), else as long as the stretch of work just done took (at
+    /// least 2 µs, at most the longest spin), then sleep until a frame, a handoff, a task's
+    /// output or the next protocol timer. Under steady load the next frame arrives within the
+    /// spin, at light load the core sleeps through the gaps.
+    ///
+    /// The longest spin is set from what a wake-up costs on this host: each core measures how
+    /// long a frame that woke it waited (from the steering program's receive stamp to the
+    /// core's turn) against one that found it awake, and spins at most four times the
+    /// difference (at least 10 µs, at most `spin`; `spin` until a wake-up was measured). So it
+    /// spins through gaps up to twice a wake-up's cost, which sleeping would lengthen by half
+    /// or more: on a virtual CPU whose wake-up costs 30-70 µs a one-connection ping-pong (its
+    /// gaps 20-35 µs) is answered spinning, where a sleep would triple the p99
+    /// (docs/results/tail.md), and on a host that wakes in a few microseconds the core sleeps
+    /// through gaps of tens. [`CoreStats::wake_cost`] and [`CoreStats::spin`] say what it
+    /// measured and chose.
     Adaptive {
-        /// The longest spin once idle.
+        /// The longest spin once idle, however slow a wake-up.
         spin: Duration,
     },
 }

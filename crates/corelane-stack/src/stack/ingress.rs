@@ -136,16 +136,19 @@ impl Stack {
         };
         match &mut f.sock {
             Sock::Tcp(c) => {
-                match dev.front_bytes().and_then(wire::parse) {
-                    Some(inn) => {
+                let mac = &mut f.mac;
+                let parsed = dev.front_bytes().and_then(|frame| {
+                    wire::with_parsed(frame, |inn| {
                         // Replies follow the path the peer's segments came by: learnt only
                         // from a segment that passed the sequence checks, so that a forged
                         // or replayed one cannot turn them elsewhere.
-                        if c.input_in(now, &inn) && f.mac != Some(inn.src_mac) {
-                            f.mac = Some(inn.src_mac);
+                        if c.input_in(now, inn) && *mac != Some(inn.src_mac) {
+                            *mac = Some(inn.src_mac);
                         }
-                    }
-                    None => self.stats.tcp_malformed += 1,
+                    })
+                });
+                if parsed.is_none() {
+                    self.stats.tcp_malformed += 1;
                 }
                 dev.consume();
                 self.after_tcp_input(i);

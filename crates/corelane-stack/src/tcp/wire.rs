@@ -375,6 +375,18 @@ pub(crate) fn parse(frame: &[u8]) -> Option<In<'_>> {
     }
 }
 
+/// Parses `frame` as [`parse`] does and hands the segment to `f` where it was parsed: the
+/// per-segment path, where moving the 152-byte [`In`] out of the parser and out of the
+/// `Option` cost two calls to `memcpy` a segment (4% of the in-memory pipeline's time).
+#[inline(always)]
+pub(crate) fn with_parsed<R>(frame: &[u8], f: impl FnOnce(&In<'_>) -> R) -> Option<R> {
+    match parse_direct(frame) {
+        Direct::Parsed(ref inn) => Some(f(inn)),
+        Direct::Refused => None,
+        Direct::Other => parse_general(frame).as_ref().map(f),
+    }
+}
+
 enum Direct<'a> {
     Parsed(In<'a>),
     Refused,

@@ -64,6 +64,8 @@ mod tests;
 #[cfg(test)]
 mod tests_memory_attack;
 #[cfg(test)]
+mod tests_no_frame;
+#[cfg(test)]
 mod tests_pass;
 #[cfg(test)]
 mod tests_quic_steer;

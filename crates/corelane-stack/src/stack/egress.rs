@@ -93,10 +93,22 @@ impl Stack {
         let Sock::Tcp(c) = &mut f.sock else {
             return None;
         };
+        let mut starved = false;
         if let Some(path) = path {
-            *emitted = c.output(now, budget, &mut |out| Self::send_segment(dev, &path, out));
+            *emitted = c.output(now, budget, &mut |out| {
+                let sent = Self::send_segment(dev, &path, out);
+                starved |= !sent;
+                sent
+            });
         }
-        c.poll_at()
+        // A segment found no free transmit frame: again on the next pass, by when the frames
+        // sent have completed (as a UDP socket's parked datagrams are). Its own timers would
+        // not do: a connection with nothing in flight has none but the keepalive's.
+        let again = starved.then_some(now);
+        match (c.poll_at(), again) {
+            (Some(t), Some(a)) => Some(t.min(a)),
+            (t, a) => t.or(a),
+        }
     }
 
     /// Sets flow `index`'s timer to `t` (unless an earlier one is set).
@@ -172,8 +184,8 @@ impl Stack {
                 continue;
             };
             // A connection whose next hop is not resolved yet waits on the resolution's
-            // retry (`arm`), which is not among its own deadlines; one that wants to send (a
-            // segment found no free frame) is polled at its timer as before.
+            // retry (`arm`), and one whose output found no free frame on the next pass
+            // (`tcp_output`): neither is among its own deadlines.
             let Sock::Tcp(c) = &f.sock else {
                 return Some(t);
             };

@@ -1,5 +1,6 @@
 //! Tests of the segment writer and parser (`wire.rs`).
 
+use super::sums::sum;
 use super::*;
 use crate::classify::{Class, classify};
 

@@ -293,3 +293,111 @@ fn datapath_error_foreign_xdp_program() -> Result<(), String> {
     assert_no_xdp(&net);
     Ok(())
 }
+
+/// A cgroup of the pids controller, made for one test and removed when dropped: cgroup v1's
+/// hierarchy (`/sys/fs/cgroup/pids/`) where it is mounted, else v2's (the controller enabled
+/// for the root's children).
+struct PidsCgroup(std::path::PathBuf);
+
+impl PidsCgroup {
+    fn new(name: &str) -> Result<Self, String> {
+        let v1 = std::path::Path::new("/sys/fs/cgroup/pids");
+        let dir = if v1.is_dir() {
+            v1.join(name)
+        } else {
+            let root = std::path::Path::new("/sys/fs/cgroup");
+            std::fs::write(root.join("cgroup.subtree_control"), "+pids")
+                .map_err(|e| format!("enabling the pids controller of cgroup v2: {e}"))?;
+            root.join(name)
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(PidsCgroup(dir))
+    }
+
+    /// At most `n` tasks (threads count) in the group.
+    fn limit(&self, n: usize) -> Result<(), String> {
+        std::fs::write(self.0.join("pids.max"), n.to_string()).map_err(|e| e.to_string())
+    }
+
+    /// `cmd`, run from a shell that first puts itself in the group.
+    fn command(&self, cmd: &std::process::Command) -> std::process::Command {
+        let mut sh = std::process::Command::new("sh");
+        let procs = self.0.join("cgroup.procs");
+        sh.arg("-c")
+            .arg(format!("echo $$ > {} && exec \"$@\"", procs.display()))
+            .arg("sh")
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        sh
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Whatever thread cannot be started (a limit on the tasks of the process's cgroup, swept from
+/// one task up), the server says which and exits, its XDP program gone, or it serves. A core's
+/// thread that could not be started panicked the run while the others waited for it at the
+/// start, and the threads beside the cores (the kernel's routes) waited for a core future
+/// that never ran: the process hung.
+#[test]
+fn datapath_error_a_thread_that_cannot_start() {
+    if !require_root("datapath_error_a_thread_that_cannot_start") {
+        return;
+    }
+    let net = net(1);
+    let cgroup = PidsCgroup::new(&format!("corelane-test-{}", std::process::id()))
+        .unwrap_or_else(|e| panic!("no cgroup of the pids controller: {e}"));
+    let (mut refused_core, mut served) = (false, false);
+    for limit in 1..=8 {
+        cgroup.limit(limit).unwrap();
+        let mut echo_cmd = net.server_ns().command(echo_bin().to_str().unwrap());
+        echo_cmd
+            .arg("--iface")
+            .arg(net.server_if())
+            .args(["--addr", "10.77.0.3/24"]);
+        let mut echo = Echo::spawn_cmd(cgroup.command(&echo_cmd));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let exited = loop {
+            if echo.output().contains("echo: serving") {
+                break None;
+            }
+            if let Some(status) = echo.try_wait() {
+                break Some(status);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{limit} tasks: neither serving nor ended after 20 s:\n{}",
+                echo.output()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        match exited {
+            None => {
+                served = true;
+                let (status, out) = echo.stop();
+                assert_clean_exit(status, &out);
+            }
+            Some(status) => {
+                let out = echo.wait().1;
+                assert!(!status.success(), "{limit} tasks: {status}:\n{out}");
+                assert!(!out.contains("panicked"), "{limit} tasks:\n{out}");
+                let last = out.lines().last().unwrap_or("");
+                assert!(
+                    last.starts_with("echo: error: ") && last.contains("cannot start"),
+                    "{limit} tasks: the error does not say what could not start: {last}\n{out}"
+                );
+                refused_core |= last.contains("core 0") && last.contains("thread");
+                assert_no_xdp(&net);
+            }
+        }
+    }
+    assert!(
+        refused_core,
+        "no limit left the core's thread without a task"
+    );
+    assert!(served, "no limit was enough to serve");
+}

@@ -524,6 +524,9 @@ pub(crate) fn handle_signals(name: &'static str, rt: &Runtime) -> std::io::Resul
                     handle.stop();
                 }
             }
+        })
+        .map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot start the signal thread: {e}"))
         })?;
     Ok(())
 }

@@ -161,6 +161,13 @@ impl Echo {
         self.child.as_ref().map_or(0, |c| c.id())
     }
 
+    /// Its exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// Sends `signal` and returns at once.
     pub fn signal(&self, signal: i32) {
         if let Some(c) = &self.child {

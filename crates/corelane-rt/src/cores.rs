@@ -32,7 +32,7 @@ impl Runtime {
                 consumers[to].push(c);
             }
         }
-        let started = std::sync::Barrier::new(n + 1);
+        let started = StartGate::new(n + 1);
         let failed = AtomicBool::new(false);
         // Stack time counts from the host's monotonic zero, the same in every process.
         let epoch = crate::clock::host_epoch();
@@ -70,6 +70,22 @@ impl Runtime {
                 };
                 let this = &self;
                 let (f, started, failed) = (&f, &started, &failed);
+                // A thread that cannot be started (no memory for its stack, a limit on
+                // threads) fails its core: the others are told before they run anything, and
+                // the start does not wait for it.
+                let cannot_start = |what: &str, e: std::io::Error| {
+                    failed.store(true, Ordering::SeqCst);
+                    started.arrive();
+                    Error::Core {
+                        core: i,
+                        cpu: info.cpu,
+                        queue: info.queue,
+                        source: Box::new(Error::Io(std::io::Error::new(
+                            e.kind(),
+                            format!("cannot start its {what} thread: {e}"),
+                        ))),
+                    }
+                };
                 let (app_tx, app) = if lane.split() {
                     let (tx, rx) = std::sync::mpsc::channel();
                     let h = std::thread::Builder::new()
@@ -83,9 +99,14 @@ impl Runtime {
                                 this.cfg.on_panic,
                                 !this.cfg.keep_capabilities,
                             )
-                        })
-                        .expect("spawning an application thread");
-                    (Some(tx), Some(h))
+                        });
+                    match h {
+                        Ok(h) => (Some(tx), Some(h)),
+                        Err(e) => {
+                            handles.push(Err(cannot_start("application", e)));
+                            continue;
+                        }
+                    }
                 } else {
                     (None, None)
                 };
@@ -103,15 +124,20 @@ impl Runtime {
                                     source: Box::new(e),
                                 },
                             })
-                    })
-                    .expect("spawning a core thread");
-                handles.push((h, app));
+                    });
+                // An application thread whose core did not start ends when its channel
+                // closes (the sender went with the closure).
+                handles.push(match h {
+                    Ok(h) => Ok((h, app)),
+                    Err(e) => Err(cannot_start("protocol", e)),
+                });
             }
-            started.wait();
+            started.arrive_and_wait();
             let ended: Vec<_> = handles
                 .into_iter()
                 .enumerate()
-                .map(|(i, (h, app))| {
+                .map(|(i, started)| {
+                    let (h, app) = started?;
                     let r = h.join().unwrap_or_else(|_| {
                         Err(Error::Internal("a core's thread panicked".into()))
                     });
@@ -130,6 +156,12 @@ impl Runtime {
                     }
                 })
                 .collect();
+            // The threads beside the cores end with them (a core that failed to start or to
+            // set up ran no future, so the futures' count alone would keep them waiting).
+            self.shared
+                .life
+                .cores_ended
+                .store(true, std::sync::atomic::Ordering::Release);
             // A call-off still waiting for the cores to take their queues back ends now: the
             // upgrade thread is joined with this scope.
             self.shared
@@ -178,5 +210,67 @@ impl Runtime {
             stopped: self.shared.life.stop.load(Ordering::SeqCst) || self.shared.life.draining(),
             upgraded: self.shared.upgrades.switched(),
         })
+    }
+}
+
+/// The cores' start: each core arrives once it is set up, or the starting thread arrives for
+/// one whose thread could not be started, and those that wait go on once all have arrived.
+pub(crate) struct StartGate {
+    left: std::sync::Mutex<usize>,
+    all: std::sync::Condvar,
+}
+
+impl StartGate {
+    /// A start of `parties` arrivals.
+    pub(crate) fn new(parties: usize) -> Self {
+        StartGate {
+            left: std::sync::Mutex::new(parties),
+            all: std::sync::Condvar::new(),
+        }
+    }
+
+    /// One party has arrived and does not wait.
+    pub(crate) fn arrive(&self) {
+        let mut left = crate::lock::lock(&self.left);
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.all.notify_all();
+        }
+    }
+
+    /// One party has arrived and waits for the rest.
+    pub(crate) fn arrive_and_wait(&self) {
+        self.arrive();
+        let mut left = crate::lock::lock(&self.left);
+        while *left > 0 {
+            left = self
+                .all
+                .wait(left)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StartGate;
+
+    #[test]
+    fn the_start_goes_on_once_every_party_arrived_waiting_or_not() {
+        let gate = StartGate::new(3);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| gate.arrive_and_wait());
+            // A party that could not start: arrives without waiting.
+            gate.arrive();
+            // One party is still to come: the waiter waits for it.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(
+                !waiter.is_finished(),
+                "the start went on before all arrived"
+            );
+            gate.arrive_and_wait();
+            assert!(waiter.join().is_ok());
+        });
+        assert_eq!(*crate::lock::lock(&gate.left), 0);
     }
 }

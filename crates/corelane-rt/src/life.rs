@@ -44,12 +44,18 @@ pub(crate) struct Life {
     pub(crate) asked: tokio::sync::Notify,
     /// The first error a core's future returned, and its core.
     pub(crate) failure: Mutex<Option<(usize, String)>>,
+    /// Every core's thread has ended, or never started: the threads beside the cores (the
+    /// kernel's routes, the upgrade's listener) end too.
+    pub(crate) cores_ended: AtomicBool,
 }
 
 impl Life {
-    /// Every core future has returned, or a stop was asked for: the cores may end.
+    /// Every core future has returned, or a stop was asked for: the cores may end (or have:
+    /// a core that failed to start runs no future).
     pub(crate) fn ending(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || self.apps_running.load(Ordering::Acquire) == 0
+        self.stop.load(Ordering::Relaxed)
+            || self.apps_running.load(Ordering::Acquire) == 0
+            || self.cores_ended.load(Ordering::Acquire)
     }
 
     pub(crate) fn draining(&self) -> bool {

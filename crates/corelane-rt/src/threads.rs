@@ -35,7 +35,7 @@ impl Runtime {
         outbound: Vec<Option<handoff::Producer>>,
         inbound: Vec<handoff::Consumer>,
         epoch: StdInstant,
-        started: &std::sync::Barrier,
+        started: &crate::cores::StartGate,
         failed: &AtomicBool,
         f: &F,
         app: Option<std::sync::mpsc::Sender<(Arc<Core>, CoreInfo)>>,
@@ -59,7 +59,7 @@ impl Runtime {
         if setup.is_err() {
             failed.store(true, Ordering::SeqCst);
         }
-        started.wait();
+        started.arrive_and_wait();
         let (core, mut dev, exec) = setup?;
         let bind_mode = dev.io().mode();
         let tx_checksum_offload = dev.io().checksum_offload();

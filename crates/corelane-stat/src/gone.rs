@@ -145,7 +145,14 @@ fn live_namespaces() -> Option<BTreeSet<String>> {
         }
         live.insert(format!("net-ino{}", meta.ino()));
         // EINVAL: a mount of another kind of namespace, not a network one.
-        let cookie = std::thread::scope(|s| s.spawn(|| cookie_of(&file)).join().ok())?;
+        // A thread that cannot be started (a limit on threads): nothing is pruned.
+        let cookie = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .spawn_scoped(s, || cookie_of(&file))
+                .ok()?
+                .join()
+                .ok()
+        })?;
         match cookie {
             Ok(id) => {
                 live.insert(id);

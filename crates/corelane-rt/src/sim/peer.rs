@@ -143,15 +143,16 @@ impl Peer {
             .all(|c| matches!(c.state, State::Done | State::Failed(_)))
     }
 
-    /// The stack's next deadline, and the next connection to open.
-    pub(super) fn next_deadline(&self) -> Option<Instant> {
+    /// What the peer's stack would sleep until (`Stack::sleep_deadline`), and the next
+    /// connection to open.
+    pub(super) fn next_deadline(&mut self) -> Option<Instant> {
         let open = self
             .conns
             .iter()
             .filter(|c| c.state == State::Waiting)
             .map(|c| Instant::from_micros(c.open_at))
             .min();
-        match (self.node.stack.next_deadline(), open) {
+        match (self.node.stack.sleep_deadline(), open) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }

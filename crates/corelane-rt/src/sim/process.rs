@@ -226,10 +226,11 @@ impl Process {
         Ok(())
     }
 
-    /// The stack's next deadline, on the world's clock.
+    /// What the core would sleep until, idle (`Stack::sleep_deadline`, as the driver's nap
+    /// reads it), on the world's clock.
     pub(super) fn next_deadline(&self) -> Option<Instant> {
         let d = self.driver.as_ref()?;
-        let at = d.core.stack().next_deadline()?;
+        let at = d.core.stack().sleep_deadline()?;
         Some(d.epoch + std::time::Duration::from_micros(at.total_micros().max(0) as u64))
     }
 

@@ -381,8 +381,11 @@ impl World {
                 next.push(t.saturating_duration_since(self.start));
             }
         }
-        for host in std::iter::once(&self.client).chain(self.servers.iter().map(|s| &s.0)) {
-            if let Some(t) = host.stack.next_deadline() {
+        // What each host's core would sleep until, idle (the driver's nap reads the same).
+        for host in
+            std::iter::once(&mut self.client).chain(self.servers.iter_mut().map(|s| &mut s.0))
+        {
+            if let Some(t) = host.stack.sleep_deadline() {
                 next.push(Duration::from_micros(t.total_micros().max(0) as u64));
             }
         }

@@ -35,7 +35,7 @@ impl Runtime {
         outbound: Vec<Option<handoff::Producer>>,
         inbound: Vec<handoff::Consumer>,
         epoch: StdInstant,
-        started: &crate::cores::StartGate,
+        started: &StartGate,
         failed: &AtomicBool,
         f: &F,
         app: Option<std::sync::mpsc::Sender<(Arc<Core>, CoreInfo)>>,
@@ -332,4 +332,66 @@ where
     lane::set_current(None);
     end.cpu_time = thread_cpu_time();
     end
+}
+
+/// The cores' start: each core arrives once it is set up, or the starting thread arrives for
+/// one whose thread could not be started, and those that wait go on once all have arrived.
+pub(crate) struct StartGate {
+    left: std::sync::Mutex<usize>,
+    all: std::sync::Condvar,
+}
+
+impl StartGate {
+    /// A start of `parties` arrivals.
+    pub(crate) fn new(parties: usize) -> Self {
+        StartGate {
+            left: std::sync::Mutex::new(parties),
+            all: std::sync::Condvar::new(),
+        }
+    }
+
+    /// One party has arrived and does not wait.
+    pub(crate) fn arrive(&self) {
+        let mut left = crate::lock::lock(&self.left);
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.all.notify_all();
+        }
+    }
+
+    /// One party has arrived and waits for the rest.
+    pub(crate) fn arrive_and_wait(&self) {
+        self.arrive();
+        let mut left = crate::lock::lock(&self.left);
+        while *left > 0 {
+            left = self
+                .all
+                .wait(left)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StartGate;
+
+    #[test]
+    fn the_start_goes_on_once_every_party_arrived_waiting_or_not() {
+        let gate = StartGate::new(3);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| gate.arrive_and_wait());
+            // A party that could not start: arrives without waiting.
+            gate.arrive();
+            // One party is still to come: the waiter waits for it.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(
+                !waiter.is_finished(),
+                "the start went on before all arrived"
+            );
+            gate.arrive_and_wait();
+            assert!(waiter.join().is_ok());
+        });
+        assert_eq!(*crate::lock::lock(&gate.left), 0);
+    }
 }

@@ -363,15 +363,14 @@ impl FrameIo for MemPort {
     }
 
     fn release(&mut self, frames: &mut Vec<MemFrame>) {
-        let mut k = self.me.borrow_mut();
+        // As an AF_XDP queue does: back to the free list, from which the fill ring is topped
+        // up to the fill target, so that the frames over it stay free for transmit and a freed
+        // frame is the next one posted (its memory still warm).
         for f in frames.drain(..) {
             self.id.check(&f);
-            if k.fill.len() < k.ring_size && self.pool.repost(f.index).is_ok() {
-                k.fill.push_back(f.index);
-            } else {
-                let _ = self.pool.free(f.index);
-            }
+            let _ = self.pool.free(f.index);
         }
+        self.top_up_fill();
     }
 
     fn alloc(&mut self, out: &mut Vec<MemFrame>, n: usize) -> usize {

@@ -172,3 +172,39 @@ fn copy_mode_never_moves_a_buffer() {
     assert_eq!(ids(&a), (0..16).collect::<Vec<u32>>());
     assert_eq!(ids(&b), (16..32).collect::<Vec<u32>>());
 }
+
+/// A released receive frame goes back to the free list and the fill ring is topped up to the
+/// fill target only, as an AF_XDP queue does: however many frames arrive, the frames over the
+/// target stay free for transmit, and the frame released last is the next one posted.
+#[test]
+fn released_frames_beyond_the_fill_target_stay_free_for_transmit() {
+    let link = MemLink {
+        frames: 16,
+        frame_size: 256,
+        ring_size: 16,
+    };
+    let (mut a, mut b) = link.pair();
+    assert_eq!(b.fill_target(), 8);
+    assert_eq!(b.counts().fill, 8);
+    // The sender delivers many rounds, as fast as the receiver posts frames.
+    let (mut tx, mut rx) = (Vec::new(), VecDeque::new());
+    for _ in 0..10 {
+        a.alloc(&mut tx, 8);
+        for f in tx.iter_mut() {
+            a.bytes_mut(f, 60).fill(7);
+        }
+        a.send(&mut tx).unwrap();
+        a.complete().unwrap();
+        b.recv(&mut rx, 64);
+        let mut done: Vec<MemFrame> = rx.drain(..).collect();
+        let last = done.last().map(|f| f.index());
+        b.release(&mut done);
+        let c = b.counts();
+        assert_eq!((c.fill, c.free), (8, 8), "{c:?}");
+        // Its memory is the warmest: the last frame freed is the next one filled.
+        assert_eq!(b.me.borrow().fill.front().copied(), last.map(|i| i as u32));
+    }
+    // The receiver can still send a window's worth.
+    assert_eq!(b.alloc(&mut tx, 16), 8);
+    b.free(&mut tx);
+}

@@ -38,7 +38,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 
-use corelane_frame::{MemLink, MemPort};
+use corelane_frame::{FrameIo, MemLink, MemPort};
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{IpCidr, Ipv4Address};
 
@@ -76,11 +76,22 @@ pub struct SimConfig {
     pub strict_mtu: bool,
     /// Prints every frame offered to the path, with what became of it (for a replay).
     pub trace: bool,
+    /// Frames in each end's memory, half of them posted for receive ([`MemLink::frames`]). Fewer
+    /// than the default leave a sender short of transmit frames and a receiver short of
+    /// posted ones; a frame that finds none posted is dropped, as a NIC drops it, so the path
+    /// then counts as one that may lose frames.
+    pub frames: usize,
 }
 
 /// What the limits allow for the clock's steps: a timer fires, and its segment is handled, a
 /// step or two after the instant it was due.
 const STEP_SLACK: Duration = Duration::from_millis(5);
+
+/// Steps a run may take without the clock moving: a step that moves nothing lets the clock
+/// jump to the next deadline, so this many at one instant means the stacks keep each other
+/// (or themselves) busy without getting anywhere, a livelock, which fails the run instead of
+/// hanging it.
+const STILL_LIMIT: u64 = 100_000;
 
 impl SimConfig {
     /// A run with `seed` over a path impaired `up` and `down`, default TCP, a stall limit of
@@ -107,6 +118,7 @@ impl SimConfig {
             time_limit: Duration::from_secs(600),
             strict_mtu: true,
             trace: false,
+            frames: MemLink::default().frames,
         }
     }
 }
@@ -116,9 +128,12 @@ impl SimConfig {
     /// or a handshake may last: no timer has anything to recover, so both are bounded by
     /// trips over the path, the longest a frame is held back for reordering and the ACK
     /// delays, never by a retransmission timeout (200 ms at the least). None when a direction
-    /// may lose frames (or queue them until they are dropped).
+    /// may lose frames (or queue them until they are dropped), or an end has too few frames
+    /// to post for all a window brings ([`SimConfig::frames`]).
     pub fn lossless_limit(&self) -> Option<Duration> {
-        if !(self.up.loses_nothing() && self.down.loses_nothing()) {
+        if !(self.up.loses_nothing() && self.down.loses_nothing())
+            || self.frames < MemLink::default().frames
+        {
             return None;
         }
         // Eight frames in a row, each one way and each possibly held back with nothing behind
@@ -154,6 +169,12 @@ pub struct SimReport {
     pub wire: [WireStats; 2],
     /// Simulation steps taken.
     pub steps: u64,
+    /// Times either end's output found no free transmit frame ([`DeviceStats::tx_no_frame`]).
+    ///
+    /// [`DeviceStats::tx_no_frame`]: crate::DeviceStats::tx_no_frame
+    pub no_frame: u64,
+    /// Frames either end's port dropped on arrival for want of a posted receive frame.
+    pub rx_no_frame: u64,
     /// Both stacks' TCP counters added together.
     pub tcp: crate::TcpStats,
 }
@@ -215,7 +236,11 @@ impl Sim {
     /// Two stacks with `cfg`'s TCP configuration and seed, joined by a path impaired as `cfg`
     /// says.
     pub fn new(cfg: &SimConfig) -> Sim {
-        let (x, y) = MemLink::default().pair();
+        let (x, y) = MemLink {
+            frames: cfg.frames,
+            ..MemLink::default()
+        }
+        .pair();
         let node = |mut io: MemPort, last: u8, seed: u64, tcp: TcpConfig| {
             io.set_capture(true);
             let addr = Ipv4Address::new(10, 9, 0, last);
@@ -312,6 +337,8 @@ impl Sim {
             oversize: self.wires[0].stats.oversize + self.wires[1].stats.oversize,
             wire: self.wire_stats(),
             steps: self.steps,
+            no_frame: self.server.dev().stats().tx_no_frame + self.client.dev().stats().tx_no_frame,
+            rx_no_frame: self.server.dev().io().rx_dropped() + self.client.dev().io().rx_dropped(),
             ..SimReport::default()
         }
     }
@@ -323,6 +350,8 @@ impl Sim {
     pub fn run(&mut self, cfg: &SimConfig, w: &mut Workload) -> Result<SimReport, String> {
         let end = Instant::ZERO + cfg.time_limit;
         w.start(self)?;
+        // The instant the clock last moved to, and the steps taken at it since.
+        let mut still = (self.now, 0u64);
         let finished = loop {
             let delivered = w.poll(self)?;
             let oversize = self.wires[0].stats.oversize + self.wires[1].stats.oversize;
@@ -365,6 +394,19 @@ impl Sim {
             if self.now >= end {
                 return Err(format!(
                     "not finished in the time limit: {}",
+                    w.describe(self)
+                ));
+            }
+            if self.now != still.0 {
+                still = (self.now, 0);
+            }
+            still.1 += 1;
+            if still.1 > STILL_LIMIT {
+                return Err(format!(
+                    "no progress: {STILL_LIMIT} steps without the clock moving; server frames \
+                     {:?}, client frames {:?}: {}",
+                    self.server.dev_mut().io_mut().counts(),
+                    self.client.dev_mut().io_mut().counts(),
                     w.describe(self)
                 ));
             }

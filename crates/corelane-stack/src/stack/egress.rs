@@ -10,6 +10,7 @@ use smoltcp::time::{Duration, Instant};
 use super::{FlowId, Sock, Stack};
 use crate::device::XdpDevice;
 use crate::tcp::TcpState;
+use crate::tcp::due::Due;
 
 impl Stack {
     /// Egress stage: polls the flows that received frames, were written to, or whose timer is
@@ -25,9 +26,9 @@ impl Stack {
             let slot = &mut self.slots[index as usize];
             if slot.generation == generation
                 && let Some(f) = slot.flow.as_mut()
-                && f.deadline == Some(t)
+                && f.deadline == Due::from(Some(t))
             {
-                f.deadline = None;
+                f.deadline = Due::NONE;
                 self.stats.timers_fired += 1;
                 self.queue_egress(index);
             }
@@ -52,7 +53,7 @@ impl Stack {
                     let unresolved = f.mac.is_none() && c.wants_output();
                     if unresolved && !self.resolve(now, dev, index) {
                         // Polled again when the address is learnt, or on this retry timer.
-                        self.arm(index, now + Duration::from_millis(200));
+                        self.retry_at(index, now + Duration::from_millis(200));
                         continue;
                     }
                     self.tcp_output(now, dev, index, budget, &mut emitted)
@@ -67,7 +68,7 @@ impl Stack {
             } else if let Some(t) = at
                 && f.deadline.is_none_or(|d| t < d)
             {
-                f.deadline = Some(t);
+                f.deadline = Due::from(Some(t));
                 self.timers.push(Reverse((t, index, generation)));
             }
             self.settle(index);
@@ -104,21 +105,20 @@ impl Stack {
         // A segment found no free transmit frame: again on the next pass, by when the frames
         // sent have completed (as a UDP socket's parked datagrams are). Its own timers would
         // not do: a connection with nothing in flight has none but the keepalive's.
-        let again = starved.then_some(now);
-        match (c.poll_at(), again) {
-            (Some(t), Some(a)) => Some(t.min(a)),
-            (t, a) => t.or(a),
-        }
+        let poll_at = c.poll_at();
+        f.retry = Due::from(starved.then_some(now));
+        earliest(poll_at, f.retry.get())
     }
 
-    /// Sets flow `index`'s timer to `t` (unless an earlier one is set).
-    fn arm(&mut self, index: u32, t: Instant) {
+    /// Sets flow `index`'s retry to `t`, and its timer (unless an earlier one is set).
+    fn retry_at(&mut self, index: u32, t: Instant) {
         let generation = self.slots[index as usize].generation;
-        if let Some(f) = self.slots[index as usize].flow.as_mut()
-            && f.deadline.is_none_or(|d| t < d)
-        {
-            f.deadline = Some(t);
-            self.timers.push(Reverse((t, index, generation)));
+        if let Some(f) = self.slots[index as usize].flow.as_mut() {
+            f.retry = Due::from(Some(t));
+            if f.deadline.is_none_or(|d| t < d) {
+                f.deadline = Due::from(Some(t));
+                self.timers.push(Reverse((t, index, generation)));
+            }
         }
     }
 
@@ -177,26 +177,23 @@ impl Stack {
             let Some(f) = slot
                 .flow
                 .as_mut()
-                .filter(|f| slot.generation == generation && f.deadline == Some(t))
+                .filter(|f| slot.generation == generation && f.deadline == Due::from(Some(t)))
             else {
                 // Superseded: the egress pass would drop it when it came up.
                 self.timers.pop();
                 continue;
             };
-            // A connection whose next hop is not resolved yet waits on the resolution's
-            // retry (`arm`), and one whose output found no free frame on the next pass
-            // (`tcp_output`): neither is among its own deadlines.
+            // What the connection needs the clock for, and any retry the stack set for it
+            // (the resolution's, or a pass that found no free frame): neither is among the
+            // connection's own deadlines.
             let Sock::Tcp(c) = &f.sock else {
                 return Some(t);
             };
-            if f.mac.is_none() || c.wants_output() {
-                return Some(t);
-            }
-            match c.poll_at() {
+            match earliest(c.poll_at(), f.retry.get()) {
                 Some(real) if real <= t => return Some(t),
                 real => {
                     self.timers.pop();
-                    f.deadline = real;
+                    f.deadline = Due::from(real);
                     if let Some(real) = real {
                         self.timers.push(Reverse((real, index, generation)));
                     }
@@ -260,5 +257,79 @@ impl Stack {
         }
         dev.drain()?;
         Ok(dev.io_mut().counts())
+    }
+}
+
+/// The earlier of two optional instants.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cmp::Reverse;
+    use std::task::Poll;
+
+    use smoltcp::time::Duration;
+
+    use crate::tcp::due::Due;
+    use crate::{Pair, StackConfig, TcpState};
+
+    /// A connection with bytes it may not send yet (the peer's window is shut) wants output,
+    /// but a timer it no longer needs is still not slept until: only a retry the stack set
+    /// (the resolution's, a pass short of frames) is kept beyond the connection's own
+    /// deadlines.
+    #[test]
+    fn a_stale_timer_of_a_connection_with_unsent_bytes_is_not_slept_until()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let cfg = StackConfig {
+            seed: Some(0x5ee9),
+            ..StackConfig::default()
+        };
+        let mut p = Pair::with(corelane_frame::MemLink::default(), cfg, cfg);
+        p.a.stack.listen_tcp(7, None)?;
+        let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
+        let mut server = None;
+        let open = p.drive(Duration::from_secs(1), |p| {
+            server = server.or_else(|| p.a.stack.accept(7));
+            server.is_some() && p.b.stack.tcp_state(c) == Some(TcpState::Established)
+        })?;
+        let s = server.filter(|_| open).ok_or("no connection")?;
+        // The client never reads: its window shuts with the server's bytes unsent.
+        let data = vec![7u8; 1 << 20];
+        let mut written = 0;
+        p.drive_for(Duration::from_secs(1), |p| {
+            if let Poll::Ready(Ok(n)) = p.a.stack.tcp_write(s, &data[written..], None) {
+                written += n;
+            }
+        })?;
+        let info = p.a.stack.tcp_info(s).ok_or("no server connection")?;
+        assert!(info.snd_window == 0 && info.send_queue > 0, "{info:?}");
+        let needed = p.a.stack.sleep_deadline().ok_or("no persist timer")?;
+
+        // A timer the connection armed and no longer needs (as a delayed ACK that an answer
+        // carried leaves), due before what it does need.
+        let stale = p.now() + Duration::from_micros(10);
+        assert!(stale < needed);
+        let stack = &mut p.a.stack;
+        let slot = &mut stack.slots[s.index as usize];
+        let f = slot.flow.as_mut().ok_or("no flow")?;
+        f.deadline = Due::from(Some(stale));
+        stack
+            .timers
+            .push(Reverse((stale, s.index, slot.generation)));
+        assert_eq!(
+            stack.sleep_deadline(),
+            Some(needed),
+            "slept until a stale timer"
+        );
+
+        // A retry the stack set is kept, though the connection's deadlines do not cover it.
+        stack.retry_at(s.index, stale);
+        assert_eq!(stack.sleep_deadline(), Some(stale), "a retry was dropped");
+        Ok(())
     }
 }

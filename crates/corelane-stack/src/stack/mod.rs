@@ -61,6 +61,7 @@ use crate::device::XdpDevice;
 use crate::flows::FlowTable;
 use crate::frag::Reassembler;
 use crate::route::RouteTable;
+use crate::tcp::due::Due;
 use crate::tcp::wire::{Out, Path};
 use crate::tcp::{Conn, Secret, TcpState, TcpStats};
 use crate::udp::{UdpSock, UdpStats};
@@ -93,7 +94,12 @@ struct Flow {
     held: bool,
     /// The local port came from the ephemeral range and is given back when the flow is freed.
     ephemeral: bool,
-    deadline: Option<Instant>,
+    /// The timer it has in the heap (an entry of another time is a superseded one).
+    deadline: Due,
+    /// TCP: a retry the stack set for the flow, which is not among the connection's own
+    /// deadlines: the next hop's resolution asked again, or an output pass that found no free
+    /// transmit frame going on. `Stack::sleep_deadline` keeps a timer it covers.
+    retry: Due,
     queued: bool,
     /// TCP: the next hop's hardware address, once known.
     mac: Option<[u8; 6]>,
@@ -382,7 +388,8 @@ impl Stack {
             listener: None,
             held: false,
             ephemeral: false,
-            deadline: None,
+            deadline: Due::NONE,
+            retry: Due::NONE,
             queued: false,
             mac: None,
             passive: false,

@@ -48,7 +48,7 @@ mod conformance_window;
 mod conformance_wrap;
 mod conn;
 mod dsack;
-mod due;
+pub(crate) mod due;
 mod ecn;
 mod end;
 #[cfg(test)]

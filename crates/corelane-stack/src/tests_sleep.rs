@@ -5,7 +5,7 @@ use std::task::Poll;
 
 use smoltcp::time::Duration;
 
-use crate::{Pair, StackConfig, TcpState};
+use crate::{FlowId, Pair, StackConfig, TcpState};
 
 /// Two seeded stacks on an in-memory link.
 fn pair() -> Pair {
@@ -16,9 +16,9 @@ fn pair() -> Pair {
     Pair::with(corelane_frame::MemLink::default(), cfg, cfg)
 }
 
-#[test]
-fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
--> Result<(), Box<dyn std::error::Error>> {
+/// Two seeded stacks with a connection open between them: the pair, the server's end (on
+/// `a`) and the client's (on `b`).
+pub(crate) fn connected() -> Result<(Pair, FlowId, FlowId), Box<dyn std::error::Error>> {
     let mut p = pair();
     p.a.stack.listen_tcp(7, None)?;
     let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
@@ -28,6 +28,13 @@ fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
         server.is_some() && p.b.stack.tcp_state(c) == Some(TcpState::Established)
     })?;
     let s = server.filter(|_| open).ok_or("no connection")?;
+    Ok((p, s, c))
+}
+
+#[test]
+fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
+-> Result<(), Box<dyn std::error::Error>> {
+    let (mut p, s, c) = connected()?;
     // Whatever the handshake left to do is done.
     p.drive_for(Duration::from_millis(300), |_| {})?;
 

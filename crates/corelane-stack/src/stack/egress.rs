@@ -276,7 +276,6 @@ mod tests {
     use smoltcp::time::Duration;
 
     use crate::tcp::due::Due;
-    use crate::{Pair, StackConfig, TcpState};
 
     /// A connection with bytes it may not send yet (the peer's window is shut) wants output,
     /// but a timer it no longer needs is still not slept until: only a retry the stack set
@@ -285,19 +284,7 @@ mod tests {
     #[test]
     fn a_stale_timer_of_a_connection_with_unsent_bytes_is_not_slept_until()
     -> Result<(), Box<dyn std::error::Error>> {
-        let cfg = StackConfig {
-            seed: Some(0x5ee9),
-            ..StackConfig::default()
-        };
-        let mut p = Pair::with(corelane_frame::MemLink::default(), cfg, cfg);
-        p.a.stack.listen_tcp(7, None)?;
-        let (c, _) = p.b.stack.connect_tcp(Pair::A_ADDR.parse()?)?;
-        let mut server = None;
-        let open = p.drive(Duration::from_secs(1), |p| {
-            server = server.or_else(|| p.a.stack.accept(7));
-            server.is_some() && p.b.stack.tcp_state(c) == Some(TcpState::Established)
-        })?;
-        let s = server.filter(|_| open).ok_or("no connection")?;
+        let (mut p, s, _) = crate::tests_sleep::connected()?;
         // The client never reads: its window shuts with the server's bytes unsent.
         let data = vec![7u8; 1 << 20];
         let mut written = 0;

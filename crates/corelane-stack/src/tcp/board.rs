@@ -7,8 +7,10 @@
 //! No ACK costs work in proportion to the segments in flight, whatever a hostile receiver
 //! SACKs (the CVE-2019-11477/11478 class): a SACK block skips runs already SACKed in one
 //! search (each SACKed segment keeps a lower bound of where its run ends), and RACK takes the
-//! segments in flight oldest first from a heap of transmissions, so each is looked at once
-//! per transmission, not on every ACK.
+//! segments in flight oldest first, so each is looked at once per transmission, not on every
+//! ACK. Segments sent once lie on the board in the order they were sent (a later one starts
+//! higher), so RACK walks those with a cursor; only what was sent again (out of that order)
+//! goes through a time order of its own. A segment sent once costs RACK no entry at all.
 
 use std::collections::VecDeque;
 
@@ -16,6 +18,8 @@ use smoltcp::time::{Duration, Instant};
 
 use super::order::TimeOrder;
 use super::seq::Seq;
+
+mod cut;
 
 /// Where one segment stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +93,7 @@ pub(crate) struct Delivered {
 }
 
 /// The scoreboard.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Board {
     segs: VecDeque<TxSeg>,
     in_flight: usize,
@@ -97,16 +101,27 @@ pub(crate) struct Board {
     sacked: usize,
     /// Index from which to look for a lost segment.
     lost_hint: usize,
-    /// Each transmission's time, order and start, oldest first, for RACK. An entry whose
-    /// segment was since delivered, deemed lost or sent again is dropped when met.
+    /// Index from which RACK looks for a segment sent once and in flight: none lies below it.
+    first_sent: usize,
+    /// Each retransmission's time, order and start, oldest first, for RACK (a segment sent
+    /// again, or probed). An entry whose segment was since delivered, deemed lost or sent
+    /// again is dropped when met.
     order: TimeOrder,
-    /// Transmissions so far (the order of those sent at the same instant).
-    sends: u64,
+    /// The end of the highest segment pushed, as a sequence number and as a position in the
+    /// stream (64 bits: it never wraps), so that RACK orders the retransmissions sent at one
+    /// instant by sequence (RFC 8985's `RACK_sent_after`), across a wrap of sequence space.
+    top: (Seq, u64),
     /// Indices a SACK block walked through, whose run ends it moves on.
     walked: Vec<usize>,
     /// Segments looked at by SACK blocks and RACK: the work ACKs cost, for the tests that
     /// bound it.
     ops: u64,
+}
+
+impl Default for Board {
+    fn default() -> Board {
+        Board::new()
+    }
 }
 
 impl Board {
@@ -119,8 +134,10 @@ impl Board {
             lost: 0,
             sacked: 0,
             lost_hint: 0,
+            first_sent: 0,
             order: TimeOrder::new(),
-            sends: 0,
+            // Positions start far from zero: one below the first segment is never negative.
+            top: (Seq(0), 1 << 40),
             walked: Vec::new(),
             ops: 0,
         }
@@ -199,7 +216,12 @@ impl Board {
         };
         self.in_flight += seg.len();
         self.segs.push_back(seg);
-        self.sent_at(now, start);
+        self.top = (end, self.position(end));
+    }
+
+    /// Where `s` lies in the stream: `s` is within 2^31 of the highest end pushed.
+    fn position(&self, s: Seq) -> u64 {
+        position(self.top, s)
     }
 
     /// Segments looked at by SACK blocks and RACK so far.
@@ -208,40 +230,41 @@ impl Board {
         self.ops
     }
 
+    /// The segments, lowest first.
+    #[cfg(test)]
+    pub(crate) fn segs(&self) -> impl Iterator<Item = &TxSeg> {
+        self.segs.iter()
+    }
+
     /// Entries in RACK's time order.
     #[cfg(test)]
     pub(crate) fn order_len(&self) -> usize {
         self.order.len()
     }
 
-    /// Enters the segment at `start`, sent at `xmit`, in RACK's time order (a transmission, or
-    /// a segment whose start moved: a partial ACK, a cut). Entries of segments long delivered
-    /// are dropped when they outnumber the board's (a connection without SACK never runs RACK
-    /// to drop them).
+    /// Enters the segment at `start`, sent again at `xmit`, in RACK's time order (a
+    /// retransmission, or one whose start moved: a partial ACK, a cut). Entries of segments
+    /// long delivered are dropped when they outnumber the board's (a connection without SACK
+    /// never runs RACK to drop them).
     fn sent_at(&mut self, xmit: Instant, start: Seq) {
-        self.sends += 1;
-        self.order.push((xmit, self.sends, start.0));
+        self.order.push((xmit, self.position(start), start.0));
         if self.order.len() > 2 * self.segs.len() + 64 {
             self.reorder();
         }
     }
 
-    /// Builds RACK's time order again from the segments in flight.
+    /// Builds RACK's time order again from the segments sent again and in flight.
     fn reorder(&mut self) {
-        let mut sends = self.sends;
+        let top = self.top;
         let live = self
             .segs
             .iter()
-            .filter(|s| matches!(s.state, SegState::Sent | SegState::Retrans))
-            .map(|s| {
-                sends += 1;
-                (s.xmit, sends, s.start.0)
-            });
+            .filter(|s| s.retx > 0 && matches!(s.state, SegState::Sent | SegState::Retrans))
+            .map(|s| (s.xmit, position(top, s.start), s.start.0));
         self.order.rebuild(live);
-        self.sends = sends;
     }
 
-    /// The index of the segment at `start`, sent at `xmit` and in flight since, if any.
+    /// The index of the segment at `start`, sent again at `xmit` and in flight since, if any.
     fn in_flight_at(&self, start: Seq, xmit: Instant) -> Option<usize> {
         let base = self.segs.front()?.start;
         if start.lt(base) {
@@ -251,6 +274,7 @@ impl Board {
         let s = self.segs.get(i)?;
         (s.start == start
             && s.xmit == xmit
+            && s.retx > 0
             && matches!(s.state, SegState::Sent | SegState::Retrans))
         .then_some(i)
     }
@@ -269,6 +293,7 @@ impl Board {
                 let s = *front;
                 self.segs.pop_front();
                 self.lost_hint = self.lost_hint.saturating_sub(1);
+                self.first_sent = self.first_sent.saturating_sub(1);
                 self.account(s.state, s.len(), false);
                 if s.state != SegState::Sacked {
                     out.bytes += s.len();
@@ -288,8 +313,8 @@ impl Board {
                     }
                     if let Some(f) = self.segs.front_mut() {
                         f.start = ack;
-                        let xmit = f.xmit;
-                        if matches!(state, SegState::Sent | SegState::Retrans) {
+                        let (xmit, retx) = (f.xmit, f.retx);
+                        if retx > 0 && matches!(state, SegState::Sent | SegState::Retrans) {
                             self.sent_at(xmit, ack);
                         }
                     }
@@ -372,13 +397,43 @@ impl Board {
         let mut marked = 0;
         let mut timer = None;
         // Oldest transmission first: the first not yet due ends the walk, and its time is
-        // the timer's (a later one is due later).
-        while let Some((xmit, _, start)) = self.order.peek() {
-            self.ops += 1;
-            let Some(i) = self.in_flight_at(Seq(start), xmit) else {
-                self.order.pop();
-                continue;
+        // the timer's (a later one is due later). The oldest is the older of the first
+        // segment sent once and in flight (the cursor's) and the oldest retransmission in
+        // flight (the time order's); of two sent at the same instant, the lower.
+        loop {
+            while let Some(s) = self.segs.get(self.first_sent)
+                && !(s.retx == 0 && s.state == SegState::Sent)
+            {
+                self.ops += 1;
+                self.first_sent += 1;
+            }
+            let again = loop {
+                let Some((xmit, _, start)) = self.order.peek() else {
+                    break None;
+                };
+                self.ops += 1;
+                match self.in_flight_at(Seq(start), xmit) {
+                    Some(i) => break Some(i),
+                    None => {
+                        self.order.pop();
+                    }
+                }
             };
+            let once = (self.first_sent < self.segs.len()).then_some(self.first_sent);
+            let (i, from_order) = match (once, again) {
+                (Some(a), Some(b)) => {
+                    let (x, y) = (&self.segs[a], &self.segs[b]);
+                    if y.xmit < x.xmit || (y.xmit == x.xmit && y.start.lt(x.start)) {
+                        (b, true)
+                    } else {
+                        (a, false)
+                    }
+                }
+                (Some(a), None) => (a, false),
+                (None, Some(b)) => (b, true),
+                (None, None) => break,
+            };
+            self.ops += 1;
             let s = self.segs[i];
             let before = s.xmit < rack_xmit || (s.xmit == rack_xmit && s.end.le(rack_end));
             if !before {
@@ -389,7 +444,11 @@ impl Board {
                 timer = Some(due);
                 break;
             }
-            self.order.pop();
+            if from_order {
+                self.order.pop();
+            } else {
+                self.first_sent += 1;
+            }
             self.set(i, SegState::Lost);
             marked += s.len();
         }
@@ -418,6 +477,7 @@ impl Board {
             }
         }
         self.lost_hint = 0;
+        self.first_sent = self.segs.len();
         self.order.clear();
     }
 
@@ -443,73 +503,6 @@ impl Board {
         self.sent_at(now, start);
     }
 
-    /// The path's MTU shrank: every segment not yet delivered that is longer than `mss` is cut
-    /// into pieces of at most `mss` and deemed lost (they never arrived whole). Returns the
-    /// bytes newly marked lost.
-    pub(crate) fn shrink(&mut self, mss: usize) -> usize {
-        let mss = mss.max(1);
-        if !self
-            .segs
-            .iter()
-            .any(|s| s.state != SegState::Sacked && s.len() > mss)
-        {
-            return 0;
-        }
-        let before = self.lost;
-        let old = std::mem::take(&mut self.segs);
-        let (mut in_flight, mut lost, mut sacked) = (0, 0, 0);
-        for s in old {
-            if s.state == SegState::Sacked || s.len() <= mss {
-                match s.state {
-                    SegState::Sent | SegState::Retrans => in_flight += s.len(),
-                    SegState::Lost => lost += s.len(),
-                    SegState::Sacked => sacked += s.len(),
-                }
-                self.segs.push_back(s);
-                continue;
-            }
-            let mut start = s.start;
-            while start.lt(s.end) {
-                let left = s.end.since(start);
-                let len = left.min(mss);
-                let end = start.plus(len);
-                // The FIN rides on the last piece, which then holds one byte less of data.
-                let fin = s.fin && end == s.end;
-                self.segs.push_back(TxSeg {
-                    start,
-                    end,
-                    state: SegState::Lost,
-                    fin,
-                    ..s
-                });
-                lost += len;
-                start = end;
-            }
-        }
-        self.in_flight = in_flight;
-        self.lost = lost;
-        self.sacked = sacked;
-        self.lost_hint = 0;
-        self.reorder();
-        self.lost - before
-    }
-
-    /// Cuts segment `i` in two at `at` (inside it): both pieces keep its state and transmit
-    /// time, the FIN rides on the second. For a segment that no longer fits one frame with the
-    /// options it must now carry.
-    pub(crate) fn split(&mut self, i: usize, at: Seq) {
-        let s = self.segs[i];
-        if !(at.gt(s.start) && at.lt(s.end)) {
-            return;
-        }
-        self.segs[i].end = at;
-        self.segs[i].fin = false;
-        self.segs.insert(i + 1, TxSeg { start: at, ..s });
-        if matches!(s.state, SegState::Sent | SegState::Retrans) {
-            self.sent_at(s.xmit, at);
-        }
-    }
-
     /// The newest segment in flight (not delivered, not deemed lost): what a probe in recovery
     /// sends again when there is no hole to fill and no new data.
     pub(crate) fn newest_in_flight(&self) -> Option<(usize, TxSeg)> {
@@ -531,6 +524,13 @@ impl Board {
         }
         Some(s)
     }
+}
+
+/// Where `s` lies in the stream, given the highest end pushed (`top`, as a sequence number and
+/// a position): `s` is within 2^31 of it.
+fn position(top: (Seq, u64), s: Seq) -> u64 {
+    top.1
+        .wrapping_add_signed(i64::from(s.0.wrapping_sub(top.0.0) as i32))
 }
 
 /// Records what a delivered segment tells: an RTT sample if it was sent once, and RACK's

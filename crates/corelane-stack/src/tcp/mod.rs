@@ -22,6 +22,8 @@ mod board;
 mod board_bounds;
 mod board_box;
 #[cfg(test)]
+mod board_model;
+#[cfg(test)]
 mod board_tests;
 mod cc;
 #[cfg(test)]

@@ -1,9 +1,11 @@
-//! RACK's time order of transmissions (RFC 8985 section 6.2 walks segments oldest sent first):
-//! a min-queue of `(transmit time, send number, start)`.
+//! RACK's time order of retransmissions (RFC 8985 section 6.2 walks segments oldest sent
+//! first, and of two sent at once the lower first): a min-queue of `(transmit time, position
+//! in the stream, start)`.
 //!
-//! Nearly every entry arrives in order (a segment sent now is the newest), so those are
-//! appended to a deque and taken from its front in constant time; the few that arrive out of
-//! order (a segment whose start moved keeps its old transmit time) wait in a heap. The oldest
+//! Nearly every entry arrives in order (a segment sent now is the newest, and one pass resends
+//! holes lowest first), so those are appended to a deque and taken from its front in constant
+//! time; the few that arrive out of order (a segment whose start moved keeps its old transmit
+//! time) wait in a heap. The oldest
 //! entry is the smaller of the two fronts. Before this, every entry went through one heap,
 //! and taking the delivered ones off it on every ACK was 2.5% of a core sending at 4 Gbit/s.
 
@@ -11,7 +13,8 @@ use smoltcp::time::Instant;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-/// Transmit time, send number (unique, rising), segment start.
+/// Transmit time, the segment's start as a position in the stream (64 bits, never wrapping),
+/// and as a sequence number.
 pub(crate) type Entry = (Instant, u64, u32);
 
 #[derive(Debug, Default)]

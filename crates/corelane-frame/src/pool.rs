@@ -101,15 +101,6 @@ impl FramePool {
             .advance(index as usize, FrameState::Receive, FrameState::InUse)
     }
 
-    /// A frame user space held goes straight back to the fill ring.
-    ///
-    /// # Errors
-    /// When the frame was not held by user space.
-    pub fn repost(&mut self, index: u32) -> Result<(), LedgerError> {
-        self.ledger
-            .advance(index as usize, FrameState::InUse, FrameState::Receive)
-    }
-
     /// A frame user space held is free again.
     ///
     /// # Errors
@@ -292,8 +283,8 @@ mod tests {
         assert!(p.completed(posted[0]).is_err());
         p.received(posted[0]).unwrap();
         assert!(p.received(posted[0]).is_err(), "received twice");
-        p.repost(posted[0]).unwrap();
+        p.free(posted[0]).unwrap();
         assert!(p.ledger().verify().is_ok());
-        assert_eq!(p.count(FrameState::Receive), 2);
+        assert_eq!(p.count(FrameState::Receive), 1);
     }
 }

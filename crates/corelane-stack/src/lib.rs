@@ -79,3 +79,5 @@ mod tests_secrets;
 mod tests_sleep;
 #[cfg(test)]
 mod tests_stop;
+#[cfg(test)]
+mod tests_zero_window;

@@ -123,6 +123,9 @@ pub(crate) struct Conn {
     pub(super) rcv_cap: usize,
     pub(super) rcv_adv: Seq,
     pub(super) rcv_wscale: u8,
+    /// The last window this side advertised was zero: nothing past it is taken until a
+    /// segment advertises room again (`rcv_window_now`).
+    pub(super) rcv_shut: bool,
     pub(super) ooo: Vec<(Seq, Seq)>,
     /// Starts of the out-of-order arrivals not yet reported in a SACK block, newest last.
     pub(super) sack_fresh: Vec<Seq>,
@@ -292,6 +295,7 @@ impl Conn {
             rcv_cap,
             rcv_adv: Seq(0),
             rcv_wscale: scale_for(sizes.rx_max),
+            rcv_shut: false,
             ooo: Vec::new(),
             sack_fresh: Vec::new(),
             dsack: Dsacks::default(),

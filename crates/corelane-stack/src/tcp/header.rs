@@ -43,6 +43,7 @@ impl Conn {
         let mut o = self.ack_fields(now);
         let edge = self.rcv_nxt.plus(usize::from(o.window) << self.rcv_wscale);
         self.rcv_adv = self.rcv_adv.max(edge);
+        self.rcv_shut = o.window == 0;
         self.last_ack_sent = self.rcv_nxt;
         self.ack_now = false;
         self.ack_at = Due::NONE;

@@ -37,8 +37,15 @@ impl Conn {
     /// The window in force from `RCV.NXT`: the room in the buffer, or what was advertised when
     /// that is more (a window rounded up to the scale's unit, so that its right edge never
     /// moved back, is a promise: data inside it is taken, the ring growing past its cap by
-    /// less than one unit).
+    /// less than one unit). None after a shut window was advertised, until one with room is
+    /// (RFC 9293 section 3.10.7.4; Linux drops past its advertised window too): a byte taken
+    /// into the room the window's scale rounded away would answer a sender's zero-window
+    /// probe with new data acknowledged, and the sender, its backoff reset by that, would
+    /// probe every 200 ms until the room was used up a byte at a time.
     pub(super) fn rcv_window_now(&self) -> usize {
+        if self.rcv_shut {
+            return 0;
+        }
         self.rcv_room().max(self.rcv_adv.since(self.rcv_nxt))
     }
 

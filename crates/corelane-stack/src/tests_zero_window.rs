@@ -1,0 +1,68 @@
+//! A receiver whose reader stopped: once it has advertised a shut window it takes nothing past
+//! it (RFC 9293 section 3.10.7.4: with RCV.WND zero no segment is acceptable, bar its ACK), so
+//! a sender's window probes get no byte acknowledged and back off, as against Linux; and when
+//! the reader reads again, the rest arrives.
+
+use std::task::Poll;
+
+use smoltcp::time::Duration;
+
+use crate::tests_sleep::connected;
+
+#[test]
+fn a_shut_window_takes_no_probe_byte_and_the_probes_back_off()
+-> Result<(), Box<dyn std::error::Error>> {
+    let (mut p, s, c) = connected()?;
+    // The client never reads: its window shuts with the server's bytes unsent.
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut written = 0;
+    p.drive_for(Duration::from_secs(2), |p| {
+        if let Poll::Ready(Ok(n)) = p.a.stack.tcp_write(s, &data[written..], None) {
+            written += n;
+        }
+    })?;
+    let info = p.a.stack.tcp_info(s).ok_or("no server connection")?;
+    assert_eq!(info.snd_window, 0, "{info:?}");
+    let queued =
+        p.b.stack
+            .tcp_info(c)
+            .ok_or("no client connection")?
+            .recv_queue;
+
+    // Twenty seconds of probing.
+    let sent = |p: &mut crate::Pair| p.a.stack.tcp_info(s).map_or(0, |i| i.stats.segs_out);
+    let before = sent(&mut p);
+    p.drive_for(Duration::from_secs(20), |_| {})?;
+    let probes = sent(&mut p) - before;
+    let now_queued =
+        p.b.stack
+            .tcp_info(c)
+            .ok_or("no client connection")?
+            .recv_queue;
+    eprintln!("{probes} probes in 20 s; client holds {queued} then {now_queued} bytes");
+    assert!(probes > 0, "the shut window was never probed");
+    // Backing off: the probe's timeouts come at doubling intervals (here 0.8, 2.2, 3.8 and
+    // 7.0 s apart), each followed by the recovery probe's two; a probe every 200 ms, as when
+    // each probe's byte was taken, would be a hundred (48 were sent before the change).
+    assert!(probes <= 20, "{probes} probes in 20 s");
+    assert_eq!(now_queued, queued, "bytes taken past a shut window");
+
+    // The reader reads again: every byte arrives, in order.
+    let mut got = Vec::with_capacity(data.len());
+    let mut buf = vec![0u8; 64 * 1024];
+    let done = p.drive(Duration::from_secs(30), |p| {
+        if let Poll::Ready(Ok(n)) = p.a.stack.tcp_write(s, &data[written..], None) {
+            written += n;
+        }
+        while let Poll::Ready(Ok(n)) = p.b.stack.tcp_read(c, &mut buf, None) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got.len() == data.len()
+    })?;
+    assert!(done, "{} of {} bytes", got.len(), data.len());
+    assert!(got == data, "the bytes differ");
+    Ok(())
+}

@@ -31,6 +31,23 @@ pub(crate) fn connected() -> Result<(Pair, FlowId, FlowId), Box<dyn std::error::
     Ok((p, s, c))
 }
 
+/// Has the server's end `s` write `data` for `d` of simulated time while the client reads
+/// nothing, so that the client's window shuts with bytes unsent. Returns the bytes written.
+pub(crate) fn write_unread(
+    p: &mut Pair,
+    s: FlowId,
+    data: &[u8],
+    d: Duration,
+) -> std::io::Result<usize> {
+    let mut written = 0;
+    p.drive_for(d, |p| {
+        if let Poll::Ready(Ok(n)) = p.a.stack.tcp_write(s, &data[written..], None) {
+            written += n;
+        }
+    })?;
+    Ok(written)
+}
+
 #[test]
 fn an_answer_that_carries_the_ack_leaves_no_delayed_ack_to_wake_for()
 -> Result<(), Box<dyn std::error::Error>> {

@@ -7,7 +7,7 @@ use std::task::Poll;
 
 use smoltcp::time::Duration;
 
-use crate::tests_sleep::connected;
+use crate::tests_sleep::{connected, write_unread};
 
 #[test]
 fn a_shut_window_takes_no_probe_byte_and_the_probes_back_off()
@@ -15,12 +15,7 @@ fn a_shut_window_takes_no_probe_byte_and_the_probes_back_off()
     let (mut p, s, c) = connected()?;
     // The client never reads: its window shuts with the server's bytes unsent.
     let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
-    let mut written = 0;
-    p.drive_for(Duration::from_secs(2), |p| {
-        if let Poll::Ready(Ok(n)) = p.a.stack.tcp_write(s, &data[written..], None) {
-            written += n;
-        }
-    })?;
+    let mut written = write_unread(&mut p, s, &data, Duration::from_secs(2))?;
     let info = p.a.stack.tcp_info(s).ok_or("no server connection")?;
     assert_eq!(info.snd_window, 0, "{info:?}");
     let queued =

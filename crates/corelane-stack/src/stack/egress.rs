@@ -271,7 +271,6 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 #[cfg(test)]
 mod tests {
     use std::cmp::Reverse;
-    use std::task::Poll;
 
     use smoltcp::time::Duration;
 
@@ -286,13 +285,7 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let (mut p, s, _) = crate::tests_sleep::connected()?;
         // The client never reads: its window shuts with the server's bytes unsent.
-        let data = vec![7u8; 1 << 20];
-        let mut written = 0;
-        p.drive_for(Duration::from_secs(1), |p| {
-            if let Poll::Ready(Ok(n)) = p.a.stack.tcp_write(s, &data[written..], None) {
-                written += n;
-            }
-        })?;
+        crate::tests_sleep::write_unread(&mut p, s, &[7u8; 1 << 20], Duration::from_secs(1))?;
         let info = p.a.stack.tcp_info(s).ok_or("no server connection")?;
         assert!(info.snd_window == 0 && info.send_queue > 0, "{info:?}");
         let needed = p.a.stack.sleep_deadline().ok_or("no persist timer")?;

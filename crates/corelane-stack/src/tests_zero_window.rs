@@ -1,7 +1,8 @@
 //! A receiver whose reader stopped: once it has advertised a shut window it takes nothing past
 //! it (RFC 9293 section 3.10.7.4: with RCV.WND zero no segment is acceptable, bar its ACK), so
-//! a sender's window probes get no byte acknowledged and back off, as against Linux; and when
-//! the reader reads again, the rest arrives.
+//! a sender's window probes get no byte acknowledged and back off, as against Linux, one per
+//! timeout (no loss probe goes into a shut window); and when the reader reads again, the rest
+//! arrives.
 
 use std::task::Poll;
 
@@ -36,10 +37,11 @@ fn a_shut_window_takes_no_probe_byte_and_the_probes_back_off()
             .recv_queue;
     eprintln!("{probes} probes in 20 s; client holds {queued} then {now_queued} bytes");
     assert!(probes > 0, "the shut window was never probed");
-    // Backing off: the probe's timeouts come at doubling intervals (here 0.8, 2.2, 3.8 and
-    // 7.0 s apart), each followed by the recovery probe's two; a probe every 200 ms, as when
-    // each probe's byte was taken, would be a hundred (48 were sent before the change).
-    assert!(probes <= 20, "{probes} probes in 20 s");
+    // Backing off: one probe per timeout of the persist timer, at doubling intervals (4 in 20
+    // s here). A probe every 200 ms, as when each probe's byte was taken, would be a hundred
+    // (48 were sent before that fix); a loss probe after each timeout, sending the byte again
+    // into the same shut window, made 3 per timeout (13).
+    assert!(probes <= 6, "{probes} probes in 20 s");
     assert_eq!(now_queued, queued, "bytes taken past a shut window");
 
     // The reader reads again: every byte arrives, in order.

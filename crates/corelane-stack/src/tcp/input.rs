@@ -554,6 +554,7 @@ impl Conn {
             rto: self.rtt.rto(),
             one_segment: self.board.len() == 1,
             holes: self.board.sacked() + self.board.lost() > 0,
+            window_shut: self.snd_wnd == 0,
         };
         self.probe.arm(arming, now);
     }

@@ -7,6 +7,11 @@
 //! The connection tells the probe what happened (`arm` after a transmission or progress,
 //! `progress`, `disarm`) and asks, when the timer has fired, whether a probe is due (`take`)
 //! and which segment it sends (`target`); the probe knows nothing of the connection.
+//!
+//! No probe is armed while the peer's window is shut: its silence then is not loss, and the
+//! persist timer (the retransmission timer, backing off) is what probes a shut window (RFC
+//! 9293 section 3.8.6.1). A loss probe there only sent the probe's byte again into the same
+//! shut window, twice per backoff.
 
 use smoltcp::time::{Duration, Instant};
 
@@ -39,6 +44,8 @@ pub(crate) struct Arming {
     pub(crate) one_segment: bool,
     /// Something was SACKed or deemed lost (a peer with holes ACKs at once).
     pub(crate) holes: bool,
+    /// The peer advertised a shut (zero) window.
+    pub(crate) window_shut: bool,
 }
 
 /// The probe's timer and count.
@@ -52,8 +59,12 @@ pub(crate) struct LossProbe {
 impl LossProbe {
     /// Arms the timer as `a` allows: none past the episode's probes (one outside recovery),
     /// none without SACK or an RTT sample; at least `PTO_MIN`, doubled per probe already
-    /// out, never later than the RTO.
+    /// out, never later than the RTO. Against a shut window it disarms.
     pub(crate) fn arm(&mut self, a: Arming, now: Instant) {
+        if a.window_shut {
+            self.at = None;
+            return;
+        }
         let most = if a.recovering { RECOVERY_PROBES } else { 1 };
         if !a.sack || self.out >= most || (a.recovering && !a.in_recovery) {
             return;
@@ -156,6 +167,7 @@ mod tests {
             rto: Duration::from_millis(300),
             one_segment: false,
             holes: false,
+            window_shut: false,
         }
     }
 
@@ -276,6 +288,34 @@ mod tests {
         assert!(p.deadline().is_some(), "counted again from the timeout");
         p.clear();
         assert!(p.deadline().is_none() && !p.is_due());
+    }
+
+    #[test]
+    fn a_shut_window_arms_no_probe_in_or_out_of_recovery() {
+        let t0 = Instant::from_millis(0);
+        for recovering in [false, true] {
+            let mut p = LossProbe::default();
+            let a = Arming {
+                recovering,
+                ..arming()
+            };
+            p.arm(a, t0);
+            assert!(p.deadline().is_some());
+            // The peer's window shut while the probe was armed: the probe is off.
+            p.arm(
+                Arming {
+                    window_shut: true,
+                    ..a
+                },
+                t0,
+            );
+            assert_eq!(p.deadline(), None, "recovering: {recovering}");
+            p.on_time(t0 + Duration::from_secs(1), true);
+            assert!(!p.take());
+            // It opened again: the probe is armed as before.
+            p.arm(a, t0);
+            assert!(p.deadline().is_some());
+        }
     }
 
     #[test]

@@ -62,7 +62,9 @@ impl Conn {
             self.rto_at = Due::NONE;
             self.on_rto(now);
         }
-        self.probe.on_time(now, !self.board.is_empty());
+        // A probe armed before the peer's window shut finds it shut: the persist timer probes.
+        self.probe
+            .on_time(now, !self.board.is_empty() && self.snd_wnd > 0);
         if self.reo_at.is_some_and(|t| t <= now) {
             self.reo_at = Due::NONE;
             self.detect_losses(now);

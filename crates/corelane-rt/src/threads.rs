@@ -152,7 +152,7 @@ impl Runtime {
             let _ = app.send((core.clone(), info));
             let mut driver = run_task(&exec, driver.run());
             if !self.shared.life.stop.load(Ordering::SeqCst) {
-                driver = run_task(&exec, driver.linger(linger));
+                driver = run_task(&exec, (*driver).linger(linger));
             }
             let counts = core.stack().shutdown(now(), &mut driver.pipe.dev)?;
             let counts = exec.block_on(driver.leave_upgrade(counts));
@@ -179,7 +179,7 @@ impl Runtime {
                         self.shared.app_done();
                         match driver_task.await {
                             Ok(d) if !self.shared.life.stop.load(Ordering::SeqCst) => {
-                                break Ok(d.linger(linger).await);
+                                break Ok((*d).linger(linger).await);
                             }
                             other => break other,
                         }

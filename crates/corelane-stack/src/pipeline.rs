@@ -243,7 +243,7 @@ impl<P: FrameIo> Pipeline<P> {
         }
         let timed = (st.turns - 1).is_multiple_of(TIMED_EVERY);
         // The clock is read only where something uses it: a timed turn, or the tuner (which
-        // weighs every turn's time). An untimed turn's stages take `start` as given.
+        // weighs the time of full turns). An untimed turn's stages take `start` as given.
         let start = if timed || self.tuner.is_some() {
             started.unwrap_or_else(StdInstant::now)
         } else {
@@ -268,7 +268,15 @@ impl<P: FrameIo> Pipeline<P> {
         st.tx.sample(sent, t, timed);
         peers.end_turn();
         if let Some(tu) = self.tuner.as_mut() {
-            tu.observe(pulled + injected, sent, start.elapsed().as_nanos() as u64);
+            // The tuner weighs the time of full batches only: a turn short of its batch (most
+            // turns of a lightly loaded core) does not read the clock again.
+            let full = (pulled + injected).max(sent) >= tu.batch();
+            let busy = if full {
+                start.elapsed().as_nanos() as u64
+            } else {
+                0
+            };
+            tu.observe(pulled + injected, sent, busy);
             // The kernel's drop counters may cost a system call: read them now and then.
             if st.turns.is_multiple_of(4096) {
                 tu.observe_drops(dev.read_rx_drops());

@@ -137,7 +137,8 @@ impl BatchTuner {
     /// batch size [`batch`](Self::batch) returned, spending `busy_ns`. Returns true when the
     /// batch size changed. The fuller of the two directions is the pressure (a bulk sender
     /// pulls only ACKs but fills its transmit batches); the cost per frame is sampled only
-    /// from full batches, so sizes are compared under the same load.
+    /// from full batches, so sizes are compared under the same load (a caller may pass 0 for
+    /// `busy_ns` when neither count reached the batch: it is not read then).
     pub fn observe(&mut self, pulled: usize, sent: usize, busy_ns: u64) -> bool {
         let moved = pulled.max(sent);
         if moved == 0 {

@@ -12,7 +12,7 @@ use smoltcp::wire::{IpAddress, IpEndpoint, Ipv4Address};
 use super::{FlowId, PORT_STEPS, Sock, Stack};
 use crate::classify::FlowKey;
 use crate::config::{EPHEMERAL_START, StackError};
-use crate::tcp::{Congestion, Conn, Sizes, TcpState};
+use crate::tcp::{Congestion, Conn, Sizes, TcpState, slice_put};
 
 /// What [`Stack::tcp_info`] reports of one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,7 +276,34 @@ impl Stack {
         buf: &mut [u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
-        self.tcp_take(id, buf, waker, false)
+        let max = buf.len();
+        self.tcp_take(id, max, &mut slice_put(buf), waker, false)
+    }
+
+    /// As [`Stack::tcp_read`], for a buffer whose free part need not be initialized (tokio's
+    /// `ReadBuf`, which a slice would have to zero first, all of it, on every read): up to
+    /// `max` bytes are handed to `put`, in order, in at most two pieces.
+    ///
+    /// ```
+    /// # use corelane_stack::{Stack, FlowId};
+    /// fn read_into(stack: &mut Stack, id: FlowId, out: &mut Vec<u8>) -> std::io::Result<usize> {
+    ///     match stack.tcp_read_with(id, 4096, |bytes| out.extend_from_slice(bytes), None) {
+    ///         std::task::Poll::Ready(r) => r,
+    ///         std::task::Poll::Pending => Ok(0),
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Stack::tcp_read`].
+    pub fn tcp_read_with(
+        &mut self,
+        id: FlowId,
+        max: usize,
+        mut put: impl FnMut(&[u8]),
+        waker: Option<&Waker>,
+    ) -> Poll<io::Result<usize>> {
+        self.tcp_take(id, max, &mut put, waker, false)
     }
 
     /// Queues `buf` (as much as fits) for sending on TCP flow `id`. `Pending` means the send
@@ -399,24 +426,41 @@ impl Stack {
         buf: &mut [u8],
         waker: Option<&Waker>,
     ) -> Poll<io::Result<usize>> {
-        self.tcp_take(id, buf, waker, true)
+        let max = buf.len();
+        self.tcp_take(id, max, &mut slice_put(buf), waker, true)
     }
 
-    /// Reads (or, with `peek`, copies without taking) what TCP flow `id` received.
+    /// As [`Stack::tcp_read_with`], leaving the bytes to be read again.
+    ///
+    /// # Errors
+    /// As [`Stack::tcp_read`].
+    pub fn tcp_peek_with(
+        &mut self,
+        id: FlowId,
+        max: usize,
+        mut put: impl FnMut(&[u8]),
+        waker: Option<&Waker>,
+    ) -> Poll<io::Result<usize>> {
+        self.tcp_take(id, max, &mut put, waker, true)
+    }
+
+    /// Reads (or, with `peek`, copies without taking) up to `max` bytes of what TCP flow `id`
+    /// received, handing them to `put`.
     fn tcp_take(
         &mut self,
         id: FlowId,
-        buf: &mut [u8],
+        max: usize,
+        put: &mut dyn FnMut(&[u8]),
         waker: Option<&Waker>,
         peek: bool,
     ) -> Poll<io::Result<usize>> {
         let now = self.clock;
         self.poll_tcp(id, |c| {
-            if c.readable() > 0 && !buf.is_empty() {
+            if c.readable() > 0 && max > 0 {
                 if peek {
-                    return (Poll::Ready(Ok(c.peek(buf))), false);
+                    return (Poll::Ready(Ok(c.peek_with(max, put))), false);
                 }
-                let (n, update) = c.read(now, buf);
+                let (n, update) = c.read_with(now, max, put);
                 (Poll::Ready(Ok(n)), update)
             } else if c.fin_received() {
                 // The peer's FIN came before whatever ended the connection since (a reset from
@@ -425,7 +469,7 @@ impl Stack {
                 (Poll::Ready(Ok(0)), false)
             } else if let Some(kind) = c.error() {
                 (Poll::Ready(Err(ended(kind))), false)
-            } else if c.at_eof() || buf.is_empty() {
+            } else if c.at_eof() || max == 0 {
                 (Poll::Ready(Ok(0)), false)
             } else {
                 if let Some(w) = waker {

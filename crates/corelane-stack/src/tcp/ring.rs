@@ -345,13 +345,24 @@ impl Ring {
         self.head = self.pos(n);
     }
 
-    /// Copies from the front into `out` and drops what was copied. Returns the count.
-    pub(crate) fn read(&mut self, out: &mut [u8]) -> usize {
-        let n = out.len().min(self.len);
-        let (a, b) = self.slices(0, n);
-        out[..a.len()].copy_from_slice(a);
-        out[a.len()..n].copy_from_slice(b);
+    /// Hands up to `max` bytes from the front to `put` (in at most two pieces, in order) and
+    /// drops them. Returns the count.
+    pub(crate) fn read_with(&mut self, max: usize, put: &mut dyn FnMut(&[u8])) -> usize {
+        let n = self.peek_with(max, put);
         self.consume(n);
+        n
+    }
+
+    /// Hands up to `max` bytes from the front to `put` (in at most two pieces, in order),
+    /// keeping them. Returns the count.
+    pub(crate) fn peek_with(&self, max: usize, put: &mut dyn FnMut(&[u8])) -> usize {
+        let n = max.min(self.len);
+        let (a, b) = self.slices(0, n);
+        for piece in [a, b] {
+            if !piece.is_empty() {
+                put(piece);
+            }
+        }
         n
     }
 }
@@ -375,12 +386,40 @@ mod tests {
         r.reserve_total(cap + 1, 1 << 20);
         let mut out = [0u8; 12];
         r.extend(4);
-        assert_eq!(r.read(&mut out), 12);
+        assert_eq!(r.read_with(12, &mut crate::tcp::slice_put(&mut out)), 12);
         // Bytes 8 and 9 were never written in this pass: what the first pass left there.
         assert_eq!(out, [1, 1, 2, 3, 4, 5, 6, 7, 1, 1, 9, 9]);
         assert!(r.is_empty());
         r.free();
         assert_eq!(r.capacity(), 0);
+    }
+
+    #[test]
+    fn a_read_hands_out_the_bytes_across_the_wrap_in_order_and_at_most_max() {
+        let mut r = Ring::default();
+        r.reserve_total(10, 1 << 20);
+        let cap = r.capacity();
+        r.push(&vec![0u8; cap - 4]);
+        r.consume(cap - 4);
+        // 4 bytes before the wrap, 6 after it.
+        let data: Vec<u8> = (1..=10).collect();
+        r.push(&data);
+        let mut pieces = Vec::new();
+        assert_eq!(r.peek_with(7, &mut |p| pieces.push(p.to_vec())), 7);
+        assert_eq!(
+            pieces,
+            [vec![1, 2, 3, 4], vec![5, 6, 7]],
+            "two pieces, in order"
+        );
+        assert_eq!(r.len(), 10, "a peek takes nothing");
+        let mut got = Vec::new();
+        assert_eq!(r.read_with(3, &mut |p| got.extend_from_slice(p)), 3);
+        assert_eq!(r.read_with(100, &mut |p| got.extend_from_slice(p)), 7);
+        assert_eq!(got, data);
+        assert!(r.is_empty());
+        let mut called = false;
+        assert_eq!(r.read_with(100, &mut |_| called = true), 0);
+        assert!(!called, "no empty piece is handed out");
     }
 
     #[test]

@@ -90,8 +90,19 @@ impl Conn {
 
     /// Reads into `buf`. Returns the count and whether the connection wants an output pass (a
     /// window update is worth sending, or a timer to give back an emptied buffer was set).
+    #[cfg(test)]
     pub(crate) fn read(&mut self, now: Instant, buf: &mut [u8]) -> (usize, bool) {
-        let n = self.rcv.read(buf);
+        self.read_with(now, buf.len(), &mut slice_put(buf))
+    }
+
+    /// Reads up to `max` bytes, handing them to `put`; as [`Conn::read`].
+    pub(crate) fn read_with(
+        &mut self,
+        now: Instant,
+        max: usize,
+        put: &mut dyn FnMut(&[u8]),
+    ) -> (usize, bool) {
+        let n = self.rcv.read_with(max, put);
         if n == 0 {
             return (0, false);
         }
@@ -194,13 +205,9 @@ impl Conn {
         }
     }
 
-    /// Copies what is readable into `buf` without taking it; returns how much.
-    pub(crate) fn peek(&self, buf: &mut [u8]) -> usize {
-        let n = self.rcv.len().min(buf.len());
-        let (a, b) = self.rcv.slices(0, n);
-        buf[..a.len()].copy_from_slice(a);
-        buf[a.len()..a.len() + b.len()].copy_from_slice(b);
-        n
+    /// Hands up to `max` readable bytes to `put` without taking them; returns how many.
+    pub(crate) fn peek_with(&self, max: usize, put: &mut dyn FnMut(&[u8])) -> usize {
+        self.rcv.peek_with(max, put)
     }
 
     /// Room in the send buffer.
@@ -371,5 +378,14 @@ impl Conn {
     /// Registers the waker of a writer (or of a connect).
     pub(crate) fn set_tx_waker(&mut self, w: &Waker) {
         crate::udp::keep_waker(&mut self.tx_waker, w);
+    }
+}
+
+/// A `put` for [`Conn::read_with`] that fills `buf` from its start.
+pub(crate) fn slice_put(buf: &mut [u8]) -> impl FnMut(&[u8]) + '_ {
+    let mut at = 0;
+    move |piece: &[u8]| {
+        buf[at..at + piece.len()].copy_from_slice(piece);
+        at += piece.len();
     }
 }

@@ -13,13 +13,13 @@ use super::{Conn, OwnedReadHalf, ReadHalf, TcpStream};
 impl Conn {
     /// Copies what is there into `buf` without taking it; the count copied.
     fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
-        let r = self
-            .core
-            .stack()
-            .tcp_peek(self.id, buf.initialize_unfilled(), Some(cx.waker()));
-        if let Poll::Ready(Ok(n)) = r {
-            buf.advance(n);
-        }
+        let max = buf.remaining();
+        let r = self.core.stack().tcp_peek_with(
+            self.id,
+            max,
+            |bytes| buf.put_slice(bytes),
+            Some(cx.waker()),
+        );
         if r.is_pending() {
             self.read_ready
                 .store(false, std::sync::atomic::Ordering::Relaxed);

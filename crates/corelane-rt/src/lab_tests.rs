@@ -210,7 +210,8 @@ fn a_socket_bound_to_one_of_two_owned_addresses_answers_from_it() {
 }
 
 #[test]
-fn a_read_into_an_uninitialized_buffer_initializes_only_what_it_fills() {
+fn a_read_into_an_uninitialized_buffer_initializes_only_what_it_fills_and_try_read_buf_grows_a_vec()
+{
     use std::mem::MaybeUninit;
     use std::pin::Pin;
     use tokio::io::{AsyncRead, ReadBuf};
@@ -231,7 +232,21 @@ fn a_read_into_an_uninitialized_buffer_initializes_only_what_it_fills() {
         std::future::poll_fn(|cx| Pin::new(&mut s).poll_read(cx, &mut buf))
             .await
             .unwrap();
-        (buf.filled().to_vec(), buf.initialized().len(), peeked)
+        let filled = buf.filled().to_vec();
+        let initialized = buf.initialized().len();
+        // `try_read_buf` into a vector's spare room, in pieces as they come.
+        s.write_all(b"and again").await.unwrap();
+        let mut got = Vec::with_capacity(4);
+        while got.len() < 9 {
+            s.readable().await.unwrap();
+            match s.try_read_buf(&mut got) {
+                Ok(n) => assert!(n > 0, "the end of the stream"),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got, b"and again");
+        (filled, initialized, peeked)
     })
     .unwrap();
     assert_eq!(peeked, 12);

@@ -138,10 +138,17 @@ impl TcpStream {
     /// # Errors
     /// `WouldBlock` when nothing is there yet; otherwise as a read.
     pub fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
-        let mut chunk = [0u8; 16 * 1024];
-        let room = buf.remaining_mut().min(chunk.len());
-        let n = self.try_read(&mut chunk[..room])?;
-        buf.put_slice(&chunk[..n]);
-        Ok(n)
+        // Straight from the receive buffer into `buf`'s room, initialized or not.
+        let conn = &self.conn;
+        let max = buf.remaining_mut();
+        let r = conn
+            .core
+            .stack()
+            .tcp_read_with(conn.id, max, |bytes| buf.put_slice(bytes), None);
+        conn.note_read(&r);
+        match r {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
     }
 }

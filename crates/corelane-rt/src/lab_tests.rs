@@ -255,3 +255,36 @@ fn a_read_into_an_uninitialized_buffer_initializes_only_what_it_fills_and_try_re
     // that on every request) initializes all of it.
     assert_eq!(initialized, 12, "the read initialized more than it filled");
 }
+
+#[test]
+fn a_datagram_received_into_an_uninitialized_buffer_initializes_only_its_bytes() {
+    use std::mem::MaybeUninit;
+    use tokio::io::ReadBuf;
+
+    let (got, initialized, peeked) = lab::run(async {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let to = server.local_addr().unwrap();
+        client.send_to(b"one datagram", to).await.unwrap();
+        let mut space = [MaybeUninit::<u8>::uninit(); 8192];
+        let mut buf = ReadBuf::uninit(&mut space);
+        let from = std::future::poll_fn(|cx| server.poll_peek_from(cx, &mut buf))
+            .await
+            .unwrap();
+        assert_eq!(from, client.local_addr().unwrap());
+        let peeked = buf.filled().to_vec();
+        let mut space = [MaybeUninit::<u8>::uninit(); 8192];
+        let mut buf = ReadBuf::uninit(&mut space);
+        std::future::poll_fn(|cx| server.poll_recv_from(cx, &mut buf))
+            .await
+            .unwrap();
+        (buf.filled().to_vec(), buf.initialized().len(), peeked)
+    })
+    .unwrap();
+    assert_eq!(peeked, b"one datagram");
+    assert_eq!(got, b"one datagram");
+    assert_eq!(
+        initialized, 12,
+        "the receive initialized more than it filled"
+    );
+}

@@ -152,11 +152,23 @@ impl UdpSock {
     /// The next datagram read into `buf`: the bytes copied and the sender. A datagram longer
     /// than `buf` is cut to it (the rest is lost), as a kernel UDP socket does. None when none
     /// waits.
+    #[cfg(test)]
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> Option<(usize, IpEndpoint)> {
+        let max = buf.len();
+        self.read_with(max, &mut |d| buf[..d.len()].copy_from_slice(d))
+    }
+
+    /// The next datagram's first `max` bytes handed to `put` (once, also when empty), and the
+    /// datagram taken from the queue.
+    pub(crate) fn read_with(
+        &mut self,
+        max: usize,
+        put: &mut dyn FnMut(&[u8]),
+    ) -> Option<(usize, IpEndpoint)> {
         let d = self.rx.pop_front()?;
         self.rx_bytes -= d.data.len();
-        let n = d.data.len().min(buf.len());
-        buf[..n].copy_from_slice(&d.data[..n]);
+        let n = d.data.len().min(max);
+        put(&d.data[..n]);
         let peer = d.peer;
         self.recycle(d.data);
         Some((n, peer))
@@ -164,9 +176,19 @@ impl UdpSock {
 
     /// The next datagram copied into `buf` (cut to it) and left in the queue.
     pub(crate) fn peek(&self, buf: &mut [u8]) -> Option<(usize, IpEndpoint)> {
+        let max = buf.len();
+        self.peek_with(max, &mut |d| buf[..d.len()].copy_from_slice(d))
+    }
+
+    /// As [`UdpSock::read_with`], leaving the datagram queued.
+    pub(crate) fn peek_with(
+        &self,
+        max: usize,
+        put: &mut dyn FnMut(&[u8]),
+    ) -> Option<(usize, IpEndpoint)> {
         let d = self.rx.front()?;
-        let n = d.data.len().min(buf.len());
-        buf[..n].copy_from_slice(&d.data[..n]);
+        let n = d.data.len().min(max);
+        put(&d.data[..n]);
         Some((n, d.peer))
     }
 

@@ -142,11 +142,13 @@ impl UdpSocket {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<SocketAddr>> {
-        let r =
-            self.core
-                .stack()
-                .udp_recv_from(self.id, buf.initialize_unfilled(), Some(cx.waker()));
-        fill(buf, r)
+        // Into the buffer's free part as it is (zeroing it first cost a pass over all of it, 64
+        // KiB a datagram for a framed reader's buffer).
+        let max = buf.remaining();
+        self.core
+            .stack()
+            .udp_recv_from_with(self.id, max, |d| buf.put_slice(d), Some(cx.waker()))
+            .map_ok(|(_, from)| from)
     }
 
     /// Takes the next datagram from the connected peer (others are dropped), as
@@ -182,11 +184,11 @@ impl UdpSocket {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<SocketAddr>> {
-        let r =
-            self.core
-                .stack()
-                .udp_peek_from(self.id, buf.initialize_unfilled(), Some(cx.waker()));
-        fill(buf, r)
+        let max = buf.remaining();
+        self.core
+            .stack()
+            .udp_peek_from_with(self.id, max, |d| buf.put_slice(d), Some(cx.waker()))
+            .map_ok(|(_, from)| from)
     }
 
     /// Copies the next datagram from the connected peer into `buf` without taking it (one
@@ -419,19 +421,4 @@ fn no_multicast() -> io::Error {
         "corelane neither sends to nor joins multicast groups (its XDP program steers unicast \
          flows only); use a kernel socket for multicast",
     )
-}
-
-/// `buf` advanced by what a receive or peek into its unfilled part copied.
-fn fill(
-    buf: &mut ReadBuf<'_>,
-    r: Poll<io::Result<(usize, SocketAddr)>>,
-) -> Poll<io::Result<SocketAddr>> {
-    match r {
-        Poll::Ready(Ok((n, from))) => {
-            buf.advance(n);
-            Poll::Ready(Ok(from))
-        }
-        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-        Poll::Pending => Poll::Pending,
-    }
 }

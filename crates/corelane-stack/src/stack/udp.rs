@@ -211,12 +211,31 @@ impl Stack {
         waker: Option<&Waker>,
         peek: bool,
     ) -> Poll<io::Result<(usize, SocketAddr, u8)>> {
+        let max = buf.len();
+        let mut put = |d: &[u8]| buf[..d.len()].copy_from_slice(d);
+        self.udp_take_with(id, max, &mut put, waker, peek)
+    }
+
+    /// The next datagram's first `max` bytes handed to `put` (taken, or left when `peek`): its
+    /// length, sender and ECN bits.
+    pub(super) fn udp_take_with(
+        &mut self,
+        id: FlowId,
+        max: usize,
+        put: &mut dyn FnMut(&[u8]),
+        waker: Option<&Waker>,
+        peek: bool,
+    ) -> Poll<io::Result<(usize, SocketAddr, u8)>> {
         let draining = self.draining;
         let Some(s) = self.udp_sock(id) else {
             return Poll::Ready(Err(super::socket::gone()));
         };
         let ecn = s.front_ecn();
-        let got = if peek { s.peek(buf) } else { s.read(buf) };
+        let got = if peek {
+            s.peek_with(max, put)
+        } else {
+            s.read_with(max, put)
+        };
         match got {
             Some((n, p)) => Poll::Ready(Ok((n, SocketAddr::new(p.addr.into(), p.port), ecn))),
             None if draining => Poll::Ready(Err(io::Error::new(

@@ -81,6 +81,38 @@ impl Stack {
         self.udp_take(id, buf, waker, false)
     }
 
+    /// As [`Stack::udp_recv_from`], for a buffer whose free part need not be initialized
+    /// (tokio's `ReadBuf`, which a slice would have to zero first, all of it, for every
+    /// datagram): the datagram's first `max` bytes are handed to `put`, once.
+    ///
+    /// # Errors
+    /// As [`Stack::udp_recv_from`].
+    pub fn udp_recv_from_with(
+        &mut self,
+        id: FlowId,
+        max: usize,
+        mut put: impl FnMut(&[u8]),
+        waker: Option<&Waker>,
+    ) -> Poll<io::Result<(usize, SocketAddr)>> {
+        self.udp_take_with(id, max, &mut put, waker, false)
+            .map_ok(|(n, from, _)| (n, from))
+    }
+
+    /// As [`Stack::udp_recv_from_with`], leaving the datagram queued.
+    ///
+    /// # Errors
+    /// As [`Stack::udp_recv_from`].
+    pub fn udp_peek_from_with(
+        &mut self,
+        id: FlowId,
+        max: usize,
+        mut put: impl FnMut(&[u8]),
+        waker: Option<&Waker>,
+    ) -> Poll<io::Result<(usize, SocketAddr)>> {
+        self.udp_take_with(id, max, &mut put, waker, true)
+            .map_ok(|(n, from, _)| (n, from))
+    }
+
     /// [`Stack::udp_send_to`] with the datagram's two ECN bits set to `ecn` (0 leaves the
     /// socket's type of service as it is), as a `IP_TOS` control message does.
     ///

@@ -288,3 +288,36 @@ fn a_datagram_received_into_an_uninitialized_buffer_initializes_only_its_bytes()
         "the receive initialized more than it filled"
     );
 }
+
+#[test]
+fn a_vectored_write_queues_every_buffer_in_order() {
+    use std::io::IoSlice;
+    use tokio::io::AsyncWrite;
+
+    let (vectored, back) = lab::run(async {
+        let at = echo_server("127.0.0.1:0").await;
+        let mut s = TcpStream::connect(at).await.unwrap();
+        let vectored = s.is_write_vectored();
+        let body = pattern(3000, 7);
+        let bufs = [
+            IoSlice::new(b"head\r\n"),
+            IoSlice::new(b""),
+            IoSlice::new(&body),
+        ];
+        // Room for all of it: one call queues every buffer.
+        let n = s.write_vectored(&bufs).await.unwrap();
+        assert_eq!(n, 6 + body.len());
+        s.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).await.unwrap();
+        let mut want = b"head\r\n".to_vec();
+        want.extend_from_slice(&body);
+        (vectored, back == want)
+    })
+    .unwrap();
+    assert!(
+        vectored,
+        "the stream says it is not vectored: hyper would copy"
+    );
+    assert!(back, "the echo differs");
+}

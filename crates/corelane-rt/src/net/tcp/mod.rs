@@ -73,6 +73,38 @@ impl Conn {
         r
     }
 
+    /// Queues `bufs` in order until one does not fit whole, as `writev` would: the bytes
+    /// queued; `Pending` (waker registered) only when none fit. hyper and others write a
+    /// response's head and body this way when the stream says it is vectored, instead of
+    /// copying both into one buffer first.
+    fn poll_write_vectored(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let mut total = 0;
+        for b in bufs.iter().filter(|b| !b.is_empty()) {
+            // Only a write that has queued nothing yet waits.
+            let waker = (total == 0).then_some(cx.waker());
+            match self.core.stack().tcp_write(self.id, b, waker) {
+                Poll::Ready(Ok(n)) => {
+                    total += n;
+                    if n < b.len() {
+                        break;
+                    }
+                }
+                r @ (Poll::Ready(Err(_)) | Poll::Pending) if total == 0 => {
+                    self.note_write(&r);
+                    return r;
+                }
+                _ => break,
+            }
+        }
+        let r = Poll::Ready(Ok(total));
+        self.note_write(&r);
+        r
+    }
+
     /// Keeps write readiness after a write's outcome `r` (and wakes the driver for data).
     pub(crate) fn note_write(&self, r: &Poll<io::Result<usize>>) {
         match r {
@@ -157,6 +189,18 @@ macro_rules! async_write {
                 buf: &[u8],
             ) -> std::task::Poll<std::io::Result<usize>> {
                 self.conn().poll_write(cx, buf)
+            }
+
+            fn poll_write_vectored(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                self.conn().poll_write_vectored(cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                true
             }
 
             fn poll_flush(

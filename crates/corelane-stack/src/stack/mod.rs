@@ -37,6 +37,7 @@ mod options;
 mod prune;
 mod socket;
 mod stats;
+mod tcp_read;
 mod udp;
 mod udp_opts;
 mod udp_steer;

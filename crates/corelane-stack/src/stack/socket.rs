@@ -12,7 +12,7 @@ use smoltcp::wire::{IpAddress, IpEndpoint, Ipv4Address};
 use super::{FlowId, PORT_STEPS, Sock, Stack};
 use crate::classify::FlowKey;
 use crate::config::{EPHEMERAL_START, StackError};
-use crate::tcp::{Congestion, Conn, Sizes, TcpState, slice_put};
+use crate::tcp::{Congestion, Conn, Sizes, TcpState};
 
 /// What [`Stack::tcp_info`] reports of one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub struct TcpInfo {
 }
 
 /// The error a socket call returns once the connection ended with `kind`.
-fn ended(kind: io::ErrorKind) -> io::Error {
+pub(super) fn ended(kind: io::ErrorKind) -> io::Error {
     let what = match kind {
         io::ErrorKind::TimedOut => "the connection timed out",
         io::ErrorKind::ConnectionRefused => "the connection was refused",
@@ -244,7 +244,7 @@ impl Stack {
 
     /// [`with_tcp`](Self::with_tcp) for the socket calls that poll: a gone flow is a ready
     /// error like any other.
-    fn poll_tcp<T>(
+    pub(super) fn poll_tcp<T>(
         &mut self,
         id: FlowId,
         f: impl FnOnce(&mut Conn) -> (Poll<io::Result<T>>, bool),
@@ -261,49 +261,6 @@ impl Stack {
     /// The state of TCP flow `id` (None if the id is stale).
     pub fn tcp_state(&mut self, id: FlowId) -> Option<TcpState> {
         self.conn(id).map(|c| c.state())
-    }
-
-    /// Reads what TCP flow `id` received into `buf`. `Ready(Ok(0))` with a non-empty `buf` is
-    /// the end of the stream; `Pending` means nothing yet, and `waker` (if given) is woken when
-    /// something arrives. A read that opens the window enough queues a window update.
-    ///
-    /// # Errors
-    /// `NotConnected` when the flow is gone; `ConnectionReset` (or the error that ended the
-    /// connection: `TimedOut`, `ConnectionRefused`) once it ended abnormally.
-    pub fn tcp_read(
-        &mut self,
-        id: FlowId,
-        buf: &mut [u8],
-        waker: Option<&Waker>,
-    ) -> Poll<io::Result<usize>> {
-        let max = buf.len();
-        self.tcp_take(id, max, &mut slice_put(buf), waker, false)
-    }
-
-    /// As [`Stack::tcp_read`], for a buffer whose free part need not be initialized (tokio's
-    /// `ReadBuf`, which a slice would have to zero first, all of it, on every read): up to
-    /// `max` bytes are handed to `put`, in order, in at most two pieces.
-    ///
-    /// ```
-    /// # use corelane_stack::{Stack, FlowId};
-    /// fn read_into(stack: &mut Stack, id: FlowId, out: &mut Vec<u8>) -> std::io::Result<usize> {
-    ///     match stack.tcp_read_with(id, 4096, |bytes| out.extend_from_slice(bytes), None) {
-    ///         std::task::Poll::Ready(r) => r,
-    ///         std::task::Poll::Pending => Ok(0),
-    ///     }
-    /// }
-    /// ```
-    ///
-    /// # Errors
-    /// As [`Stack::tcp_read`].
-    pub fn tcp_read_with(
-        &mut self,
-        id: FlowId,
-        max: usize,
-        mut put: impl FnMut(&[u8]),
-        waker: Option<&Waker>,
-    ) -> Poll<io::Result<usize>> {
-        self.tcp_take(id, max, &mut put, waker, false)
     }
 
     /// Queues `buf` (as much as fits) for sending on TCP flow `id`. `Pending` means the send
@@ -410,70 +367,6 @@ impl Stack {
             } else {
                 if let Some(w) = waker {
                     c.set_tx_waker(w);
-                }
-                (Poll::Pending, false)
-            }
-        })
-    }
-
-    /// As [`Stack::tcp_read`], leaving the bytes to be read again.
-    ///
-    /// # Errors
-    /// As [`Stack::tcp_read`].
-    pub fn tcp_peek(
-        &mut self,
-        id: FlowId,
-        buf: &mut [u8],
-        waker: Option<&Waker>,
-    ) -> Poll<io::Result<usize>> {
-        let max = buf.len();
-        self.tcp_take(id, max, &mut slice_put(buf), waker, true)
-    }
-
-    /// As [`Stack::tcp_read_with`], leaving the bytes to be read again.
-    ///
-    /// # Errors
-    /// As [`Stack::tcp_read`].
-    pub fn tcp_peek_with(
-        &mut self,
-        id: FlowId,
-        max: usize,
-        mut put: impl FnMut(&[u8]),
-        waker: Option<&Waker>,
-    ) -> Poll<io::Result<usize>> {
-        self.tcp_take(id, max, &mut put, waker, true)
-    }
-
-    /// Reads (or, with `peek`, copies without taking) up to `max` bytes of what TCP flow `id`
-    /// received, handing them to `put`.
-    fn tcp_take(
-        &mut self,
-        id: FlowId,
-        max: usize,
-        put: &mut dyn FnMut(&[u8]),
-        waker: Option<&Waker>,
-        peek: bool,
-    ) -> Poll<io::Result<usize>> {
-        let now = self.clock;
-        self.poll_tcp(id, |c| {
-            if c.readable() > 0 && max > 0 {
-                if peek {
-                    return (Poll::Ready(Ok(c.peek_with(max, put))), false);
-                }
-                let (n, update) = c.read_with(now, max, put);
-                (Poll::Ready(Ok(n)), update)
-            } else if c.fin_received() {
-                // The peer's FIN came before whatever ended the connection since (a reset from
-                // a peer that closed all the way): what it sent was all read, and that is the
-                // end of it, as Linux reads it.
-                (Poll::Ready(Ok(0)), false)
-            } else if let Some(kind) = c.error() {
-                (Poll::Ready(Err(ended(kind))), false)
-            } else if c.at_eof() || max == 0 {
-                (Poll::Ready(Ok(0)), false)
-            } else {
-                if let Some(w) = waker {
-                    c.set_rx_waker(w);
                 }
                 (Poll::Pending, false)
             }

@@ -212,7 +212,7 @@ impl Stack {
         peek: bool,
     ) -> Poll<io::Result<(usize, SocketAddr, u8)>> {
         let max = buf.len();
-        let mut put = crate::tcp::slice_put(buf);
+        let mut put = |d: &[u8]| buf[..d.len()].copy_from_slice(d);
         self.udp_take_with(id, max, &mut put, waker, peek)
     }
 

@@ -381,7 +381,7 @@ impl Conn {
     }
 }
 
-/// A `put` for [`Conn::read_with`] (and a datagram's read) that fills `buf` from its start.
+/// A `put` for [`Conn::read_with`] that fills `buf` from its start.
 pub(crate) fn slice_put(buf: &mut [u8]) -> impl FnMut(&[u8]) + '_ {
     let mut at = 0;
     move |piece: &[u8]| {

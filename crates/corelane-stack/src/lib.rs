@@ -24,6 +24,7 @@
 
 pub mod classify;
 mod config;
+mod copy;
 mod device;
 mod device_stats;
 #[cfg(test)]

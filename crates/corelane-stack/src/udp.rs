@@ -155,7 +155,7 @@ impl UdpSock {
     #[cfg(test)]
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> Option<(usize, IpEndpoint)> {
         let max = buf.len();
-        self.read_with(max, &mut |d| buf[..d.len()].copy_from_slice(d))
+        self.read_with(max, &mut crate::copy::slice_put(buf))
     }
 
     /// The next datagram's first `max` bytes handed to `put` (once, also when empty), and the
@@ -177,7 +177,7 @@ impl UdpSock {
     /// The next datagram copied into `buf` (cut to it) and left in the queue.
     pub(crate) fn peek(&self, buf: &mut [u8]) -> Option<(usize, IpEndpoint)> {
         let max = buf.len();
-        self.peek_with(max, &mut |d| buf[..d.len()].copy_from_slice(d))
+        self.peek_with(max, &mut crate::copy::slice_put(buf))
     }
 
     /// As [`UdpSock::read_with`], leaving the datagram queued.

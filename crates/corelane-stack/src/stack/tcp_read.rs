@@ -7,7 +7,7 @@ use std::task::{Poll, Waker};
 
 use super::socket::ended;
 use super::{FlowId, Stack};
-use crate::tcp::slice_put;
+use crate::copy::slice_put;
 
 impl Stack {
     /// Reads what TCP flow `id` received into `buf`. `Ready(Ok(0))` with a non-empty `buf` is

@@ -212,8 +212,7 @@ impl Stack {
         peek: bool,
     ) -> Poll<io::Result<(usize, SocketAddr, u8)>> {
         let max = buf.len();
-        let mut put = |d: &[u8]| buf[..d.len()].copy_from_slice(d);
-        self.udp_take_with(id, max, &mut put, waker, peek)
+        self.udp_take_with(id, max, &mut crate::copy::slice_put(buf), waker, peek)
     }
 
     /// The next datagram's first `max` bytes handed to `put` (taken, or left when `peek`): its

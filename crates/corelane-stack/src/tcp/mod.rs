@@ -83,7 +83,6 @@ pub use icmp::{IcmpError, MIN_PMTU_V4, MIN_PMTU_V6};
 pub(crate) use ring::{MemBudget, SMALL as SMALL_BUFFER};
 pub(crate) use secret::{IdGen, Secret};
 pub use seq::Seq;
-pub(crate) use user::slice_put;
 pub(crate) use wire::verify as verify_checksum;
 
 use std::time::Duration;

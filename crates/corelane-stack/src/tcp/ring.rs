@@ -386,7 +386,7 @@ mod tests {
         r.reserve_total(cap + 1, 1 << 20);
         let mut out = [0u8; 12];
         r.extend(4);
-        assert_eq!(r.read_with(12, &mut crate::tcp::slice_put(&mut out)), 12);
+        assert_eq!(r.read_with(12, &mut crate::copy::slice_put(&mut out)), 12);
         // Bytes 8 and 9 were never written in this pass: what the first pass left there.
         assert_eq!(out, [1, 1, 2, 3, 4, 5, 6, 7, 1, 1, 9, 9]);
         assert!(r.is_empty());

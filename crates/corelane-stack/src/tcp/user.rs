@@ -92,7 +92,7 @@ impl Conn {
     /// window update is worth sending, or a timer to give back an emptied buffer was set).
     #[cfg(test)]
     pub(crate) fn read(&mut self, now: Instant, buf: &mut [u8]) -> (usize, bool) {
-        self.read_with(now, buf.len(), &mut slice_put(buf))
+        self.read_with(now, buf.len(), &mut crate::copy::slice_put(buf))
     }
 
     /// Reads up to `max` bytes, handing them to `put`; as [`Conn::read`].
@@ -378,14 +378,5 @@ impl Conn {
     /// Registers the waker of a writer (or of a connect).
     pub(crate) fn set_tx_waker(&mut self, w: &Waker) {
         crate::udp::keep_waker(&mut self.tx_waker, w);
-    }
-}
-
-/// A `put` for [`Conn::read_with`] that fills `buf` from its start.
-pub(crate) fn slice_put(buf: &mut [u8]) -> impl FnMut(&[u8]) + '_ {
-    let mut at = 0;
-    move |piece: &[u8]| {
-        buf[at..at + piece.len()].copy_from_slice(piece);
-        at += piece.len();
     }
 }

@@ -220,3 +220,57 @@ fn the_spin_is_set_from_what_waking_up_costs() {
         "{n} sleeps for {REQUESTS} requests 2 ms apart: {out}"
     );
 }
+
+/// "queue registered N times, unregistered M" of core 0's line.
+fn registrations(out: &str) -> Option<(u64, u64)> {
+    let line = out.lines().find(|l| l.contains("core 0 ("))?;
+    let rest = line.split("queue registered ").nth(1)?;
+    let (n, rest) = rest.split_once(" times, unregistered ")?;
+    let m = rest.split(';').next()?;
+    Some((n.parse().ok()?, m.trim().parse().ok()?))
+}
+
+/// A busy core drops its queue's registration with the executor (the kernel then runs no
+/// wake-up path for each frame it receives or frees after transmit) and registers again at
+/// its next sleep, where a frame still wakes it. A 64 MiB echo keeps the core busy for
+/// thousands of turns; the requests after it, 20 ms apart, each find it asleep. A core that
+/// did not register again would sleep through them to its timer, and no frame would be
+/// measured waking it.
+#[test]
+fn a_busy_core_unregisters_its_queue_and_a_frame_still_wakes_it_after() {
+    if !require_root("a_busy_core_unregisters_its_queue_and_a_frame_still_wakes_it_after") {
+        return;
+    }
+    let net = net(1);
+    let echo = Echo::start(&net, &["--addr", "10.77.0.3/24"]);
+    let addr: SocketAddr = format!("{SERVER_V4}:7").parse().unwrap();
+    const REQUESTS: u64 = 30;
+    net.client_ns()
+        .run(move || {
+            let data = payload(64 << 20, 11);
+            let (digest, n) = tcp_echo(addr, &data).expect("the bulk echo");
+            assert_eq!((digest, n), (sha256(&data), data.len()));
+            requests(&mut client(addr), REQUESTS as u8, Duration::from_millis(20));
+        })
+        .unwrap();
+    let (status, out) = echo.stop();
+    assert_clean_exit(status, &out);
+    let (registered, unregistered) =
+        registrations(&out).unwrap_or_else(|| panic!("no registrations reported: {out}"));
+    let (woken, measured, _, _) = waits(&out).unwrap_or_else(|| panic!("no waits: {out}"));
+    eprintln!(
+        "queue registered {registered} times, unregistered {unregistered}; \
+         {measured} wake-ups by a frame ({woken:.1} us)"
+    );
+    assert!(
+        unregistered >= 1,
+        "the busy core kept its registration: {out}"
+    );
+    // Each unregistration was followed by a registration at the next sleep (the last
+    // sleeps were on a registered queue).
+    assert!(registered > unregistered, "{out}");
+    assert!(
+        measured >= REQUESTS / 2,
+        "{measured} wake-ups by a frame for {REQUESTS} requests after the busy stretch: {out}"
+    );
+}

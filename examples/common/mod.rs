@@ -251,7 +251,8 @@ fn core_line(s: &corelane::CoreStats) -> String {
     let st =
         |name: &str, x: &corelane::Stage| format!("{name} {}/{:.0}ns", x.items, x.ns_per_item());
     format!(
-        "core {} (CPU {}{}, queue {}): {} turns ({} busy, {} sleeps); {}; stages: {}, {}, {}, {}, {}, {}; \
+        "core {} (CPU {}{}, queue {}): {} turns ({} busy, {} sleeps); \
+         queue registered {} times, unregistered {}; {}; stages: {}, {}, {}, {}, {}, {}; \
          {} connections accepted, handed off {} out; accept wake-ups {} ({} spurious); batch {}",
         s.core,
         s.cpu,
@@ -264,6 +265,8 @@ fn core_line(s: &corelane::CoreStats) -> String {
         s.pipeline.turns,
         s.pipeline.busy_turns,
         s.parks,
+        s.queue_registrations,
+        s.queue_unregistrations,
         wait_line(s),
         st("rx", &s.pipeline.rx),
         st("classify", &s.pipeline.classify),

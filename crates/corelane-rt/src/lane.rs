@@ -28,6 +28,13 @@ pub struct CoreStats {
     pub pipeline: PipelineStats,
     /// Times the core went to sleep (adaptive poll mode).
     pub parks: u64,
+    /// Times the core registered its queue's descriptor with the executor to sleep on it: at
+    /// its first sleep, and at the first sleep after each unregistration.
+    pub queue_registrations: u64,
+    /// Times a busy core unregistered its queue's descriptor (after 64 frames received and
+    /// sent since it last woke), so that the kernel runs no wake-up path for each frame
+    /// received and each transmitted frame freed while nobody sleeps on the queue.
+    pub queue_unregistrations: u64,
     /// Frames that woke the core from a sleep: how long each waited, from the steering
     /// program's receive stamp to the turn that read it (what sleeping costs in latency;
     /// items: wake-ups measured).

@@ -104,6 +104,8 @@ fn operate_stat_cli_and_metrics_agree_with_the_load() -> Result<(), String> {
     // Each core's listener is a flow too.
     assert_eq!(sum_field(&cores, "flows"), CONNS as u64 + 2, "{cores}");
     assert!(sum_field(&cores, "xdp_steered") > 0, "{cores}");
+    // The cores slept between the connections' bursts: each registered its queue to sleep on.
+    assert!(sum_field(&cores, "queue_registrations") > 0, "{cores}");
 
     // Rates: a second transfer while `top` watches shows up as received bytes per second.
     let mut top_cmd = net.server_ns().command(bin.to_str().ok_or("path")?);
@@ -163,6 +165,11 @@ fn operate_stat_cli_and_metrics_agree_with_the_load() -> Result<(), String> {
         .sum();
     assert!(total >= (CONNS * BYTES + (32 << 20)) as u64, "{scrape}");
     assert!(scrape.contains("# TYPE corelane_flows gauge"), "{scrape}");
+    assert!(scrape.contains("# TYPE corelane_spin_ns gauge"), "{scrape}");
+    assert!(
+        scrape.contains("# TYPE corelane_queue_registrations_total counter"),
+        "{scrape}"
+    );
 
     drop(held);
     let (status, out) = server.stop();

@@ -12,7 +12,8 @@ use corelane_stat::{Conn, CoreWriter};
 use crate::lane::CoreStats;
 
 /// The counters every core publishes, in slot order. Names ending in `_ns` are nanoseconds;
-/// levels (`frames_*`, `batch_*`, `fill_target`, `flows`, `neighbors`: see
+/// levels (`frames_*`, `batch_*`, `fill_target`, `flows`, `neighbors`, `wake_cost_ns`,
+/// `spin_ns`: see
 /// [`corelane_stat::is_gauge`]) go up and down, the rest count up.
 pub(crate) const NAMES: &[&str] = &[
     "turns",
@@ -102,6 +103,10 @@ pub(crate) const NAMES: &[&str] = &[
     "tcp_syn_timeouts",
     "tcp_syn_old_acks",
     "udp_quic_steered",
+    "queue_registrations",
+    "queue_unregistrations",
+    "wake_cost_ns",
+    "spin_ns",
 ];
 
 fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<u64> {
@@ -197,6 +202,10 @@ fn values(st: &CoreStats, frames: FrameCounts, xdp: Option<XdpCounters>) -> Vec<
         t.syn_timeouts,
         t.syn_old_acks,
         s.udp.steered,
+        st.queue_registrations,
+        st.queue_unregistrations,
+        st.wake_cost.map_or(0, |d| d.as_nanos() as u64),
+        st.spin.as_nanos() as u64,
     ]
 }
 
@@ -301,6 +310,32 @@ mod tests {
         assert_eq!(
             corelane_stat::TCP_STATES[state_index(TcpState::TimeWait) as usize],
             "TIME-WAIT"
+        );
+    }
+
+    #[test]
+    fn the_queue_registrations_and_the_spin_are_published_under_their_names() {
+        let st = CoreStats {
+            queue_registrations: 7,
+            queue_unregistrations: 5,
+            wake_cost: Some(Duration::from_micros(12)),
+            spin: Duration::from_micros(48),
+            ..CoreStats::default()
+        };
+        let v = values(&st, FrameCounts::default(), None);
+        let at = |name: &str| v[NAMES.iter().position(|n| *n == name).unwrap()];
+        assert_eq!(at("queue_registrations"), 7);
+        assert_eq!(at("queue_unregistrations"), 5);
+        assert_eq!(at("wake_cost_ns"), 12_000);
+        assert_eq!(at("spin_ns"), 48_000);
+        // Levels, not counts: a reader must not take a rate of them.
+        assert!(corelane_stat::is_gauge("wake_cost_ns") && corelane_stat::is_gauge("spin_ns"));
+        assert!(!corelane_stat::is_gauge("queue_registrations"));
+        // No wake-up measured yet reads as zero.
+        let v = values(&CoreStats::default(), FrameCounts::default(), None);
+        assert_eq!(
+            v[NAMES.iter().position(|n| *n == "wake_cost_ns").unwrap()],
+            0
         );
     }
 }

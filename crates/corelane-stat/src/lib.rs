@@ -275,7 +275,7 @@ pub fn is_gauge(name: &str) -> bool {
         || name.starts_with("batch_")
         || matches!(
             name,
-            "fill_target" | "flows" | "neighbors" | "tcp_mem_bytes"
+            "fill_target" | "flows" | "neighbors" | "tcp_mem_bytes" | "wake_cost_ns" | "spin_ns"
         )
 }
 

@@ -131,6 +131,17 @@ fn operate_stat_cli_and_metrics_agree_with_the_load() -> Result<(), String> {
         rates.iter().any(|r| *r > 1_000_000),
         "no received-bytes rate while 32 MiB went through: {rates:?}\n{top}"
     );
+    // Levels have no rate: the flows and the spin are among the counters, not the rates.
+    for l in &rate_lines {
+        assert!(l.contains("\"flows\":"), "{l}");
+        for per_second in l.split("\"per_second\":{").skip(1) {
+            let per_second = per_second.split('}').next().unwrap_or("");
+            assert!(
+                !per_second.contains("\"flows\"") && !per_second.contains("\"spin_ns\""),
+                "a level given a rate: {l}"
+            );
+        }
+    }
 
     // A client that trickles its request a byte at a time (for 6 s) does not hold the
     // endpoint: the real scrape beside it is answered (curl gives up after 4 s).

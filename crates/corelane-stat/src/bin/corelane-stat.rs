@@ -426,7 +426,11 @@ fn top(a: &Args) -> Result<(), String> {
                     let mut rates = BTreeMap::new();
                     for (c, b) in cores.iter().zip(before) {
                         for ((n, v), (_, w)) in c.values.iter().zip(&b.values) {
-                            rates.insert((c.index, n.clone()), v.saturating_sub(*w) as f64 / dt);
+                            // A level (flows, the spin) has no rate: it is shown as it is.
+                            if !corelane_stat::is_gauge(n) {
+                                let rate = v.saturating_sub(*w) as f64 / dt;
+                                rates.insert((c.index, n.clone()), rate);
+                            }
                         }
                     }
                     print_rates(a, &s, &cores, &rates);

@@ -23,6 +23,19 @@ impl CoreCounters {
     pub fn get(&self, name: &str) -> Option<u64> {
         self.values.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
     }
+
+    /// Each count's rate per second since `before` (the same core's counters `secs` earlier),
+    /// by name. Levels ([`crate::is_gauge`]: flows, free frames, the spin) have none: the
+    /// difference of two levels is no rate. A count that went down (a restarted core) reads 0.
+    pub fn rates_since(&self, before: &CoreCounters, secs: f64) -> Vec<(String, f64)> {
+        let secs = secs.max(1e-3);
+        self.values
+            .iter()
+            .zip(&before.values)
+            .filter(|((n, _), _)| !crate::is_gauge(n))
+            .map(|((n, v), (_, w))| (n.clone(), v.saturating_sub(*w) as f64 / secs))
+            .collect()
+    }
 }
 
 /// A connection snapshot across cores.

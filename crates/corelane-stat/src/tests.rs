@@ -194,3 +194,25 @@ fn a_runtime_that_ends_leaves_the_file_a_newer_one_made_in_its_place() -> io::Re
     let _ = std::fs::remove_dir(&dir);
     Ok(())
 }
+
+#[test]
+fn rates_are_taken_of_counts_only_and_a_count_that_fell_reads_zero() {
+    let at = std::time::SystemTime::UNIX_EPOCH;
+    let core = |turns: u64, flows: u64, spin: u64, parks: u64| CoreCounters {
+        index: 0,
+        at,
+        values: vec![
+            ("turns".into(), turns),
+            ("flows".into(), flows),
+            ("spin_ns".into(), spin),
+            ("parks".into(), parks),
+        ],
+    };
+    let before = core(1_000, 9, 40_000, 50);
+    let after = core(3_000, 4, 80_000, 20);
+    let rates = after.rates_since(&before, 2.0);
+    assert_eq!(
+        rates,
+        vec![("turns".to_string(), 1_000.0), ("parks".to_string(), 0.0)]
+    );
+}

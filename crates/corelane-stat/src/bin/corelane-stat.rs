@@ -422,15 +422,11 @@ fn top(a: &Args) -> Result<(), String> {
                 if let Some((t, pid, before)) = &prev
                     && *pid == s.pid()
                 {
-                    let dt = now.duration_since(*t).as_secs_f64().max(1e-3);
+                    let dt = now.duration_since(*t).as_secs_f64();
                     let mut rates = BTreeMap::new();
                     for (c, b) in cores.iter().zip(before) {
-                        for ((n, v), (_, w)) in c.values.iter().zip(&b.values) {
-                            // A level (flows, the spin) has no rate: it is shown as it is.
-                            if !corelane_stat::is_gauge(n) {
-                                let rate = v.saturating_sub(*w) as f64 / dt;
-                                rates.insert((c.index, n.clone()), rate);
-                            }
+                        for (n, r) in c.rates_since(b, dt) {
+                            rates.insert((c.index, n), r);
                         }
                     }
                     print_rates(a, &s, &cores, &rates);
